@@ -1,0 +1,3 @@
+"""MBXP evaluation: load MXFP8 checkpoints into transformers, generate, execute in a sandbox, score."""
+
+__all__: list[str] = []
