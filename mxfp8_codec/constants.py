@@ -1,0 +1,101 @@
+"""Constants of the MXFP8 (E4M3 element, UE8M0 scale, 32-element block) format, and the scale rules.
+
+Values are given in comments so a reader never has to evaluate an expression to know them.
+
+* Element: OCP FP8 E4M3 ("float8_e4m3fn"): ``S EEEE MMM``, bias 7, no infinities, ``0x7F``/``0xFF``
+  are NaN, max normal ``0x7E`` = 1.75 * 2^8 = 448, min normal ``0x08`` = 2^-6, subnormals
+  ``k * 2^-9`` for k = 1..7.
+* Scale: UE8M0 ("float8_e8m0fnu"): unsigned biased exponent, value ``2^(byte - 127)``; byte ``0xFF``
+  is NaN (the whole block decodes to NaN); byte 0 is 2^-127, *not* zero.
+* Block: 32 consecutive elements along the last axis; a partial trailing block is allowed.
+* Scale rules (:class:`ScaleRule`): how the encoder picks the block exponent ``e`` (scale byte
+  ``e + 127``) from the block's largest magnitude ``amax = m * 2^E`` with ``m`` in [1, 2):
+
+  - ``RCEIL`` (default): the smallest power of two X with ``amax / X <= 448``:
+    ``e = E - 8 + (m > 1.75)``. Never clips the block maximum. Equals ``ceil(log2(amax / 448))``,
+    NVIDIA Transformer Engine / cuBLAS / ModelOpt and torchao's RCEIL mode.
+  - ``FLOOR``: the OCP MX v1.0 recommendation ``e = E - 8``; elements above 448 saturate to 448.
+
+  Both are clamped to [-127, 127]. A zero block gets scale byte 0 and an all-zero payload.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "BF16_CANONICAL_NAN",
+    "BLOCK_SIZE",
+    "E4M3_BIAS",
+    "E4M3_MAX",
+    "E4M3_MAX_CODE",
+    "E4M3_MAX_POW2",
+    "E4M3_MIN_NORMAL",
+    "E4M3_MIN_SUBNORMAL",
+    "E4M3_NAN_MAG",
+    "E4M3_SIGN",
+    "E8M0_BIAS",
+    "E8M0_NAN",
+    "F32_CANONICAL_NAN",
+    "SCALE_EXP_MAX",
+    "SCALE_EXP_MIN",
+    "TOP_CLAMP_CODE",
+    "TOP_CLAMP_SCALE_BYTE",
+    "TINY_AMAX",
+    "WEIGHTS_DTYPE",
+    "ScaleRule",
+]
+
+BLOCK_SIZE = 32  # elements per shared scale ("K32"), along the last axis
+
+# --- E4M3 element (OCP "e4m3fn") ---------------------------------------------------------------
+E4M3_BIAS = 7  # exponent bias
+E4M3_MAX = 448.0  # largest finite magnitude, 1.75 * 2^8, code 0x7E
+E4M3_MAX_CODE = 0x7E  # 126: magnitude bits of +448
+E4M3_MAX_POW2 = 8  # floor(log2(448)) = 8 ("emax_elem" in the OCP spec)
+E4M3_MIN_NORMAL = 2.0**-6  # 0.015625, code 0x08
+E4M3_MIN_SUBNORMAL = 2.0**-9  # 0.001953125, code 0x01
+E4M3_NAN_MAG = 0x7F  # 127: magnitude bits of NaN (0x7F and 0xFF are NaN, there is no Inf)
+E4M3_SIGN = 0x80  # 128: sign bit; -0 is 0x80
+
+# --- UE8M0 scale ("e8m0fnu") ---------------------------------------------------------------------
+E8M0_BIAS = 127  # value = 2^(byte - 127)
+E8M0_NAN = 0xFF  # 255: NaN scale, the whole block decodes to NaN
+SCALE_EXP_MIN = -127  # byte 0 = 2^-127 (not zero); also the scale of an all-zero block
+SCALE_EXP_MAX = 127  # byte 254 = 2^127
+
+# Blocks whose amax is below 2^-118 (= 1.75 * 2^8 * 2^-127 ... rounded down to a power of two)
+# hit the clamp at e = -127; we still encode them exactly (elements scaled by 2^127), unlike
+# torchao FLOOR (factor-2 error, pytorch/ao#1104) or TE/torchao RCEIL (flush to zero).
+TINY_AMAX = 2.0**-118  # 3.39e-36
+
+# --- The top of the float32/bfloat16 range ------------------------------------------------------
+# With RCEIL, amax >= 1.9375 * 2^127 (the top 8 bfloat16 codes per sign) gives e = 120 (byte 247)
+# and an element that rounds to 256 = 2^8, i.e. a decoded value 2^128 = +inf. We never let a finite
+# input decode to inf: in a block with scale byte 247 elements saturate at code 0x77 (240), decoded
+# 240 * 2^120 = 1.875 * 2^127 (relative error <= 5.9 %). FLOOR never reaches byte 247.
+TOP_CLAMP_SCALE_BYTE = 247  # 0xF7 = 120 + 127
+TOP_CLAMP_CODE = 0x77  # 119: magnitude bits of 240 = 1.875 * 2^7
+
+# --- Canonical NaN bit patterns produced by decode ----------------------------------------------
+BF16_CANONICAL_NAN = 0x7FC0  # quiet NaN, positive sign
+F32_CANONICAL_NAN = 0x7FC00000  # quiet NaN, positive sign
+
+WEIGHTS_DTYPE = "MXFP8_E4M3_UE8M0_K32"  # value of the required `weights_dtype` metadata key
+
+
+class ScaleRule(str, enum.Enum):
+    """How the encoder chooses a block's shared exponent from its largest magnitude ``amax``.
+
+    Attributes:
+        RCEIL: ``e = floor(log2 amax) - 8 + (mantissa(amax) > 1.75)``, the smallest power of two
+            that keeps ``amax / 2^e <= 448`` (never clips). The default.
+        FLOOR: ``e = floor(log2 amax) - 8`` (OCP MX v1.0 Algorithm 1); values above 448 saturate.
+
+    Example:
+        >>> ScaleRule("rceil") is ScaleRule.RCEIL
+        True
+    """
+
+    RCEIL = "rceil"
+    FLOOR = "floor"
