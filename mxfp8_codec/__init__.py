@@ -1,3 +1,55 @@
-"""MXFP8 checkpoint codec: OCP E4M3 payload + UE8M0 scale per 32 values, in safetensors files."""
+"""MXFP8 checkpoint codec: OCP E4M3 payload + UE8M0 scale per 32 values, in safetensors files.
 
-__all__: list[str] = []
+Numerics (:mod:`mxfp8_codec.numerics`): :func:`encode_mxfp8` / :func:`decode_mxfp8`.
+File format (:mod:`mxfp8_codec.header`, :mod:`mxfp8_codec.io`, :mod:`mxfp8_codec.rename`): a
+validated header parser, a memory-mapped streaming reader, an atomic writer, a header-only rename
+with sha256 proof, and the CLI ``python -m mxfp8_codec``. The on-disk format is specified in
+docs/format.md.
+
+Example:
+    >>> import numpy as np, tempfile, os
+    >>> import mxfp8_codec as mx
+    >>> p = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+    >>> mx.write_mxfp8_safetensors(p, {"l.q_proj.weight": np.ones((32, 64), np.float32)})
+    >>> mx.validate(p)
+    >>> mx.read_mxfp8_safetensors(p)["l.q_proj.weight"].sum()
+    np.float32(2048.0)
+"""
+
+from mxfp8_codec.constants import WEIGHTS_DTYPE, ScaleRule
+from mxfp8_codec.errors import MXFP8Error
+from mxfp8_codec.header import Header, TensorEntry, read_header
+from mxfp8_codec.io import (
+    MXFP8Reader,
+    MXFP8Tensor,
+    checkpoint_files,
+    is_projection_weight,
+    iter_mxfp8_safetensors,
+    open_mxfp8,
+    read_mxfp8_safetensors,
+    validate,
+    write_mxfp8_safetensors,
+    write_safetensors,
+)
+from mxfp8_codec.numerics import decode_mxfp8, encode_mxfp8
+
+__all__ = [
+    "Header",
+    "MXFP8Error",
+    "MXFP8Reader",
+    "MXFP8Tensor",
+    "ScaleRule",
+    "TensorEntry",
+    "WEIGHTS_DTYPE",
+    "checkpoint_files",
+    "decode_mxfp8",
+    "encode_mxfp8",
+    "is_projection_weight",
+    "iter_mxfp8_safetensors",
+    "open_mxfp8",
+    "read_header",
+    "read_mxfp8_safetensors",
+    "validate",
+    "write_mxfp8_safetensors",
+    "write_safetensors",
+]

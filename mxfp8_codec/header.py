@@ -1,0 +1,437 @@
+"""The safetensors header of an MXFP8 checkpoint: parse it safely, validate it, build it.
+
+A safetensors file is ``u64 little-endian N`` + ``N`` bytes of UTF-8 JSON + a data section. The JSON
+object maps each tensor name to ``{"dtype", "shape", "data_offsets": [begin, end)}`` (offsets relative
+to the data section) plus an optional ``"__metadata__"`` object of string -> string.
+
+Why our own parser: numpy cannot read ``F8_E4M3`` / ``F8_E8M0`` through ``safetensors`` (it has no
+such numpy dtypes), and the upstream loader silently accepts things a checkpoint we must *trust*
+should not contain (duplicate keys where the last one wins, NUL padding via other writers, orphan
+scales). So this module reads the header with a bounded read (never the whole file), and checks:
+
+* the 8-byte length is at most 100 MB (``MAX_HEADER_BYTES``) and fits in the file;
+* the header is UTF-8, begins with ``{``, is a JSON object with no duplicate keys at any level, and
+  is padded only with spaces (0x20) -- NUL padding is rejected;
+* ``__metadata__`` maps strings to strings;
+* every entry has exactly ``dtype``/``shape``/``data_offsets``, a known dtype, non-negative integer
+  dims, and ``end - begin == prod(shape) * itemsize``;
+* entries sorted by offset start at 0, are contiguous (no gap, no overlap) and cover the data
+  section exactly;
+* MXFP8 pairing: a payload ``NAME`` (``F8_E4M3``, rank >= 1) has a companion ``NAME.scale``
+  (``U8`` or ``F8_E8M0``) of shape ``(*shape[:-1], ceil(shape[-1] / 32))`` and vice versa, and a
+  file holding any such pair declares ``weights_dtype = "MXFP8_E4M3_UE8M0_K32"``.
+
+Every violation raises :class:`~mxfp8_codec.errors.MXFP8Error` whose message names the file, the
+tensor (when there is one) and the reason. Integer arithmetic on shapes uses Python ints, so a
+hostile shape like ``[2**62, 2**62]`` is rejected by the size check instead of overflowing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import ml_dtypes
+import numpy as np
+
+from mxfp8_codec.constants import BLOCK_SIZE, WEIGHTS_DTYPE
+from mxfp8_codec.errors import MXFP8Error
+
+HEADER_LENGTH_BYTES = 8  # the u64 little-endian header length that starts every file
+MAX_HEADER_BYTES = 100_000_000  # 100 MB, the same limit as safetensors' MAX_HEADER_SIZE
+HEADER_ALIGNMENT = 8  # writers pad the JSON with spaces so the data section starts 8-aligned
+SCALE_SUFFIX = ".scale"  # companion entry holding one UE8M0 byte per block
+METADATA_KEY = "__metadata__"  # the reserved header key for string -> string metadata
+
+FORMAT_VERSION = "1"  # __metadata__["format_version"]
+ORIENTATIONS = ("in_out", "out_in")  # allowed __metadata__["orientation"] values
+SCALE_RULES = ("rceil", "floor")  # allowed __metadata__["scale_rule"] values
+NORM_CONVENTIONS = ("zero_centered", "folded")  # allowed __metadata__["norm_convention"] values
+
+PAYLOAD_DTYPE = "F8_E4M3"  # dtype of a quantized payload entry
+SCALE_DTYPES = ("U8", "F8_E8M0")  # dtypes accepted for a .scale entry (writers use U8)
+
+# safetensors dtype name -> numpy dtype (ml_dtypes for the 8/16-bit floats). Sub-byte (F4, F6_*)
+# and complex dtypes exist in safetensors but are outside this format; they are rejected by name.
+DTYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "U8": np.dtype(np.uint8),
+    "I8": np.dtype(np.int8),
+    "U16": np.dtype("<u2"),
+    "I16": np.dtype("<i2"),
+    "U32": np.dtype("<u4"),
+    "I32": np.dtype("<i4"),
+    "U64": np.dtype("<u8"),
+    "I64": np.dtype("<i8"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F32": np.dtype("<f4"),
+    "F64": np.dtype("<f8"),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
+}
+FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})  # plain floating entries (convertible)
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One stored entry of the header.
+
+    Attributes:
+        name: the stored name (a scale entry keeps its ``.scale`` suffix).
+        dtype: the safetensors dtype name, e.g. ``"F8_E4M3"``.
+        shape: the stored shape.
+        begin: first byte, relative to the data section.
+        end: one past the last byte, relative to the data section.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        """Number of bytes the entry occupies."""
+        return self.end - self.begin
+
+    @property
+    def numel(self) -> int:
+        """Number of elements (1 for a 0-d tensor)."""
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Header:
+    """A parsed and validated safetensors header.
+
+    Attributes:
+        path: the file the header came from (``"<memory>"`` for parsed bytes).
+        header_len: ``N``, the JSON length in bytes (padding included).
+        data_start: file offset of the data section (``8 + N``).
+        file_size: total file size in bytes.
+        entries: stored entries in header order, by stored name.
+        metadata: ``__metadata__`` (empty when absent).
+        quantized: logical names of MXFP8 payloads (each has ``name + ".scale"``), header order.
+    """
+
+    path: str
+    header_len: int
+    data_start: int
+    file_size: int
+    entries: dict[str, TensorEntry]
+    metadata: dict[str, str]
+    quantized: tuple[str, ...] = field(default=())
+
+    @property
+    def data_size(self) -> int:
+        """Size of the data section in bytes."""
+        return self.file_size - self.data_start
+
+    @property
+    def is_mxfp8(self) -> bool:
+        """True when the file declares the MXFP8 format or holds a quantized pair."""
+        return bool(self.quantized) or self.metadata.get("weights_dtype") == WEIGHTS_DTYPE
+
+    def logical_names(self) -> list[str]:
+        """Names as a user sees them: every entry except the ``.scale`` companions."""
+        q = set(self.quantized)
+        companions = {n + SCALE_SUFFIX for n in q}
+        return [n for n in self.entries if n not in companions]
+
+    def entries_by_offset(self) -> list[TensorEntry]:
+        """Entries in data-section order."""
+        return sorted(self.entries.values(), key=lambda e: (e.begin, e.end))
+
+
+def scale_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    """Shape of the ``.scale`` entry for a payload of ``shape``: one byte per 32-element block.
+
+    Example:
+        >>> scale_shape((4096, 1000))
+        (4096, 32)
+    """
+    if len(shape) == 0:
+        raise ValueError("an MXFP8 tensor needs rank >= 1")
+    return (*tuple(shape[:-1]), -(-int(shape[-1]) // BLOCK_SIZE))
+
+
+def _fail(path: str, tensor: str | None, reason: str) -> MXFP8Error:
+    where = f"{path}: tensor {tensor!r}: " if tensor is not None else f"{path}: "
+    return MXFP8Error(where + reason)
+
+
+def _no_duplicates(path: str):
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in pairs:
+            if k in out:
+                raise _fail(path, k, "duplicate key in header JSON (safetensors would keep the last one)")
+            out[k] = v
+        return out
+
+    return hook
+
+
+def _reject_constant(token: str) -> Any:
+    raise ValueError(f"non-standard JSON constant {token}")
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _parse_entry(path: str, name: str, raw: Any) -> TensorEntry:
+    if not isinstance(raw, dict):
+        raise _fail(path, name, f"entry must be a JSON object, got {type(raw).__name__}")
+    keys = set(raw)
+    expected = {"dtype", "shape", "data_offsets"}
+    if keys != expected:
+        missing, extra = sorted(expected - keys), sorted(keys - expected)
+        raise _fail(path, name, f"entry keys must be exactly {sorted(expected)} (missing {missing}, unexpected {extra})")
+    dtype = raw["dtype"]
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise _fail(path, name, f"unknown or unsupported dtype {dtype!r} (supported: {', '.join(DTYPES)})")
+    shape = raw["shape"]
+    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+        raise _fail(path, name, f"shape must be a list of non-negative integers, got {shape!r}")
+    offsets = raw["data_offsets"]
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(_is_int(o) and o >= 0 for o in offsets)
+    ):
+        raise _fail(path, name, f"data_offsets must be [begin, end] non-negative integers, got {offsets!r}")
+    begin, end = offsets
+    if end < begin:
+        raise _fail(path, name, f"data_offsets end {end} < begin {begin}")
+    entry = TensorEntry(name, dtype, tuple(shape), begin, end)
+    expected_bytes = entry.numel * DTYPES[dtype].itemsize
+    if expected_bytes != entry.nbytes:
+        raise _fail(
+            path, name,
+            f"size mismatch: shape {list(shape)} x {dtype} needs {expected_bytes} bytes, data_offsets span {entry.nbytes}",
+        )
+    return entry
+
+
+def _check_metadata(path: str, raw: Any) -> dict[str, str]:
+    if not isinstance(raw, dict):
+        raise _fail(path, METADATA_KEY, f"__metadata__ must be a JSON object of strings, got {type(raw).__name__}")
+    for k, v in raw.items():
+        if not isinstance(v, str):
+            raise _fail(path, METADATA_KEY, f"metadata value for key {k!r} must be a string, got {type(v).__name__} {v!r}")
+    return dict(raw)
+
+
+def _check_layout(path: str, entries: Mapping[str, TensorEntry], data_size: int) -> None:
+    pos = 0
+    for e in sorted(entries.values(), key=lambda e: (e.begin, e.end)):
+        if e.begin != pos:
+            kind = "overlaps the previous tensor" if e.begin < pos else "leaves a gap after the previous tensor"
+            raise _fail(path, e.name, f"data_offsets [{e.begin}, {e.end}] {kind} (expected begin {pos})")
+        if e.end > data_size:
+            raise _fail(path, e.name, f"data_offsets end {e.end} beyond the data section ({data_size} bytes)")
+        pos = e.end
+    if pos != data_size:
+        raise _fail(path, None, f"data section not fully covered: tensors end at byte {pos}, data section has {data_size} bytes")
+
+
+def _check_pairs(path: str, entries: Mapping[str, TensorEntry], metadata: Mapping[str, str]) -> tuple[str, ...]:
+    quantized: list[str] = []
+    for name, e in entries.items():
+        if e.dtype == PAYLOAD_DTYPE:
+            sname = name + SCALE_SUFFIX
+            if sname not in entries:
+                raise _fail(path, name, f"F8_E4M3 payload without its scale entry {sname!r}")
+            s = entries[sname]
+            if s.dtype not in SCALE_DTYPES:
+                raise _fail(path, sname, f"scale dtype must be one of {list(SCALE_DTYPES)}, got {s.dtype}")
+            if len(e.shape) == 0:
+                raise _fail(path, name, "quantized payload must have rank >= 1, got a 0-d tensor")
+            want = scale_shape(e.shape)
+            if s.shape != want:
+                raise _fail(path, sname, f"scale shape {list(s.shape)} does not match payload shape {list(e.shape)} (expected {list(want)})")
+            quantized.append(name)
+        elif name.endswith(SCALE_SUFFIX) and e.dtype in SCALE_DTYPES:
+            base = name[: -len(SCALE_SUFFIX)]
+            if base not in entries:
+                raise _fail(path, name, f"orphan scale: no payload entry {base!r}")
+            if entries[base].dtype != PAYLOAD_DTYPE:
+                raise _fail(path, name, f"scale for payload {base!r} of dtype {entries[base].dtype} (payloads must be F8_E4M3)")
+    if quantized:
+        wd = metadata.get("weights_dtype")
+        if wd is None:
+            raise _fail(path, METADATA_KEY, f"file holds MXFP8 tensors but __metadata__ lacks weights_dtype={WEIGHTS_DTYPE!r}")
+    return tuple(quantized)
+
+
+def _check_format_metadata(path: str, metadata: Mapping[str, str]) -> None:
+    wd = metadata.get("weights_dtype")
+    if wd is not None and wd != WEIGHTS_DTYPE:
+        raise _fail(path, METADATA_KEY, f"weights_dtype {wd!r} is not {WEIGHTS_DTYPE!r}")
+    if wd is None:
+        return
+    allowed = {
+        "format_version": (FORMAT_VERSION,),
+        "orientation": ORIENTATIONS,
+        "scale_rule": SCALE_RULES,
+        "norm_convention": NORM_CONVENTIONS,
+    }
+    for key, values in allowed.items():
+        v = metadata.get(key)
+        if v is not None and v not in values:
+            raise _fail(path, METADATA_KEY, f"metadata {key}={v!r} is not one of {list(values)}")
+
+
+def parse_header_bytes(
+    raw: bytes, *, data_size: int, path: str = "<memory>", require_mxfp8: bool = False
+) -> Header:
+    """Parse and validate the JSON part of a header (the ``N`` bytes after the length).
+
+    Args:
+        raw: the header bytes, padding included.
+        data_size: size of the data section the offsets must cover exactly.
+        path: file name used in error messages.
+        require_mxfp8: also require ``weights_dtype`` in the metadata (an MXFP8 file).
+
+    Returns:
+        The validated :class:`Header` (``file_size`` = 8 + len(raw) + data_size).
+
+    Raises:
+        MXFP8Error: on any violation, naming ``path``, the tensor and the reason.
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _fail(path, None, f"header is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+    if not text.startswith("{"):
+        raise _fail(path, None, f"header must begin with '{{', got {text[:1]!r}")
+    body = text.rstrip(" ")
+    if "\x00" in body:
+        at = body.index("\x00")
+        raise _fail(path, None, f"header contains a NUL byte at offset {at} (padding must be spaces, 0x20)")
+    try:
+        obj = json.loads(body, object_pairs_hook=_no_duplicates(path), parse_constant=_reject_constant)
+    except MXFP8Error:
+        raise
+    except RecursionError:
+        raise _fail(path, None, "header JSON nests too deeply") from None
+    except ValueError as exc:
+        raise _fail(path, None, f"header is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise _fail(path, None, f"header must be a JSON object, got {type(obj).__name__}")
+    metadata = _check_metadata(path, obj.get(METADATA_KEY, {}))
+    entries: dict[str, TensorEntry] = {}
+    for name, value in obj.items():
+        if name == METADATA_KEY:
+            continue
+        if not name:
+            raise _fail(path, name, "empty tensor name")
+        entries[name] = _parse_entry(path, name, value)
+    _check_layout(path, entries, data_size)
+    _check_format_metadata(path, metadata)
+    quantized = _check_pairs(path, entries, metadata)
+    if require_mxfp8 and metadata.get("weights_dtype") != WEIGHTS_DTYPE:
+        raise _fail(path, METADATA_KEY, f"not an MXFP8 checkpoint: __metadata__ lacks weights_dtype={WEIGHTS_DTYPE!r}")
+    return Header(
+        path=path,
+        header_len=len(raw),
+        data_start=HEADER_LENGTH_BYTES + len(raw),
+        file_size=HEADER_LENGTH_BYTES + len(raw) + data_size,
+        entries=entries,
+        metadata=metadata,
+        quantized=quantized,
+    )
+
+
+def read_header_from(f: BinaryIO, path: str, *, require_mxfp8: bool = False) -> Header:
+    """Read and validate the header of an open binary file (bounded reads only)."""
+    f.seek(0, os.SEEK_END)
+    size = f.tell()
+    f.seek(0)
+    if size < HEADER_LENGTH_BYTES:
+        raise _fail(path, None, f"file is {size} bytes, too short for the 8-byte header length (truncated?)")
+    (n,) = struct.unpack("<Q", f.read(HEADER_LENGTH_BYTES))
+    if n > MAX_HEADER_BYTES:
+        raise _fail(path, None, f"header length {n} exceeds the {MAX_HEADER_BYTES}-byte limit")
+    if n > size - HEADER_LENGTH_BYTES:
+        raise _fail(path, None, f"header length {n} runs beyond the end of the file ({size} bytes; truncated?)")
+    if n == 0:
+        raise _fail(path, None, "header length is 0 (no JSON header)")
+    raw = f.read(n)
+    if len(raw) != n:
+        raise _fail(path, None, f"short read: wanted {n} header bytes, got {len(raw)}")
+    return parse_header_bytes(raw, data_size=size - HEADER_LENGTH_BYTES - n, path=path, require_mxfp8=require_mxfp8)
+
+
+def read_header(path: str | os.PathLike[str], *, require_mxfp8: bool = False) -> Header:
+    """Read and validate the header of a safetensors file.
+
+    Args:
+        path: the file.
+        require_mxfp8: require the MXFP8 ``weights_dtype`` metadata.
+
+    Returns:
+        The validated :class:`Header`.
+
+    Raises:
+        MXFP8Error: naming the file, tensor and reason (also for a missing or unreadable file).
+
+    Example:
+        >>> import numpy as np, tempfile, os
+        >>> from mxfp8_codec import write_mxfp8_safetensors
+        >>> p = os.path.join(tempfile.mkdtemp(), "m.safetensors")
+        >>> write_mxfp8_safetensors(p, {"l.q_proj.weight": np.ones((64, 32), np.float32)})
+        >>> h = read_header(p)
+        >>> h.quantized, h.entries["l.q_proj.weight.scale"].shape
+        (('l.q_proj.weight',), (64, 1))
+    """
+    p = str(path)
+    try:
+        with open(p, "rb") as f:
+            return read_header_from(f, p, require_mxfp8=require_mxfp8)
+    except OSError as exc:
+        raise _fail(p, None, f"cannot read file: {exc.strerror or exc}") from None
+
+
+def encode_header(
+    entries: Iterable[tuple[str, str, Sequence[int], int]], metadata: Mapping[str, str] | None
+) -> tuple[bytes, list[TensorEntry]]:
+    """Lay out entries back to back and serialise the header (length prefix included).
+
+    Args:
+        entries: ``(name, dtype, shape, nbytes)`` in data-section order.
+        metadata: ``__metadata__`` (string -> string) or None.
+
+    Returns:
+        ``(prefix, layout)``: the 8-byte length + JSON padded with spaces so the data section
+        starts at a multiple of 8, and the entries with their offsets.
+    """
+    obj: dict[str, Any] = {}
+    if metadata:
+        for k, v in metadata.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise MXFP8Error(f"metadata must map str to str, got {k!r}: {type(v).__name__}")
+        obj[METADATA_KEY] = dict(metadata)
+    layout: list[TensorEntry] = []
+    pos = 0
+    for name, dtype, shape, nbytes in entries:
+        if name in obj:
+            raise MXFP8Error(f"tensor {name!r}: duplicate or reserved name")
+        obj[name] = {"dtype": dtype, "shape": [int(d) for d in shape], "data_offsets": [pos, pos + nbytes]}
+        layout.append(TensorEntry(name, dtype, tuple(int(d) for d in shape), pos, pos + nbytes))
+        pos += nbytes
+    js = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    js += b" " * (-len(js) % HEADER_ALIGNMENT)
+    if len(js) > MAX_HEADER_BYTES:
+        raise MXFP8Error(f"header would be {len(js)} bytes, over the {MAX_HEADER_BYTES}-byte limit")
+    return struct.pack("<Q", len(js)) + js, layout
