@@ -1,3 +1,41 @@
-"""NVFP4 quantization / GEMM / MXFP8 master kernels (CUDA via cffi) and their PyTorch reference."""
+"""NVFP4 quantization / GEMM and MXFP8-master kernels (CUDA via cffi) with a bit-exact PyTorch reference.
 
-__all__: list[str] = []
+CPU tensors run on :mod:`nvfp4_cuda.reference` (pure PyTorch, the oracle); CUDA tensors run on one
+shared library compiled with nvcc on first use (``python -m nvfp4_cuda build``) and loaded with cffi.
+See docs/nvfp4.md for the numerics (rounding, RNG, layouts) and the C ABI.
+
+Example:
+    >>> import torch, nvfp4_cuda
+    >>> x, w = torch.randn(8, 64), torch.randn(16, 64)
+    >>> y = nvfp4_cuda.nvfp4_matmul(nvfp4_cuda.quantize_nvfp4(x), nvfp4_cuda.quantize_nvfp4(w, block_2d=True))
+    >>> y.shape
+    torch.Size([8, 16])
+"""
+
+from nvfp4_cuda.api import (
+    backend_info,
+    dequantize_nvfp4,
+    hadamard16,
+    lion_step_mxfp8_,
+    mxfp8_decode,
+    mxfp8_encode,
+    nvfp4_matmul,
+    quantize_nvfp4,
+    quantize_nvfp4_from_mxfp8,
+    stochastic_round_to_bf16_,
+)
+from nvfp4_cuda.tensor import NVFP4Tensor
+
+__all__ = [
+    "NVFP4Tensor",
+    "backend_info",
+    "dequantize_nvfp4",
+    "hadamard16",
+    "lion_step_mxfp8_",
+    "mxfp8_decode",
+    "mxfp8_encode",
+    "nvfp4_matmul",
+    "quantize_nvfp4",
+    "quantize_nvfp4_from_mxfp8",
+    "stochastic_round_to_bf16_",
+]

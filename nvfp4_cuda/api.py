@@ -1,0 +1,171 @@
+"""Public entry points: CPU tensors go to the PyTorch reference, CUDA tensors to the cffi library.
+
+Both backends implement the same semantics bit for bit (see :mod:`nvfp4_cuda.reference`, the oracle),
+so callers never branch on the device.  Backend selection for CUDA tensors:
+
+* ``NVFP4_CUDA_BACKEND=reference`` forces the pure-PyTorch reference on any device (slow, exact);
+* otherwise the shared library is built/loaded lazily (:mod:`nvfp4_cuda.build`) and the GEMM uses
+  ``native-sm120a`` on compute capability 12.x and ``emulated-cuda`` (BF16 tensor cores) elsewhere;
+  ``nvfp4_matmul(..., backend="emulated")`` forces the emulation (to cross-check the two).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from nvfp4_cuda import reference
+from nvfp4_cuda.tensor import NVFP4Tensor
+
+BACKEND_ENV = "NVFP4_CUDA_BACKEND"  # "reference" forces the PyTorch path for CUDA tensors
+GEMM_BACKENDS = ("auto", "native", "emulated", "reference")
+
+
+def _use_cuda(t: torch.Tensor) -> bool:
+    return t.is_cuda and os.environ.get(BACKEND_ENV, "").lower() != "reference"
+
+
+def _cuda():  # the cffi-backed ops, imported only when a CUDA tensor shows up
+    from nvfp4_cuda import cuda_ops
+
+    return cuda_ops
+
+
+def quantize_nvfp4(x: torch.Tensor, *, block_2d: bool = False, rounding: str = "rne", seed: int = 0, step: int = 0,
+                   tensor_id: int = 0, hadamard: bool = False) -> NVFP4Tensor:
+    """Quantize x [R, C] to NVFP4 (see :func:`nvfp4_cuda.reference.quantize_nvfp4` for the exact rules).
+
+    Example:
+        >>> import torch, nvfp4_cuda
+        >>> q = nvfp4_cuda.quantize_nvfp4(torch.randn(16, 64), block_2d=True)
+        >>> q.codes.shape, q.block_scales.shape
+        (torch.Size([16, 32]), torch.Size([16, 4]))
+    """
+    if _use_cuda(x):
+        return _cuda().quantize_nvfp4(x, block_2d=block_2d, rounding=rounding, seed=seed, step=step,
+                                      tensor_id=tensor_id, hadamard=hadamard)
+    return reference.quantize_nvfp4(x, block_2d=block_2d, rounding=rounding, seed=seed, step=step,
+                                    tensor_id=tensor_id, hadamard=hadamard)
+
+
+def dequantize_nvfp4(q: NVFP4Tensor, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Decode an NVFP4Tensor to ``dtype`` (float32 math, one final cast)."""
+    if _use_cuda(q.codes):
+        return _cuda().dequantize_nvfp4(q, dtype=dtype)
+    return reference.dequantize_nvfp4(q, dtype=dtype)
+
+
+def nvfp4_matmul(a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
+                 out: torch.Tensor | None = None, accumulate: bool = False, backend: str = "auto") -> torch.Tensor:
+    """``C[M, N] = A[M, K] @ B[N, K]^T``, FP32 accumulation, ``alpha = S_dec_a * S_dec_b`` in the epilogue.
+
+    Args:
+        a, b: NVFP4 operands [M, K] and [N, K] on the same device.
+        out_dtype: bfloat16 or float32 (when ``out`` is None).
+        out: optional preallocated [M, N] output (contiguous); with ``accumulate`` its values are added.
+        backend: ``"auto"``, ``"native"`` (sm_120a tensor cores), ``"emulated"`` (BF16 tensor cores) or
+            ``"reference"`` (PyTorch). CPU tensors always use the reference.
+
+    Example:
+        >>> import torch, nvfp4_cuda
+        >>> a = nvfp4_cuda.quantize_nvfp4(torch.randn(4, 32))
+        >>> b = nvfp4_cuda.quantize_nvfp4(torch.randn(8, 32), block_2d=True)
+        >>> nvfp4_cuda.nvfp4_matmul(a, b).shape
+        torch.Size([4, 8])
+    """
+    if backend not in GEMM_BACKENDS:
+        raise ValueError(f"nvfp4_matmul: backend must be one of {GEMM_BACKENDS}, got {backend!r}")
+    if out_dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"nvfp4_matmul: out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype}")
+    if a.codes.device != b.codes.device:
+        raise ValueError(f"nvfp4_matmul: operands on different devices ({a.codes.device} vs {b.codes.device})")
+    if backend != "reference" and _use_cuda(a.codes):
+        return _cuda().nvfp4_matmul(a, b, out_dtype=out_dtype, out=out, accumulate=accumulate, backend=backend)
+    return reference.nvfp4_matmul(a, b, out_dtype=out_dtype, out=out, accumulate=accumulate)
+
+
+def hadamard16(x: torch.Tensor) -> torch.Tensor:
+    """16-point random Hadamard transform along the last axis (TE's fixed sign vector), float32 out."""
+    if _use_cuda(x):
+        return _cuda().hadamard16(x)
+    return reference.hadamard16(x)
+
+
+def mxfp8_encode(x: torch.Tensor, *, rounding: str = "rne", seed: int = 0, step: int = 0,
+                 tensor_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP8 encode with the RCEIL rule; ``rounding="rne"`` is bit-identical to ``mxfp8_codec``."""
+    if _use_cuda(x):
+        return _cuda().mxfp8_encode(x, rounding=rounding, seed=seed, step=step, tensor_id=tensor_id)
+    return reference.mxfp8_encode(x, rounding=rounding, seed=seed, step=step, tensor_id=tensor_id)
+
+
+def mxfp8_decode(payload: torch.Tensor, scales: torch.Tensor, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """MXFP8 decode ``e4m3(q) * 2**(s - 127)`` (exact in float32), cast to ``dtype``."""
+    if _use_cuda(payload):
+        return _cuda().mxfp8_decode(payload, scales, dtype=dtype)
+    return reference.mxfp8_decode(payload, scales, dtype=dtype)
+
+
+def quantize_nvfp4_from_mxfp8(payload: torch.Tensor, scales: torch.Tensor, *, block_2d: bool = True,
+                              rounding: str = "rne", seed: int = 0, step: int = 0, tensor_id: int = 0,
+                              hadamard: bool = False, transpose: bool = False) -> NVFP4Tensor:
+    """NVFP4 of an MXFP8 master (``transpose=True``: of its transpose, e.g. [in, out] master -> W [out, in])."""
+    kw: dict[str, Any] = dict(block_2d=block_2d, rounding=rounding, seed=seed, step=step, tensor_id=tensor_id,
+                              hadamard=hadamard, transpose=transpose)
+    if _use_cuda(payload):
+        return _cuda().quantize_nvfp4_from_mxfp8(payload, scales, **kw)
+    return reference.quantize_nvfp4_from_mxfp8(payload, scales, **kw)
+
+
+def lion_step_mxfp8_(payload: torch.Tensor, scales: torch.Tensor, grad: torch.Tensor, momentum: torch.Tensor, *,
+                     lr: float, beta1: float = 0.9, beta2: float = 0.99, weight_decay: float = 0.0,
+                     writeback: str = "stochastic", compensation: torch.Tensor | None = None, seed: int = 0,
+                     step: int = 0, tensor_id: int = 0) -> None:
+    """Fused Lion step on an MXFP8 master, in place (see :mod:`nvfp4_cuda.reference_master`).
+
+    Example:
+        >>> import torch, nvfp4_cuda
+        >>> p, s = nvfp4_cuda.mxfp8_encode(torch.full((1, 32), 0.02))
+        >>> m = torch.zeros(1, 32, dtype=torch.bfloat16)
+        >>> nvfp4_cuda.lion_step_mxfp8_(p, s, torch.ones(1, 32), m, lr=1e-5, step=1)
+    """
+    kw: dict[str, Any] = dict(lr=lr, beta1=beta1, beta2=beta2, weight_decay=weight_decay, writeback=writeback,
+                              compensation=compensation, seed=seed, step=step, tensor_id=tensor_id)
+    if _use_cuda(payload):
+        return _cuda().lion_step_mxfp8_(payload, scales, grad, momentum, **kw)
+    return reference.lion_step_mxfp8_(payload, scales, grad, momentum, **kw)
+
+
+def stochastic_round_to_bf16_(dst_bf16: torch.Tensor, src_fp32: torch.Tensor, *, seed: int, step: int,
+                              tensor_id: int) -> torch.Tensor:
+    """Unbiased float32 -> bfloat16 rounding into ``dst_bf16`` (for plain BF16 params under the nvfp4 recipe)."""
+    if _use_cuda(src_fp32):
+        return _cuda().stochastic_round_to_bf16_(dst_bf16, src_fp32, seed=seed, step=step, tensor_id=tensor_id)
+    return reference.stochastic_round_to_bf16_(dst_bf16, src_fp32, seed=seed, step=step, tensor_id=tensor_id)
+
+
+def backend_info() -> dict[str, Any]:
+    """Which backend CUDA tensors would use here, the device, and the library path (nothing is compiled).
+
+    Example:
+        >>> import nvfp4_cuda
+        >>> nvfp4_cuda.backend_info()["backend"] in ("native-sm120a", "emulated-cuda", "cpu-reference")
+        True
+    """
+    info: dict[str, Any] = {"backend": "cpu-reference", "device": "cpu", "library": None, "reason": ""}
+    if os.environ.get(BACKEND_ENV, "").lower() == "reference":
+        info["reason"] = f"{BACKEND_ENV}=reference"
+        return info
+    if not torch.cuda.is_available():
+        info["reason"] = "no CUDA device visible to torch"
+        return info
+    from nvfp4_cuda import build
+
+    major, minor = torch.cuda.get_device_capability()
+    info["device"] = f"{torch.cuda.get_device_name()} (sm_{major}{minor})"
+    info["library"] = str(build.library_path())
+    info["backend"] = "native-sm120a" if major == 12 else "emulated-cuda"
+    info["reason"] = "compute capability 12.x has FP4 mma.sync" if major == 12 else "no FP4 tensor cores: BF16 emulation"
+    return info
