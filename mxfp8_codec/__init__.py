@@ -32,12 +32,14 @@ from mxfp8_codec.io import (
     write_safetensors,
 )
 from mxfp8_codec.numerics import decode_mxfp8, encode_mxfp8
+from mxfp8_codec.rename import RenameReport, prefix_mapping, rename_tensors, verify_renamed
 
 __all__ = [
     "Header",
     "MXFP8Error",
     "MXFP8Reader",
     "MXFP8Tensor",
+    "RenameReport",
     "ScaleRule",
     "TensorEntry",
     "WEIGHTS_DTYPE",
@@ -47,9 +49,12 @@ __all__ = [
     "is_projection_weight",
     "iter_mxfp8_safetensors",
     "open_mxfp8",
+    "prefix_mapping",
     "read_header",
     "read_mxfp8_safetensors",
+    "rename_tensors",
     "validate",
+    "verify_renamed",
     "write_mxfp8_safetensors",
     "write_safetensors",
 ]
