@@ -1,3 +1,33 @@
-"""MBXP evaluation: load MXFP8 checkpoints into transformers, generate, execute in a sandbox, score."""
+"""MBXP evaluation: load MXFP8 checkpoints into transformers, generate, execute in a sandbox, score.
 
-__all__: list[str] = []
+Modules: :mod:`ida_eval.loader` (``load_model``: meta-device build, streamed MXFP8 decode, transpose,
+strict keys), :mod:`ida_eval.generate` (batched greedy generation, stop strings, truncation),
+:mod:`ida_eval.analysis` (failure classes, degenerate-output detection, run comparison),
+:mod:`ida_eval.execute` (the sandboxed executor) and :mod:`ida_eval.mbxp` (the harness and its CLI
+``python -m ida_eval.mbxp``).
+
+Example:
+    >>> from ida_eval import load_model, is_degenerate
+    >>> is_degenerate("\\t\\t\\t\\t" * 20)
+    'whitespace flood (80 chars)'
+"""
+
+from ida_eval.analysis import FAILURE_CLASSES, classify_failure, compare_runs, format_comparison, is_degenerate
+from ida_eval.generate import STOP_STRINGS, DecodingConfig, Generation, generate_completions, truncate_completion
+from ida_eval.loader import CheckpointLoadError, describe_checkpoint, load_model
+
+__all__ = [
+    "CheckpointLoadError",
+    "DecodingConfig",
+    "FAILURE_CLASSES",
+    "Generation",
+    "STOP_STRINGS",
+    "classify_failure",
+    "compare_runs",
+    "describe_checkpoint",
+    "format_comparison",
+    "generate_completions",
+    "is_degenerate",
+    "load_model",
+    "truncate_completion",
+]

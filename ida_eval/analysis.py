@@ -1,0 +1,274 @@
+"""Failure analysis for MBXP runs: failure classes, degenerate-output detection, run comparison.
+
+A pass@1 of 0.0 says nothing about *why*. The original fine-tuned checkpoints failed by repetition
+collapse — one token or word repeated, whitespace or tab floods, empty completions — so every
+failed task is put into exactly one class, checked in this order:
+
+1. ``degenerate``: the completion (or the raw generation before truncation) matches one of the
+   collapse signatures of :func:`is_degenerate`. It comes first because it is the root cause: a
+   collapsed completion is usually also a syntax error, and calling it that would hide the collapse.
+2. ``timeout``: the executor reported ``timed out``.
+3. ``syntax_error``: ``prompt + completion`` does not compile (checked here with ``ast.parse``,
+   independently of the executor), or the executor reported a ``SyntaxError`` /
+   ``IndentationError`` / ``TabError``.
+4. ``wrong_answer``: an ``AssertionError`` — the program ran and a test assertion failed.
+5. ``runtime_error``: anything else (an exception before or during the tests, an early exit).
+
+Degenerate-output thresholds (:data:`REPEAT_UNIT_MIN_COPIES` etc.) were chosen so that none of the
+974 canonical MBXP solutions is flagged (tested) while short collapses are: a completion of 40+
+characters made of one unit of 1–20 characters repeated 10+ times, 8+ consecutive identical words,
+4+ consecutive identical non-blank lines, a whitespace run holding 6+ line breaks or 16+ tabs or
+256+ characters, a completion of 40+ characters that is 75 %+ whitespace once trailing spaces are
+ignored, or one that is empty.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+FAILURE_CLASSES: tuple[str, ...] = ("degenerate", "timeout", "syntax_error", "wrong_answer", "runtime_error")
+"""Every failed task gets exactly one of these (in this precedence order)."""
+
+REPEAT_UNIT_MAX_CHARS = 20  # longest repeated unit looked for ("foo(", "x = 1\n", ...)
+REPEAT_UNIT_MIN_COPIES = 10  # consecutive copies of the unit
+REPEAT_MIN_SPAN_CHARS = 40  # and they must cover at least this many characters
+WORD_REPEAT_MIN = 8  # consecutive identical whitespace-separated words
+LINE_REPEAT_MIN = 4  # consecutive identical non-blank lines
+WHITESPACE_RUN_NEWLINES = 6  # a whitespace run holding this many line breaks is a flood (canonical max: 3)
+WHITESPACE_RUN_TABS = 16  # ... or this many tabs (canonical max: 9)
+WHITESPACE_RUN_CHARS = 256  # ... or this many characters of any whitespace (canonical max: 206 spaces)
+WHITESPACE_FRACTION_MIN = 0.75  # ... or this share of a completion of at least WHITESPACE_MIN_LEN chars
+WHITESPACE_MIN_LEN = 40
+MAX_EXAMPLES = 5  # degenerate examples kept in summary.json
+EXAMPLE_CHARS = 160  # characters of each example kept
+
+_UNIT_RE = re.compile(r"(.{1,%d}?)\1{%d,}" % (REPEAT_UNIT_MAX_CHARS, REPEAT_UNIT_MIN_COPIES - 1), re.DOTALL)
+_WS_RUN_RE = re.compile(r"\s{6,}")
+_SYNTAX_NAMES = ("SyntaxError", "IndentationError", "TabError")
+
+
+def _show(s: str, limit: int = 24) -> str:
+    return repr(s if len(s) <= limit else s[:limit] + "...")
+
+
+def is_degenerate(completion: str) -> str | None:
+    """Say whether a completion shows repetition collapse, and which kind.
+
+    Args:
+        completion: generated text (the executed completion or the raw generation).
+
+    Returns:
+        ``None`` for ordinary output, else a short reason such as ``"empty"``,
+        ``"whitespace flood (57 chars)"``, ``"repeated word 'return' x12"``,
+        ``"repeated line 'x = 1' x5"`` or ``"repeated unit 'ab' x30"``.
+
+    Example:
+        >>> is_degenerate("    return a + b")
+        >>> is_degenerate(" the the the the the the the the the")
+        "repeated word 'the' x9"
+        >>> is_degenerate("")
+        'empty'
+    """
+    flood = _whitespace_flood(completion)
+    if flood:
+        return flood
+    if not completion.strip():
+        return "empty"
+    reason = _repeated_run(completion.split(), WORD_REPEAT_MIN, "word")
+    if reason:
+        return reason
+    reason = _repeated_run([ln.strip() for ln in completion.split("\n")], LINE_REPEAT_MIN, "line", skip_blank=True)
+    if reason:
+        return reason
+    for m in _UNIT_RE.finditer(completion):
+        unit = m.group(1)
+        if len(m.group(0)) >= REPEAT_MIN_SPAN_CHARS and not unit.isspace():  # whitespace: flood rules
+            return f"repeated unit {_show(unit)} x{len(m.group(0)) // len(unit)}"
+    return None
+
+
+def _whitespace_flood(text: str) -> str | None:
+    for m in _WS_RUN_RE.finditer(text):
+        run = m.group(0)
+        if run.count("\n") >= WHITESPACE_RUN_NEWLINES or run.count("\t") >= WHITESPACE_RUN_TABS:
+            return f"whitespace flood ({len(run)} chars)"
+        if len(run) >= WHITESPACE_RUN_CHARS:
+            return f"whitespace flood ({len(run)} chars)"
+    # trailing spaces on a line are harmless (two canonical solutions carry 200 of them): ignore them
+    body = "\n".join(line.rstrip(" ") for line in text.split("\n"))
+    if len(body) >= WHITESPACE_MIN_LEN:
+        ws = sum(c.isspace() for c in body)
+        if ws / len(body) >= WHITESPACE_FRACTION_MIN:
+            return f"whitespace flood ({ws}/{len(body)} chars)"
+    return None
+
+
+def _repeated_run(items: Sequence[str], minimum: int, what: str, *, skip_blank: bool = False) -> str | None:
+    best, best_item, run = 0, "", 0
+    for i, item in enumerate(items):
+        if skip_blank and not item:
+            run = 0
+            continue
+        run = run + 1 if i > 0 and items[i - 1] == item else 1
+        if run > best:
+            best, best_item = run, item
+    if best >= minimum:
+        return f"repeated {what} {_show(best_item)} x{best}"
+    return None
+
+
+def compiles(prompt: str, completion: str) -> bool:
+    """Whether ``prompt + completion`` parses as Python."""
+    try:
+        ast.parse(prompt + completion)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
+    return True
+
+
+def classify_failure(result: Mapping[str, Any], prompt: str | None = None, raw: str | None = None) -> str:
+    """Classify one executed sample.
+
+    Args:
+        result: an mxeval-style result record (``passed``, ``result``, ``completion``).
+        prompt: the problem prompt (enables the independent syntax check).
+        raw: the generation before truncation (enables collapse detection when truncation
+            removed the repeated part).
+
+    Returns:
+        ``"passed"`` or one of :data:`FAILURE_CLASSES`.
+
+    Example:
+        >>> classify_failure({"passed": False, "result": "failed: AssertionError", "completion": "  return 1"})
+        'wrong_answer'
+    """
+    if result.get("passed"):
+        return "passed"
+    completion = str(result.get("completion", ""))
+    if is_degenerate(completion) or (raw is not None and is_degenerate(raw)):
+        return "degenerate"
+    message = str(result.get("result", ""))
+    if "timed out" in message.lower():
+        return "timeout"
+    if (prompt is not None and not compiles(prompt, completion)) or any(n in message for n in _SYNTAX_NAMES):
+        return "syntax_error"
+    if "AssertionError" in message:
+        return "wrong_answer"
+    return "runtime_error"
+
+
+def degenerate_report(samples: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Count degenerate completions (executed text or raw generation) and keep a few examples."""
+    count, examples, reasons = 0, [], Counter()
+    for s in samples:
+        completion = str(s.get("completion", ""))
+        reason = is_degenerate(completion) or (is_degenerate(str(s["raw"])) if "raw" in s else None)
+        if reason is None:
+            continue
+        count += 1
+        reasons[reason.split(" (")[0].split(" '")[0]] += 1
+        if len(examples) < MAX_EXAMPLES:
+            text = str(s.get("raw", completion))
+            examples.append({"task_id": s.get("task_id"), "reason": reason, "text": text[:EXAMPLE_CHARS]})
+    return {"count": count, "kinds": dict(reasons), "examples": examples}
+
+
+def failure_counts(
+    results: Iterable[Mapping[str, Any]],
+    prompts: Mapping[str, str],
+    raws: Mapping[str, str] | None = None,
+) -> tuple[dict[str, int], dict[str, str]]:
+    """Classify every result; returns ``(counts per class incl. "passed", task_id -> class)``."""
+    counts = {k: 0 for k in ("passed", *FAILURE_CLASSES)}
+    per_task: dict[str, str] = {}
+    for r in results:
+        tid = str(r["task_id"])
+        cls = classify_failure(r, prompts.get(tid), (raws or {}).get(tid))
+        counts[cls] += 1
+        per_task[tid] = cls
+    return counts, per_task
+
+
+# ---------------------------------------------------------------- comparison of two runs
+
+
+def load_run(run_dir: str | Path) -> dict[str, Any]:
+    """Read a run directory's ``summary.json`` (required) and per-task classes."""
+    run_dir = Path(run_dir)
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no summary.json (is {run_dir} an ida_eval.mbxp output directory?)")
+    try:
+        summary = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from e
+    if "per_task" not in summary or "pass_at_1" not in summary:
+        raise ValueError(f"{path}: missing 'per_task' or 'pass_at_1' (not an ida_eval.mbxp summary)")
+    return summary
+
+
+def compare_runs(dir_a: str | Path, dir_b: str | Path) -> dict[str, Any]:
+    """Compare two runs: pass@1, per-class counts and the tasks whose outcome flipped.
+
+    Returns:
+        ``{"a": {...}, "b": {...}, "gained": [...], "lost": [...], "changed_class": {...},
+        "only_in_a": [...], "only_in_b": [...]}`` where *gained* passed in B but not in A.
+    """
+    sa, sb = load_run(dir_a), load_run(dir_b)
+    ta, tb = sa["per_task"], sb["per_task"]
+    common = sorted(set(ta) & set(tb), key=_task_key)
+    gained = [t for t in common if tb[t] == "passed" and ta[t] != "passed"]
+    lost = [t for t in common if ta[t] == "passed" and tb[t] != "passed"]
+    changed = {t: [ta[t], tb[t]] for t in common if ta[t] != tb[t]}
+    side = lambda s, d: {  # noqa: E731
+        "dir": str(d),
+        "pass_at_1": s["pass_at_1"],
+        "n": s.get("n_tasks", len(s["per_task"])),
+        "counts": s.get("counts", {}),
+        "degenerate": s.get("degenerate", {}).get("count", 0),
+    }
+    return {
+        "a": side(sa, dir_a),
+        "b": side(sb, dir_b),
+        "gained": gained,
+        "lost": lost,
+        "changed_class": changed,
+        "only_in_a": sorted(set(ta) - set(tb), key=_task_key),
+        "only_in_b": sorted(set(tb) - set(ta), key=_task_key),
+    }
+
+
+def _task_key(task_id: str) -> tuple[str, int, str]:
+    head, _, tail = task_id.rpartition("/")
+    return (head, int(tail), "") if tail.isdigit() else (head, -1, tail)
+
+
+def format_comparison(cmp: Mapping[str, Any], *, max_tasks: int = 40) -> str:
+    """Render :func:`compare_runs` output as a side-by-side text table."""
+    a, b = cmp["a"], cmp["b"]
+    rows = [("", "A", "B"), ("run", a["dir"], b["dir"]), ("tasks", str(a["n"]), str(b["n"]))]
+    rows.append(("pass@1", f"{a['pass_at_1']:.4f}", f"{b['pass_at_1']:.4f}"))
+    for cls in ("passed", *FAILURE_CLASSES):
+        rows.append((cls, str(a["counts"].get(cls, 0)), str(b["counts"].get(cls, 0))))
+    rows.append(("degenerate outputs", str(a["degenerate"]), str(b["degenerate"])))
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    lines = [f"{r[0]:<{w0}}  {r[1]:>{w1}}  {r[2]}" for r in rows]
+
+    def listing(title: str, ids: Sequence[str]) -> None:
+        shown = ", ".join(ids[:max_tasks]) + (f", ... (+{len(ids) - max_tasks})" if len(ids) > max_tasks else "")
+        lines.append(f"{title} ({len(ids)}): {shown}")
+
+    listing("passed in B only (gained)", cmp["gained"])
+    listing("passed in A only (lost)", cmp["lost"])
+    moved = [f"{t} {c[0]}->{c[1]}" for t, c in cmp["changed_class"].items()]
+    listing("class changed", moved)
+    if cmp["only_in_a"] or cmp["only_in_b"]:
+        lines.append(f"tasks only in A: {len(cmp['only_in_a'])}, only in B: {len(cmp['only_in_b'])}")
+    return "\n".join(lines)

@@ -1,0 +1,338 @@
+"""Load an MXFP8 (or plain BF16) checkpoint directory into a transformers causal LM.
+
+Why not ``from_pretrained``: our projection weights are MXFP8 (E4M3 payload + UE8M0 scale per 32
+values) stored in the trainer's native ``[in_features, out_features]`` orientation, which
+transformers cannot read. The users' first recipe — decode the whole file to a dict of float32,
+transpose with ``.T.copy()``, ``load_state_dict`` — peaked at ~4.6x the model's BF16 bytes. Here:
+
+1. The model is built on the meta device (``accelerate.init_empty_weights(include_buffers=False)``,
+   parameters in the target dtype): no parameter memory, while non-persistent buffers such as the
+   rotary ``inv_freq`` are created for real in float32 — exactly as ``from_pretrained`` keeps them.
+   (Building inside ``torch.device("meta")`` would leave ``inv_freq`` on meta, and ``model.to(bf16)``
+   would round it to bf16 and move logits by ~4e-3.)
+2. Tensors are streamed one at a time: MXFP8 decoded straight to the target dtype (bf16 is rounded
+   once from the exact value e4m3 x 2^(s-127)), 2-D projection weights transposed when the file's
+   ``orientation`` is ``in_out``, norm weights unfolded (``w = gamma - 1``) when
+   ``norm_convention`` is ``folded`` and the module adds 1 at run time (NemotronLayerNorm1P), then
+   placed with ``load_state_dict(..., assign=True)`` (the tensor becomes the parameter: no copy).
+   The file is re-opened every :data:`REMAP_BYTES` of data so that mapped file pages do not pile up
+   in the resident set: peak host memory is about one model plus one tensor.
+3. Strict key check: missing and unexpected names are listed in one error (a LayerNorm1P weight
+   left at its init value of ones would silently double every activation scale). Tied weights
+   (``tie_word_embeddings``) are tied after loading and verified to share storage.
+4. With ``device_map`` each tensor is decoded and placed directly on its device and accelerate's
+   ``dispatch_model`` adds the hooks (``"auto"`` splits whole decoder layers over GPUs).
+
+Plain transformers safetensors checkpoints (no MXFP8 metadata, HF orientation) load through the
+same call, so baselines are measured with the same code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from mxfp8_codec import MXFP8Error, checkpoint_files, is_projection_weight, open_mxfp8
+
+WEIGHTS_DTYPE_KEY = "weights_dtype"  # metadata key that marks an MXFP8 file
+MXFP8_WEIGHTS_DTYPE = "MXFP8_E4M3_UE8M0_K32"
+ORIENTATIONS: tuple[str, ...] = ("in_out", "out_in")
+NORM_CONVENTIONS: tuple[str, ...] = ("zero_centered", "folded")
+REMAP_BYTES = 64 << 20  # 64 MiB: re-open the memory map after this much data was read
+HASH_CHUNK = 8 << 20  # 8 MiB read size for sha256
+MAX_LISTED_KEYS = 20  # key names shown in a missing/unexpected error
+
+
+class CheckpointLoadError(ValueError):
+    """A checkpoint directory cannot be loaded; the message names the directory/file/tensor and why."""
+
+
+@dataclass(frozen=True)
+class WeightFile:
+    """How one safetensors file of a checkpoint is stored.
+
+    Attributes:
+        path: the file.
+        mxfp8: True when the file carries ``weights_dtype = MXFP8_E4M3_UE8M0_K32``.
+        orientation: ``"in_out"`` (trainer native, transposed at load) or ``"out_in"`` (HF).
+        norm_convention: ``"zero_centered"`` or ``"folded"``.
+        metadata: the file's ``__metadata__``.
+    """
+
+    path: Path
+    mxfp8: bool
+    orientation: str
+    norm_convention: str
+    metadata: dict[str, str]
+
+
+def inspect_weight_file(path: str | Path) -> WeightFile:
+    """Read a weight file's header and classify it (MXFP8 vs plain, orientation, norm convention).
+
+    Raises:
+        CheckpointLoadError: unknown orientation / norm convention / weights_dtype values.
+    """
+    path = Path(path)
+    with open_mxfp8(path) as reader:
+        meta = dict(reader.metadata)
+    wd = meta.get(WEIGHTS_DTYPE_KEY)
+    if wd is not None and wd != MXFP8_WEIGHTS_DTYPE:
+        raise CheckpointLoadError(f"{path}: metadata weights_dtype={wd!r} is not {MXFP8_WEIGHTS_DTYPE!r}")
+    mxfp8 = wd is not None
+    orientation = meta.get("orientation", "in_out" if mxfp8 else "out_in")
+    norm = meta.get("norm_convention", "zero_centered")
+    if orientation not in ORIENTATIONS:
+        raise CheckpointLoadError(f"{path}: metadata orientation={orientation!r}, expected one of {ORIENTATIONS}")
+    if norm not in NORM_CONVENTIONS:
+        raise CheckpointLoadError(f"{path}: metadata norm_convention={norm!r}, expected one of {NORM_CONVENTIONS}")
+    return WeightFile(path=path, mxfp8=mxfp8, orientation=orientation, norm_convention=norm, metadata=meta)
+
+
+def _weight_files(checkpoint_dir: Path) -> list[WeightFile]:
+    try:
+        files = checkpoint_files(checkpoint_dir)
+    except MXFP8Error as e:
+        raise CheckpointLoadError(f"{checkpoint_dir}: no loadable safetensors weights: {e}") from e
+    return [inspect_weight_file(f) for f in files]
+
+
+def _stream(wf: WeightFile, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(name, tensor)`` decoded to ``dtype`` (floats), re-opening the map every REMAP_BYTES."""
+    reader = open_mxfp8(wf.path)
+    try:
+        names = reader.keys()
+        mapped = 0
+        for name in names:
+            if mapped >= REMAP_BYTES:  # drop the mapped pages we touched from our resident set
+                reader.close()
+                reader = open_mxfp8(wf.path)
+                mapped = 0
+            numel = 1
+            for s in reader.shape(name):
+                numel *= s
+            mapped += numel * (1 if reader.is_quantized(name) else 2)
+            is_float = reader.is_quantized(name) or reader.dtype(name) in ("BF16", "F16", "F32", "F64")
+            tensor = reader.get(name, framework="pt", dtype=dtype if is_float else None)
+            yield name, tensor
+    finally:
+        reader.close()
+
+
+def _tied_keys(model: Any) -> dict[str, str]:
+    """Parameter names that are tied to another parameter (target -> source) when the config ties."""
+    text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if not getattr(text_config, "tie_word_embeddings", False):
+        return {}
+    tied = getattr(model, "_tied_weights_keys", None) or {}
+    if isinstance(tied, Mapping):
+        return {str(k): str(v) for k, v in tied.items()}
+    # older list form: every entry is tied to the input embeddings
+    emb = next(n for n, p in model.named_parameters() if p is model.get_input_embeddings().weight)
+    return {str(k): emb for k in tied}
+
+
+def _adds_one(module: torch.nn.Module) -> bool:
+    """True for norms whose forward uses ``weight + 1`` (transformers' NemotronLayerNorm1P)."""
+    return type(module).__name__.endswith("LayerNorm1P")
+
+
+def _resolve_device_map(model: Any, device_map: Any, dtype: torch.dtype) -> dict[str, Any] | None:
+    if device_map is None:
+        return None
+    if isinstance(device_map, (torch.device, int)) or (
+        isinstance(device_map, str) and device_map not in ("auto", "balanced", "balanced_low_0", "sequential")
+    ):
+        return {"": str(torch.device(device_map) if not isinstance(device_map, int) else torch.device("cuda", device_map))}
+    if isinstance(device_map, str):
+        from accelerate import infer_auto_device_map
+        from accelerate.utils import get_balanced_memory
+
+        no_split = list(getattr(model, "_no_split_modules", None) or [])
+        max_memory = None
+        if device_map != "sequential":
+            max_memory = get_balanced_memory(
+                model, dtype=dtype, no_split_module_classes=no_split, low_zero=device_map == "balanced_low_0"
+            )
+        dm = infer_auto_device_map(model, max_memory=max_memory, no_split_module_classes=no_split, dtype=dtype)
+    elif isinstance(device_map, Mapping):
+        dm = dict(device_map)
+    else:
+        raise CheckpointLoadError(f"device_map must be None, a device, 'auto' or a dict, got {device_map!r}")
+    if "disk" in dm.values():
+        raise CheckpointLoadError(f"device_map {dm} offloads to disk; that is not supported (not enough memory?)")
+    return dm
+
+
+def _device_for(name: str, dm: dict[str, Any] | None) -> torch.device:
+    if dm is None:
+        return torch.device("cpu")
+    best, best_len = dm.get(""), -1
+    for prefix, dev in dm.items():
+        if prefix and (name == prefix or name.startswith(prefix + ".")) and len(prefix) > best_len:
+            best, best_len = dev, len(prefix)
+    if best is None:
+        raise CheckpointLoadError(f"device_map has no entry for tensor {name!r}")
+    return torch.device(f"cuda:{best}" if isinstance(best, int) else best)
+
+
+def _list(keys: list[str]) -> str:
+    shown = ", ".join(keys[:MAX_LISTED_KEYS])
+    return shown + (f", ... ({len(keys) - MAX_LISTED_KEYS} more)" if len(keys) > MAX_LISTED_KEYS else "")
+
+
+def load_model(
+    checkpoint_dir: str | Path,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    device_map: Any = None,
+) -> tuple[Any, Any]:
+    """Load a checkpoint directory (our MXFP8 format or plain transformers safetensors).
+
+    Args:
+        checkpoint_dir: directory with ``config.json``, tokenizer files and ``model.safetensors``
+            (or shards + ``model.safetensors.index.json``).
+        dtype: parameter dtype (floating tensors are decoded/cast to it; rotary buffers stay float32).
+        device_map: None (CPU), a device (``"cuda"``, ``"cuda:1"``), ``"auto"`` (accelerate splits
+            whole decoder layers over the visible GPUs) or an explicit accelerate device map.
+
+    Returns:
+        ``(model, tokenizer)``, the model in eval mode without gradients.
+
+    Raises:
+        CheckpointLoadError: no weights, bad metadata, wrong shapes, or missing/unexpected keys
+            (all listed in one message).
+
+    Example:
+        >>> model, tok = load_model("runs/sft/checkpoint-1000")  # doctest: +SKIP
+        >>> model.model.layers[0].self_attn.q_proj.weight.dtype  # doctest: +SKIP
+        torch.bfloat16
+    """
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    ckpt = Path(checkpoint_dir)
+    if not (ckpt / "config.json").is_file():
+        raise CheckpointLoadError(f"{ckpt}: no config.json (not a checkpoint directory)")
+    files = _weight_files(ckpt)
+    config = AutoConfig.from_pretrained(ckpt)
+    tokenizer = AutoTokenizer.from_pretrained(ckpt)
+    with init_empty_weights(include_buffers=False), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    dm = _resolve_device_map(model, device_map, dtype)
+
+    params = dict(model.named_parameters(remove_duplicate=False))
+    persistent = set(model.state_dict().keys())
+    non_persistent = {n for n, _ in model.named_buffers()} - persistent
+    tied = _tied_keys(model)
+    expected = persistent - set(tied)
+    loaded: set[str] = set()
+    unexpected: list[str] = []
+    for wf in files:
+        for name, tensor in _stream(wf, dtype):
+            if name in tied or name in non_persistent:
+                continue  # tied copies (re-tied below) and stale buffers such as old rotary inv_freq
+            if name not in expected:
+                unexpected.append(f"{name} ({wf.path.name})")
+                continue
+            if name in loaded:
+                raise CheckpointLoadError(f"{wf.path}: tensor {name!r} appears twice in the checkpoint")
+            tensor = _to_model_layout(model, wf, name, tensor)
+            target = params.get(name)
+            want = tuple(target.shape) if target is not None else tuple(model.state_dict()[name].shape)
+            if tuple(tensor.shape) != want:
+                raise CheckpointLoadError(
+                    f"{wf.path}: tensor {name!r}: shape {tuple(tensor.shape)} after loading "
+                    f"(orientation={wf.orientation}) does not match the model's {want}"
+                )
+            tensor = tensor.to(_device_for(name, dm))
+            model.load_state_dict({name: tensor}, strict=False, assign=True)
+            loaded.add(name)
+            del tensor
+    missing = sorted(expected - loaded)
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing {len(missing)}: {_list(missing)}")
+        if unexpected:
+            parts.append(f"unexpected {len(unexpected)}: {_list(sorted(unexpected))}")
+        raise CheckpointLoadError(
+            f"{ckpt}: checkpoint does not match {type(model).__name__} ({'; '.join(parts)})"
+        )
+    if tied:
+        model.tie_weights()
+        for dst, src in tied.items():
+            if model.get_parameter(dst) is not model.get_parameter(src):
+                raise CheckpointLoadError(f"{ckpt}: tying {dst} to {src} failed")
+    still_meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
+    if still_meta:
+        raise CheckpointLoadError(f"{ckpt}: tensors left on the meta device: {_list(still_meta)}")
+    model.requires_grad_(False)
+    model.eval()
+    if dm is not None:
+        _dispatch(model, dm)
+    return model, tokenizer
+
+
+def _to_model_layout(model: Any, wf: WeightFile, name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """Transpose native projections and unfold folded norm weights."""
+    if wf.orientation == "in_out" and tensor.dim() == 2 and is_projection_weight(name):
+        tensor = tensor.t().contiguous()
+    if wf.norm_convention == "folded" and name.endswith(".weight"):
+        module = model.get_submodule(name.rsplit(".", 1)[0])
+        if _adds_one(module):
+            tensor = (tensor.float() - 1.0).to(tensor.dtype)
+    return tensor
+
+
+def _dispatch(model: Any, dm: dict[str, Any]) -> None:
+    """Move buffers / add accelerate hooks for ``dm`` (parameters are already on their devices)."""
+    from accelerate import dispatch_model
+
+    devices = {str(v) for v in dm.values()}
+    if len(devices) == 1:
+        model.to(_device_for("", {"": next(iter(dm.values()))}))  # buffers only; keeps their dtypes
+    else:
+        dispatch_model(model, device_map=dm)
+    model.hf_device_map = dm
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a whole file, streamed."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def describe_checkpoint(checkpoint_dir: str | Path, *, hash_files: bool = True) -> dict[str, Any]:
+    """Provenance of a checkpoint for results files: weight files with sha256, format, precision metadata.
+
+    Returns:
+        ``{"path", "format": "mxfp8"|"plain", "architectures", "files": [{"name", "bytes", "sha256"}],
+        "precision": {...metadata of the first file...}}``.
+    """
+    ckpt = Path(checkpoint_dir)
+    files = _weight_files(ckpt)
+    config = json.loads((ckpt / "config.json").read_text()) if (ckpt / "config.json").is_file() else {}
+    return {
+        "path": str(ckpt.resolve()),
+        "format": "mxfp8" if any(f.mxfp8 for f in files) else "plain",
+        "architectures": config.get("architectures"),
+        "files": [
+            {"name": f.path.name, "bytes": f.path.stat().st_size, **({"sha256": file_sha256(f.path)} if hash_files else {})}
+            for f in files
+        ],
+        "precision": {
+            **files[0].metadata,
+            "orientation": files[0].orientation,
+            "norm_convention": files[0].norm_convention,
+        },
+    }

@@ -1,0 +1,188 @@
+"""ida_eval.loader: MXFP8 and plain checkpoints load into transformers exactly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from ida_eval import CheckpointLoadError, describe_checkpoint, load_model
+from tests.ida_eval.test_mbxp_support import (
+    ARCHS,
+    SMALL_PROBLEMS,
+    mxfp8_reference,
+    save_mxfp8_checkpoint,
+    tiny_model,
+    train_tokenizer,
+)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_tokenizer([p["prompt"] + p["canonical_solution"] for p in SMALL_PROBLEMS] * 2, vocab_size=300)
+
+
+@pytest.fixture(scope="module")
+def ids(tok):
+    return torch.tensor([tok(p["prompt"])["input_ids"][:40] for p in SMALL_PROBLEMS[:2]])
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(ids).logits
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_mxfp8_load_is_bit_identical_to_direct_decode(arch, tok, ids, tmp_path):
+    model = tiny_model(arch, len(tok), hidden=64)
+    ckpt = save_mxfp8_checkpoint(model, tok, tmp_path / arch)
+    loaded, ltok = load_model(ckpt)
+    ref = mxfp8_reference(model)
+    got, want = _logits(loaded, ids), _logits(ref, ids)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, want), f"{arch}: max |diff| {(got.float() - want.float()).abs().max()}"
+    # and close to the original float32 model (MXFP8 + bf16 rounding only)
+    orig = _logits(model, ids)
+    rel = (got.float() - orig).norm() / orig.norm()
+    assert rel < 0.08, f"{arch}: relative logit error {rel:.4f}"
+    # rotary buffers real and float32, equal to a normally built model's
+    rot = loaded.model.rotary_emb
+    assert rot.inv_freq.dtype == torch.float32 and torch.equal(rot.inv_freq, model.model.rotary_emb.inv_freq)
+    assert not loaded.training and not any(p.requires_grad for p in loaded.parameters())
+    assert ltok("def f():")["input_ids"] == tok("def f():")["input_ids"]
+
+
+def test_tied_embeddings_share_storage(tok, tmp_path):
+    model = tiny_model("qwen3", len(tok), tie=True)
+    loaded, _ = load_model(save_mxfp8_checkpoint(model, tok, tmp_path / "q"))
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    untied = tiny_model("nemotron", len(tok), tie=False)
+    loaded2, _ = load_model(save_mxfp8_checkpoint(untied, tok, tmp_path / "n"))
+    assert loaded2.lm_head.weight is not loaded2.model.embed_tokens.weight
+    assert torch.equal(loaded2.lm_head.weight, untied.lm_head.weight.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("arch", ["nemotron", "llama"])
+def test_folded_norms_are_unfolded(arch, tok, ids, tmp_path):
+    model = tiny_model(arch, len(tok))
+    b, _ = load_model(save_mxfp8_checkpoint(model, tok, tmp_path / "folded", folded=True))
+    # Folding rounds 1 + w to bf16 (w loses bits). The same model with w := bf16(1 + w) - 1 (exact in
+    # bf16) saved zero-centred must load bit-identically: unfolding subtracts exactly 1.
+    same = tiny_model(arch, len(tok))
+    if arch == "nemotron":
+        with torch.no_grad():
+            for name, p in same.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.copy_((1.0 + p).to(torch.bfloat16).float() - 1.0)
+        assert not torch.equal(same.model.norm.weight, model.model.norm.weight)
+    a, _ = load_model(save_mxfp8_checkpoint(same, tok, tmp_path / "zc"))
+    assert torch.equal(_logits(a, ids), _logits(b, ids))
+    from mxfp8_codec import open_mxfp8
+
+    with open_mxfp8(tmp_path / "folded" / "model.safetensors") as r:
+        stored = r.get("model.norm.weight", framework="pt", dtype=torch.float32)
+    shift = 1.0 if arch == "nemotron" else 0.0  # only LayerNorm1P adds 1 at run time
+    assert torch.equal(stored - shift, b.model.norm.weight.float())
+
+
+def test_sharded_equals_single(tok, ids, tmp_path):
+    model = tiny_model("nemotron", len(tok))
+    a, _ = load_model(save_mxfp8_checkpoint(model, tok, tmp_path / "one"))
+    b, _ = load_model(save_mxfp8_checkpoint(model, tok, tmp_path / "three", shards=3))
+    assert torch.equal(_logits(a, ids), _logits(b, ids))
+
+
+@pytest.mark.parametrize("arch", ["nemotron", "qwen3"])
+def test_plain_bf16_checkpoint_matches_from_pretrained(arch, tok, ids, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = tiny_model(arch, len(tok))
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "hf")
+    tok.save_pretrained(tmp_path / "hf")
+    ours, _ = load_model(tmp_path / "hf")
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.bfloat16).eval()
+    assert torch.equal(_logits(ours, ids), _logits(theirs, ids))
+    info = describe_checkpoint(tmp_path / "hf")
+    assert info["format"] == "plain" and len(info["files"][0]["sha256"]) == 64
+
+
+def test_float32_and_device_map(tok, ids, tmp_path):
+    model = tiny_model("llama", len(tok))
+    ckpt = save_mxfp8_checkpoint(model, tok, tmp_path / "c")
+    f32, _ = load_model(ckpt, dtype=torch.float32)
+    assert f32.model.embed_tokens.weight.dtype == torch.float32
+    assert torch.equal(_logits(f32, ids), _logits(mxfp8_reference(model, torch.float32), ids))
+    auto, _ = load_model(ckpt, device_map="auto")
+    assert set(map(str, auto.hf_device_map.values())) == {"cpu"}
+    plain, _ = load_model(ckpt)
+    assert torch.equal(_logits(auto, ids), _logits(plain, ids))
+
+
+def _rewrite(src: Path, dst: Path, edit) -> Path:
+    """Copy a checkpoint, changing its tensors with ``edit(dict) -> dict``."""
+    import shutil
+
+    from mxfp8_codec import open_mxfp8, write_mxfp8_safetensors
+
+    shutil.copytree(src, dst)
+    with open_mxfp8(src / "model.safetensors") as r:
+        tensors = {n: r.get_raw(n) for n in r.keys()}
+        meta = dict(r.metadata)
+    tensors, meta = edit(tensors, meta)
+    keep = {k: v for k, v in meta.items() if k not in ("weights_dtype", "format_version", "scale_rule")}
+    (dst / "model.safetensors").unlink()
+    write_mxfp8_safetensors(
+        dst / "model.safetensors",
+        tensors,
+        metadata={k: v for k, v in keep.items() if k not in ("orientation", "norm_convention")},
+        orientation=keep.get("orientation", "in_out"),
+        norm_convention=keep.get("norm_convention", "zero_centered"),
+    )
+    return dst
+
+
+def test_missing_and_unexpected_keys_are_listed(tok, tmp_path):
+    model = tiny_model("nemotron", len(tok))
+    ckpt = save_mxfp8_checkpoint(model, tok, tmp_path / "ok")
+
+    def drop_and_add(t, m):
+        t = dict(t)
+        del t["model.layers.1.input_layernorm.weight"]
+        t["model.layers.9.extra.weight"] = t["model.norm.bias"]
+        return t, m
+
+    bad = _rewrite(ckpt, tmp_path / "bad", drop_and_add)
+    with pytest.raises(CheckpointLoadError) as e:
+        load_model(bad)
+    msg = str(e.value)
+    assert "missing 1: model.layers.1.input_layernorm.weight" in msg
+    assert "unexpected 1: model.layers.9.extra.weight" in msg
+
+
+def test_wrong_orientation_is_a_clear_error(tok, tmp_path):
+    model = tiny_model("nemotron", len(tok))
+    ckpt = save_mxfp8_checkpoint(model, tok, tmp_path / "ok")
+    bad = _rewrite(ckpt, tmp_path / "bad", lambda t, m: (t, {**m, "orientation": "out_in"}))
+    with pytest.raises(CheckpointLoadError, match=r"_proj.weight'.*shape \((128, 64|64, 128)\) after loading \(orientation=out_in\) does not match"):
+        load_model(bad)
+    # a file whose metadata the codec rejects: the codec's error (a ValueError naming the file) surfaces
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    weird = tmp_path / "weird"
+    shutil.copytree(ckpt, weird)
+    f = weird / "model.safetensors"
+    save_file(load_file(f), f, metadata={"weights_dtype": "MXFP8_E4M3_UE8M0_K32", "norm_convention": "shifted"})
+    with pytest.raises(ValueError, match=r"model.safetensors.*shifted"):
+        load_model(weird)
+
+
+def test_not_a_checkpoint(tmp_path):
+    with pytest.raises(CheckpointLoadError, match="no config.json"):
+        load_model(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(CheckpointLoadError, match="no loadable safetensors"):
+        load_model(tmp_path)
