@@ -545,6 +545,80 @@ def decode_mxfp8_torch(
 
 
 # ---------------------------------------------------------------------------------------------
+# Native dispatch (numpy arrays and CPU torch tensors; identical bits to the pure paths above)
+# ---------------------------------------------------------------------------------------------
+def _native_kernel() -> Any:
+    from . import _native  # lazy: building the kernel is the loader's business
+
+    return _native.get_kernel()
+
+
+def _encode_numpy_dispatch(
+    x: np.ndarray, rule: ScaleRule, name: str | None
+) -> tuple[np.ndarray, np.ndarray]:
+    kernel = _native_kernel()
+    if kernel is None:
+        return encode_mxfp8_numpy(x, scale_rule=rule, name=name)
+    x = _check_encode_input_numpy(x, name)
+    payload = np.empty(x.shape, np.uint8)
+    scales = np.empty(scales_shape(x.shape), np.uint8)
+    if payload.size == 0 or scales.size == 0:
+        return payload, scales
+    x2 = np.ascontiguousarray(_as_2d(x))
+    q2, s2 = _as_2d(payload), _as_2d(scales)
+    rceil = rule is ScaleRule.RCEIL
+    if x2.dtype == np.float16:  # no native half loader: widen (exactly) one chunk at a time
+        step = max(1, CHUNK_ELEMENTS // x2.shape[1])
+        for r0 in range(0, x2.shape[0], step):
+            chunk = x2[r0 : r0 + step].astype(np.float32)
+            bad = kernel.encode(chunk, q2[r0 : r0 + step], s2[r0 : r0 + step], rceil)
+            if bad >= 0:
+                nb = s2.shape[1]
+                _raise_nonfinite_in_block(x2, r0 + bad // nb, bad % nb, x.shape, name)
+        return payload, scales
+    bits = x2 if x2.dtype == np.float32 else x2.view(np.uint16)
+    bad = kernel.encode(bits, q2, s2, rceil)
+    if bad >= 0:
+        nb = s2.shape[1]
+        _raise_nonfinite_in_block(x2, bad // nb, bad % nb, x.shape, name)
+    return payload, scales
+
+
+def _decode_numpy_dispatch(
+    payload: np.ndarray, scales: np.ndarray, dtype: Any, name: str | None
+) -> np.ndarray:
+    kernel = _native_kernel()
+    if kernel is None:
+        return decode_mxfp8_numpy(payload, scales, dtype=dtype, name=name)
+    kind = _out_kind(dtype)
+    p, s = _check_decode_input_numpy(payload, scales, name)
+    table = decode_table(kind)
+    out_bits = np.empty(p.shape, table.dtype)
+    if p.size:
+        p2, s2 = np.ascontiguousarray(_as_2d(p)), np.ascontiguousarray(_as_2d(s))
+        kernel.decode(p2, s2, _as_2d(out_bits), table)
+    return out_bits.view(np.float32 if kind == "f32" else ml_dtypes.bfloat16)
+
+
+def _torch_cpu_to_numpy(x: "torch.Tensor") -> np.ndarray:
+    """Zero-copy numpy view of a CPU tensor (bfloat16 as ml_dtypes.bfloat16, float8 as uint8)."""
+    torch = _torch_module()
+    t = x.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    if t.dtype in (torch.float8_e4m3fn, torch.float8_e8m0fnu):
+        return t.view(torch.uint8).numpy()
+    return t.numpy()
+
+
+def _numpy_to_torch(a: np.ndarray) -> "torch.Tensor":
+    torch = _torch_module()
+    if a.dtype == np.dtype(ml_dtypes.bfloat16):
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+# ---------------------------------------------------------------------------------------------
 # Public entry points
 # ---------------------------------------------------------------------------------------------
 def encode_mxfp8(
@@ -578,9 +652,13 @@ def encode_mxfp8(
         >>> decode_mxfp8(p, s).tolist()
         [[1.0, -2.0, 0.0, 3.0]]
     """
+    rule = _rule(scale_rule)
     if _is_torch(x):
-        return encode_mxfp8_torch(x, scale_rule=scale_rule, name=name)
-    return encode_mxfp8_numpy(x, scale_rule=scale_rule, name=name)
+        if x.device.type != "cpu" or x.dtype not in _torch_float_dtypes() or x.dim() < 1:
+            return encode_mxfp8_torch(x, scale_rule=rule, name=name)
+        q, s = _encode_numpy_dispatch(_torch_cpu_to_numpy(x), rule, name)
+        return _numpy_to_torch(q), _numpy_to_torch(s)
+    return _encode_numpy_dispatch(x, rule, name)
 
 
 def decode_mxfp8(
@@ -615,5 +693,14 @@ def decode_mxfp8(
         [448.0, 0.001953125]
     """
     if _is_torch(payload):
-        return decode_mxfp8_torch(payload, scales, dtype=dtype, name=name)
-    return decode_mxfp8_numpy(payload, scales, dtype=dtype, name=name)
+        p, s = _check_decode_input_torch(payload, scales, name)
+        if p.device.type != "cpu":
+            return decode_mxfp8_torch(p, s, dtype=dtype, name=name)
+        out = _decode_numpy_dispatch(_torch_cpu_to_numpy(p), _torch_cpu_to_numpy(s), dtype, name)
+        return _numpy_to_torch(out)
+    return _decode_numpy_dispatch(payload, scales, dtype, name)
+
+
+def _torch_float_dtypes() -> tuple[Any, ...]:
+    torch = _torch_module()
+    return (torch.float32, torch.bfloat16, torch.float16)
