@@ -3,7 +3,9 @@
 MXFP8 (the ``mxfp8_codec`` format): E4M3 elements, one UE8M0 scale byte per 32 consecutive elements of
 the last axis (a partial trailing block is allowed).  The scale rule is RCEIL, computed from the bits
 of the float32 block amax: ``e = floor(log2 amax) - 8 + [mantissa(amax) > 1.75]`` clamped to
-[-127, 127]; the byte is ``e + 127`` (a zero block gets byte 0 and zero codes, ``-0`` stays 0x80).
+[-127, 127]; the byte is ``e + 127`` (a zero block gets byte 0 and zero codes, ``-0`` stays 0x80;
+blocks with byte 247 saturate elements at 240 so that no finite value decodes to 2**128 = inf, the
+codec's top-of-range rule).
 Elements are ``x * 2**-e`` (an exact power-of-two scaling) rounded onto the E4M3 grid - RNE, which
 is bit-identical to ``mxfp8_codec.encode_mxfp8``, or stochastic (unbiased) with the counter RNG.
 
@@ -36,6 +38,7 @@ import numpy as np
 import torch
 
 from nvfp4_cuda.formats import (
+    E4M3_MAX,
     E8M0_BIAS,
     MX_BLOCK,
     e4m3_decode,
@@ -48,6 +51,8 @@ from nvfp4_cuda.rng import rand16_like, rand24_like
 from nvfp4_cuda.tensor import NVFP4Tensor
 
 WRITEBACK_MODES = ("stochastic", "rne", "compensated")  # Lion master write-back rounding
+TOP_SCALE_EXPONENT = 120  # RCEIL exponent of blocks with amax >= 2**127 (scale byte 247)
+TOP_CLAMP_VALUE = 240.0  # largest element magnitude in such blocks (256 * 2**120 would decode to inf)
 
 
 def f32_const(v: float) -> float:
@@ -88,6 +93,10 @@ def _encode_f32(x32: torch.Tensor, rand24: torch.Tensor | None) -> tuple[torch.T
     amax = a.reshape(*x32.shape[:-1], nb, MX_BLOCK).amax(dim=-1)
     e = torch.where(amax > 0, rceil_exponent(amax), torch.full_like(amax, -E8M0_BIAS, dtype=torch.int64))
     scaled = x32 * _expand_blocks(pow2_f32(-e), c)  # exact power-of-two scaling
+    top = e == TOP_SCALE_EXPONENT
+    if bool(top.any()):  # mxfp8_codec's top-of-range rule: never encode a finite weight as 2**128 (inf)
+        lim = _expand_blocks(torch.where(top, TOP_CLAMP_VALUE, E4M3_MAX).to(torch.float32), c)
+        scaled = torch.maximum(torch.minimum(scaled, lim), -lim)
     payload = e4m3_encode(scaled, rand24)
     return payload, (e + E8M0_BIAS).to(torch.uint8)
 
