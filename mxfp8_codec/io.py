@@ -288,21 +288,55 @@ def _quantized_items(name: str, shape: tuple[int, ...], encode: Callable[[], tup
     ]
 
 
-def _plain_item(name: str, get_value: Callable[[], Any], float_target: np.dtype | None) -> _Item:
+def _np_dtype_of(value: Any) -> np.dtype:
+    if _is_torch(value):
+        import torch
+
+        special = {
+            torch.bfloat16: ml_dtypes.bfloat16,
+            torch.float8_e4m3fn: ml_dtypes.float8_e4m3fn,
+            torch.float8_e5m2: ml_dtypes.float8_e5m2,
+            torch.float8_e8m0fnu: ml_dtypes.float8_e8m0fnu,
+        }
+        if value.dtype in special:
+            return np.dtype(special[value.dtype])
+        return torch.empty((), dtype=value.dtype).numpy().dtype
+    return np.dtype(value.dtype)
+
+
+def _describe(tensors: Mapping[str, Any], name: str) -> tuple[Any, tuple[int, ...], np.dtype | None]:
+    """``(value, shape, numpy dtype)`` of ``tensors[name]``; value is None when the mapping's
+    optional ``spec(name) -> (shape, numpy dtype)`` answered without loading. dtype is None for
+    an :class:`MXFP8Tensor`."""
+    spec = getattr(tensors, "spec", None)
+    if callable(spec):
+        shape, dt = spec(name)
+        return None, tuple(int(d) for d in shape), np.dtype(dt)
+    value = tensors[name]
+    if isinstance(value, MXFP8Tensor):
+        return value, (), None
+    if not (_is_torch(value) or isinstance(value, np.ndarray)):
+        raise MXFP8Error(f"tensor {name!r}: expected a numpy array, torch tensor or MXFP8Tensor, got {type(value).__name__}")
+    return value, tuple(int(d) for d in value.shape), _np_dtype_of(value)
+
+
+def _is_float(dt: np.dtype) -> bool:
+    return dt.kind == "f" or dt == np.dtype(ml_dtypes.bfloat16)
+
+
+def _plain_item(name: str, get_value: Callable[[], Any], shape: tuple[int, ...], dt: np.dtype, float_target: np.dtype | None) -> _Item:
     """An entry stored as-is (ints, bools) or converted to ``float_target`` (floats)."""
-    arr = _as_numpy(get_value(), name)
-    if arr.dtype in _F8_NP:
+    if dt in _F8_NP:
         raise MXFP8Error(f"tensor {name!r}: float8 data must be passed as MXFP8Tensor(payload, scales)")
-    is_float = arr.dtype.kind == "f" or arr.dtype == np.dtype(ml_dtypes.bfloat16)
-    out_dt = float_target if (is_float and float_target is not None) else arr.dtype
+    out_dt = float_target if (_is_float(dt) and float_target is not None) else dt
     if out_dt not in _NP_TO_ST:
-        raise MXFP8Error(f"tensor {name!r}: dtype {arr.dtype} cannot be stored in safetensors by this codec")
+        raise MXFP8Error(f"tensor {name!r}: dtype {dt} cannot be stored in safetensors by this codec")
 
     def produce() -> np.ndarray:
         a = _as_numpy(get_value(), name)
         return a if a.dtype == out_dt else a.astype(out_dt)
 
-    return _Item(name, _NP_TO_ST[out_dt], tuple(int(d) for d in arr.shape), name, False, produce)
+    return _Item(name, _NP_TO_ST[out_dt], shape, name, False, produce)
 
 
 def write_mxfp8_safetensors(
@@ -321,8 +355,10 @@ def write_mxfp8_safetensors(
     Floating tensors selected by ``quantize`` (and of rank >= 1) are encoded with
     :func:`~mxfp8_codec.numerics.encode_mxfp8`; :class:`MXFP8Tensor` values are stored byte-for-byte;
     every other floating tensor is written as BF16 (exact for BF16 input, RNE otherwise); integer and
-    bool tensors are written unchanged. ``tensors`` is read twice (plan, then write), so a lazy
-    Mapping that loads on ``__getitem__`` keeps peak memory at one tensor.
+    bool tensors are written unchanged. The layout is planned before anything is encoded, then each
+    tensor is fetched again, encoded and written, so a lazy Mapping that loads on ``__getitem__``
+    keeps peak memory at one tensor; if it also has ``spec(name) -> (shape, numpy dtype)`` the
+    planning pass loads nothing (such a mapping must not hold MXFP8Tensor values).
 
     Args:
         path: output file.
@@ -369,9 +405,8 @@ def write_mxfp8_safetensors(
     for name in tensors:
         if not isinstance(name, str) or not name or name == "__metadata__":
             raise MXFP8Error(f"{path}: invalid tensor name {name!r}")
-        value = tensors[name]
-        getter = (lambda n=name: tensors[n])  # noqa: E731 -- late binding per name
-        if isinstance(value, MXFP8Tensor):
+        value, shape, dt = _describe(tensors, name)
+        if dt is None:  # an MXFP8Tensor, stored byte-for-byte
             p = _as_u8(value.payload, name, "payload")
             s = _as_u8(value.scales, name, "scales")
             if p.ndim == 0 or s.shape != scale_shape(p.shape):
@@ -383,11 +418,7 @@ def write_mxfp8_safetensors(
                 return _as_u8(v.payload, n, "payload"), _as_u8(v.scales, n, "scales")
 
             items += _quantized_items(name, tuple(int(d) for d in p.shape), enc_raw)
-            continue
-        arr_like = value
-        is_float_torch = _is_torch(value) and value.is_floating_point() and value.dtype.itemsize > 1
-        is_float_np = isinstance(value, np.ndarray) and (value.dtype.kind == "f" or value.dtype == np.dtype(ml_dtypes.bfloat16))
-        if quantize is not None and (is_float_torch or is_float_np) and arr_like.ndim >= 1 and quantize(name):
+        elif quantize is not None and _is_float(dt) and dt.itemsize > 1 and len(shape) >= 1 and quantize(name):
 
             def enc(n: str = name) -> tuple[np.ndarray, np.ndarray]:
                 x = tensors[n]
@@ -399,9 +430,10 @@ def write_mxfp8_safetensors(
                 p, s = encode_mxfp8(x, scale_rule=rule, name=n)
                 return _as_numpy(p, n), _as_numpy(s, n)
 
-            items += _quantized_items(name, tuple(int(d) for d in arr_like.shape), enc)
+            items += _quantized_items(name, shape, enc)
         else:
-            items.append(_plain_item(name, getter, np.dtype(ml_dtypes.bfloat16)))
+            items.append(_plain_item(name, (lambda n=name: tensors[n]), shape, dt, np.dtype(ml_dtypes.bfloat16)))
+        del value
     _write_items(path, items, meta, progress)
 
 
@@ -433,7 +465,11 @@ def write_safetensors(
     for name in tensors:
         if not isinstance(name, str) or not name or name == "__metadata__":
             raise MXFP8Error(f"{path}: invalid tensor name {name!r}")
-        items.append(_plain_item(name, (lambda n=name: tensors[n]), target))
+        _value, shape, dt = _describe(tensors, name)
+        if dt is None:
+            raise MXFP8Error(f"{path}: tensor {name!r}: write_safetensors stores plain tensors; use write_mxfp8_safetensors for MXFP8Tensor")
+        del _value
+        items.append(_plain_item(name, (lambda n=name: tensors[n]), shape, dt, target))
     _write_items(path, items, dict(metadata or {}), progress)
 
 

@@ -1,0 +1,434 @@
+"""``python -m mxfp8_codec``: inspect, verify, rename, quantize, dequantize and demo.
+
+* ``inspect PATH [--stats]``: per-tensor table (name, dtype, shape, encoding, bytes) and metadata
+  of a file or checkpoint directory; ``--stats`` adds each MXFP8 tensor's scale-byte histogram
+  (scale byte ``b`` means ``2^(b - 127)``), which shows at a glance whether a checkpoint's weights
+  sit at sane magnitudes (a trained 4B model's projections have bytes around 118-122).
+* ``verify PATH [--values] [--allow-plain]``: every validation rule of docs/format.md; exit 1 with
+  the reason on failure. ``--values`` also scans for NaN codes/scales and non-finite floats.
+* ``rename SRC DST --map JSON | --prefix OLD=NEW``: header-only rename with the sha256 proof.
+* ``quantize HF_DIR OUT_DIR``: a transformers BF16/F32 checkpoint directory (single file or
+  sharded) -> MXFP8 directory. Projection weights (``is_projection_weight``, 2-D) are transposed to
+  the native ``[in, out]`` orientation (``--orientation in_out``, default) and encoded; everything
+  else is written as BF16; config/tokenizer/generation files are copied.
+* ``dequantize IN OUT``: MXFP8 file or directory -> plain BF16 safetensors in transformers'
+  orientation (projections transposed back, folded norms unfolded), loadable by
+  ``from_pretrained``; for a directory the config/tokenizer files are copied too.
+* ``demo OUT_DIR``: builds a small random Llama checkpoint with transformers, quantizes it,
+  inspects and verifies the result, dequantizes it and reports the logits error.
+
+Every command returns an exit status from :func:`main`; errors of the codec (:class:`MXFP8Error`)
+are printed as one line to stderr with exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import ml_dtypes
+import numpy as np
+
+from mxfp8_codec.errors import MXFP8Error
+from mxfp8_codec.header import DTYPES, ORIENTATIONS, SCALE_RULES, SCALE_SUFFIX
+from mxfp8_codec.io import (
+    INDEX_FILE,
+    MXFP8Reader,
+    checkpoint_files,
+    is_projection_weight,
+    open_mxfp8,
+    validate,
+    write_mxfp8_safetensors,
+    write_safetensors,
+)
+from mxfp8_codec.rename import prefix_mapping, rename_tensors
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".gguf", ".ckpt")  # not copied
+_NORM_RE = re.compile(r"norm\.weight$")  # 1-D norm gains: folded (1 + w) on disk under norm_convention=folded
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def _files(path: Path) -> list[Path]:
+    return checkpoint_files(path) if path.is_dir() else [path]
+
+
+def is_norm_weight(name: str, ndim: int) -> bool:
+    """A 1-D normalisation gain (``...norm.weight``), the tensors ``norm_convention`` applies to."""
+    return ndim == 1 and _NORM_RE.search(name) is not None
+
+
+# --------------------------------------------------------------------------------------------------
+# inspect / verify
+
+
+def _histogram(scales: np.ndarray) -> str:
+    counts = np.bincount(scales.reshape(-1), minlength=256)
+    parts = [f"{b}:{int(c)}" for b, c in enumerate(counts) if c]
+    return " ".join(parts) if parts else "(empty)"
+
+
+def inspect_file(path: Path, *, stats: bool, out: TextIO) -> None:
+    """Print the tensor table and metadata of one file."""
+    with open_mxfp8(path) as r:
+        h = r.header
+        print(f"{path}  ({_human(h.file_size)}, header {h.header_len} bytes, {len(r)} tensors, {len(h.quantized)} MXFP8)", file=out)
+        for k in sorted(r.metadata):
+            print(f"  {k} = {r.metadata[k]}", file=out)
+        rows = []
+        for name in r.keys():
+            e = h.entries[name]
+            if r.is_quantized(name):
+                s = h.entries[name + SCALE_SUFFIX]
+                rows.append((name, f"{e.dtype}+{s.dtype}", str(list(e.shape)), "mxfp8 e4m3/ue8m0/32", e.nbytes + s.nbytes))
+            else:
+                rows.append((name, e.dtype, str(list(e.shape)), "plain", e.nbytes))
+        widths = [max([len(h_)] + [len(str(row[i])) for row in rows]) for i, h_ in enumerate(("name", "dtype", "shape", "encoding", "bytes"))]
+        fmt = "  {:<%d}  {:<%d}  {:<%d}  {:<%d}  {:>%d}" % tuple(widths)
+        print(fmt.format("name", "dtype", "shape", "encoding", "bytes"), file=out)
+        for row in rows:
+            print(fmt.format(*row), file=out)
+        print(f"  total data: {h.data_size} bytes", file=out)
+        if stats:
+            print("  scale-byte histograms (byte b = 2^(b-127)):", file=out)
+            for name in h.quantized:
+                sc = r.get_raw(name).scales
+                nan = int((sc == 0xFF).sum())
+                note = f", {nan} NaN blocks" if nan else ""
+                lo, hi = (int(sc.min()), int(sc.max())) if sc.size else (0, 0)
+                print(f"  {name}: blocks={sc.size} min={lo} max={hi}{note}", file=out)
+                print(f"    {_histogram(sc)}", file=out)
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    for f in _files(Path(args.path)):
+        inspect_file(f, stats=args.stats, out=sys.stdout)
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    path = Path(args.path)
+    files = _files(path)
+    for f in files:
+        validate(f, require_mxfp8=not args.allow_plain, check_values=args.values)
+        with open_mxfp8(f) as r:
+            checks = "structure and values" if args.values else "structure"
+            print(f"OK {f}: {len(r)} tensors ({len(r.header.quantized)} MXFP8), {r.header.file_size} bytes, {checks} valid")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------
+# rename
+
+
+def _parse_map(text: str) -> dict[str, str]:
+    src = Path(text)
+    if not text.lstrip().startswith("{") and src.is_file():
+        text = src.read_text(encoding="utf-8")
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        raise MXFP8Error(f"--map: not a JSON object or a JSON file: {exc}") from None
+    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in obj.items()):
+        raise MXFP8Error("--map: must be a JSON object of old name -> new name strings")
+    return obj
+
+
+def _cmd_rename(args: argparse.Namespace) -> int:
+    mapping: Mapping[str, str] | Callable[[str], str]
+    if args.map is not None:
+        mapping = _parse_map(args.map)
+    else:
+        rules = {}
+        for rule in args.prefix:
+            old, sep, new = rule.partition("=")
+            if not sep or not old:
+                raise MXFP8Error(f"--prefix {rule!r}: expected OLD=NEW")
+            rules[old] = new
+        mapping = prefix_mapping(rules)
+    report = rename_tensors(args.src, args.dst, mapping)
+    for old, new, sha in report.tensors:
+        arrow = f"{old} -> {new}" if old != new else f"{old} (unchanged)"
+        print(f"  {sha[:16]}  {arrow}")
+    print(f"sha256 check passed: {len(report.tensors)} tensors byte-identical before/after, {len(report.renamed)} renamed")
+    print(f"data section sha256 {report.data_sha256} (identical in {report.src} and {report.dst})")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------
+# quantize / dequantize
+
+
+class CheckpointTensors(Mapping[str, np.ndarray]):
+    """Name -> array over all shards of a checkpoint, loaded on access through one transform.
+
+    Nothing is cached: with the writers' planning via :meth:`spec` the peak memory is one tensor.
+    """
+
+    def __init__(self, readers: Sequence[MXFP8Reader], transform: Callable[[str, np.ndarray], np.ndarray], out_dtype: Callable[[str, str], np.dtype]) -> None:
+        self._where: dict[str, MXFP8Reader] = {}
+        for r in readers:
+            for name in r.keys():
+                self._where[name] = r
+        self._transform = transform
+        self._out_dtype = out_dtype
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        r = self._where[name]
+        return self._transform(name, r.get(name, dtype=None))
+
+    def spec(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
+        """Shape and dtype ``self[name]`` will have, without loading it."""
+        r = self._where[name]
+        shape = r.shape(name)
+        if len(shape) == 2 and self._transposes(name):
+            shape = (shape[1], shape[0])
+        return shape, self._out_dtype(name, r.dtype(name))
+
+    def _transposes(self, name: str) -> bool:
+        return getattr(self._transform, "transposes", lambda n: False)(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
+def _copy_side_files(src: Path, dst: Path) -> list[str]:
+    copied = []
+    for f in sorted(src.iterdir()):
+        if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and f.name != INDEX_FILE:
+            shutil.copy2(f, dst / f.name)
+            copied.append(f.name)
+    return copied
+
+
+def quantize_checkpoint(src_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, scale_rule: str = "rceil", orientation: str = "in_out") -> Path:
+    """Convert a transformers checkpoint directory to an MXFP8 checkpoint directory.
+
+    Returns:
+        The written ``model.safetensors``.
+    """
+    src, out = Path(src_dir), Path(out_dir)
+    files = checkpoint_files(src)
+    readers = [open_mxfp8(f) for f in files]
+    try:
+        for r in readers:
+            if r.header.quantized:
+                raise MXFP8Error(f"{r.path}: already holds MXFP8 tensors (e.g. {r.header.quantized[0]!r}); nothing to quantize")
+        flip = orientation == "in_out"
+
+        def transform(name: str, arr: np.ndarray) -> np.ndarray:
+            if flip and arr.ndim == 2 and is_projection_weight(name):
+                return np.ascontiguousarray(arr.T)
+            return arr
+
+        transform.transposes = lambda name: flip and is_projection_weight(name)  # type: ignore[attr-defined]
+        tensors = CheckpointTensors(readers, transform, lambda name, st: DTYPES[st])
+        out.mkdir(parents=True, exist_ok=True)
+        target = out / "model.safetensors"
+        write_mxfp8_safetensors(
+            target,
+            tensors,
+            quantize=lambda n: is_projection_weight(n) and len(tensors.spec(n)[0]) == 2,
+            scale_rule=scale_rule,
+            orientation=orientation,
+            metadata={"source": src.resolve().name, "producer": "mxfp8_codec quantize"},
+            progress=True,
+        )
+    finally:
+        for r in readers:
+            r.close()
+    _copy_side_files(src, out)
+    return target
+
+
+def dequantize_checkpoint(src: str | os.PathLike[str], out: str | os.PathLike[str]) -> list[Path]:
+    """MXFP8 file or directory -> plain BF16 safetensors in transformers' orientation.
+
+    A directory becomes a directory (``model.safetensors`` + copied config/tokenizer files); a file
+    becomes a file. Returns the written safetensors files.
+    """
+    src_p, out_p = Path(src), Path(out)
+    pairs: list[tuple[Path, Path]]
+    if src_p.is_dir():
+        files = checkpoint_files(src_p)
+        out_p.mkdir(parents=True, exist_ok=True)
+        pairs = [(f, out_p / ("model.safetensors" if len(files) == 1 else f.name)) for f in files]
+    else:
+        pairs = [(src_p, out_p)]
+    written = []
+    for f, target in pairs:
+        with open_mxfp8(f) as r:
+            flip = r.metadata.get("orientation", "out_in") == "in_out"
+            folded = r.metadata.get("norm_convention") == "folded"
+
+            def transform(name: str, arr: np.ndarray, flip: bool = flip, folded: bool = folded) -> np.ndarray:
+                if flip and arr.ndim == 2 and is_projection_weight(name):
+                    arr = np.ascontiguousarray(arr.T)
+                if folded and is_norm_weight(name, arr.ndim):
+                    arr = arr.astype(np.float32) - np.float32(1.0)  # stored 1 + w -> w
+                return arr
+
+            transform.transposes = lambda name, flip=flip: flip and is_projection_weight(name)  # type: ignore[attr-defined]
+
+            def out_dtype(name: str, stored: str) -> np.dtype:
+                return np.dtype(np.float32) if stored == "F8_E4M3" else DTYPES[stored]  # what r.get(dtype=None) returns
+
+            tensors = CheckpointTensors([r], transform, out_dtype)
+            meta = {"format": "pt", "producer": "mxfp8_codec dequantize", "source": f.name}
+            write_safetensors(target, tensors, metadata=meta, float_dtype=ml_dtypes.bfloat16, progress=True)
+        written.append(target)
+    if src_p.is_dir():
+        _copy_side_files(src_p, out_p)
+        if len(pairs) > 1:
+            index = json.loads((src_p / INDEX_FILE).read_text())
+            weight_map = {}
+            for _, target in pairs:
+                with open_mxfp8(target) as r:
+                    weight_map.update({n: target.name for n in r.keys()})
+            index["weight_map"] = weight_map
+            (out_p / INDEX_FILE).write_text(json.dumps(index, indent=2))
+    return written
+
+
+def _cmd_quantize(args: argparse.Namespace) -> int:
+    target = quantize_checkpoint(args.hf_dir, args.out_dir, scale_rule=args.scale_rule, orientation=args.orientation)
+    with open_mxfp8(target) as r:
+        print(f"wrote {target}: {len(r)} tensors, {len(r.header.quantized)} MXFP8, {r.header.file_size} bytes")
+    return 0
+
+
+def _cmd_dequantize(args: argparse.Namespace) -> int:
+    for target in dequantize_checkpoint(args.src, args.out):
+        with open_mxfp8(target) as r:
+            print(f"wrote {target}: {len(r)} BF16/plain tensors, {r.header.file_size} bytes")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------
+# demo
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    root = Path(args.out_dir)
+    hf_dir, mx_dir, back_dir = root / "hf", root / "mxfp8", root / "dequantized"
+    torch.manual_seed(args.seed)
+    cfg = LlamaConfig(
+        vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    model.save_pretrained(hf_dir)
+    print(f"[1/4] random Llama checkpoint ({sum(p.numel() for p in model.parameters())} parameters) -> {hf_dir}")
+    quantize_checkpoint(hf_dir, mx_dir)
+    print(f"[2/4] quantized -> {mx_dir}")
+    inspect_file(mx_dir / "model.safetensors", stats=False, out=sys.stdout)
+    validate(mx_dir / "model.safetensors")
+    print("[3/4] verify: OK")
+    dequantize_checkpoint(mx_dir, back_dir)
+    back = AutoModelForCausalLM.from_pretrained(back_dir, dtype=torch.bfloat16).eval()
+    # The exact expectation: every projection equals decode(encode(W^T))^T, everything else is unchanged.
+    from mxfp8_codec.numerics import decode_mxfp8, encode_mxfp8
+
+    mismatched = []
+    restored = back.state_dict()
+    for name, w in model.state_dict().items():
+        want = w
+        if is_projection_weight(name):
+            p, s = encode_mxfp8(w.T.contiguous())
+            want = decode_mxfp8(p, s, dtype=torch.bfloat16).T
+        if not torch.equal(restored[name], want):
+            mismatched.append(name)
+    ids = torch.randint(0, cfg.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a, b = model(ids).logits.float(), back(ids).logits.float()
+    rel = float((a - b).norm() / a.norm())
+    print(f"[4/4] dequantized -> {back_dir}; from_pretrained weights bit-exact: {not mismatched}; "
+          f"logits relative error vs the unquantized original: {rel:.4f}")
+    if mismatched:
+        print(f"error: weights differ from decode(encode(.)): {mismatched[:5]}", file=sys.stderr)
+    return 1 if mismatched else 0
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``python -m mxfp8_codec``."""
+    p = argparse.ArgumentParser(prog="python -m mxfp8_codec", description="MXFP8 (E4M3 + UE8M0/32) safetensors checkpoint tool")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("inspect", help="tensor table and metadata of a file or checkpoint directory")
+    s.add_argument("path")
+    s.add_argument("--stats", action="store_true", help="per-tensor scale-byte histogram")
+    s.set_defaults(func=_cmd_inspect)
+
+    s = sub.add_parser("verify", help="check every validation rule; exit 1 with the reason on failure")
+    s.add_argument("path")
+    s.add_argument("--values", action="store_true", help="also scan for NaN codes/scales and non-finite floats")
+    s.add_argument("--allow-plain", action="store_true", help="accept plain safetensors files without MXFP8 metadata")
+    s.set_defaults(func=_cmd_verify)
+
+    s = sub.add_parser("rename", help="header-only rename with a sha256 proof")
+    s.add_argument("src")
+    s.add_argument("dst")
+    g = s.add_mutually_exclusive_group(required=True)
+    g.add_argument("--map", help="JSON object {old: new} or a path to a JSON file")
+    g.add_argument("--prefix", action="append", metavar="OLD=NEW", help="replace a name prefix (repeatable; first match wins)")
+    s.set_defaults(func=_cmd_rename)
+
+    s = sub.add_parser("quantize", help="transformers checkpoint dir -> MXFP8 checkpoint dir")
+    s.add_argument("hf_dir")
+    s.add_argument("out_dir")
+    s.add_argument("--scale-rule", choices=SCALE_RULES, default="rceil")
+    s.add_argument("--orientation", choices=ORIENTATIONS, default="in_out")
+    s.set_defaults(func=_cmd_quantize)
+
+    s = sub.add_parser("dequantize", help="MXFP8 file/dir -> plain BF16 safetensors in transformers orientation")
+    s.add_argument("src")
+    s.add_argument("out")
+    s.set_defaults(func=_cmd_dequantize)
+
+    s = sub.add_parser("demo", help="make a tiny random model, quantize, inspect, verify, dequantize")
+    s.add_argument("out_dir")
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(func=_cmd_demo)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status.
+
+    Example:
+        >>> import numpy as np, tempfile, os
+        >>> from mxfp8_codec import write_mxfp8_safetensors
+        >>> p = os.path.join(tempfile.mkdtemp(), "m.safetensors")
+        >>> write_mxfp8_safetensors(p, {"x.q_proj.weight": np.ones((2, 32), np.float32)})
+        >>> main(["verify", p]) == 0  # doctest: +ELLIPSIS
+        OK ...
+        True
+    """
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except MXFP8Error as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,196 @@
+"""The CLI: python -m mxfp8_codec {inspect,verify,rename,quantize,dequantize,demo}."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+from mxfp8_codec import (
+    MXFP8Tensor,
+    decode_mxfp8,
+    encode_mxfp8,
+    is_projection_weight,
+    open_mxfp8,
+    read_header,
+    write_mxfp8_safetensors,
+)
+from mxfp8_codec.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def ckpt(tmp_path: Path) -> Path:
+    path = tmp_path / "m.safetensors"
+    payload = np.full((2, 96), 0x38, np.uint8)  # 1.0 before scaling
+    scales = np.array([[120, 120, 121], [127, 0, 254]], np.uint8)
+    write_mxfp8_safetensors(path, {"a.q_proj.weight": MXFP8Tensor(payload, scales), "a.norm.weight": np.ones(96, np.float32)})
+    return path
+
+
+def test_inspect_prints_table_metadata_and_histogram(ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", str(ckpt), "--stats"]) == 0
+    out = capsys.readouterr().out
+    assert "2 tensors, 1 MXFP8" in out
+    assert "weights_dtype = MXFP8_E4M3_UE8M0_K32" in out
+    row = next(line for line in out.splitlines() if line.strip().startswith("a.q_proj.weight "))
+    assert row.split() == ["a.q_proj.weight", "F8_E4M3+U8", "[2,", "96]", "mxfp8", "e4m3/ue8m0/32", str(2 * 96 + 6)]
+    norm = next(line for line in out.splitlines() if line.strip().startswith("a.norm.weight"))
+    assert norm.split()[1] == "BF16" and norm.split()[-1] == "192"
+    assert "a.q_proj.weight: blocks=6 min=0 max=254" in out
+    assert "0:1 120:2 121:1 127:1 254:1" in out
+
+
+def test_verify_exit_codes(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["verify", str(ckpt)]) == 0
+    assert "OK" in capsys.readouterr().out
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(ckpt.read_bytes()[:-1])
+    assert main(["verify", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert str(bad) in err and ("not fully covered" in err or "beyond the data section" in err)
+    plain = tmp_path / "plain.safetensors"
+    from safetensors.numpy import save_file
+
+    save_file({"x": np.zeros(3, np.float32)}, str(plain))
+    assert main(["verify", str(plain)]) == 1
+    assert "not an MXFP8 checkpoint" in capsys.readouterr().err
+    assert main(["verify", str(plain), "--allow-plain"]) == 0
+
+
+def test_verify_values(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "nan.safetensors"
+    write_mxfp8_safetensors(path, {"w": MXFP8Tensor(np.zeros((1, 32), np.uint8), np.array([[255]], np.uint8))})
+    assert main(["verify", str(path)]) == 0
+    assert main(["verify", str(path), "--values"]) == 1
+    assert "NaN scale byte" in capsys.readouterr().err
+
+
+def test_rename_map_and_prefix(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out1, out2 = tmp_path / "r1.safetensors", tmp_path / "r2.safetensors"
+    assert main(["rename", str(ckpt), str(out1), "--map", json.dumps({"a.q_proj.weight": "b.q_proj.weight"})]) == 0
+    text = capsys.readouterr().out
+    assert "a.q_proj.weight.scale -> b.q_proj.weight.scale" in text
+    assert "sha256 check passed: 3 tensors byte-identical before/after, 2 renamed" in text
+    map_file = tmp_path / "map.json"
+    map_file.write_text(json.dumps({"b.norm.weight": "c"}))
+    assert main(["rename", str(out1), str(out2), "--prefix", "a.=b."]) == 0
+    capsys.readouterr()
+    with open_mxfp8(out2) as r:
+        assert sorted(r.keys()) == ["b.norm.weight", "b.q_proj.weight"]
+    assert main(["rename", str(out2), str(tmp_path / "r3.safetensors"), "--map", str(map_file)]) == 0
+    assert main(["rename", str(out2), str(tmp_path / "r4.safetensors"), "--map", '{"zz": "y"}']) == 1
+    assert "'zz': not in the file" in capsys.readouterr().err
+    assert main(["rename", str(out2), str(tmp_path / "r5.safetensors"), "--prefix", "novalue"]) == 1
+
+
+def _tiny_tokenizer(path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2} | {w: i + 3 for i, w in enumerate("def return print if else for in while".split())}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>").save_pretrained(path)
+
+
+def test_quantize_dequantize_from_pretrained_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    hf = tmp_path / "hf"
+    model.save_pretrained(hf, max_shard_size="60KB")  # sharded input
+    _tiny_tokenizer(hf)
+    assert (hf / "model.safetensors.index.json").is_file()
+
+    mx, back = tmp_path / "mx", tmp_path / "back"
+    assert main(["quantize", str(hf), str(mx)]) == 0
+    assert main(["verify", str(mx)]) == 0
+    assert main(["dequantize", str(mx), str(back)]) == 0
+    capsys.readouterr()
+    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert (mx / name).is_file() and (back / name).is_file(), name
+
+    with open_mxfp8(mx / "model.safetensors") as r:
+        assert r.metadata["orientation"] == "in_out"
+        q = "model.layers.0.mlp.down_proj.weight"
+        assert r.is_quantized(q) and r.shape(q) == (96, 64)  # [in, out], the transpose of nn.Linear.weight
+        assert not r.is_quantized("lm_head.weight")
+
+    restored = AutoModelForCausalLM.from_pretrained(back, dtype=torch.bfloat16).eval()
+    assert AutoTokenizer.from_pretrained(back).convert_tokens_to_ids("def") == 3
+    got = restored.state_dict()
+    for name, w in model.state_dict().items():
+        want = w
+        if is_projection_weight(name):
+            p, s = encode_mxfp8(w.T.contiguous())
+            want = decode_mxfp8(p, s, dtype=torch.bfloat16).T
+        assert torch.equal(got[name], want), name
+    ids = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        a, b = model(ids).logits.float(), restored(ids).logits.float()
+    assert float((a - b).norm() / a.norm()) < 0.1
+
+
+def test_quantize_refuses_an_mxfp8_input_and_out_in_orientation(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "model.safetensors").write_bytes(ckpt.read_bytes())
+    assert main(["quantize", str(d), str(tmp_path / "o")]) == 1
+    assert "already holds MXFP8" in capsys.readouterr().err
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    w = np.arange(64 * 32, dtype=np.float32).reshape(64, 32) / 1000
+    from safetensors.numpy import save_file
+
+    save_file({"l.up_proj.weight": w.astype(ml_dtypes.bfloat16)}, str(hf / "model.safetensors"), metadata={"format": "pt"})
+    assert main(["quantize", str(hf), str(tmp_path / "oi"), "--orientation", "out_in", "--scale-rule", "floor"]) == 0
+    with open_mxfp8(tmp_path / "oi" / "model.safetensors") as r:
+        assert r.shape("l.up_proj.weight") == (64, 32)
+        assert r.metadata["scale_rule"] == "floor" and r.metadata["orientation"] == "out_in"
+
+
+def test_dequantize_unfolds_norms_and_transposes_single_file(tmp_path: Path) -> None:
+    gamma = np.linspace(0.5, 1.5, 32, dtype=np.float32)  # stored 1 + w under norm_convention=folded
+    w_native = np.eye(32, 64, dtype=np.float32)  # [in, out]
+    src = tmp_path / "f.safetensors"
+    write_mxfp8_safetensors(src, {"m.norm.weight": gamma, "m.o_proj.weight": w_native}, norm_convention="folded")
+    out = tmp_path / "plain.safetensors"
+    assert main(["dequantize", str(src), str(out)]) == 0
+    h = read_header(out)
+    assert h.metadata["format"] == "pt" and not h.quantized
+    with open_mxfp8(out) as r:
+        assert r.dtype("m.norm.weight") == "BF16"
+        np.testing.assert_array_equal(r.get("m.norm.weight"), (gamma.astype(ml_dtypes.bfloat16).astype(np.float32) - 1).astype(ml_dtypes.bfloat16).astype(np.float32))
+        np.testing.assert_array_equal(r.get("m.o_proj.weight"), w_native.T)
+
+
+def test_demo_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", str(tmp_path / "demo")]) == 0
+    out = capsys.readouterr().out
+    assert "[3/4] verify: OK" in out
+    assert "bit-exact: True" in out
+    assert (tmp_path / "demo" / "mxfp8" / "model.safetensors").is_file()
+
+
+def test_module_entry_point_in_a_subprocess(tmp_path: Path, ckpt: Path) -> None:
+    bad = tmp_path / "trunc.safetensors"
+    bad.write_bytes(b"\x10\x00")
+    run = subprocess.run([sys.executable, "-m", "mxfp8_codec", "verify", str(bad)], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert run.returncode == 1
+    assert "too short" in run.stderr and str(bad) in run.stderr
+    run = subprocess.run([sys.executable, "-m", "mxfp8_codec", "inspect", str(ckpt)], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert run.returncode == 0 and "a.q_proj.weight" in run.stdout
