@@ -115,7 +115,8 @@ def build_demo_model(model: ModelConfig, tokenizer, *, seed: int) -> torch.nn.Mo
         vocab_size=vocab, hidden_size=model.hidden_size, intermediate_size=model.intermediate_size,
         num_hidden_layers=model.num_layers, num_attention_heads=model.num_heads,
         num_key_value_heads=model.num_heads, max_position_embeddings=1024, initializer_range=INIT_RANGE,
-        bos_token_id=None, eos_token_id=eos, pad_token_id=eos, tie_word_embeddings=False,
+        # pad_token_id stays None: with a padding_idx the EOS row (EOS doubles as pad) would get no gradient.
+        bos_token_id=None, eos_token_id=eos, pad_token_id=None, tie_word_embeddings=False,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

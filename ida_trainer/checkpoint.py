@@ -1,0 +1,296 @@
+"""Checkpoint directories: atomic save, keep-last-K, exact resume, and the publishable export.
+
+Layout of ``<out>/checkpoints/ckpt-000120/``:
+
+- ``model.safetensors``: the MXFP8 format (docs/format.md) written by
+  :func:`mxfp8_codec.write_mxfp8_safetensors` from :func:`ida_trainer.precision.export_state`: nvfp4
+  masters stored byte-for-byte as the trainer holds them (native ``[in, out]`` orientation), everything
+  else BF16. Loadable by ``ida_eval.load_model`` like any published checkpoint.
+- ``config.json``, ``generation_config.json``, tokenizer files: a complete transformers directory.
+- ``optimizer.pt``: ``optimizer.state_dict()`` (momenta, SR step counter, exact copies of whatever the
+  safetensors file cannot hold bit-exactly, e.g. the bf16 recipe's FP32 masters).
+- ``trainer_state.json``: step, data cursor, RNG states (torch CPU/CUDA, python), config digest.
+
+Atomicity: everything is written into ``ckpt-000120.tmp/``, every file and the directory are fsynced,
+then the directory is renamed to ``ckpt-000120`` (``os.replace``; the parent is fsynced too). A crash at
+any point leaves either the previous complete checkpoints untouched plus a ``.tmp`` directory (removed
+on the next start) or the new complete checkpoint: resume only ever sees complete checkpoints, because
+only a complete directory carries the final name. After a successful save all but the newest
+``keep`` checkpoints are deleted.
+
+Export (:func:`export_checkpoint`): the publishable directory is produced with the codec's header-only
+rename (:func:`mxfp8_codec.rename_tensors`: new JSON header, data section copied byte for byte, a
+sha256 per tensor before and after compared), so the published weights are provably the trained
+bytes; the rename report is stored as ``export_manifest.json``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ida_trainer.logs import atomic_write_text
+
+CKPT_PREFIX = "ckpt-"
+TMP_SUFFIX = ".tmp"
+MODEL_FILE = "model.safetensors"
+OPTIM_FILE = "optimizer.pt"
+STATE_FILE = "trainer_state.json"
+MANIFEST_FILE = "export_manifest.json"
+_COPY_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+               "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")
+
+
+def checkpoint_name(step: int) -> str:
+    """Directory name of the checkpoint after ``step`` optimizer steps (``ckpt-000120``)."""
+    return f"{CKPT_PREFIX}{step:06d}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(path: Path) -> None:
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    for d in sorted({p.parent for p in path.rglob("*")} | {path}):
+        _fsync_dir(d)
+
+
+def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints under ``root`` as ``(step, path)``, oldest first (``.tmp`` ones excluded)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    out = []
+    for p in root.iterdir():
+        if not p.is_dir() or not p.name.startswith(CKPT_PREFIX) or p.name.endswith(TMP_SUFFIX):
+            continue
+        try:
+            step = int(p.name[len(CKPT_PREFIX):])
+        except ValueError:
+            continue
+        if (p / STATE_FILE).is_file() and (p / MODEL_FILE).is_file():
+            out.append((step, p))
+    return sorted(out)
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The newest complete checkpoint under ``root``, or None."""
+    ckpts = list_checkpoints(root)
+    return ckpts[-1][1] if ckpts else None
+
+
+def remove_partial(root: str | Path) -> list[Path]:
+    """Delete ``*.tmp`` checkpoint directories left by a crash; returns what was removed."""
+    root = Path(root)
+    removed = [p for p in root.glob(f"{CKPT_PREFIX}*{TMP_SUFFIX}") if p.is_dir()] if root.is_dir() else []
+    for p in removed:
+        shutil.rmtree(p)
+    return removed
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG state the run uses, JSON-serialisable (torch states as base64 bytes)."""
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch_cpu": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii"),
+        "python": [version, list(internal), gauss],
+        "numpy": {"name": name, "keys": keys.tolist(), "pos": int(pos), "has_gauss": int(has_gauss),
+                  "cached": float(cached)},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["torch_cuda"] = [base64.b64encode(s.numpy().tobytes()).decode("ascii")
+                               for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def _bytes_tensor(b64: str) -> torch.Tensor:
+    return torch.from_numpy(np.frombuffer(base64.b64decode(b64), dtype=np.uint8).copy())
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    """Restore what :func:`rng_state` captured."""
+    torch.set_rng_state(_bytes_tensor(state["torch_cpu"]))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state((n["name"], np.array(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"], n["cached"]))
+    if "torch_cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([_bytes_tensor(s) for s in state["torch_cuda"]])
+
+
+def save_checkpoint(root: str | Path, step: int, *, tensors: Mapping[str, Any], model_config: Any,
+                    generation_config: Any, tokenizer: Any, optimizer_state: Mapping[str, Any],
+                    trainer_state: Mapping[str, Any], metadata: Mapping[str, str], keep: int,
+                    before_rename: Callable[[Path], None] | None = None) -> Path:
+    """Write one checkpoint directory atomically and prune to the newest ``keep``.
+
+    Args:
+        root: the checkpoints directory (created if needed).
+        step: optimizer steps done.
+        tensors: :func:`ida_trainer.precision.export_state` output (HF names, native orientation).
+        model_config: the transformers ``PretrainedConfig`` (written as ``config.json``).
+        generation_config: the ``GenerationConfig`` (``generation_config.json``).
+        tokenizer: saved with ``save_pretrained``.
+        optimizer_state: ``optimizer.state_dict()``.
+        trainer_state: JSON data (step, data cursor, RNG, ...).
+        metadata: provenance strings for the safetensors header.
+        keep: how many checkpoints to keep (this one included).
+        before_rename: test hook called with the temporary directory just before the rename.
+
+    Returns:
+        The final checkpoint directory.
+
+    Example:
+        >>> # save_checkpoint(run / "checkpoints", 100, tensors=export_state(model), ...)  # doctest: +SKIP
+    """
+    from mxfp8_codec import write_mxfp8_safetensors
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / checkpoint_name(step)
+    tmp = root / (checkpoint_name(step) + TMP_SUFFIX)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    write_mxfp8_safetensors(tmp / MODEL_FILE, tensors, metadata=dict(metadata), progress=False)
+    atomic_write_text(tmp / "config.json", model_config.to_json_string(use_diff=False))
+    atomic_write_text(tmp / "generation_config.json", generation_config.to_json_string(use_diff=True))
+    tokenizer.save_pretrained(tmp)
+    torch.save(dict(optimizer_state), tmp / OPTIM_FILE)
+    atomic_write_text(tmp / STATE_FILE, json.dumps(dict(trainer_state), indent=1, sort_keys=True) + "\n")
+    _fsync_tree(tmp)
+    if before_rename is not None:
+        before_rename(tmp)
+    if final.exists():  # re-saving a step (e.g. resumed at the final step): replace the old directory
+        old = root / (checkpoint_name(step) + ".old" + TMP_SUFFIX)
+        os.replace(final, old)
+        shutil.rmtree(old)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    for _, path in list_checkpoints(root)[:-keep]:
+        shutil.rmtree(path)
+    return final
+
+
+@dataclass
+class LoadedCheckpoint:
+    """What :func:`load_checkpoint` returns.
+
+    Attributes:
+        path: the checkpoint directory.
+        tensors: name -> :class:`mxfp8_codec.MXFP8Tensor` (torch uint8) or torch tensor in its stored dtype.
+        optimizer_state: the saved ``optimizer.state_dict()``.
+        trainer_state: the saved JSON state.
+    """
+
+    path: Path
+    tensors: dict[str, Any]
+    optimizer_state: dict[str, Any]
+    trainer_state: dict[str, Any]
+
+
+def read_model_tensors(path: str | Path) -> dict[str, Any]:
+    """All tensors of a checkpoint's ``model.safetensors``, undecoded (MXFP8 as payload + scales)."""
+    from mxfp8_codec import MXFP8Tensor, open_mxfp8
+
+    out: dict[str, Any] = {}
+    with open_mxfp8(path) as reader:
+        for name in reader.keys():
+            if reader.is_quantized(name):
+                raw = reader.get_raw(name)
+                out[name] = MXFP8Tensor(torch.from_numpy(np.ascontiguousarray(raw.payload)),
+                                        torch.from_numpy(np.ascontiguousarray(raw.scales)))
+            else:
+                out[name] = reader.get(name, framework="pt")
+    return out
+
+
+def load_checkpoint(path: str | Path) -> LoadedCheckpoint:
+    """Read a checkpoint directory written by :func:`save_checkpoint`.
+
+    Raises:
+        ValueError: the directory is incomplete (names the missing file).
+    """
+    path = Path(path)
+    for name in (MODEL_FILE, OPTIM_FILE, STATE_FILE):
+        if not (path / name).is_file():
+            raise ValueError(f"checkpoint {path} is incomplete: {name} is missing")
+    tensors = read_model_tensors(path / MODEL_FILE)
+    optimizer_state = torch.load(path / OPTIM_FILE, map_location="cpu", weights_only=False)
+    trainer_state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+    return LoadedCheckpoint(path, tensors, optimizer_state, trainer_state)
+
+
+def parse_prefix_mapping(spec: str) -> Callable[[str], str]:
+    """``"old=new"`` -> a rename function replacing a leading ``old`` with ``new`` (identity otherwise)."""
+    if not spec:
+        return lambda name: name
+    old, _, new = spec.partition("=")
+
+    def rename(name: str) -> str:
+        return new + name[len(old):] if name.startswith(old) else name
+
+    return rename
+
+
+def export_checkpoint(ckpt_dir: str | Path, export_dir: str | Path, *,
+                      rename: Mapping[str, str] | Callable[[str], str] | None = None) -> dict[str, Any]:
+    """Publish a checkpoint: header-only rename of ``model.safetensors`` plus the transformers files.
+
+    Args:
+        ckpt_dir: a checkpoint directory.
+        export_dir: the publishable directory (replaced atomically if it exists).
+        rename: tensor-name mapping or function (default: identity; the header is still rewritten and
+            every tensor's sha256 checked).
+
+    Returns:
+        The manifest written to ``export_manifest.json``: per tensor ``old``, ``new``, ``sha256``, and the
+        whole data section's ``data_sha256``.
+
+    Raises:
+        mxfp8_codec.MXFP8Error: a tensor's bytes differ after the rename.
+    """
+    from mxfp8_codec import rename_tensors
+
+    ckpt_dir, export_dir = Path(ckpt_dir), Path(export_dir)
+    tmp = export_dir.with_name(export_dir.name + TMP_SUFFIX)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    report = rename_tensors(ckpt_dir / MODEL_FILE, tmp / MODEL_FILE, rename or (lambda n: n))
+    for name in _COPY_FILES:
+        if (ckpt_dir / name).is_file():
+            shutil.copy2(ckpt_dir / name, tmp / name)
+    manifest = {
+        "source": str(ckpt_dir),
+        "data_sha256": report.data_sha256,
+        "tensors": [{"old": old, "new": new, "sha256": sha} for old, new, sha in report.tensors],
+    }
+    atomic_write_text(tmp / MANIFEST_FILE, json.dumps(manifest, indent=1) + "\n")
+    _fsync_tree(tmp)
+    if export_dir.exists():
+        old = export_dir.with_name(export_dir.name + ".old" + TMP_SUFFIX)
+        os.replace(export_dir, old)
+        shutil.rmtree(old)
+    os.replace(tmp, export_dir)
+    _fsync_dir(export_dir.parent)
+    return manifest

@@ -1,0 +1,595 @@
+"""The training loop: setup, loss, schedule, clipping, checkpoints, resume, in-training eval, export.
+
+Loss (one place, :func:`causal_lm_loss_sum`): for every micro-batch,
+``cross_entropy(logits, labels, reduction="sum", ignore_index=-100) / global_valid_tokens`` where
+``labels`` are pre-shifted (see :mod:`ida_trainer.data`) and ``global_valid_tokens`` is the number of
+supervised tokens in the whole optimizer step (all micro-batches, all data-parallel ranks). Gradients
+accumulate over micro-batches, so the step's gradient is the gradient of the mean token loss of the
+global batch, whatever the split: 4 micro-batches of 1 sequence equal 1 micro-batch of 4 (never a mean
+of per-micro-batch means, which would over-weight short sequences).
+
+Schedule (:func:`lr_at`, for 0-based step ``s`` of ``S``, warmup ``W``): ``lr * (s + 1) / (W + 1)`` while
+``s < W``, then cosine from ``lr`` to ``lr * min_lr_ratio`` over the remaining ``S - W`` steps. The
+optimizer reads ``param_groups[i]["lr"]``, which the loop sets before every step.
+
+Per step: forward/backward through an *engine* (:class:`LocalEngine` here; ``PipelineEngine`` from
+:mod:`ida_trainer.distributed` for 1F1B stages, same interface), a non-finite loss aborts naming the
+step and the examples of the batch, the global gradient norm is computed (and clipped when
+``optim.grad_clip > 0``) and logged, then ``optimizer.step()``.
+
+Resume: the newest complete checkpoint restores weights (``precision.load_state``), optimizer state
+(momenta, SR step counter, exact masters), the data cursor and every RNG state, so the loss sequence of an
+interrupted and resumed run equals the uninterrupted run's step for step.
+
+Example:
+    >>> from ida_trainer.config import parse_args
+    >>> cfg = parse_args(["--train.steps", "2", "--out", "/tmp/ida_doctest_run", "--eval.final", "false"])
+    >>> report = run(cfg)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import time
+import warnings
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ida_trainer import checkpoint as ckpt
+from ida_trainer.config import JobConfig, OptimConfig, to_dict, to_toml, warn_ignored
+from ida_trainer.data import IGNORE_INDEX, DataStats, StepBatch, build_batcher, end_of_turn_marker, load_examples
+from ida_trainer.logs import RunLogger, atomic_write_text, peak_memory_gib
+from ida_trainer.special_tokens import UntrainedReport, fix_untrained_tokens, set_end_of_turn
+
+DEMO_NOTE = ("NOTE: the demo shows that every stage of the pipeline runs end to end (tokenizer training, NVFP4 "
+             "compute with an MXFP8 master, atomic MXFP8 checkpoint, header-only export, sandboxed MBXP-style "
+             "execution). A tiny model memorising 48 functions it was trained on says nothing about model quality.")
+
+
+class NonFiniteError(FloatingPointError):
+    """The loss or the gradient norm became NaN/Inf; the message names the step and the batch."""
+
+
+def lr_at(step: int, optim: OptimConfig, total_steps: int) -> float:
+    """Learning rate of 0-based optimizer step ``step`` (linear warmup, then cosine to ``min_lr_ratio``).
+
+    Example:
+        >>> o = OptimConfig(lr=1.0, warmup_steps=1, min_lr_ratio=0.0)
+        >>> [round(lr_at(s, o, 3), 3) for s in range(3)]
+        [0.5, 1.0, 0.0]
+    """
+    if step < optim.warmup_steps:
+        return optim.lr * (step + 1) / (optim.warmup_steps + 1)
+    decay_steps = max(1, total_steps - optim.warmup_steps - 1)
+    progress = min(1.0, (step - optim.warmup_steps) / decay_steps)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return optim.lr * (optim.min_lr_ratio + (1.0 - optim.min_lr_ratio) * cosine)
+
+
+def causal_lm_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Sum of token cross-entropies over supervised positions (``labels`` pre-shifted, -100 = skip).
+
+    Computed in FP32 whatever the logits' dtype. Divide by the step's global supervised-token count.
+    """
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten().to(logits.device), reduction="sum",
+                           ignore_index=IGNORE_INDEX)
+
+
+def _model_inputs(mb: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: mb[k].to(device) for k in ("input_ids", "attention_mask", "position_ids") if k in mb}
+
+
+class LocalEngine:
+    """Single-process (or FSDP data-parallel) engine: the whole model on this rank.
+
+    Example:
+        >>> import torch
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> m = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+        ...     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2))
+        >>> mb = {"input_ids": torch.tensor([[1, 2, 3]]), "labels": torch.tensor([[2, 3, -100]])}
+        >>> loss = LocalEngine(m).forward_backward([mb], global_valid_tokens=2)
+        >>> loss > 0
+        True
+    """
+
+    def __init__(self, model: torch.nn.Module, *, device: torch.device | str = "cpu"):
+        self.model = model
+        self.device = torch.device(device)
+
+    def forward_backward(self, microbatches: Sequence[dict[str, torch.Tensor]], global_valid_tokens: int) -> float:
+        """Forward + backward over the micro-batches (gradients accumulate); returns the step's mean token loss.
+
+        Args:
+            microbatches: dicts with ``input_ids``, pre-shifted ``labels`` and optionally ``attention_mask``,
+                ``position_ids``.
+            global_valid_tokens: supervised tokens in the whole optimizer step (all micro-batches, all ranks).
+        """
+        if global_valid_tokens <= 0:
+            raise ValueError("forward_backward: the step has no supervised tokens")
+        total = 0.0
+        for mb in microbatches:
+            out = self.model(**_model_inputs(mb, self.device), use_cache=False)
+            loss = causal_lm_loss_sum(out.logits, mb["labels"]) / global_valid_tokens
+            loss.backward()
+            total += float(loss.detach())
+        return total
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        """Trainable parameters held (and updated) by this rank."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+
+def grad_norm_and_clip(params: Iterable[torch.nn.Parameter], max_norm: float, *, group: Any = None) -> float:
+    """Global L2 norm of the gradients (before clipping); scales them down to ``max_norm`` when > 0.
+
+    ``group``: a process group whose ranks hold *disjoint* parameters (pipeline stages); their squared
+    norms are summed with ``all_reduce``. FSDP gradients (DTensors) are handled by
+    ``torch.nn.utils.clip_grad_norm_``.
+    """
+    params = [p for p in params if p.grad is not None]
+    if not params:
+        return 0.0
+    if group is None:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"), foreach=True)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        return float(norm)
+    import torch.distributed as dist
+
+    sq = torch.stack([p.grad.detach().float().pow(2).sum() for p in params]).sum()
+    dist.all_reduce(sq, group=group)
+    norm = sq.sqrt()
+    if max_norm > 0:
+        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        for p in params:
+            p.grad.detach().mul_(coef.to(p.grad.dtype))
+    return float(norm)
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def config_digest(cfg: JobConfig) -> str:
+    """sha256 of the config's TOML form minus run-control fields (resume, out): identifies the run."""
+    d = to_dict(cfg)
+    d.pop("out")
+    d["checkpoint"].pop("resume")
+    d["train"].pop("progress")
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
+
+class Trainer:
+    """One training run described by a :class:`JobConfig`. Use :func:`run`, or ``setup()`` / ``train()`` /
+    ``close()`` explicitly.
+
+    Args:
+        cfg: the validated config.
+        dist: the ``DistInfo`` of :func:`ida_trainer.distributed.init_distributed` (None: single process).
+    """
+
+    def __init__(self, cfg: JobConfig, *, dist: Any = None):
+        self.cfg = cfg
+        self.dist = dist
+        self.rank = int(getattr(dist, "rank", 0)) if dist is not None else 0
+        self.is_main = self.rank == 0
+        self.out = Path(cfg.out)
+        self.ckpt_root = self.out / "checkpoints"
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        self.start_step = 0
+        self.untrained = UntrainedReport()
+        self.data_stats = DataStats()
+        self.logger: RunLogger | None = None
+        self.engine: Any = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.model: Any = None
+        self.tokenizer: Any = None
+        self.batcher: Any = None
+        self.resumed_from: Path | None = None
+        self.evals: list[dict[str, Any]] = []
+        self._pipeline_group: Any = None
+
+    # ---------------------------------------------------------------------------------------------
+    # setup
+
+    def _say(self, msg: str) -> None:
+        if not self.is_main:
+            return
+        if self.logger is not None:
+            self.logger.print(msg)
+        else:
+            print(msg, flush=True)
+
+    def _load_model_and_tokenizer(self, resume_dir: Path | None) -> None:
+        cfg = self.cfg
+        if cfg.is_demo:
+            from transformers import AutoTokenizer
+
+            from ida_trainer.demo import build_demo_model, corpus_texts, train_demo_tokenizer
+
+            if resume_dir is not None:
+                self.tokenizer = AutoTokenizer.from_pretrained(resume_dir)
+            else:
+                self.tokenizer = train_demo_tokenizer(corpus_texts(self._data_path()))
+            self.model = build_demo_model(cfg.model, self.tokenizer, seed=cfg.train.seed)
+            return
+        from ida_eval import load_model
+
+        dtype = torch.bfloat16 if cfg.precision.recipe == "nvfp4" else torch.float32
+        self.model, self.tokenizer = load_model(cfg.model.base, dtype=dtype)
+        if resume_dir is not None:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(resume_dir)
+        self.model.train()
+
+    def _data_path(self) -> Path:
+        from ida_trainer.demo import corpus_path
+
+        return Path(self.cfg.data.path) if self.cfg.data.path else corpus_path()
+
+    def setup(self) -> None:
+        """Build everything, resume if asked; all user errors surface here, before step 1."""
+        cfg = self.cfg
+        if self.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            warn_ignored(cfg)
+            atomic_write_text(self.out / "config.toml", to_toml(cfg))
+            atomic_write_text(self.out / "config.json", json.dumps(to_dict(cfg), indent=1) + "\n")
+        resume_dir = None
+        if cfg.checkpoint.resume:
+            if self.is_main:
+                for p in ckpt.remove_partial(self.ckpt_root):
+                    print(f"removed incomplete checkpoint {p}", flush=True)
+            resume_dir = ckpt.latest_checkpoint(self.ckpt_root)
+            if resume_dir is None:
+                warnings.warn(f"--resume: no complete checkpoint in {self.ckpt_root}; starting from step 0",
+                              UserWarning, stacklevel=2)
+        _seed_everything(cfg.train.seed)
+        self._load_model_and_tokenizer(resume_dir)
+        examples, self.data_stats = load_examples(cfg.data, self.tokenizer, path=self._data_path())
+        if cfg.data.format == "chat":
+            marker = end_of_turn_marker(self.tokenizer)
+            set_end_of_turn(self.model, self.tokenizer, marker)
+        if resume_dir is None:
+            used = {i for ex in examples for i in ex.input_ids}
+            self.untrained = fix_untrained_tokens(self.model, self.tokenizer, used, seed=cfg.train.seed)
+        if cfg.model.activation_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        from ida_trainer.precision import apply_recipe, build_optimizer
+
+        apply_recipe(self.model, cfg.precision)
+        dp_rank, dp_size = 0, 1
+        if cfg.parallel.pipeline_stages > 1 or cfg.parallel.data_parallel == "fsdp":
+            self.engine, dp_rank, dp_size = self._distributed_engine()
+            opt_model = getattr(self.engine, "stage_module", None) or self.model
+        else:
+            self.model.to(self.device)
+            self.engine = LocalEngine(self.model, device=self.device)
+            opt_model = self.model
+        self.optimizer = build_optimizer(opt_model, cfg.optim, cfg.precision)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        self.batcher = build_batcher(cfg.data, examples, global_batch_size=cfg.train.global_batch_size,
+                                     microbatches=cfg.parallel.microbatches, seed=cfg.train.seed, pad_id=pad,
+                                     dp_rank=dp_rank, dp_size=dp_size)
+        self.data_stats.num_rows = len(self.batcher.rows)
+        if resume_dir is not None:
+            self._resume(resume_dir)
+        self.logger = RunLogger(self.out, total_steps=cfg.train.steps, start_step=self.start_step,
+                                log_every=cfg.train.log_every, progress=cfg.train.progress, enabled=self.is_main)
+        self._log_start()
+
+    def _distributed_engine(self) -> tuple[Any, int, int]:
+        from ida_trainer import distributed
+
+        cfg = self.cfg
+        if self.dist is None:
+            self.dist = distributed.init_distributed(cfg.parallel)
+            self.rank = int(getattr(self.dist, "rank", 0))
+            self.is_main = self.rank == 0
+        if cfg.parallel.pipeline_stages > 1:
+            engine = distributed.PipelineEngine(self.model, cfg.parallel, self.dist)
+            self._pipeline_group = getattr(engine, "group", None)
+            return engine, 0, 1
+        distributed.apply_fsdp(self.model, self.dist)
+        self.device = getattr(self.dist, "device", self.device)
+        return LocalEngine(self.model, device=self.device), int(self.dist.rank), int(self.dist.world_size)
+
+    def _resume(self, path: Path) -> None:
+        from ida_trainer.precision import load_state
+
+        loaded = ckpt.load_checkpoint(path)
+        state = loaded.trainer_state
+        if state.get("config_digest") != config_digest(self.cfg):
+            warnings.warn(f"resuming {path} with a config that differs from the one it was saved with; "
+                          "the loss curve will not continue exactly", UserWarning, stacklevel=2)
+        load_state(self.model, loaded.tensors)
+        self.optimizer.load_state_dict(loaded.optimizer_state)
+        self.batcher.load_state_dict(state["data_cursor"])
+        ckpt.set_rng_state(state["rng"])
+        self.start_step = int(state["step"])
+        self.evals = list(state.get("evals", []))
+        self.resumed_from = path
+        self._say(f"resumed from {path} at step {self.start_step}")
+
+    def _precision_names(self) -> tuple[str, str]:
+        if self.cfg.precision.recipe == "nvfp4":
+            return "mxfp8_e4m3", "nvfp4"
+        return "fp32", "bfloat16"
+
+    def _log_start(self) -> None:
+        cfg = self.cfg
+        assert self.logger is not None
+        ml = self.logger.mllog
+        weight_p, compute_p = self._precision_names()
+        if self.start_step == 0:
+            for key, value in (("submission_benchmark", "ida_sft"), ("submission_division", "open"),
+                               ("submission_org", "ida"), ("submission_platform", str(self.device)),
+                               ("submission_status", "research")):
+                ml.event(key, value)
+            ml.event("cache_clear", True)
+            ml.start("init_start")
+            ml.event("seed", cfg.train.seed)
+            ml.event("global_batch_size", cfg.train.global_batch_size)
+            ml.event("micro_batch_size", cfg.train.global_batch_size // cfg.parallel.microbatches)
+            ml.event("gradient_accumulation_steps", cfg.parallel.microbatches)
+            ml.event("max_sequence_length", cfg.data.max_len)
+            ml.event("max_steps", cfg.train.steps)
+            ml.event("opt_name", cfg.optim.name)
+            ml.event("opt_base_learning_rate", cfg.optim.lr)
+            ml.event("opt_end_learning_rate", cfg.optim.lr * cfg.optim.min_lr_ratio)
+            ml.event("opt_learning_rate_warmup_steps", cfg.optim.warmup_steps)
+            ml.event("opt_gradient_clip_norm", cfg.optim.grad_clip)
+            ml.event("opt_weight_decay", cfg.optim.weight_decay)
+            ml.event("weight_precision", weight_p)
+            ml.event("compute_precision", compute_p)
+            ml.event("lowest_numerical_precision_in_linear", compute_p)
+            ml.event("lowest_numerical_precision_in_attn", "bfloat16")
+            ml.event("lowest_numerical_precision_in_comm", "bfloat16")
+            ml.event("master_writeback", cfg.precision.writeback if cfg.precision.recipe == "nvfp4" else "fp32")
+            ml.event("tensor_parallelism", 1)
+            ml.event("pipeline_parallelism", cfg.parallel.pipeline_stages)
+            ml.event("context_parallelism", 1)
+            ml.event("expert_parallelism", 1)
+            ml.event("config_filename", "config.toml")
+            ml.event("train_samples", self.data_stats.num_examples)
+            ml.end("init_stop")
+            ml.start("run_start")
+        else:
+            ml.event("resume", str(self.resumed_from), {"step_num": self.start_step})
+        from ida_trainer.precision import count_parameters
+
+        self._say(f"ida_trainer: {count_parameters(self.model) / 1e6:.2f}M parameters, recipe {cfg.precision.recipe} "
+                  f"(weights {weight_p}, compute {compute_p}"
+                  f"{', write-back ' + cfg.precision.writeback if cfg.precision.recipe == 'nvfp4' else ''}), "
+                  f"optimizer {cfg.optim.name}, backend {self._backend()}")
+        s = self.data_stats
+        self._say(f"data: {s.num_examples} examples from {s.num_lines} lines of {self._data_path()} "
+                  f"({cfg.data.format}), {s.num_rows} rows, {s.num_targets} supervised tokens; "
+                  f"truncated {s.num_truncated}, dropped {s.num_dropped}")
+        if self.untrained.reinitialised:
+            self._say(f"untrained embedding rows re-initialised (mean of trained rows + noise): "
+                      f"{dict(zip(self.untrained.reinitialised, self.untrained.tokens))}")
+        elif self.start_step == 0:
+            self._say("special tokens: no untrained (duplicate or near-zero) embedding rows among used tokens")
+        if cfg.is_demo and self.start_step == 0:
+            self._say(DEMO_NOTE)
+
+    @staticmethod
+    def _backend() -> str:
+        try:
+            import nvfp4_cuda
+
+            return str(nvfp4_cuda.backend_info().get("backend"))
+        except Exception as err:  # backend_info is informative only; never fail a run over it
+            return f"unknown ({err})"
+
+    # ---------------------------------------------------------------------------------------------
+    # loop
+
+    def _step(self, step: int, batch: StepBatch) -> dict[str, Any]:
+        cfg = self.cfg
+        assert self.optimizer is not None
+        lr = lr_at(step, cfg.optim, cfg.train.steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        t0 = time.perf_counter()
+        loss = self.engine.forward_backward(batch.microbatches, batch.global_valid_tokens)
+        if not math.isfinite(loss):
+            raise NonFiniteError(f"loss is {loss} at step {step + 1}; the batch held {len(batch.sources)} examples: "
+                                 f"{', '.join(batch.sources[:8])}{' ...' if len(batch.sources) > 8 else ''}")
+        norm = grad_norm_and_clip(self.engine.parameters(), cfg.optim.grad_clip, group=self._pipeline_group)
+        if not math.isfinite(norm):
+            raise NonFiniteError(f"gradient norm is {norm} at step {step + 1} (loss {loss:.4f}); the batch held "
+                                 f"{', '.join(batch.sources[:8])}")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        dt = time.perf_counter() - t0
+        return {"step": step + 1, "loss": loss, "grad_norm": norm, "lr": lr, "tokens_per_s": batch.num_tokens / dt,
+                "mem_gib": peak_memory_gib(), "step_time_s": dt, "valid_tokens": batch.global_valid_tokens,
+                "samples": (step + 1) * cfg.train.global_batch_size}
+
+    def train(self) -> dict[str, Any]:
+        """Run the remaining steps, checkpoint, export and evaluate; returns the report (also ``report.json``)."""
+        cfg = self.cfg
+        assert self.logger is not None and self.batcher is not None
+        t_start = time.perf_counter()
+        records: list[dict[str, Any]] = []
+        final_ckpt: Path | None = None
+        status = "aborted"
+        try:
+            for step in range(self.start_step, cfg.train.steps):
+                batch = self.batcher.next_step()
+                rec = self._step(step, batch)
+                records.append(rec)
+                self.logger.log_step(rec)
+                done = step + 1
+                if cfg.eval.every and done % cfg.eval.every == 0 and done < cfg.train.steps:
+                    self.evaluate(done)
+                if (cfg.checkpoint.every and done % cfg.checkpoint.every == 0) or done == cfg.train.steps:
+                    final_ckpt = self.save(done)
+            status = "success"
+        finally:
+            self.logger.mllog.end("run_stop", None, {"status": status, "samples_count":
+                                                     cfg.train.steps * cfg.train.global_batch_size})
+        self.logger.close()
+        if final_ckpt is None:
+            final_ckpt = ckpt.latest_checkpoint(self.ckpt_root)
+        export: dict[str, Any] = {}
+        if cfg.checkpoint.export and final_ckpt is not None and self.is_main:
+            export_dir = self.out / "export"
+            manifest = ckpt.export_checkpoint(final_ckpt, export_dir,
+                                              rename=ckpt.parse_prefix_mapping(cfg.checkpoint.export_prefix))
+            export = {"dir": str(export_dir), "data_sha256": manifest["data_sha256"],
+                      "num_tensors": len(manifest["tensors"])}
+            self._say(f"exported {export_dir} (header-only rename, {export['num_tensors']} tensors sha256-checked, "
+                      f"data sha256 {manifest['data_sha256'][:16]}...)")
+        final_eval = None
+        if cfg.eval.final and self.is_main and final_ckpt is not None:
+            final_eval = self.evaluate(cfg.train.steps, checkpoint_dir=Path(export.get("dir", final_ckpt)))
+        return self._report(records, time.perf_counter() - t_start, final_ckpt, export, final_eval)
+
+    def _report(self, records: list[dict[str, Any]], wall: float, final_ckpt: Path | None,
+                export: dict[str, Any], final_eval: dict[str, Any] | None) -> dict[str, Any]:
+        assert self.logger is not None
+        cfg = self.cfg
+        losses = self.logger.losses
+        weight_p, compute_p = self._precision_names()
+        report = {
+            "demo": cfg.is_demo,
+            "note": DEMO_NOTE if cfg.is_demo else "",
+            "steps": cfg.train.steps,
+            "resumed_from": str(self.resumed_from) if self.resumed_from else None,
+            "first_loss": losses[0][1] if losses else None,
+            "final_loss": losses[-1][1] if losses else None,
+            "mean_tokens_per_s": (sum(r["tokens_per_s"] for r in records) / len(records)) if records else None,
+            "peak_mem_gib": peak_memory_gib(),
+            "wall_s": wall,
+            "precision": {"recipe": cfg.precision.recipe, "weight_precision": weight_p, "compute_precision": compute_p,
+                          "writeback": cfg.precision.writeback, "backend": self._backend()},
+            "data": vars(self.data_stats),
+            "untrained_tokens": {"reinitialised": self.untrained.reinitialised, "tokens": self.untrained.tokens},
+            "checkpoint": str(final_ckpt) if final_ckpt else None,
+            "export": export,
+            "evals": self.evals,
+            "final_eval": final_eval,
+            "config_digest": config_digest(cfg),
+        }
+        if self.is_main:
+            self.logger.write_report(report)
+            self.logger.plot_loss(title=f"ida_trainer {cfg.precision.recipe} ({cfg.optim.name}, lr {cfg.optim.lr:g})"
+                                  + (" - demo" if cfg.is_demo else ""))
+            self._say(f"report: {self.out / 'report.json'}, loss curve: {self.out / 'loss.png'}")
+        return report
+
+    # ---------------------------------------------------------------------------------------------
+    # checkpoints and eval
+
+    def save(self, step: int) -> Path | None:
+        """Write ``checkpoints/ckpt-<step>`` (rank 0 writes; every rank must call it)."""
+        from ida_trainer.precision import export_state
+
+        cfg = self.cfg
+        gather = getattr(self.engine, "gather_state", None)
+        tensors = gather() if gather is not None else export_state(self.model)
+        optimizer_state = self._optimizer_state()
+        if not self.is_main:
+            return None
+        assert self.batcher is not None and self.optimizer is not None
+        weight_p, compute_p = self._precision_names()
+        metadata = {"producer": "ida_trainer", "recipe": cfg.precision.recipe, "writeback": cfg.precision.writeback,
+                    "weight_precision": weight_p, "compute_precision": compute_p, "step": str(step),
+                    "base_model": cfg.model.base or "demo", "config_digest": config_digest(cfg)}
+        state = {"step": step, "data_cursor": self.batcher.state_dict(), "rng": ckpt.rng_state(),
+                 "config_digest": config_digest(cfg), "evals": self.evals}
+        path = ckpt.save_checkpoint(self.ckpt_root, step, tensors=tensors, model_config=self.model.config,
+                                    generation_config=self.model.generation_config, tokenizer=self.tokenizer,
+                                    optimizer_state=optimizer_state, trainer_state=state, metadata=metadata,
+                                    keep=cfg.checkpoint.keep)
+        return path
+
+    def _optimizer_state(self) -> dict[str, Any]:
+        gather = getattr(self.engine, "gather_optimizer_state", None)
+        if gather is not None:
+            return gather(self.optimizer)
+        assert self.optimizer is not None
+        return self.optimizer.state_dict()
+
+    def _problems(self) -> dict[str, dict[str, Any]]:
+        from ida_eval.problems import load_problems
+
+        from ida_trainer.demo import problems_path
+
+        problems = load_problems(self.cfg.eval.problems or problems_path())
+        if self.cfg.eval.num_problems:
+            problems = dict(list(problems.items())[: self.cfg.eval.num_problems])
+        return problems
+
+    def evaluate(self, step: int, *, checkpoint_dir: Path | None = None) -> dict[str, Any] | None:
+        """Score the current weights (or an exported checkpoint) with ``ida_eval``; logs pass@1."""
+        if not self.is_main:
+            return None
+        from ida_eval import mbxp
+
+        cfg = self.cfg
+        problems = self._problems()
+        out_dir = self.out / "eval" / (f"step-{step:06d}" + ("-final" if checkpoint_dir else ""))
+        if checkpoint_dir is not None:
+            summary = mbxp.evaluate_checkpoint(checkpoint_dir, problems=problems, out_dir=out_dir,
+                                               batch_size=cfg.eval.batch_size, max_new_tokens=cfg.eval.max_new_tokens)
+        else:
+            was_training = self.model.training
+            self.model.eval()
+            try:
+                summary = mbxp.evaluate_model(self.model, self.tokenizer, problems, out_dir,
+                                              batch_size=cfg.eval.batch_size, max_new_tokens=cfg.eval.max_new_tokens)
+            finally:
+                self.model.train(was_training)
+        rec = {"step": step, "pass@1": summary.get("pass@1"), "num_degenerate": _num_degenerate(summary),
+               "num_problems": len(problems), "out_dir": str(out_dir), "final": checkpoint_dir is not None}
+        self.evals.append(rec)
+        assert self.logger is not None
+        self.logger.log_eval(step, rec, samples_count=step * cfg.train.global_batch_size)
+        return summary
+
+    def close(self) -> None:
+        """Release the progress bar and the process group."""
+        if self.logger is not None:
+            self.logger.close()
+        closer = getattr(self.engine, "close", None)
+        if closer is not None:
+            closer()
+
+
+def _num_degenerate(summary: dict[str, Any]) -> int | None:
+    for key in ("num_degenerate", "degenerate"):
+        if isinstance(summary.get(key), int):
+            return summary[key]
+    counts = summary.get("failure_counts") or summary.get("counts") or {}
+    return counts.get("degenerate") if isinstance(counts, dict) else None
+
+
+def run(cfg: JobConfig) -> dict[str, Any]:
+    """Run one training job end to end and return its report.
+
+    Example:
+        >>> from ida_trainer.config import parse_args
+        >>> report = run(parse_args(["--steps", "3", "--out", "/tmp/ida_run"]))  # doctest: +SKIP
+    """
+    trainer = Trainer(cfg)
+    try:
+        trainer.setup()
+        return trainer.train()
+    finally:
+        trainer.close()
