@@ -1,0 +1,564 @@
+"""Execute MBXP completions in the sandbox and write mxeval-compatible results, crash-safely.
+
+The program for one sample is mxeval's: ``prompt + completion + "\\n" + test + "\\n" +
+f"check({entry_point})"`` (texts untouched, tabs intact). Each program runs in its own sandboxed
+interpreter (:mod:`ida_eval.sandbox`); ``workers`` run at once, each in its own slot (uid, cgroup).
+
+Results are mxeval's records — the sample plus ``passed`` (bool) and ``result`` (``"passed"``,
+``"timed out"`` or ``"failed: <reason>"``; for an exception the reason is the traceback's last
+line, e.g. ``"failed: AssertionError"`` or ``"failed: NameError: name 'root' is not defined"``) —
+plus ``completion_id`` (the sample's ordinal among its task's samples), ``exit_status``,
+``exception`` (type name or None), ``time_elapsed`` (ms), ``stderr_tail`` (last bytes of stderr),
+``output_bytes`` and ``isolation``.
+
+Crash safety: each record is appended to ``out_path`` as one JSON line (one ``write``, then
+``fsync``) the moment its program finishes; rerunning with the same ``out_path`` reads the file
+back, skips every ``(task_id, completion_id)`` already there and executes only the rest. A line
+cut short by a crash (no trailing newline) is dropped with a warning; any other malformed line is
+an error naming the file and line.
+
+pass@1 with ``n`` samples per task is the unbiased estimator ``mean_task(c / n)``; with one greedy
+sample per task it is the fraction of tasks passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import queue
+import re
+import signal
+import sys
+import warnings
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from ida_eval.problems import ProblemsError, find_problems_file, load_problems
+from ida_eval.sandbox import (
+    ISOLATION_LEVELS,
+    GiB,
+    KiB,
+    MiB,
+    SandboxError,
+    SandboxLimits,
+    SandboxResult,
+    isolation_description,
+    kill_running,
+    probe_isolation,
+    run_program,
+)
+
+__all__ = [
+    "ExecutionConfig",
+    "ProblemsError",
+    "ResultsFileError",
+    "SandboxError",
+    "build_program",
+    "execute_samples",
+    "isolation_in_force",
+    "load_problems",
+    "load_samples",
+    "main",
+    "pass_at_1",
+    "result_class",
+    "summarize",
+]
+
+DEFAULT_TIMEOUT_S = 30.0  # MBPP/123 takes up to 18 s on two busy cores
+REASON_CHARS = 300  # longest "failed: <reason>" text kept
+_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
+
+
+class ResultsFileError(ValueError):
+    """A results (resume) or samples file is malformed or belongs to different samples."""
+
+
+def _nproc() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecutionConfig:
+    """How samples are executed (validated on construction).
+
+    Attributes:
+        timeout: wall-clock seconds per program (default 30: MBPP/123 needs up to 18 s under load).
+        workers: programs run at once (default: the CPUs this process may use).
+        memory_bytes: address-space limit per process (``RLIMIT_AS``).
+        max_processes: processes per program (pids cgroup and/or ``RLIMIT_NPROC``).
+        open_files: ``RLIMIT_NOFILE``.
+        file_size_bytes: largest file a program may write (``RLIMIT_FSIZE``).
+        max_output_bytes: stdout + stderr bytes after which a program is killed and failed.
+        tail_bytes: stderr bytes kept in each result record.
+        isolation: ``"auto"`` (strongest available) or one of ``namespaces``, ``setuid``, ``rlimits``.
+        hash_seed: ``PYTHONHASHSEED`` for reproducible runs (None: a literal ``python -I``).
+        site_packages: let programs import site-packages (default: standard library only).
+        tmp_root: directory for the per-program work directories (default: system temp).
+    """
+
+    timeout: float = DEFAULT_TIMEOUT_S
+    workers: int = dataclasses.field(default_factory=_nproc)
+    memory_bytes: int = 4 * GiB
+    max_processes: int = 64
+    open_files: int = 256
+    file_size_bytes: int = 64 * MiB
+    max_output_bytes: int = 16 * MiB
+    tail_bytes: int = 4 * KiB
+    isolation: str = "auto"
+    hash_seed: int | None = 0
+    site_packages: bool = False
+    tmp_root: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.workers, int) or isinstance(self.workers, bool) or not 1 <= self.workers <= 256:
+            raise ValueError(f"workers must be an int in [1, 256], got {self.workers!r}")
+        if self.isolation != "auto" and self.isolation not in ISOLATION_LEVELS:
+            raise ValueError(f"isolation must be 'auto' or one of {ISOLATION_LEVELS}, got {self.isolation!r}")
+        if self.tmp_root is not None and not Path(self.tmp_root).is_dir():
+            raise ValueError(f"tmp_root {self.tmp_root!r} is not a directory")
+        self.limits()  # validates the resource limits
+
+    def limits(self) -> SandboxLimits:
+        """The per-program :class:`~ida_eval.sandbox.SandboxLimits` of this config."""
+        return SandboxLimits(
+            timeout=self.timeout,
+            memory_bytes=self.memory_bytes,
+            max_processes=self.max_processes,
+            open_files=self.open_files,
+            file_size_bytes=self.file_size_bytes,
+            max_output_bytes=self.max_output_bytes,
+            tail_bytes=self.tail_bytes,
+            hash_seed=self.hash_seed,
+            site_packages=self.site_packages,
+        )
+
+
+def isolation_in_force(isolation: str = "auto") -> str:
+    """Describe the isolation programs get on this machine, e.g.
+    ``"namespaces: unshare(net,pid,mount)+read-only fs+..."`` (probed once per process)."""
+    return isolation_description(probe_isolation(isolation))
+
+
+def build_program(problem: Mapping[str, Any], completion: str) -> str:
+    """mxeval's program: ``prompt + completion + "\\n" + test + "\\n" + f"check({entry_point})"``."""
+    return problem["prompt"] + completion + "\n" + problem["test"] + "\n" + f"check({problem['entry_point']})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Verdicts
+
+
+def _exception_line(stderr: str) -> str | None:
+    start = stderr.rfind("Traceback (most recent call last):")
+    if start < 0:
+        return None
+    for line in reversed(stderr[start:].splitlines()):
+        if line and not line[0].isspace() and _EXC_LINE.match(line) and not line.startswith("Traceback"):
+            return line
+    return None
+
+
+def _verdict(res: SandboxResult, max_output: int) -> tuple[bool, str, str | None]:
+    """(passed, mxeval result text, exception type name)."""
+    if res.timed_out:
+        return False, "timed out", None
+    if res.output_exceeded:
+        return False, f"failed: output limit exceeded (over {max_output} bytes)", None
+    if res.passed:
+        return True, "passed", None
+    exc = _exception_line(res.stderr_tail)
+    exc_name = _EXC_LINE.match(exc).group(1) if exc else None  # type: ignore[union-attr]
+    if res.finished:
+        reason = f"exit status {res.exit_status} after check() returned"
+    elif exc:
+        reason = exc
+    elif res.exit_status is not None and res.exit_status < 0:
+        try:
+            name = signal.Signals(-res.exit_status).name
+        except ValueError:
+            name = f"signal {-res.exit_status}"
+        reason = f"killed by {name}"
+    elif res.exit_status == 0:
+        reason = "exited with status 0 before check() returned"
+    else:
+        reason = f"exit status {res.exit_status} without a traceback"
+    return False, "failed: " + reason[:REASON_CHARS], exc_name
+
+
+def result_class(result: str) -> str:
+    """Coarse class of an mxeval result text, for counting: ``"passed"``, ``"timed out"``, the
+    exception type name (``"AssertionError"``), or ``"early exit"``, ``"killed"``,
+    ``"output limit"``, ``"exit status"``."""
+    if result in ("passed", "timed out"):
+        return result
+    reason = result.removeprefix("failed: ")
+    if reason.startswith("output limit"):
+        return "output limit"
+    if reason.startswith("killed by"):
+        return "killed"
+    if reason.startswith("exited with status 0"):
+        return "early exit"
+    if reason.startswith("exit status"):
+        return "exit status"
+    m = _EXC_LINE.match(reason.split("\n", 1)[0])
+    return m.group(1) if m else "other"
+
+
+# ---------------------------------------------------------------------------------------------
+# Samples and results files
+
+
+def load_samples(path: str | Path, problems: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Read an mxeval samples JSONL file (``task_id``, ``completion``; other keys kept).
+
+    Raises:
+        ResultsFileError: bad JSON, missing/mistyped keys or a task id not in ``problems``,
+            naming the file and line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ResultsFileError(f"{path}: samples file not found")
+    samples: list[dict[str, Any]] = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ResultsFileError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+            _check_sample(obj, problems, where)
+            samples.append(obj)
+    return samples
+
+
+def _check_sample(obj: Any, problems: Mapping[str, Any], where: str) -> None:
+    if not isinstance(obj, dict):
+        raise ResultsFileError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    for key in ("task_id", "completion"):
+        if not isinstance(obj.get(key), str):
+            raise ResultsFileError(f"{where}: {key!r} missing or not a string")
+    if obj["task_id"] not in problems:
+        raise ResultsFileError(f"{where}: unknown task_id {obj['task_id']!r} (not in the problems file)")
+
+
+def _read_results(path: Path) -> dict[tuple[str, int], tuple[int, dict[str, Any]]]:
+    """Existing records of a results file, keyed by (task_id, completion_id) -> (line, record)."""
+    done: dict[tuple[str, int], tuple[int, dict[str, Any]]] = {}
+    if not path.exists():
+        return done
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    if lines and lines[-1].strip():  # no newline at the end: possibly a write cut short by a crash
+        try:
+            json.loads(lines[-1])
+            intact = True
+        except ValueError:
+            intact = False
+        with open(path, "r+b") as f:
+            if intact:  # a whole record without its newline: add it so appends start a new line
+                f.seek(0, os.SEEK_END)
+                f.write(b"\n")
+            else:
+                warnings.warn(f"{path}: dropping an incomplete last line (interrupted write)", RuntimeWarning, stacklevel=3)
+                f.truncate(len(data) - len(lines[-1]))
+                lines = lines[:-1]
+            f.flush()
+            os.fsync(f.fileno())
+    for lineno, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            rec = json.loads(raw)
+        except ValueError as e:
+            raise ResultsFileError(f"{where}: malformed results line ({e}); fix or delete the file") from None
+        if not isinstance(rec, dict):
+            raise ResultsFileError(f"{where}: expected a JSON object")
+        for key, typ in (("task_id", str), ("completion", str), ("passed", bool), ("result", str)):
+            if not isinstance(rec.get(key), typ):
+                raise ResultsFileError(f"{where}: {key!r} missing or not a {typ.__name__}")
+        cid = rec.get("completion_id")
+        if not isinstance(cid, int) or isinstance(cid, bool) or cid < 0:
+            raise ResultsFileError(f"{where}: 'completion_id' missing or not a non-negative int")
+        key_ = (rec["task_id"], cid)
+        if key_ in done:
+            raise ResultsFileError(f"{where}: duplicate result for {key_[0]} sample {cid} (also line {done[key_][0]})")
+        done[key_] = (lineno, rec)
+    return done
+
+
+def _append(fd: int, record: Mapping[str, Any]) -> None:
+    line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+    view = memoryview(line)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.fsync(fd)
+
+
+# ---------------------------------------------------------------------------------------------
+# The API
+
+
+def _run_one(
+    problem: Mapping[str, Any], sample: Mapping[str, Any], config: ExecutionConfig, slots: queue.SimpleQueue[int]
+) -> dict[str, Any]:
+    slot = slots.get()
+    try:
+        iso = probe_isolation(config.isolation)
+        res = run_program(
+            build_program(problem, sample["completion"]),
+            config.limits(),
+            isolation=iso,
+            slot=slot,
+            tmp_root=config.tmp_root,
+        )
+    finally:
+        slots.put(slot)
+    passed, result, exc = _verdict(res, config.max_output_bytes)
+    record = dict(sample)
+    record.update(
+        passed=passed,
+        result=result,
+        exit_status=res.exit_status,
+        exception=exc,
+        time_elapsed=round(res.elapsed_s * 1000.0, 1),
+        stderr_tail=res.stderr_tail,
+        output_bytes=res.output_bytes,
+        isolation=iso.level,
+    )
+    return record
+
+
+def execute_samples(
+    problems: Mapping[str, Mapping[str, Any]],
+    samples: Sequence[Mapping[str, Any]] | None = None,
+    *,
+    out_path: str | Path | None = None,
+    config: ExecutionConfig | None = None,
+    canonical: bool = False,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Execute samples against their problems' tests, each program in its own sandbox.
+
+    Args:
+        problems: ``{task_id: problem}`` as returned by :func:`load_problems`.
+        samples: dicts with ``task_id`` and ``completion`` (other keys are kept in the results).
+        out_path: results JSONL; records are appended as they finish, and a rerun with the same
+            path resumes (finished ``(task_id, completion_id)`` pairs are not executed again).
+        config: limits, workers, isolation (default :class:`ExecutionConfig()`).
+        canonical: execute every problem's ``canonical_solution`` instead (``samples`` must be None).
+        progress: show a tqdm progress bar.
+
+    Returns:
+        One result record per sample, in the order of ``samples`` (see the module docstring).
+
+    Raises:
+        ValueError (ResultsFileError, ProblemsError): a sample with an unknown task id or missing
+            keys, a problem without ``canonical_solution`` in canonical mode, a malformed results
+            file or one recorded for different completions.
+        SandboxError: the sandbox cannot be set up on this machine.
+
+    Example:
+        >>> problems = load_problems("../shared/mbxp/mbpp_release_v1.jsonl")  # doctest: +SKIP
+        >>> res = execute_samples(problems, [{"task_id": "MBPP/2", "completion": "    return 1\\n"}])  # doctest: +SKIP
+        >>> res[0]["passed"], res[0]["result"]  # doctest: +SKIP
+        (False, 'failed: AssertionError')
+    """
+    config = config if config is not None else ExecutionConfig()
+    if canonical:
+        if samples:
+            raise ValueError("pass either samples or canonical=True, not both")
+        samples = []
+        for tid, p in problems.items():
+            if not isinstance(p.get("canonical_solution"), str):
+                raise ProblemsError(f"task {tid}: no canonical_solution to execute")
+            samples.append({"task_id": tid, "completion": p["canonical_solution"], "language": p.get("language", "python")})
+    if samples is None:
+        raise ValueError("samples is required unless canonical=True")
+
+    items: list[dict[str, Any]] = []
+    per_task: Counter[str] = Counter()
+    for i, s in enumerate(samples):
+        _check_sample(s, problems, f"sample {i}")
+        rec = dict(s)
+        rec["completion_id"] = per_task[s["task_id"]]
+        per_task[s["task_id"]] += 1
+        items.append(rec)
+
+    results: list[dict[str, Any] | None] = [None] * len(items)
+    todo: list[int] = []
+    path = Path(out_path) if out_path is not None else None
+    if path is not None:
+        done = _read_results(path)
+        wanted = {(r["task_id"], r["completion_id"]): i for i, r in enumerate(items)}
+        for key, (lineno, rec) in done.items():
+            i = wanted.get(key)
+            if i is None:
+                warnings.warn(f"{path}:{lineno}: {key[0]} sample {key[1]} is not among the samples; ignored", stacklevel=2)
+                continue
+            if rec["completion"] != items[i]["completion"]:
+                raise ResultsFileError(
+                    f"{path}:{lineno}: {key[0]} sample {key[1]} was executed with a different completion; "
+                    "use a fresh results file"
+                )
+            results[i] = rec
+    todo = [i for i, r in enumerate(results) if r is None]
+    if not todo:
+        return [r for r in results if r is not None]
+
+    probe_isolation(config.isolation)  # probe (and warn) once, before the workers start
+    slots: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for slot in range(config.workers):
+        slots.put(slot)
+    fd = -1
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    bar = tqdm(total=len(items), initial=len(items) - len(todo), desc="execute", unit="prog", disable=not progress)
+    pool = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="ida-exec")
+    try:
+        pending: dict[Future[dict[str, Any]], int] = {}
+        queued = iter(todo)
+        for i in queued:  # keep at most 2 x workers submitted, so an interrupt loses little
+            pending[pool.submit(_run_one, problems[items[i]["task_id"]], items[i], config, slots)] = i
+            if len(pending) >= 2 * config.workers:
+                break
+        n_passed = 0
+        while pending:
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                i = pending.pop(fut)
+                rec = fut.result()
+                results[i] = rec
+                n_passed += rec["passed"]
+                if fd >= 0:
+                    _append(fd, rec)
+                bar.update(1)
+                bar.set_postfix(passed=n_passed, refresh=False)
+                nxt = next(queued, None)
+                if nxt is not None:
+                    pending[pool.submit(_run_one, problems[items[nxt]["task_id"]], items[nxt], config, slots)] = nxt
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        kill_running()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        bar.close()
+        if fd >= 0:
+            os.close(fd)
+    return [r for r in results if r is not None]
+
+
+# ---------------------------------------------------------------------------------------------
+# Summaries and the CLI
+
+
+def pass_at_1(results: Sequence[Mapping[str, Any]]) -> float:
+    """Unbiased pass@1: mean over tasks of (passed samples / samples)."""
+    per_task: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for r in results:
+        c = per_task[r["task_id"]]
+        c[0] += bool(r["passed"])
+        c[1] += 1
+    if not per_task:
+        return 0.0
+    return sum(c / n for c, n in per_task.values()) / len(per_task)
+
+
+def summarize(results: Sequence[Mapping[str, Any]], problems: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """pass@1, counts per result class, missing tasks and the isolation used.
+
+    ``pass@1_all_problems`` counts tasks of ``problems`` without any sample as failed.
+    """
+    tasks = {r["task_id"] for r in results}
+    missing = sorted(set(problems) - tasks) if problems is not None else []
+    p1 = pass_at_1(results)
+    out: dict[str, Any] = {
+        "pass@1": p1,
+        "samples": len(results),
+        "tasks": len(tasks),
+        "passed": sum(bool(r["passed"]) for r in results),
+        "timed_out": sum(r["result"] == "timed out" for r in results),
+        "result_classes": dict(Counter(result_class(r["result"]) for r in results).most_common()),
+        "isolation": sorted({str(r.get("isolation", "unknown")) for r in results}),
+        "missing_tasks": missing,
+    }
+    if problems is not None and problems:
+        out["pass@1_all_problems"] = p1 * len(tasks) / len(problems)
+    return out
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m ida_eval.execute",
+        description="Execute MBXP completions (or canonical solutions) in a sandbox; print pass@1.",
+    )
+    ap.add_argument("--problems", help="problems JSONL (default: an installed mxeval's MBXP Python data)")
+    ap.add_argument("--samples", help="samples JSONL (task_id, completion)")
+    ap.add_argument("--out", required=True, help="results JSONL (appended; a rerun resumes)")
+    ap.add_argument("--canonical", action="store_true", help="execute each problem's canonical_solution")
+    ap.add_argument("--workers", type=int, default=None, help="programs at once (default: nproc)")
+    ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per program (default 30)")
+    ap.add_argument("--memory-mb", type=int, default=4096, help="address-space limit per process in MiB")
+    ap.add_argument("--isolation", default="auto", choices=("auto", *ISOLATION_LEVELS))
+    ap.add_argument("--summary", help="also write the summary as JSON to this path")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = ap.parse_args(argv)
+    if args.canonical == bool(args.samples):
+        ap.error("give exactly one of --samples or --canonical")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the process exit code (0 ok, 2 bad input, 1 sandbox failure)."""
+    args = _parse_args(argv)
+    try:
+        problems = load_problems(find_problems_file(args.problems))
+        samples = None if args.canonical else load_samples(args.samples, problems)
+        cfg_kwargs: dict[str, Any] = {"timeout": args.timeout, "memory_bytes": args.memory_mb * MiB}
+        if args.workers is not None:
+            cfg_kwargs["workers"] = args.workers
+        config = ExecutionConfig(isolation=args.isolation, **cfg_kwargs)
+        print(f"isolation: {isolation_in_force(args.isolation)}", file=sys.stderr)
+        results = execute_samples(
+            problems, samples, out_path=args.out, config=config, canonical=args.canonical, progress=not args.no_progress
+        )
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except SandboxError as e:
+        print(f"sandbox error: {e}", file=sys.stderr)
+        return 1
+    summary = summarize(results, problems)
+    print(f"pass@1 = {summary['pass@1']:.4f}  ({summary['passed']}/{summary['samples']} samples passed, {summary['tasks']} tasks)")
+    if summary["missing_tasks"]:
+        m = summary["missing_tasks"]
+        print(f"no sample for {len(m)} of {len(problems)} tasks (e.g. {', '.join(m[:5])}); "
+              f"pass@1 over all problems = {summary['pass@1_all_problems']:.4f}")
+    print("results by class: " + ", ".join(f"{k}: {v}" for k, v in summary["result_classes"].items()))
+    print(f"timed out: {summary['timed_out']}; isolation: {', '.join(summary['isolation'])}")
+    if args.summary:
+        tmp = f"{args.summary}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, args.summary)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

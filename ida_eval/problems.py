@@ -1,0 +1,143 @@
+"""Read and validate an mxeval problems file (MBXP / multilingual HumanEval JSONL).
+
+Each line is one JSON object. The executor needs ``task_id``, ``prompt``, ``test`` and
+``entry_point`` (strings; ``entry_point`` a Python identifier); ``canonical_solution``,
+``language`` and ``description`` are kept when present. The program executed for a completion is
+``prompt + completion + "\\n" + test + "\\n" + f"check({entry_point})"`` (mxeval's rule), so the
+texts are kept byte-for-byte: no stripping, tabs intact.
+
+Where the data comes from (:func:`find_problems_file`): an explicit path; else the copy inside an
+installed ``mxeval`` git checkout (``<checkout>/data/mbxp/mbpp_release_v1.jsonl``: mxeval is not on
+PyPI and reads its data from the checkout); else an error that says where to get it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+MBXP_PYTHON_FILE = "mbpp_release_v1.jsonl"  # MBXP Python problems (974 tasks) in mxeval's data/mbxp/
+MXEVAL_URL = "https://github.com/amazon-science/mxeval"  # upstream of the data (CC BY 4.0)
+REQUIRED_KEYS = ("task_id", "prompt", "test", "entry_point")  # what building a program needs
+OPTIONAL_STR_KEYS = ("canonical_solution", "language", "description")  # type-checked when present
+
+
+class ProblemsError(ValueError):
+    """A problems file is missing or malformed; the message names the file and line."""
+
+
+def _open_text(path: Path):  # type: ignore[no-untyped-def]
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def _check_problem(obj: Any, where: str) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise ProblemsError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    for key in REQUIRED_KEYS:
+        if key not in obj:
+            raise ProblemsError(f"{where}: missing key {key!r} (a problem needs {', '.join(REQUIRED_KEYS)})")
+        if not isinstance(obj[key], str):
+            raise ProblemsError(f"{where}: {key!r} must be a string, got {type(obj[key]).__name__}")
+    for key in OPTIONAL_STR_KEYS:
+        if key in obj and not isinstance(obj[key], str):
+            raise ProblemsError(f"{where}: {key!r} must be a string, got {type(obj[key]).__name__}")
+    if not obj["task_id"]:
+        raise ProblemsError(f"{where}: empty task_id")
+    if not obj["entry_point"].isidentifier():
+        raise ProblemsError(f"{where}: task {obj['task_id']}: entry_point {obj['entry_point']!r} is not an identifier")
+    return obj
+
+
+def load_problems(path: str | Path) -> dict[str, dict[str, Any]]:
+    """Read an mxeval problems JSONL file (optionally ``.gz``) into ``{task_id: problem}``.
+
+    Args:
+        path: the problems file.
+
+    Returns:
+        Problems in file order, each the line's JSON object unchanged.
+
+    Raises:
+        ProblemsError: missing file, bad JSON, a missing or mistyped key, a duplicate task id, or
+            no problems at all; the message names the file and line.
+
+    Example:
+        >>> problems = load_problems("../shared/mbxp/mbpp_release_v1.jsonl")  # doctest: +SKIP
+        >>> len(problems), problems["MBPP/1"]["entry_point"]  # doctest: +SKIP
+        (974, 'min_cost')
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ProblemsError(f"{path}: problems file not found")
+    problems: dict[str, dict[str, Any]] = {}
+    first_line: dict[str, int] = {}
+    try:
+        with _open_text(path) as f:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{lineno}"
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ProblemsError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+                problem = _check_problem(obj, where)
+                tid = problem["task_id"]
+                if tid in problems:
+                    raise ProblemsError(f"{where}: duplicate task_id {tid!r} (first on line {first_line[tid]})")
+                problems[tid] = problem
+                first_line[tid] = lineno
+    except UnicodeDecodeError as e:
+        raise ProblemsError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except (OSError, EOFError) as e:
+        raise ProblemsError(f"{path}: cannot read: {e}") from None
+    if not problems:
+        raise ProblemsError(f"{path}: no problems in file")
+    return problems
+
+
+def find_problems_file(explicit: str | Path | None = None) -> Path:
+    """Locate the MBXP Python problems file.
+
+    Args:
+        explicit: a path given by the user; used as is (and must exist).
+
+    Returns:
+        ``explicit``, else ``data/mbxp/mbpp_release_v1.jsonl`` of an installed ``mxeval`` checkout.
+
+    Raises:
+        ProblemsError: nothing found; the message says where to get the data.
+
+    Example:
+        >>> find_problems_file("../shared/mbxp/mbpp_release_v1.jsonl")  # doctest: +SKIP
+        PosixPath('../shared/mbxp/mbpp_release_v1.jsonl')
+    """
+    if explicit is not None:
+        path = Path(explicit)
+        if not path.is_file():
+            raise ProblemsError(f"{path}: problems file not found")
+        return path
+    looked: list[str] = []
+    try:
+        spec = importlib.util.find_spec("mxeval")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None:
+        roots = [Path(p) for p in (spec.submodule_search_locations or [])]
+        if spec.origin:
+            roots.append(Path(spec.origin).parent)
+        for pkg_dir in roots:
+            candidate = pkg_dir.parent / "data" / "mbxp" / MBXP_PYTHON_FILE
+            looked.append(str(candidate))
+            if candidate.is_file():
+                return candidate
+    where = f" (looked in {', '.join(looked)})" if looked else " (mxeval is not installed)"
+    raise ProblemsError(
+        f"no MBXP problems file given and none found{where}. Pass --problems PATH, or get "
+        f"data/mbxp/{MBXP_PYTHON_FILE} from {MXEVAL_URL} (git clone; `pip install -e mxeval` makes it findable)"
+    )

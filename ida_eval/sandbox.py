@@ -1,0 +1,741 @@
+"""Run one untrusted Python program in a throw-away sandbox and say whether it really finished.
+
+Why not mxeval's executor: it ``exec``s the program inside a forked copy of the harness, with a
+monkeypatched ``os`` (``reliability_guard``) that ``os.posix_spawn``, ``ctypes`` or ``os.execv``
+walk straight past, no memory limit, unbounded in-memory output and no way to reach grandchildren
+at the timeout. Here every program gets:
+
+* **A fresh interpreter** (``sys.executable``), started from an empty environment (``PATH``,
+  ``LANG``, ``HOME``/``TMPDIR`` = its directory, ``PYTHONHASHSEED=0``) in its own directory.
+  By default it runs ``python -s -P -S``: ``-I`` would also imply ``-E``, which ignores
+  ``PYTHONHASHSEED`` and makes string-set order differ between runs; since we build the environment
+  from scratch, ``-E`` protects nothing and the remaining parts of ``-I`` (``-s -P``) are kept.
+  ``-S`` (no ``site``) gives a standard-library-only interpreter, which is all MBXP needs, and
+  saves ~40 ms of ``.pth`` processing per program (``hash_seed=None`` gives a literal ``-I``).
+* **Kernel isolation** when available (probed once, see :func:`probe_isolation`):
+  ``unshare --net --pid --fork --kill-child --mount`` (plus ``--user --map-root-user`` when not
+  root). Inside, a small bootstrap running as PID 1 of the new PID namespace bind-mounts the work
+  directory onto itself, mounts a fresh ``/proc`` and remounts *every* other mount read-only
+  (per-mount flags, so the host is untouched). The program then runs in a forked child with
+  rlimits, ``no_new_privs`` and either a per-worker unprivileged uid (root: real ``RLIMIT_NPROC``
+  accounting and no permission on any other file) or, without root, all capabilities dropped.
+  There is no network (only a down loopback), and when PID 1 exits or is killed the kernel kills
+  every process of the namespace, daemonized grandchildren included.
+* **Fallbacks** with a warning: ``setuid`` (root without namespaces: per-worker uid, rlimits, and
+  ``kill(-1, SIGKILL)`` issued *as that uid* to reap escaped processes; no network isolation and
+  world-writable directories stay writable) and ``rlimits`` (process group kill only).
+* **A pass only when ``check(...)`` returned**: the bootstrap reads a random per-run nonce from
+  stdin (then replaces stdin with ``/dev/null``), ``exec``s the program and writes the nonce to a
+  pipe only after ``exec`` returned. ``sys.exit(0)``, ``os._exit(0)``, ``atexit`` tricks or a
+  killed interpreter never produce it. The nonce never appears in the program text, argv or the
+  environment (a program that deliberately walks interpreter frames could find it: this guards
+  against early exits, not against a program written to forge a pass).
+* **Output**: stdout and stderr are drained concurrently, only the last ``tail_bytes`` of each
+  are kept, and a program that writes more than ``max_output_bytes`` in total is killed.
+* **Timeout**: wall clock; the whole process tree is killed (``SIGKILL`` to the process group,
+  which takes down PID 1 and with it the namespace).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+GiB = 1 << 30  # bytes
+MiB = 1 << 20  # bytes
+KiB = 1 << 10  # bytes
+
+UID_BASE = 1_000_000  # first uid handed to sandboxed programs (per-process offset added, see _slot_ids)
+UID_SLOTS_PER_PROCESS = 256  # at most this many concurrent sandboxes per executing process
+SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"  # the only PATH a sandboxed program sees
+PIDS_CGROUP_V1 = "/sys/fs/cgroup/pids"  # cgroup v1 pids hierarchy
+CGROUP_V2 = "/sys/fs/cgroup"  # cgroup v2 unified hierarchy
+KILL_GRACE_S = 0.5  # after the program's main process exits, wait this long for pipes to close
+SETUP_FAILED_EXIT = 125  # bootstrap's exit code when the sandbox itself could not be set up
+
+ISOLATION_LEVELS = ("namespaces", "setuid", "rlimits")
+"""Strongest first. ``auto`` picks the first that works here."""
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself could not be set up (not a failure of the program under test)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxLimits:
+    """Per-program resource limits.
+
+    Attributes:
+        timeout: wall-clock seconds before the whole process tree is killed.
+        memory_bytes: ``RLIMIT_AS`` per process (address space; 4 GiB default).
+        max_processes: ``RLIMIT_NPROC`` (enforced for the per-worker uid; not for uid 0).
+        open_files: ``RLIMIT_NOFILE``.
+        file_size_bytes: ``RLIMIT_FSIZE``: largest file the program may write.
+        max_output_bytes: stdout + stderr bytes after which the program is killed.
+        tail_bytes: bytes of stdout and of stderr kept for the result record.
+        hash_seed: ``PYTHONHASHSEED`` (None: run a literal ``python -I`` with a random seed).
+        site_packages: import ``site`` (site-packages visible); off: standard library only.
+    """
+
+    timeout: float = 30.0
+    memory_bytes: int = 4 * GiB
+    max_processes: int = 64
+    open_files: int = 256
+    file_size_bytes: int = 64 * MiB
+    max_output_bytes: int = 16 * MiB
+    tail_bytes: int = 4 * KiB
+    hash_seed: int | None = 0
+    site_packages: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout!r}")
+        minimums = {
+            "memory_bytes": 64 * MiB,
+            "max_processes": 1,
+            "open_files": 16,
+            "file_size_bytes": 0,
+            "max_output_bytes": 1,
+            "tail_bytes": 0,
+        }
+        for name, low in minimums.items():
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        if self.hash_seed is not None and not (0 <= self.hash_seed <= 4294967295):
+            raise ValueError(f"hash_seed must be None or in [0, 2**32-1], got {self.hash_seed!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Isolation:
+    """How programs are isolated on this machine (the outcome of :func:`probe_isolation`)."""
+
+    level: str  # one of ISOLATION_LEVELS
+    privilege: str  # "setuid" (per-worker uid), "capdrop" (caps dropped, uid kept) or "none"
+    unshare: tuple[str, ...]  # command prefix ("" when no namespaces)
+    description: str
+
+    @property
+    def uses_namespaces(self) -> bool:
+        return self.level == "namespaces"
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxResult:
+    """What happened to one program."""
+
+    finished: bool  # the sentinel arrived: the program's top level (and check(...)) returned
+    exit_status: int | None  # exit code; negative = killed by that signal; None = unknown (timeout)
+    timed_out: bool
+    output_exceeded: bool
+    stdout_tail: str
+    stderr_tail: str
+    output_bytes: int  # stdout + stderr bytes the program wrote
+    elapsed_s: float
+
+    @property
+    def passed(self) -> bool:
+        return self.finished and self.exit_status == 0 and not self.timed_out and not self.output_exceeded
+
+
+# ---------------------------------------------------------------------------------------------
+# The bootstrap: runs as ``python -c`` inside the sandbox. Kept dependency-free (stdlib only) and
+# small, because it is compiled once per program.
+
+_BOOTSTRAP = r'''
+import os, sys
+def _ida_mounts(work):
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    def mount(src, dst, fstype, flags):
+        if libc.mount(src, dst.encode(), fstype, ctypes.c_ulong(flags), None) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, "mount %s: %s" % (dst, os.strerror(e)))
+    RDONLY, NOSUID, NODEV, NOEXEC, REMOUNT, BIND = 1, 2, 4, 8, 32, 4096
+    opt_flags = {"nosuid": NOSUID, "nodev": NODEV, "noexec": NOEXEC, "noatime": 1024,
+                 "nodiratime": 2048, "relatime": 1 << 21}
+    mount(work.encode(), work, None, BIND)
+    mount(b"proc", "/proc", b"proc", NOSUID | NODEV | NOEXEC)
+    with open("/proc/self/mountinfo", "rb") as f:
+        rows = [line.split() for line in f.read().decode().splitlines()]
+    done = set()
+    for row in reversed(rows):
+        point = row[4].encode().decode("unicode_escape")
+        if point in done:
+            continue
+        done.add(point)
+        flags = REMOUNT | BIND
+        for o in row[5].split(","):
+            flags |= opt_flags.get(o, 0)
+        if point == work:
+            flags |= NOSUID | NODEV
+        else:
+            flags |= RDONLY
+        mount(None, point, None, flags)
+def _ida_enter(cfg):
+    import ctypes, resource
+    for name, soft, hard in cfg["rlimits"]:
+        resource.setrlimit(getattr(resource, name), (soft, hard))
+    libc = ctypes.CDLL(None, use_errno=True)
+    if cfg["privilege"] == "capdrop":
+        if libc.prctl(28, 0x2F, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "PR_SET_SECUREBITS")
+        for cap in range(64):
+            libc.prctl(24, cap, 0, 0, 0)
+        hdr = (ctypes.c_uint32 * 2)(0x20080522, 0)
+        data = (ctypes.c_uint32 * 6)()
+        if libc.capset(hdr, data) != 0:
+            raise OSError(ctypes.get_errno(), "capset")
+    if cfg["uid"] is not None:
+        os.setgroups([])
+        os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
+        os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
+    if libc.prctl(38, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
+    chunks = []
+    while True:
+        b = os.read(0, 4096)
+        if not b:
+            break
+        chunks.append(b)
+    fd = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(fd, 0)
+    os.close(fd)
+    os.chdir(cfg["workdir"])
+    return b"".join(chunks)
+def _ida_main():
+    keys = ("workdir", "program", "mounts", "privilege", "uid", "gid", "rlimits", "status_fd", "sentinel_fd", "cgroup")
+    cfg = dict(zip(keys, sys.argv[1:]))
+    for k in ("uid", "gid", "status_fd", "sentinel_fd"):
+        cfg[k] = int(cfg[k]) if cfg[k] else None
+    cfg["rlimits"] = [(n, int(a), int(b)) for n, a, b in (r.split(":") for r in cfg["rlimits"].split(","))]
+    sys.argv = [cfg["program"]]
+    status_fd, sentinel_fd = cfg["status_fd"], cfg["sentinel_fd"]
+    try:
+        if cfg["cgroup"]:
+            with open(cfg["cgroup"] + "/cgroup.procs", "w") as f:
+                f.write("0")
+        if cfg["mounts"]:
+            _ida_mounts(cfg["workdir"])
+        pid = os.fork()
+    except BaseException as e:
+        os.write(status_fd, ("setup-error %r" % (e,)).encode())
+        os._exit(125)
+    if pid:
+        os.close(sentinel_fd)
+        os.close(0)
+        while True:
+            try:
+                got, status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                os._exit(125)
+            if got == pid:
+                break
+        os.write(status_fd, b"exit %d" % status)
+        os._exit(0)
+    try:
+        nonce = _ida_enter(cfg)
+        with open(cfg["program"], encoding="utf-8") as f:
+            source = f.read()
+    except BaseException as e:
+        os.write(status_fd, ("setup-error %r" % (e,)).encode())
+        os._exit(125)
+    os.close(status_fd)
+    write = os.write
+    import builtins
+    code = compile(source, cfg["program"], "exec")
+    del source, cfg
+    exec(code, {"__name__": "__main__", "__file__": sys.argv[0], "__builtins__": builtins})
+    write(sentinel_fd, nonce)
+_ida_main()
+'''
+
+
+# ---------------------------------------------------------------------------------------------
+_BOOTSTRAP_ARGS = ("workdir", "program", "mounts", "privilege", "uid", "gid", "rlimits", "status_fd", "sentinel_fd", "cgroup")
+"""Positional argv of the bootstrap (plain strings: importing json would cost ~10 ms per program)."""
+
+# Probing what works here
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+@functools.lru_cache(maxsize=None)
+def _slot_ids() -> tuple[int, int]:
+    """(uid, gid) base for this process' sandboxes: distinct per executing process and worker slot."""
+    base = UID_BASE + (os.getpid() % 65536) * UID_SLOTS_PER_PROCESS
+    return base, base
+
+
+_PROBE_PROGRAM = r'''
+import errno, os, socket, sys
+work = os.getcwd()
+with open(os.path.join(work, "probe.txt"), "w") as f:
+    f.write("ok")
+import re, collections, json
+report = {"uid": os.getuid(), "net": "open", "outside": "writable"}
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+s.settimeout(0.5)
+try:
+    s.connect(("127.0.0.1", 9))
+except OSError as e:
+    report["net"] = "unreachable" if e.errno in (errno.ENETUNREACH, errno.EADDRNOTAVAIL) else "open"
+try:
+    open(os.path.join(os.path.dirname(work), "ida-probe-outside.txt"), "w").close()
+except OSError:
+    report["outside"] = "blocked"
+print(json.dumps(report))
+'''
+
+
+def _candidates() -> list[Isolation]:
+    root = _is_root()
+    out: list[Isolation] = []
+    procs = "+pids cgroup" if pids_cgroup_root() else ""
+    unshare = shutil.which("unshare")
+    if unshare:
+        prefix = [unshare, "--net", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private"]
+        if not root:
+            prefix += ["--user", "--map-root-user"]
+        ns = "unshare(net,pid,mount" + ("" if root else ",user") + ")+read-only fs"
+        if root:
+            out.append(Isolation("namespaces", "setuid", tuple(prefix), ns + "+per-worker uid+no_new_privs+rlimits" + procs))
+        out.append(Isolation("namespaces", "capdrop", tuple(prefix), ns + "+capabilities dropped+no_new_privs+rlimits" + procs))
+    if root:
+        out.append(Isolation("setuid", "setuid", (), "per-worker uid+no_new_privs+rlimits+uid-wide kill (NO namespaces)"))
+    out.append(Isolation("rlimits", "none", (), "rlimits+process-group kill only (NO namespaces, NO uid drop)"))
+    return out
+
+
+def _probe_one(iso: Isolation) -> str | None:
+    """Run the probe program under ``iso``; None when it behaves as promised, else why not."""
+    try:
+        res = run_program(_PROBE_PROGRAM, SandboxLimits(timeout=20.0), isolation=iso, slot=0)
+    except (SandboxError, OSError) as e:
+        return str(e)
+    if not res.passed:
+        return f"probe program failed: exit {res.exit_status}: {res.stderr_tail[-300:]}"
+    try:
+        report = json.loads(res.stdout_tail.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return f"probe printed no report: {res.stdout_tail[-200:]!r}"
+    if iso.uses_namespaces and (report["net"] != "unreachable" or report["outside"] != "blocked"):
+        return f"namespaces did not isolate: {report}"
+    if iso.privilege == "setuid" and report["uid"] == 0:
+        return "uid was not dropped"
+    return None
+
+
+_PROBE_LOCK = threading.Lock()
+
+
+@functools.lru_cache(maxsize=None)
+def _probe_cached(requested: str) -> Isolation:
+    reasons: list[str] = []
+    for iso in _candidates():
+        if requested != "auto" and iso.level != requested:
+            continue
+        why = _probe_one(iso)
+        if why is None:
+            if iso.level != "namespaces":
+                warnings.warn(
+                    f"ida_eval sandbox: kernel namespaces unavailable here ({'; '.join(reasons) or 'no unshare'}); "
+                    f"falling back to weaker isolation: {iso.description}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+            return iso
+        reasons.append(f"{iso.level}/{iso.privilege}: {why}")
+    raise SandboxError(f"no sandbox isolation level {requested!r} works on this machine: {'; '.join(reasons)}")
+
+
+def probe_isolation(requested: str = "auto") -> Isolation:
+    """Find the strongest isolation that works here (cached per process).
+
+    Args:
+        requested: ``"auto"`` or one of :data:`ISOLATION_LEVELS` to insist on a level.
+
+    Raises:
+        ValueError: unknown level. SandboxError: the requested level does not work here.
+    """
+    if requested != "auto" and requested not in ISOLATION_LEVELS:
+        raise ValueError(f"isolation must be 'auto' or one of {ISOLATION_LEVELS}, got {requested!r}")
+    with _PROBE_LOCK:
+        return _probe_cached(requested)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running one program
+
+
+def _interpreter_args(limits: SandboxLimits) -> list[str]:
+    flags = ["-I"] if limits.hash_seed is None else ["-s", "-P"]
+    if not limits.site_packages:
+        flags.append("-S")
+    return [sys.executable, *flags]
+
+
+def _environment(workdir: str, limits: SandboxLimits) -> dict[str, str]:
+    env = {"PATH": SAFE_PATH, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
+    if limits.hash_seed is not None:
+        env["PYTHONHASHSEED"] = str(limits.hash_seed)
+        env["PYTHONIOENCODING"] = "utf-8"
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def _rlimits(limits: SandboxLimits) -> list[tuple[str, int, int]]:
+    cpu = int(limits.timeout) + 1
+    return [
+        ("RLIMIT_AS", limits.memory_bytes, limits.memory_bytes),
+        ("RLIMIT_NPROC", limits.max_processes, limits.max_processes),
+        ("RLIMIT_NOFILE", limits.open_files, limits.open_files),
+        ("RLIMIT_FSIZE", limits.file_size_bytes, limits.file_size_bytes),
+        ("RLIMIT_CPU", cpu, cpu + 1),
+        ("RLIMIT_CORE", 0, 0),
+    ]
+
+
+class _Tail:
+    """Keeps the last ``keep`` bytes of a stream and counts all of them."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self.buf = bytearray()
+        self.total = 0
+
+    def add(self, data: bytes) -> None:
+        self.total += len(data)
+        self.buf += data
+        if len(self.buf) > self.keep:
+            del self.buf[: len(self.buf) - self.keep]
+
+    def text(self) -> str:
+        return self.buf.decode("utf-8", errors="replace")
+
+
+@functools.lru_cache(maxsize=None)
+def pids_cgroup_root() -> str | None:
+    """A writable cgroup directory with the ``pids`` controller (v1 or v2), or None.
+
+    Used to cap the number of processes of a whole sandbox (``pids.max``): ``RLIMIT_NPROC`` is
+    not enforced for uid 0, which the ``capdrop`` privilege mode keeps.
+    """
+    candidates = [PIDS_CGROUP_V1]
+    try:
+        if "pids" in Path(CGROUP_V2, "cgroup.subtree_control").read_text().split():
+            candidates.append(CGROUP_V2)
+    except OSError:
+        pass
+    for base in candidates:
+        probe = os.path.join(base, f"ida-probe-{os.getpid()}")
+        try:
+            os.mkdir(probe)
+        except OSError:
+            continue
+        try:
+            ok = os.path.exists(os.path.join(probe, "pids.max"))
+        finally:
+            os.rmdir(probe)
+        if ok:
+            return base
+    return None
+
+
+def _make_pids_cgroup(max_processes: int, slot: int) -> str | None:
+    base = pids_cgroup_root()
+    if base is None:
+        return None
+    path = os.path.join(base, f"ida-exec-{os.getpid()}-{slot}-{secrets.token_hex(4)}")
+    os.mkdir(path)
+    try:
+        Path(path, "pids.max").write_text(str(max_processes))
+    except OSError:
+        os.rmdir(path)
+        raise
+    return path
+
+
+def _remove_cgroup(path: str) -> None:
+    """Kill anything still in the cgroup, then remove it (retrying while the kernel reaps)."""
+    for _ in range(200):
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            try:
+                for pid in Path(path, "cgroup.procs").read_text().split():
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            except OSError:
+                pass
+            time.sleep(0.01)
+    warnings.warn(f"ida_eval sandbox: could not remove cgroup {path}", RuntimeWarning, stacklevel=2)
+
+
+def _kill_uid(uid: int, gid: int) -> None:
+    """Send SIGKILL to every process of ``uid`` (``kill(-1)`` issued by a helper running as that uid)."""
+    for _ in range(2):
+        subprocess.run(
+            [sys.executable, "-S", "-I", "-c", "import os, signal\ntry: os.kill(-1, signal.SIGKILL)\nexcept OSError: pass"],
+            user=uid,
+            group=gid,
+            extra_groups=[],
+            env={"PATH": SAFE_PATH},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+            timeout=10,
+        )
+
+
+_LIVE: set[subprocess.Popen[bytes]] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def kill_running() -> int:
+    """Kill the process trees of every sandbox running in this process (e.g. on Ctrl-C); returns how many."""
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for proc in live:
+        _kill_tree(proc)
+    return len(live)
+
+
+def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _rmtree(path: str) -> None:
+    def fix(func, p, _exc):  # type: ignore[no-untyped-def]
+        try:
+            os.chmod(os.path.dirname(p), 0o700)
+            os.chmod(p, 0o700)
+        except OSError:
+            pass
+        func(p)
+
+    shutil.rmtree(path, onerror=fix)
+
+
+def run_program(
+    source: str,
+    limits: SandboxLimits = SandboxLimits(),
+    *,
+    isolation: Isolation | None = None,
+    slot: int = 0,
+    tmp_root: str | None = None,
+) -> SandboxResult:
+    """Run one Python program in a fresh sandboxed interpreter.
+
+    Args:
+        source: the program text (written to ``prog.py`` in a new temporary directory).
+        limits: resource limits.
+        isolation: how to isolate (default: :func:`probe_isolation`).
+        slot: worker slot (0 .. 255); concurrent runs must use distinct slots (it picks the uid).
+        tmp_root: where to create the temporary directory (default: the system's).
+
+    Returns:
+        A :class:`SandboxResult`; ``.passed`` is true only when the program ran to its end.
+
+    Raises:
+        SandboxError: the sandbox could not be set up.
+
+    Example:
+        >>> run_program("assert 1 + 1 == 2").passed
+        True
+        >>> run_program("import sys; sys.exit(0)").passed
+        False
+    """
+    if not 0 <= slot < UID_SLOTS_PER_PROCESS:
+        raise ValueError(f"slot must be in [0, {UID_SLOTS_PER_PROCESS}), got {slot}")
+    iso = isolation if isolation is not None else probe_isolation()
+    uid = gid = None
+    if iso.privilege == "setuid":
+        uid_base, gid_base = _slot_ids()
+        uid, gid = uid_base + slot, gid_base + slot
+    root = os.path.realpath(tempfile.mkdtemp(prefix="ida-exec-", dir=tmp_root))
+    try:
+        os.chmod(root, 0o711)
+        workdir = os.path.join(root, "w")
+        os.mkdir(workdir, 0o700)
+        program = os.path.join(workdir, "prog.py")
+        with open(program, "w", encoding="utf-8") as f:
+            f.write(source)
+        if uid is not None:
+            os.chown(workdir, uid, gid)
+            os.chown(program, uid, gid)
+        cgroup = _make_pids_cgroup(limits.max_processes, slot)
+        try:
+            return _spawn_and_wait(program, workdir, limits, iso, uid, gid, cgroup)
+        finally:
+            if cgroup is not None:
+                _remove_cgroup(cgroup)
+    finally:
+        _rmtree(root)
+
+
+def _spawn_and_wait(
+    program: str,
+    workdir: str,
+    limits: SandboxLimits,
+    iso: Isolation,
+    uid: int | None,
+    gid: int | None,
+    cgroup: str | None,
+) -> SandboxResult:
+    sent_r, sent_w = os.pipe()
+    stat_r, stat_w = os.pipe()
+    cfg = {
+        "workdir": workdir,
+        "program": program,
+        "mounts": "1" if iso.uses_namespaces else "",
+        "privilege": iso.privilege,
+        "uid": uid,
+        "gid": gid,
+        "rlimits": ",".join(f"{n}:{a}:{b}" for n, a, b in _rlimits(limits)),
+        "status_fd": stat_w,
+        "sentinel_fd": sent_w,
+        "cgroup": cgroup,
+    }
+    args = [str(cfg[k]) if cfg[k] is not None else "" for k in _BOOTSTRAP_ARGS]
+    cmd: Sequence[str] = [*iso.unshare, *_interpreter_args(limits), "-c", _BOOTSTRAP, *args]
+    nonce = secrets.token_hex(16).encode()
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(sent_w, stat_w),
+            env=_environment(workdir, limits),
+            cwd=workdir,
+            start_new_session=True,
+        )
+    except OSError as e:
+        for fd in (sent_r, sent_w, stat_r, stat_w):
+            os.close(fd)
+        raise SandboxError(f"cannot start sandbox {cmd[0]!r}: {e}") from e
+    with _LIVE_LOCK:
+        _LIVE.add(proc)
+    os.close(sent_w)
+    os.close(stat_w)
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    try:
+        proc.stdin.write(nonce)
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    out, err = _Tail(limits.tail_bytes), _Tail(limits.tail_bytes)
+    sentinel, status = bytearray(), bytearray()
+    sel = selectors.DefaultSelector()
+    streams = {proc.stdout.fileno(): out.add, proc.stderr.fileno(): err.add}
+    sel.register(proc.stdout.fileno(), selectors.EVENT_READ)
+    sel.register(proc.stderr.fileno(), selectors.EVENT_READ)
+    sel.register(sent_r, selectors.EVENT_READ)
+    sel.register(stat_r, selectors.EVENT_READ)
+    deadline = start + limits.timeout
+    timed_out = exceeded = False
+    exited_at: float | None = None
+    try:
+        while sel.get_map():
+            now = time.monotonic()
+            if now >= deadline:
+                timed_out = True
+                break
+            if exited_at is None and proc.poll() is not None:
+                exited_at = now
+                if not iso.uses_namespaces:  # no PID namespace: reap escaped processes ourselves
+                    _reap_escapees(proc, iso, uid, gid)
+            if exited_at is not None and now - exited_at > KILL_GRACE_S:
+                break  # something outside our control still holds a pipe open
+            for key, _ in sel.select(timeout=min(0.25, deadline - now)):
+                fd = key.fd
+                data = os.read(fd, 65536)
+                if not data:
+                    sel.unregister(fd)
+                elif fd in streams:
+                    streams[fd](data)
+                elif fd == sent_r:
+                    sentinel += data[:64]
+                else:
+                    status += data[:256]
+            if out.total + err.total > limits.max_output_bytes:
+                exceeded = True
+                break
+    finally:
+        sel.close()
+        if timed_out or exceeded or proc.poll() is None:
+            _kill_tree(proc)
+        proc.wait()
+        with _LIVE_LOCK:
+            _LIVE.discard(proc)
+        if not iso.uses_namespaces:
+            _reap_escapees(proc, iso, uid, gid)
+        for fd in (sent_r, stat_r):
+            os.close(fd)
+        proc.stdout.close()
+        proc.stderr.close()
+    elapsed = time.monotonic() - start
+    text = status.decode("ascii", errors="replace")
+    if text.startswith("setup-error"):
+        raise SandboxError(f"sandbox setup failed ({iso.description}): {text[12:]}; stderr: {err.text()[-500:]}")
+    exit_status: int | None
+    if text.startswith("exit "):
+        exit_status = os.waitstatus_to_exitcode(int(text[5:]))
+    elif timed_out or exceeded:
+        exit_status = None
+    else:
+        exit_status = proc.returncode
+    return SandboxResult(
+        finished=bytes(sentinel) == nonce,
+        exit_status=exit_status,
+        timed_out=timed_out,
+        output_exceeded=exceeded,
+        stdout_tail=out.text(),
+        stderr_tail=err.text(),
+        output_bytes=out.total + err.total,
+        elapsed_s=elapsed,
+    )
+
+
+def _reap_escapees(proc: subprocess.Popen[bytes], iso: Isolation, uid: int | None, gid: int | None) -> None:
+    _kill_tree(proc)
+    if uid is not None and gid is not None:
+        _kill_uid(uid, gid)
+
+
+def isolation_description(isolation: Isolation | None = None) -> str:
+    """``"<level>: <description>"`` of the given (default: probed) isolation."""
+    iso = isolation if isolation is not None else probe_isolation()
+    return f"{iso.level}: {iso.description}"
+
+
+def default_tmp_root() -> Path:
+    """Where work directories go by default (the system temporary directory)."""
+    return Path(tempfile.gettempdir())

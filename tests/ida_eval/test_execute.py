@@ -1,0 +1,315 @@
+"""ida_eval.execute and ida_eval.problems: programs, verdicts, results files, resume, CLI, the MBXP anchor."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ida_eval import execute as ex
+from ida_eval.problems import ProblemsError, find_problems_file, load_problems
+
+FAST = ex.ExecutionConfig(timeout=3.0, workers=2, memory_bytes=1 << 30)
+
+PROMPT_ADD = '\n\ndef add(a, b):\n\t"""Add two numbers.\n\t>>> add(1, 2)\n\t3\n\t"""\n'
+TEST_ADD = "\n\nMETADATA = {}\n\n\ndef check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(-1, 1) == 0\n"
+
+
+def _problem(tid: str, entry: str, prompt: str, test: str, canonical: str) -> dict[str, str]:
+    return {
+        "task_id": tid,
+        "language": "python",
+        "prompt": prompt,
+        "canonical_solution": canonical,
+        "test": test,
+        "entry_point": entry,
+        "description": "",
+    }
+
+
+TOY = [
+    _problem("T/0", "add", PROMPT_ADD, TEST_ADD, "\treturn a + b\n"),
+    _problem(
+        "T/1",
+        "double",
+        "\n\ndef double(x):\n    \"\"\"Twice x.\"\"\"\n",
+        "\n\ndef check(candidate):\n    assert candidate(2) == 4\n",
+        "    return 2 * x\n",
+    ),
+    _problem(
+        "T/2",
+        "neg",
+        "\n\ndef neg(x):\n  \"\"\"Minus x.\"\"\"\n",
+        "\n\ndef check(candidate):\n    assert candidate(2) == -2\n",
+        "  return -x\n",
+    ),
+]
+
+
+@pytest.fixture
+def toy_file(tmp_path: Path) -> Path:
+    path = tmp_path / "toy.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in TOY), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def toy(toy_file: Path) -> dict:
+    return load_problems(toy_file)
+
+
+# ------------------------------------------------------------------ problems
+
+
+def test_load_problems_keeps_text_byte_for_byte(toy: dict) -> None:
+    assert list(toy) == ["T/0", "T/1", "T/2"]
+    assert toy["T/0"]["prompt"] == PROMPT_ADD  # tabs intact
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("{not json", r"toy\.jsonl:2: not valid JSON"),
+        ('{"task_id": "X", "prompt": "", "test": ""}', r"toy\.jsonl:2: missing key 'entry_point'"),
+        ('{"task_id": "X", "prompt": 1, "test": "", "entry_point": "f"}', r"toy\.jsonl:2: 'prompt' must be a string"),
+        ('{"task_id": "T/0", "prompt": "", "test": "", "entry_point": "f"}', r"toy\.jsonl:2: duplicate task_id 'T/0' \(first on line 1\)"),
+        ('{"task_id": "X", "prompt": "", "test": "", "entry_point": "no pe"}', r"toy\.jsonl:2: task X: entry_point"),
+        ("[1, 2]", r"toy\.jsonl:2: expected a JSON object"),
+    ],
+)
+def test_load_problems_errors_name_file_and_line(tmp_path: Path, line: str, message: str) -> None:
+    path = tmp_path / "toy.jsonl"
+    path.write_text(json.dumps(TOY[0]) + "\n" + line + "\n", encoding="utf-8")
+    with pytest.raises(ProblemsError, match=message):
+        load_problems(path)
+
+
+def test_load_problems_missing_and_empty(tmp_path: Path) -> None:
+    with pytest.raises(ProblemsError, match="not found"):
+        load_problems(tmp_path / "nope.jsonl")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(ProblemsError, match="no problems"):
+        load_problems(tmp_path / "empty.jsonl")
+
+
+def test_find_problems_file(tmp_path: Path, toy_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert find_problems_file(toy_file) == toy_file
+    with pytest.raises(ProblemsError, match="not found"):
+        find_problems_file(tmp_path / "missing.jsonl")
+    # an installed mxeval checkout (package dir beside data/) is found
+    checkout = tmp_path / "mxeval_checkout"
+    (checkout / "mxeval").mkdir(parents=True)
+    (checkout / "mxeval" / "__init__.py").write_text("")
+    (checkout / "data" / "mbxp").mkdir(parents=True)
+    data = checkout / "data" / "mbxp" / "mbpp_release_v1.jsonl"
+    data.write_text(toy_file.read_text())
+    monkeypatch.syspath_prepend(str(checkout))
+    assert find_problems_file() == data
+    data.unlink()
+    with pytest.raises(ProblemsError, match=r"amazon-science/mxeval.*--problems|--problems.*amazon-science/mxeval"):
+        find_problems_file()
+
+
+# ------------------------------------------------------------------ programs and verdicts
+
+
+def test_build_program_is_mxevals_rule(toy: dict) -> None:
+    prog = ex.build_program(toy["T/0"], "\treturn a + b\n")
+    assert prog == PROMPT_ADD + "\treturn a + b\n" + "\n" + TEST_ADD + "\n" + "check(add)"
+
+
+def test_execute_samples_verdicts(toy: dict, tmp_path: Path) -> None:
+    samples = [
+        {"task_id": "T/0", "completion": "\treturn a + b\n", "extra": 7},
+        {"task_id": "T/0", "completion": "\treturn a - b\n"},
+        {"task_id": "T/1", "completion": "    return 2 *\n"},
+        {"task_id": "T/1", "completion": "    while True:\n        pass\n"},
+        {"task_id": "T/2", "completion": "  import sys\n  sys.exit(0)\n"},
+        {"task_id": "T/2", "completion": "  return undefined_name\n"},
+    ]
+    config = ex.ExecutionConfig(timeout=2.0, workers=2, memory_bytes=1 << 30)
+    res = ex.execute_samples(toy, samples, config=config, progress=False, out_path=tmp_path / "r.jsonl")
+    assert [r["task_id"] for r in res] == [s["task_id"] for s in samples]
+    assert [r["completion_id"] for r in res] == [0, 1, 0, 1, 0, 1]
+    assert [r["passed"] for r in res] == [True, False, False, False, False, False]
+    assert res[0]["result"] == "passed" and res[0]["extra"] == 7
+    assert res[1]["result"] == "failed: AssertionError" and res[1]["exception"] == "AssertionError"
+    assert res[2]["result"].startswith("failed: SyntaxError")
+    assert res[3]["result"] == "timed out"
+    assert res[4]["result"] == "failed: exited with status 0 before check() returned"
+    assert res[5]["result"] == "failed: NameError: name 'undefined_name' is not defined"
+    for r in res:
+        assert isinstance(r["time_elapsed"], float) and r["isolation"] in ex.ISOLATION_LEVELS
+    assert ex.pass_at_1(res) == pytest.approx((0.5 + 0 + 0) / 3)
+    assert [ex.result_class(r["result"]) for r in res] == [
+        "passed", "AssertionError", "SyntaxError", "timed out", "early exit", "NameError"
+    ]
+    # the results file holds the same records, one JSON line each
+    lines = (tmp_path / "r.jsonl").read_text().splitlines()
+    assert sorted(json.loads(x)["completion"] for x in lines) == sorted(s["completion"] for s in samples)
+
+
+def test_canonical_mode(toy: dict) -> None:
+    res = ex.execute_samples(toy, canonical=True, config=FAST, progress=False)
+    assert [r["passed"] for r in res] == [True, True, True]
+    with pytest.raises(ValueError, match="not both"):
+        ex.execute_samples(toy, [{"task_id": "T/0", "completion": ""}], canonical=True, config=FAST)
+
+
+def test_unknown_task_and_bad_samples_are_errors(toy: dict) -> None:
+    with pytest.raises(ValueError, match="sample 1: unknown task_id 'T/99'"):
+        ex.execute_samples(toy, [{"task_id": "T/0", "completion": ""}, {"task_id": "T/99", "completion": ""}], config=FAST)
+    with pytest.raises(ValueError, match="sample 0: 'completion' missing"):
+        ex.execute_samples(toy, [{"task_id": "T/0"}], config=FAST)
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(ValueError, match="workers"):
+        ex.ExecutionConfig(workers=0)
+    with pytest.raises(ValueError, match="timeout"):
+        ex.ExecutionConfig(timeout=-1)
+    with pytest.raises(ValueError, match="isolation"):
+        ex.ExecutionConfig(isolation="chroot")
+    with pytest.raises(ValueError, match="open_files"):
+        ex.ExecutionConfig(open_files=2)
+    assert ex.ExecutionConfig().timeout == 30.0
+    assert ex.ExecutionConfig().workers == len(os.sched_getaffinity(0))
+
+
+# ------------------------------------------------------------------ results file: resume and crash safety
+
+
+def test_resume_skips_finished_tasks(toy: dict, tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    # pre-seed: T/0 recorded as passed with a *wrong* completion's text; if it ran again it would fail
+    wrong = "\treturn 0\n"
+    seeded = {"task_id": "T/0", "completion": wrong, "completion_id": 0, "passed": True, "result": "passed", "seed": 1}
+    out.write_text(json.dumps(seeded) + "\n")
+    samples = [{"task_id": "T/0", "completion": wrong}, {"task_id": "T/1", "completion": "    return 2 * x\n"}]
+    res = ex.execute_samples(toy, samples, out_path=out, config=FAST, progress=False)
+    assert res[0] == seeded  # returned from the file, not executed
+    assert res[1]["passed"] and "seed" not in res[1]
+    assert len(out.read_text().splitlines()) == 2
+    # a third run executes nothing and returns the same records
+    again = ex.execute_samples(toy, samples, out_path=out, config=FAST, progress=False)
+    assert again == res
+    assert len(out.read_text().splitlines()) == 2
+
+
+def test_resume_rejects_different_completion_and_malformed_lines(toy: dict, tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    rec = {"task_id": "T/0", "completion": "\treturn 0\n", "completion_id": 0, "passed": False, "result": "failed: x"}
+    out.write_text(json.dumps(rec) + "\n")
+    with pytest.raises(ex.ResultsFileError, match=r"r\.jsonl:1: T/0 sample 0 was executed with a different completion"):
+        ex.execute_samples(toy, [{"task_id": "T/0", "completion": "\treturn a + b\n"}], out_path=out, config=FAST)
+    out.write_text(json.dumps(rec) + "\n{garbage\n" + json.dumps(rec) + "\n")
+    with pytest.raises(ex.ResultsFileError, match=r"r\.jsonl:2: malformed results line"):
+        ex.execute_samples(toy, [{"task_id": "T/0", "completion": "\treturn 0\n"}], out_path=out, config=FAST)
+    out.write_text(json.dumps(rec) + "\n" + json.dumps(rec) + "\n")
+    with pytest.raises(ex.ResultsFileError, match=r"r\.jsonl:2: duplicate result for T/0 sample 0 \(also line 1\)"):
+        ex.execute_samples(toy, [{"task_id": "T/0", "completion": "\treturn 0\n"}], out_path=out, config=FAST)
+    out.write_text(json.dumps({k: v for k, v in rec.items() if k != "passed"}) + "\n")
+    with pytest.raises(ex.ResultsFileError, match=r"r\.jsonl:1: 'passed' missing"):
+        ex.execute_samples(toy, [{"task_id": "T/0", "completion": "\treturn 0\n"}], out_path=out, config=FAST)
+
+
+def test_resume_drops_a_torn_last_line(toy: dict, tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    good = {"task_id": "T/1", "completion": "    return 2 * x\n", "completion_id": 0, "passed": True, "result": "passed"}
+    out.write_text(json.dumps(good) + "\n" + '{"task_id": "T/0", "compl')  # crash mid-write
+    samples = [{"task_id": "T/0", "completion": "\treturn a + b\n"}, {"task_id": "T/1", "completion": good["completion"]}]
+    with pytest.warns(RuntimeWarning, match="incomplete last line"):
+        res = ex.execute_samples(toy, samples, out_path=out, config=FAST, progress=False)
+    assert [r["passed"] for r in res] == [True, True]
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["task_id"] for r in lines] == ["T/1", "T/0"]
+
+
+def _cli(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "ida_eval.execute", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        **kw,
+    )
+
+
+def test_killed_run_resumes_without_reexecuting(tmp_path: Path) -> None:
+    n = 12
+    problems = [
+        _problem(f"S/{i}", "f", "\n\ndef f():\n", "\n\ndef check(c):\n    assert c() == 1\n", "    import time; time.sleep(0.4); return 1\n")
+        for i in range(n)
+    ]
+    pfile = tmp_path / "p.jsonl"
+    pfile.write_text("".join(json.dumps(p) + "\n" for p in problems))
+    out = tmp_path / "r.jsonl"
+    proc = _cli("--problems", str(pfile), "--canonical", "--out", str(out), "--workers", "1", "--no-progress", "--timeout", "10")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 3):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    before = out.read_text()
+    k = len(before.splitlines())
+    assert 3 <= k < n, "the run was not interrupted midway"
+    proc = _cli("--problems", str(pfile), "--canonical", "--out", str(out), "--workers", "2", "--no-progress")
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    after = out.read_text()
+    assert after.startswith(before.rstrip("\n").rsplit("\n", 1)[0])  # finished lines untouched
+    recs = [json.loads(x) for x in after.splitlines()]
+    assert sorted(r["task_id"] for r in recs) == sorted(p["task_id"] for p in problems)  # each exactly once
+    assert all(r["passed"] for r in recs)
+    assert "pass@1 = 1.0000" in stdout
+
+
+def test_cli_reports_pass_rate_classes_missing_tasks_and_isolation(toy_file: Path, tmp_path: Path) -> None:
+    samples = tmp_path / "s.jsonl"
+    samples.write_text(
+        json.dumps({"task_id": "T/0", "completion": "\treturn a + b\n"}) + "\n"
+        + json.dumps({"task_id": "T/1", "completion": "    return 3 * x\n"}) + "\n"
+    )
+    summary = tmp_path / "summary.json"
+    proc = _cli("--problems", str(toy_file), "--samples", str(samples), "--out", str(tmp_path / "r.jsonl"),
+                "--workers", "2", "--timeout", "5", "--summary", str(summary), "--no-progress")
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert "pass@1 = 0.5000" in stdout
+    assert "no sample for 1 of 3 tasks (e.g. T/2)" in stdout
+    assert "AssertionError: 1" in stdout and "passed: 1" in stdout
+    assert "isolation:" in stderr
+    data = json.loads(summary.read_text())
+    assert data["passed"] == 1 and data["missing_tasks"] == ["T/2"]
+
+
+def test_cli_unknown_task_in_samples_names_the_line(toy_file: Path, tmp_path: Path) -> None:
+    samples = tmp_path / "s.jsonl"
+    samples.write_text(json.dumps({"task_id": "T/0", "completion": ""}) + "\n" + json.dumps({"task_id": "Z/9", "completion": ""}) + "\n")
+    proc = _cli("--problems", str(toy_file), "--samples", str(samples), "--out", str(tmp_path / "r.jsonl"))
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert "s.jsonl:2: unknown task_id 'Z/9'" in stderr
+
+
+# ------------------------------------------------------------------ the MBXP anchor
+
+KNOWN_FAILURES = {f"MBPP/{i}" for i in (56, 349, 899, 967, 367, 927, 601, 160, 596, 341, 642, 607, 631, 64, 966)}
+
+
+@pytest.mark.slow
+def test_mbxp_canonical_anchor(mbxp_problems_file: Path) -> None:
+    problems = load_problems(mbxp_problems_file)
+    assert len(problems) == 974
+    res = ex.execute_samples(problems, canonical=True, config=ex.ExecutionConfig(), progress=False)
+    failed = {r["task_id"] for r in res if not r["passed"]}
+    assert sum(r["passed"] for r in res) == 959
+    assert failed == KNOWN_FAILURES, {r["task_id"]: r["result"] for r in res if r["task_id"] in failed ^ KNOWN_FAILURES}
+    assert not any(r["result"] == "timed out" for r in res)

@@ -1,0 +1,381 @@
+"""Hostile programs against ida_eval.sandbox: each must fail (or be contained) and leave nothing behind.
+
+Every test runs real programs in real sandboxed interpreters. After each one the ``clean`` fixture
+checks that no process carrying the test's marker survives, that no work directory is left in the
+test's tmp root, and that no cgroup of ours remains.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import socket
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ida_eval import sandbox as sb
+
+FAST = sb.SandboxLimits(timeout=3.0, memory_bytes=1 << 30)
+
+
+@pytest.fixture(scope="module")
+def iso() -> sb.Isolation:
+    return sb.probe_isolation()
+
+
+@pytest.fixture
+def marker() -> str:
+    return f"ida-marker-{secrets.token_hex(6)}"
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (d / "cmdline").read_bytes():
+                found.append(int(d.name))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.fixture
+def clean(tmp_path: Path, marker: str):
+    """Yields a tmp root for work dirs; afterwards checks nothing of the run survives."""
+    root = tmp_path / "work"
+    root.mkdir()
+    yield str(root)
+    deadline = time.monotonic() + 2.0
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _processes_with(marker) == [], "a process of the sandboxed program survived"
+    assert list(root.iterdir()) == [], "work directory left behind"
+    base = sb.pids_cgroup_root()
+    if base is not None:
+        ours = [p for p in os.listdir(base) if p.startswith(f"ida-exec-{os.getpid()}-")]
+        assert ours == [], f"cgroups left behind: {ours}"
+
+
+def needs_namespaces(iso: sb.Isolation) -> None:
+    if not iso.uses_namespaces:
+        pytest.skip(f"kernel namespaces unavailable here (isolation in force: {iso.description})")
+
+
+def run(src: str, root: str, limits: sb.SandboxLimits = FAST, **kw) -> sb.SandboxResult:
+    return sb.run_program(textwrap.dedent(src), limits, tmp_root=root, **kw)
+
+
+# ------------------------------------------------------------------ the basic contract
+
+
+def test_plain_program_passes_and_reports(clean: str, iso: sb.Isolation) -> None:
+    res = run("print('hello'); assert sum(range(10)) == 45", clean)
+    assert res.passed and res.finished and res.exit_status == 0 and not res.timed_out
+    assert res.stdout_tail == "hello\n"
+    assert res.output_bytes == 6
+
+
+def test_exception_fails_with_traceback(clean: str) -> None:
+    res = run("def f():\n    raise KeyError('boom')\nf()", clean)
+    assert not res.passed and not res.finished and res.exit_status == 1
+    assert res.stderr_tail.rstrip().endswith("KeyError: 'boom'")
+
+
+@pytest.mark.parametrize(
+    "src",
+    [
+        "import sys\nsys.exit(0)\nassert False",
+        "import os\nos._exit(0)\nassert False",
+        "raise SystemExit(0)\nassert False",
+        # atexit handler that would turn a failing run into status 0
+        "import atexit, os\natexit.register(lambda: os._exit(0))\nassert 1 == 2",
+        # exit from inside the test function, after one assertion ran
+        "def check(c):\n    assert c(1) == 1\n    import sys; sys.exit(0)\n    assert c(2) == 3\ncheck(lambda x: x)",
+        # the process replaces itself with a program that exits 0
+        "import os\nos.execv('/bin/true', ['true'])",
+        # the forked child exits 0 first; the parent is killed
+        "import os, signal\nif os.fork() == 0:\n    os._exit(0)\nos.kill(os.getpid(), signal.SIGKILL)",
+    ],
+    ids=["sys.exit", "os._exit", "SystemExit", "atexit", "exit-in-check", "execv", "fork-exit"],
+)
+def test_early_exit_tricks_never_pass(src: str, clean: str) -> None:
+    res = run(src, clean)
+    assert not res.passed
+    assert not res.finished
+
+
+def test_atexit_cannot_fake_status_after_real_failure_and_success_needs_status0(clean: str) -> None:
+    # check() returned, but the program then exits non-zero from an atexit handler: not a pass
+    res = run("import atexit, os\natexit.register(lambda: os._exit(3))\nassert True", clean)
+    assert res.finished and res.exit_status == 3 and not res.passed
+
+
+def test_nonce_is_not_in_program_argv_or_environment(clean: str) -> None:
+    src = """
+    import os, sys
+    print(repr(sys.argv), repr(dict(os.environ)), open('/proc/self/cmdline','rb').read())
+    """
+    res = run(src, clean)
+    assert res.passed
+    # the nonce is 32 hex chars; nothing of that shape may be visible to the program
+    import re
+
+    assert not re.search(r"\b[0-9a-f]{32}\b", res.stdout_tail)
+
+
+# ------------------------------------------------------------------ time
+
+
+@pytest.mark.parametrize(
+    "src",
+    [
+        "while True:\n    pass",
+        "sum(range(10**12))",  # C-level loop, never returns to the eval loop's signal checks
+        "import re\nre.match(r'(a+)+$', 'a' * 64 + 'b')",  # catastrophic backtracking in C
+        "x = 10 ** (10 ** 9)",  # C-level bignum
+    ],
+    ids=["python-loop", "sum-range", "regex-backtracking", "bignum"],
+)
+def test_infinite_loops_time_out(src: str, clean: str) -> None:
+    limits = sb.SandboxLimits(timeout=2.0, memory_bytes=1 << 30)
+    t0 = time.monotonic()
+    res = run(src, clean, limits)
+    took = time.monotonic() - t0
+    assert res.timed_out and not res.passed
+    assert 2.0 <= took < 6.0
+
+
+def test_timeout_kills_whole_tree(clean: str, marker: str) -> None:
+    src = f"""
+    import subprocess
+    subprocess.Popen(['sleep', '300', '{marker}'])
+    subprocess.Popen(['sh', '-c', 'sleep 301; : {marker}'])
+    while True:
+        pass
+    """
+    res = run(src, clean, sb.SandboxLimits(timeout=2.0, memory_bytes=1 << 30))
+    assert res.timed_out
+    assert _processes_with(marker) == []  # checked again (with a grace period) by `clean`
+
+
+def test_daemonized_grandchild_does_not_survive(clean: str, marker: str, iso: sb.Isolation) -> None:
+    src = f"""
+    import os
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.execvp('sleep', ['sleep', '300', '{marker}'])
+        os._exit(0)
+    os.wait()
+    assert True
+    """
+    res = run(src, clean)
+    assert res.passed  # the program itself finished normally ...
+    deadline = time.monotonic() + 2.0
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _processes_with(marker) == []  # ... and its daemon is gone
+
+
+def test_killing_the_parent_does_not_hurt_the_runner(clean: str) -> None:
+    src = """
+    import os, signal
+    for target in (os.getppid(), 1, -1, 0):
+        try:
+            os.kill(target, signal.SIGKILL)
+        except OSError:
+            pass
+    assert 2 + 2 == 4
+    """
+    res = run(src, clean)
+    # we are still here; the result is a well-formed verdict either way
+    assert res.exit_status is not None or res.timed_out
+    assert not res.timed_out
+
+
+# ------------------------------------------------------------------ resources
+
+
+def test_fork_bomb_is_contained(clean: str, marker: str) -> None:
+    src = f"""
+    import os, sys
+    sys.argv[0] = '{marker}'
+    n = 0
+    while True:
+        try:
+            if os.fork() == 0:
+                os.execvp('sleep', ['sleep', '300', '{marker}'])
+            n += 1
+        except OSError:
+            break
+    print(n)
+    assert n < 64
+    """
+    res = run(src, clean, sb.SandboxLimits(timeout=5.0, memory_bytes=1 << 30, max_processes=32))
+    assert res.passed, res.stderr_tail  # fork() failed before 64 processes: the cap held
+    assert int(res.stdout_tail.strip()) < 32
+
+
+def test_memory_bomb_fails_with_memory_error(clean: str) -> None:
+    res = run("x = bytearray(8 * 2**30)", clean, sb.SandboxLimits(timeout=5.0, memory_bytes=512 << 20))
+    assert not res.passed and "MemoryError" in res.stderr_tail
+
+
+def test_growing_memory_bomb_fails(clean: str) -> None:
+    src = "chunks = []\nwhile True:\n    chunks.append(bytearray(32 << 20))"
+    res = run(src, clean, sb.SandboxLimits(timeout=5.0, memory_bytes=512 << 20))
+    assert not res.passed and not res.timed_out and "MemoryError" in res.stderr_tail
+
+
+def test_output_flood_is_capped_and_killed(clean: str) -> None:
+    limits = sb.SandboxLimits(timeout=10.0, memory_bytes=1 << 30, max_output_bytes=2 << 20, tail_bytes=1000)
+    t0 = time.monotonic()
+    res = run("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n    sys.stderr.write('y' * 100)", clean, limits)
+    assert res.output_exceeded and not res.passed
+    assert len(res.stdout_tail) <= 1000 and len(res.stderr_tail) <= 1000
+    assert time.monotonic() - t0 < 8.0
+
+
+def test_file_size_limit(clean: str) -> None:
+    limits = sb.SandboxLimits(timeout=5.0, memory_bytes=1 << 30, file_size_bytes=1 << 20)
+    res = run("open('big.bin', 'wb').write(b'0' * (4 << 20))", clean, limits)
+    assert not res.passed
+    assert "File too large" in res.stderr_tail or res.exit_status == -25  # EFBIG or SIGXFSZ
+
+
+def test_open_files_limit(clean: str) -> None:
+    limits = sb.SandboxLimits(timeout=5.0, memory_bytes=1 << 30, open_files=32)
+    res = run("fs = [open('/dev/null') for _ in range(100)]", clean, limits)
+    assert not res.passed and "Too many open files" in res.stderr_tail
+
+
+# ------------------------------------------------------------------ file system, network, secrets
+
+
+def test_writes_outside_the_directory_are_blocked(clean: str, tmp_path: Path, iso: sb.Isolation) -> None:
+    needs_namespaces(iso)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("original")
+    targets = [tmp_path / f"new-{i}.txt" for i in range(4)]
+    shm = Path("/dev/shm") / f"ida-test-{secrets.token_hex(4)}"
+    src = f"""
+    import os, subprocess
+    blocked = 0
+    attempts = [
+        lambda: open({str(victim)!r}, 'a').write('pwned'),
+        lambda: open({str(targets[0])!r}, 'w').write('x'),
+        lambda: open({str(shm)!r}, 'w').write('x'),
+        lambda: os.unlink({str(victim)!r}),
+    ]
+    for attempt in attempts:
+        try:
+            attempt()
+        except OSError:
+            blocked += 1
+    # through a shell (subprocess) and through posix_spawn (the reliability_guard escape)
+    subprocess.run(['sh', '-c', 'echo x > {targets[1]}; echo x >> {victim}'])
+    pid = os.posix_spawn('/bin/sh', ['sh', '-c', 'echo x > {targets[2]}'], {{}})
+    os.waitpid(pid, 0)
+    os.system('touch {targets[3]}')
+    # our own directory stays writable
+    open('mine.txt', 'w').write('ok')
+    assert open('mine.txt').read() == 'ok'
+    print(blocked)
+    """
+    res = run(src, clean)
+    assert res.passed, res.stderr_tail
+    assert res.stdout_tail.strip() == "4"
+    assert victim.read_text() == "original"
+    assert not any(t.exists() for t in targets)
+    assert not shm.exists()
+
+
+def test_no_network_to_a_local_listener(clean: str, iso: sb.Isolation) -> None:
+    needs_namespaces(iso)
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(3.0)
+    port = server.getsockname()[1]
+    accepted: list[object] = []
+
+    def accept() -> None:
+        try:
+            accepted.append(server.accept())
+        except OSError:
+            pass
+
+    t = threading.Thread(target=accept)
+    t.start()
+    src = f"""
+    import socket
+    s = socket.create_connection(('127.0.0.1', {port}), timeout=1)
+    s.sendall(b'stolen')
+    """
+    try:
+        res = run(src, clean)
+    finally:
+        t.join()
+        server.close()
+    assert not res.passed
+    assert accepted == []
+    assert "OSError" in res.stderr_tail or "Error" in res.stderr_tail
+
+
+def test_caller_environment_secrets_are_invisible(clean: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = f"s3cr3t-{secrets.token_hex(8)}"
+    monkeypatch.setenv("IDA_TEST_SECRET", secret)
+    src = """
+    import os
+    print(dict(os.environ))
+    for pid in os.listdir('/proc'):
+        if pid.isdigit():
+            try:
+                print(open(f'/proc/{pid}/environ', 'rb').read())
+            except OSError:
+                pass
+    """
+    res = run(src, clean, sb.SandboxLimits(timeout=3.0, memory_bytes=1 << 30, tail_bytes=1 << 20))
+    assert res.passed
+    assert "IDA_TEST_SECRET" not in res.stdout_tail and secret not in res.stdout_tail
+    assert "PATH" in res.stdout_tail  # the program did print its environment
+
+
+def test_environment_is_minimal_and_deterministic(clean: str) -> None:
+    src = "import os, sys\nprint(sorted(os.environ), sys.flags.hash_randomization, hash('abc'))"
+    a = run(src, clean)
+    b = run(src, clean)
+    assert a.passed and a.stdout_tail == b.stdout_tail  # PYTHONHASHSEED=0: same string hashes
+    assert "HOME" in a.stdout_tail and "PYTHONHASHSEED" in a.stdout_tail
+
+
+def test_isolation_description_names_the_mechanism(iso: sb.Isolation) -> None:
+    desc = sb.isolation_description(iso)
+    assert desc.startswith(iso.level + ": ")
+    if os.geteuid() == 0 and sb.shutil.which("unshare"):
+        # on this project's machines (root, util-linux) namespaces must be in force
+        assert iso.uses_namespaces, desc
+
+
+def test_weakest_fallback_still_detects_early_exit(clean: str) -> None:
+    weak = next(i for i in sb._candidates() if i.level == "rlimits")
+    assert run("assert 1 == 1", clean, isolation=weak).passed
+    assert not run("import os\nos._exit(0)", clean, isolation=weak).passed
+    assert run("while True: pass", clean, sb.SandboxLimits(timeout=1.0), isolation=weak).timed_out
+
+
+def test_limits_are_validated() -> None:
+    with pytest.raises(ValueError, match="timeout"):
+        sb.SandboxLimits(timeout=0)
+    with pytest.raises(ValueError, match="memory_bytes"):
+        sb.SandboxLimits(memory_bytes=1000)
+    with pytest.raises(ValueError, match="isolation"):
+        sb.probe_isolation("docker")
+    assert errno.ENETUNREACH  # (errno imported for readers of the network test)
