@@ -64,9 +64,10 @@ E8M0_NAN = 0xFF  # 255: NaN scale, the whole block decodes to NaN
 SCALE_EXP_MIN = -127  # byte 0 = 2^-127 (not zero); also the scale of an all-zero block
 SCALE_EXP_MAX = 127  # byte 254 = 2^127
 
-# Blocks whose amax is below 2^-118 (= 1.75 * 2^8 * 2^-127 ... rounded down to a power of two)
-# hit the clamp at e = -127; we still encode them exactly (elements scaled by 2^127), unlike
-# torchao FLOOR (factor-2 error, pytorch/ao#1104) or TE/torchao RCEIL (flush to zero).
+# "Tiny" blocks: below amax = 1.75 * 2^-119 (~2.6e-36) RCEIL asks for e < -127 and the clamp
+# gives byte 0. We still encode them exactly (elements scaled by exactly 2^127, rounded once),
+# unlike torchao FLOOR (factor-2 error, pytorch/ao#1104) or TE/torchao RCEIL (flush to zero).
+# Tests use the round bound amax < 2^-118 (every such block has byte 0 or 1).
 TINY_AMAX = 2.0**-118  # 3.39e-36
 
 # --- The top of the float32/bfloat16 range ------------------------------------------------------
