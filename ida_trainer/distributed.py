@@ -1,0 +1,419 @@
+"""Distributed training: 1F1B pipeline stages and FSDP2, through torch.distributed only.
+
+Pipeline (``--pipeline-stages S``, one process per stage, launched with ``torchrun``):
+
+* The decoder layers are split into S contiguous ranges (earlier stages take the remainder).  Each
+  process prunes the model *in place* to its range (stage 0 also keeps the embeddings, the last
+  stage the final norm and ``lm_head``), so it holds, computes and updates only its layers.  Module
+  names stay the transformers names (``model.layers.17.mlp.up_proj``), which is what keys the
+  stochastic-rounding streams and the checkpoint: a pipelined run draws the same random bits as a
+  single-process run and :meth:`PipelineEngine.gather_state` assembles ONE checkpoint dict with
+  global names, identical in format to a single-process run's.
+* ``torch.distributed.pipelining``: one :class:`~torch.distributed.pipelining.PipelineStage` per
+  process and a :class:`~torch.distributed.pipelining.Schedule1F1B` with ``scale_grads=False``.
+  Micro-batches carry ``input_ids`` (fed to stage 0) and ``labels`` (fed to the last stage's loss);
+  ``attention_mask``/``position_ids`` are not sent between stages: every rank draws the same global
+  batch, so each stage reads them from its own copy of the micro-batch list.  Stage metadata is
+  static (shapes known from the micro-batch); the boundary activation example is marked
+  ``requires_grad=True``, without which the receiving stage computes no input gradient.  A schedule is
+  built per micro-batch shape (the data pads every micro-batch of a step to one length).
+* Loss: each micro-batch's ``cross_entropy(logits.float(), labels, reduction="sum", ignore_index=-100)
+  / global_valid_tokens`` on the last stage, exactly as the single-process engine computes it; the step
+  loss is broadcast to every rank.
+* Backends: gloo on CPU (and for host-staged transfers), NCCL when CUDA is available.
+
+FSDP2 (``--data-parallel fsdp``): :func:`apply_fsdp` calls ``fully_shard`` on every decoder layer and
+on the root, with gradients reduced in float32 and *summed* (divide factor 1: the loss is already
+normalised by the global token count).  Parameters stay FP32 masters and are gathered in FP32; the
+bf16 recipe's ``torch.autocast`` casts at each GEMM, so an FSDP run performs the same computation as a
+single-process run and differs only in the order of the float32 gradient sums.  The nvfp4 recipe is
+refused: its master is a pair of uint8 buffers (E4M3 payload + per-32 UE8M0 scales) updated in place by
+a fused Lion kernel, which FSDP2 can neither shard (it shards floating parameters, on dim 0, with no
+regard for 32-element scale blocks) nor gather.
+
+Example (two processes, CPU)::
+
+    torchrun --nproc-per-node 2 -m ida_trainer --pipeline-stages 2 --parallel.microbatches 4
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from mxfp8_codec import MXFP8Tensor
+
+from ida_trainer.precision import PIPELINE_ATTR, PIPELINE_STATES_KEY, export_state, model_recipe
+
+if TYPE_CHECKING:
+    from ida_trainer.config import ParallelConfig
+
+__all__ = [
+    "DistInfo",
+    "PipelineEngine",
+    "apply_fsdp",
+    "init_distributed",
+    "split_layers",
+    "token_loss",
+]
+
+IGNORE_INDEX = -100  # labels the loss skips
+BACKEND_ENV = "IDA_DIST_BACKEND"  # override the process-group backend ("gloo" | "nccl")
+MAX_SCHEDULES = 4  # cached (shape -> PipelineStage + schedule) entries per engine
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits.
+
+    Attributes:
+        rank, world_size, local_rank: from torchrun (0, 1, 0 for a single process).
+        backend: process-group backend, or ``"none"``.
+        device: the device this rank computes on.
+        pipeline_stages: stages of the pipeline (1 = none); the stage index is the rank.
+        data_parallel: ``"none"`` or ``"fsdp"``.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: str = "none"
+    device: torch.device = torch.device("cpu")
+    pipeline_stages: int = 1
+    data_parallel: str = "none"
+
+    @property
+    def is_main(self) -> bool:
+        """True on the rank that writes checkpoints and logs."""
+        return self.rank == 0
+
+    @property
+    def dp_rank(self) -> int:
+        """Data-parallel rank (0 without FSDP)."""
+        return self.rank if self.data_parallel == "fsdp" else 0
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel size (1 without FSDP)."""
+        return self.world_size if self.data_parallel == "fsdp" else 1
+
+
+def init_distributed(parallel: ParallelConfig) -> DistInfo:
+    """Initialise the process group the parallel config needs (or none) and return this rank's place.
+
+    Raises:
+        ValueError: the number of processes does not fit the config (with the command that would).
+
+    Example:
+        >>> from ida_trainer.config import ParallelConfig
+        >>> init_distributed(ParallelConfig()).world_size
+        1
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    wants = parallel.pipeline_stages > 1 or parallel.data_parallel == "fsdp"
+    if not wants:
+        if world > 1:
+            raise ValueError(f"launched with {world} processes but neither --pipeline-stages > 1 nor "
+                             "--data-parallel fsdp is set; run a single process or choose a parallelism")
+        return DistInfo()
+    if parallel.pipeline_stages > 1 and world != parallel.pipeline_stages:
+        raise ValueError(f"--pipeline-stages {parallel.pipeline_stages} needs exactly {parallel.pipeline_stages} "
+                         f"processes, got WORLD_SIZE={world}: launch with "
+                         f"torchrun --nproc-per-node {parallel.pipeline_stages} -m ida_trainer ...")
+    if parallel.data_parallel == "fsdp" and "WORLD_SIZE" not in os.environ:
+        raise ValueError("--data-parallel fsdp needs torchrun: torchrun --nproc-per-node N -m ida_trainer ...")
+    cuda = torch.cuda.is_available()
+    backend = os.environ.get(BACKEND_ENV, "nccl" if cuda else "gloo")
+    device = torch.device(f"cuda:{local_rank}") if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+    return DistInfo(rank=rank, world_size=world, local_rank=local_rank, backend=backend, device=device,
+                    pipeline_stages=parallel.pipeline_stages, data_parallel=parallel.data_parallel)
+
+
+def split_layers(num_layers: int, num_stages: int) -> list[range]:
+    """Contiguous layer ranges per stage; the first ``num_layers % num_stages`` stages get one more.
+
+    Example:
+        >>> split_layers(5, 2)
+        [range(0, 3), range(3, 5)]
+    """
+    if num_stages < 1 or num_layers < num_stages:
+        raise ValueError(f"cannot split {num_layers} decoder layers over {num_stages} pipeline stages "
+                         "(every stage needs at least one layer)")
+    base, extra = divmod(num_layers, num_stages)
+    out, start = [], 0
+    for s in range(num_stages):
+        n = base + (1 if s < extra else 0)
+        out.append(range(start, start + n))
+        start += n
+    return out
+
+
+def token_loss(logits: torch.Tensor, labels: torch.Tensor, global_valid_tokens: int) -> torch.Tensor:
+    """``cross_entropy(logits.float(), labels, reduction="sum", ignore_index=-100) / global_valid_tokens``.
+
+    Labels are pre-shifted (``labels[b, t]`` is the target at position ``t``), so nothing is sliced.
+    """
+    ce = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum", ignore_index=IGNORE_INDEX)
+    return ce / global_valid_tokens
+
+
+def _decoder(model: nn.Module) -> nn.Module:
+    base = getattr(model, "model", None)
+    if base is None or not hasattr(base, "layers") or not hasattr(model, "lm_head"):
+        raise ValueError(f"{type(model).__name__}: pipelining needs a transformers causal LM with .model.layers "
+                         "and .lm_head (Nemotron, Llama, Qwen3 ...)")
+    return base
+
+
+class _StageModule(nn.Module):
+    """One pipeline stage of a transformers causal LM: (embed) -> layers[a:b] -> (norm, lm_head)."""
+
+    def __init__(self, lm: nn.Module, layers: range, *, is_first: bool, is_last: bool,
+                 boundary_dtype: torch.dtype, autocast_device: str | None) -> None:
+        super().__init__()
+        self.lm = lm
+        self.layer_ids = list(layers)
+        self.is_first = is_first
+        self.is_last = is_last
+        self.boundary_dtype = boundary_dtype
+        self.autocast_device = autocast_device
+        self.side: Sequence[Mapping[str, torch.Tensor]] = ()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from transformers.masking_utils import create_causal_mask
+
+        mb = self.side[self.calls]
+        self.calls += 1
+        base = self.lm.model
+        ctx = (torch.autocast(device_type=self.autocast_device, dtype=torch.bfloat16)
+               if self.autocast_device else _nullcontext())
+        with ctx:
+            h = base.embed_tokens(x) if self.is_first else x
+            pos = mb.get("position_ids")
+            if pos is None:
+                pos = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+            pos = pos.to(h.device)
+            am = mb.get("attention_mask")
+            mask = create_causal_mask(config=self.lm.config, inputs_embeds=h,
+                                      attention_mask=None if am is None else am.to(h.device), cache=None,
+                                      position_ids=pos)
+            pe = base.rotary_emb(h, position_ids=pos)
+            for i in self.layer_ids:
+                h = base.layers[i](h, attention_mask=mask, position_ids=pos, cache=None, use_cache=False,
+                                   position_embeddings=pe)
+            if self.is_last:
+                return self.lm.lm_head(base.norm(h)).float()
+        return h.to(self.boundary_dtype)
+
+
+class _nullcontext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class PipelineEngine:
+    """1F1B pipeline engine with the same interface as the single-process ``LocalEngine``.
+
+    Args:
+        model: the full causal LM with the precision recipe applied; pruned IN PLACE to this stage
+            (also available as ``engine.stage_module``; build the optimizer on it).
+        parallel: ``pipeline_stages`` (> 1) and ``microbatches`` (>= stages) per optimizer step.
+        info: this rank's :class:`DistInfo` (rank = stage index).
+
+    Attributes:
+        group: the process group of the stages (sum squared gradient norms over it).
+
+    Example (inside a ``torchrun --nproc-per-node 2`` process)::
+
+        parallel = ParallelConfig(pipeline_stages=2, microbatches=4)
+        engine = PipelineEngine(model, parallel, init_distributed(parallel))
+        opt = build_optimizer(engine.stage_module, optim_cfg, precision_cfg)   # this stage's parameters
+        loss = engine.forward_backward(step.microbatches, step.global_valid_tokens)
+        opt.step(); opt.zero_grad()
+        state = engine.gather_state()   # full export_state dict on rank 0, None elsewhere
+    """
+
+    def __init__(self, model: nn.Module, parallel: ParallelConfig, info: DistInfo) -> None:
+        microbatches = parallel.microbatches
+        if info.pipeline_stages != parallel.pipeline_stages or info.world_size != parallel.pipeline_stages:
+            raise ValueError(f"PipelineEngine: {parallel.pipeline_stages} stages configured but the process group "
+                             f"has {info.world_size} ranks")
+        if info.pipeline_stages < 2:
+            raise ValueError("PipelineEngine needs pipeline_stages >= 2 (use the local engine otherwise)")
+        if microbatches < info.pipeline_stages:
+            raise ValueError(f"a {info.pipeline_stages}-stage 1F1B pipeline needs >= {info.pipeline_stages} "
+                             f"micro-batches per step, got {microbatches}")
+        base = _decoder(model)
+        recipe = model_recipe(model)
+        self.info = info
+        self.model = model
+        self.stage_index = info.rank
+        self.num_stages = info.pipeline_stages
+        self.microbatches = microbatches
+        self.layers = split_layers(len(base.layers), self.num_stages)[self.stage_index]
+        self.is_first = self.stage_index == 0
+        self.is_last = self.stage_index == self.num_stages - 1
+        for i in range(len(base.layers)):
+            if i not in self.layers:
+                base.layers[i] = nn.Module()  # placeholder keeps the indices (and names) of the others
+        if not self.is_first:
+            base.embed_tokens = None
+        if not self.is_last:
+            base.norm = None
+            model.lm_head = None
+        setattr(model, PIPELINE_ATTR, self.stage_index)
+        model.to(info.device)
+        self.stage_module = model
+        self.group = dist.group.WORLD
+        autocast = info.device.type if recipe == "bf16" else None
+        self.boundary_dtype = torch.float32 if recipe == "bf16" else torch.bfloat16
+        self.module = _StageModule(model, self.layers, is_first=self.is_first, is_last=self.is_last,
+                                   boundary_dtype=self.boundary_dtype, autocast_device=autocast)
+        self.hidden_size = int(model.config.hidden_size)
+        self.vocab_size = int(model.config.vocab_size)
+        self._schedules: dict[tuple[int, int], Any] = {}
+        self._gvt = 1
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        """Parameters this stage holds and updates."""
+        return self.model.parameters()
+
+    def _schedule(self, b: int, t: int) -> Any:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+        key = (b, t)
+        if key in self._schedules:
+            return self._schedules[key]
+        dev = self.info.device
+        hid = torch.zeros(b, t, self.hidden_size, dtype=self.boundary_dtype, device=dev, requires_grad=True)
+        inp = torch.zeros(b, t, dtype=torch.long, device=dev) if self.is_first else hid
+        out = torch.zeros(b, t, self.vocab_size, dtype=torch.float32, device=dev, requires_grad=True) \
+            if self.is_last else hid
+        stage = PipelineStage(self.module, self.stage_index, self.num_stages, dev, input_args=(inp,),
+                              output_args=(out,))
+        sched = Schedule1F1B(stage, n_microbatches=self.microbatches, loss_fn=self._loss, scale_grads=False)
+        if len(self._schedules) >= MAX_SCHEDULES:
+            self._schedules.pop(next(iter(self._schedules)))
+        self._schedules[key] = sched
+        return sched
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return token_loss(logits, labels, self._gvt)
+
+    def forward_backward(self, microbatches: list[dict[str, torch.Tensor]], global_valid_tokens: int) -> float:
+        """Run one optimizer step's micro-batches through the 1F1B schedule; gradients accumulate.
+
+        Returns:
+            The step loss (sum over micro-batches of the token-normalised loss), on every rank.
+        """
+        if len(microbatches) != self.microbatches:
+            raise ValueError(f"PipelineEngine: got {len(microbatches)} micro-batches, the schedule was built for "
+                             f"{self.microbatches}")
+        shapes = {tuple(mb["input_ids"].shape) for mb in microbatches}
+        if len(shapes) != 1:
+            raise ValueError(f"PipelineEngine: micro-batches of one step must share a shape, got {sorted(shapes)}")
+        b, t = shapes.pop()
+        self._gvt = max(int(global_valid_tokens), 1)
+        sched = self._schedule(b, t)
+        self.module.side = microbatches
+        self.module.calls = 0
+        dev = self.info.device
+        losses: list[torch.Tensor] = []
+        if self.is_first:
+            sched.step(torch.cat([mb["input_ids"] for mb in microbatches]).to(dev))
+        elif self.is_last:
+            sched.step(target=torch.cat([mb["labels"] for mb in microbatches]).to(dev), losses=losses)
+        else:
+            sched.step()
+        total = torch.zeros((), dtype=torch.float64, device=dev)
+        if self.is_last:
+            total = torch.stack([loss.detach().to(torch.float64) for loss in losses]).sum()
+        dist.broadcast(total, src=self.num_stages - 1)
+        self.module.side = ()
+        return float(total.item())
+
+    def gather_state(self) -> dict[str, MXFP8Tensor | torch.Tensor] | None:
+        """The whole model's :func:`~ida_trainer.precision.export_state` dict on rank 0 (None elsewhere).
+
+        Every rank must call it.  Tensors arrive on the CPU; names are global, so the result written by
+        the codec is the same file a single-process run writes.
+        """
+        local = {k: (MXFP8Tensor(v.payload.cpu(), v.scales.cpu()) if isinstance(v, MXFP8Tensor) else v.cpu())
+                 for k, v in export_state(self.model).items()}
+        parts: list[Any] = [None] * self.num_stages if self.info.is_main else []
+        dist.gather_object(local, parts if self.info.is_main else None, dst=0)
+        if not self.info.is_main:
+            return None
+        merged: dict[str, MXFP8Tensor | torch.Tensor] = {}
+        for part in parts:
+            for k, v in part.items():
+                if k in merged:
+                    raise RuntimeError(f"gather_state: tensor {k} is held by two pipeline stages")
+                merged[k] = v
+        return merged
+
+    def gather_optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+        """Every stage's ``optimizer.state_dict()`` in one dict on rank 0 (None elsewhere).
+
+        Every rank must call it.  :class:`~ida_trainer.precision.MXFP8Lion` and
+        :class:`~ida_trainer.precision.MasterAdamW` ``load_state_dict`` accept the result and pick the
+        entry whose parameter names are their own, so one optimizer file serves all stages.
+        """
+        sd = optimizer.state_dict()
+        parts: list[Any] = [None] * self.num_stages if self.info.is_main else []
+        dist.gather_object(sd, parts if self.info.is_main else None, dst=0)
+        return {PIPELINE_STATES_KEY: parts} if self.info.is_main else None
+
+    def barrier(self) -> None:
+        """Wait for every stage."""
+        dist.barrier()
+
+
+def apply_fsdp(model: nn.Module, info: DistInfo) -> nn.Module:
+    """Shard ``model`` with FSDP2 ``fully_shard`` (each decoder layer, then the root); returns it.
+
+    Gradients are reduced in float32 and summed across ranks (the loss is normalised by the global
+    supervised-token count).  Export with :func:`~ida_trainer.precision.export_state` on every rank
+    (it gathers full tensors).
+
+    Raises:
+        ValueError: the model uses the nvfp4 recipe (see the module docstring for why), or the
+            process group is not initialised.
+    """
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    recipe = model_recipe(model)
+    if recipe == "nvfp4":
+        raise ValueError("--data-parallel fsdp supports the bf16 recipe only: the nvfp4 recipe's MXFP8 master is a "
+                         "pair of uint8 buffers (E4M3 payload + per-32-element UE8M0 scales) updated in place by a "
+                         "fused Lion kernel; FSDP2 shards only floating-point parameters along dim 0 and cannot "
+                         "keep 32-element scale blocks intact or gather them. Use --pipeline-stages for nvfp4.")
+    if not dist.is_initialized():
+        raise ValueError("apply_fsdp: no process group; call init_distributed first (launch with torchrun)")
+    base = _decoder(model)
+    model.to(info.device)
+    policy = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)
+    for layer in base.layers:
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    for mod in model.modules():
+        if isinstance(mod, FSDPModule):
+            mod.set_gradient_divide_factor(1.0)
+    return model

@@ -1,0 +1,711 @@
+"""Precision recipes: the NVFP4 linear layer, the MXFP8 master, and the two optimizers.
+
+Recipe ``nvfp4`` (the original engine's numerics, made to learn):
+
+* Every projection ``nn.Linear`` (``q/k/v/o/gate/up/down_proj``) except the ``keep_bf16`` patterns
+  becomes an :class:`NVFP4Linear`.  Its master weight is MXFP8 (E4M3 payload + one UE8M0 scale per
+  32 values, 1.03 B/param) kept in the native ``[in, out]`` orientation, byte-identical to what the
+  checkpoint stores.  Its three GEMMs run in NVFP4 through :mod:`nvfp4_cuda` (see
+  :class:`NVFP4LinearFunction` for the operands).
+* Embeddings, ``lm_head``, norms, the kept layers and attention (softmax, QK/PV) stay BF16.
+* Gradients are BF16.  The optimizer is Lion with BF16 momentum.  An MXFP8 value has a spacing of
+  6.7-12.5 % of its magnitude, so a Lion step of lr = 1e-5 on a weight of 0.02 (~1 % of half a spacing)
+  vanishes under round-to-nearest.  The master is therefore written back with stochastic rounding
+  (unbiased: E[w_new] = w - lr*sign(c)) by :func:`nvfp4_cuda.lion_step_mxfp8_`; ``rne`` (reproduces the
+  original frozen-weight failure) and ``compensated`` (a residual buffer) are selectable.  BF16
+  parameters have the same problem at lr 1e-5 (half a BF16 ulp at 0.02 is 6.1e-5), so they are written
+  back with :func:`nvfp4_cuda.stochastic_round_to_bf16_` too (plain RNE only under ``writeback="rne"``).
+
+Recipe ``bf16`` (the comparison): FP32 master parameters, BF16 compute through ``torch.autocast``
+around the model's forward, AdamW with betas (0.9, 0.95).
+
+Stochastic rounding is keyed by ``(seed, optimizer step, tensor id)`` with tensor ids derived from the
+parameter's global (transformers) name, so a resumed run, a pipelined run and a single-process run draw
+the same random bits.  :class:`MXFP8Lion` and :class:`MasterAdamW` ``state_dict()`` carry that step
+counter and an exact copy of every parameter whose checkpoint form is lossy (the bf16 recipe's FP32
+masters; BF16 projection weights that the MXFP8 writer will quantize), so ``load_state`` of the
+checkpoint followed by ``optimizer.load_state_dict`` restores the run bit for bit.
+
+Example:
+    >>> import torch.nn as nn
+    >>> from ida_trainer.config import OptimConfig, PrecisionConfig
+    >>> class Toy(nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.q_proj = nn.Linear(32, 64, bias=False)
+    ...     def forward(self, x):
+    ...         return self.q_proj(x)
+    >>> m = Toy()
+    >>> apply_recipe(m, PrecisionConfig(recipe="nvfp4"))
+    >>> type(m.q_proj).__name__
+    'NVFP4Linear'
+    >>> opt = build_optimizer(m, OptimConfig(name="lion", lr=1e-3), PrecisionConfig(recipe="nvfp4"))
+    >>> m(torch.randn(16, 32, dtype=torch.bfloat16)).float().sum().backward()
+    >>> opt.step()
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import warnings
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn as nn
+
+import nvfp4_cuda
+from mxfp8_codec import MXFP8Tensor, is_projection_weight
+
+if TYPE_CHECKING:
+    from ida_trainer.config import OptimConfig, PrecisionConfig
+
+__all__ = [
+    "MXFP8Lion",
+    "MasterAdamW",
+    "NVFP4Linear",
+    "NVFP4LinearFunction",
+    "PROJECTION_NAMES",
+    "apply_recipe",
+    "build_optimizer",
+    "count_parameters",
+    "export_state",
+    "load_state",
+    "model_recipe",
+    "nvfp4_modules",
+    "tensor_id",
+]
+
+PROJECTION_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+NVFP4_BLOCK = 16  # elements per NVFP4 block (and side of a 2-D weight tile)
+MXFP8_BLOCK = 32  # elements per MXFP8 block along the last (out) axis of the master
+ADAMW_BETAS = (0.9, 0.95)  # bf16 recipe (the second seed's AdamW)
+TENSOR_ID_MASK = 0x7FFF_FFFF  # tensor ids are 31-bit crc32 values of "name#use"
+RECIPE_ATTR = "ida_recipe"  # attribute set on the model by apply_recipe ("nvfp4" | "bf16")
+PIPELINE_ATTR = "ida_pipeline_stage"  # set by the pipeline engine on a model pruned to one stage
+PIPELINE_STATES_KEY = "ida_pipeline_stages"  # optimizer state gathered from all stages (list of state_dicts)
+
+
+def tensor_id(name: str, use: str) -> int:
+    """Stable stochastic-rounding stream id of one use of one tensor (same in every process).
+
+    Example:
+        >>> tensor_id("model.layers.0.self_attn.q_proj.weight", "lion") == tensor_id(
+        ...     "model.layers.0.self_attn.q_proj.weight", "lion")
+        True
+    """
+    return zlib.crc32(f"{name}#{use}".encode()) & TENSOR_ID_MASK
+
+
+def _as_bf16(g: torch.Tensor) -> torch.Tensor:
+    return g if g.dtype == torch.bfloat16 else g.to(torch.bfloat16)
+
+
+class NVFP4LinearFunction(torch.autograd.Function):
+    """``Y = X W^T`` with all three GEMMs in NVFP4 (float32 accumulation, BF16 results).
+
+    Shapes: ``X`` [M, in] (M = tokens), master ``W_n`` = ``W^T`` [in, out] in MXFP8, ``Y`` [M, out].
+    Every GEMM is ``nvfp4_matmul(A, B) = A[M', K] @ B[N', K]^T``, blocks of 16 along K.
+
+    Weight, once per forward: ``Wq_n = quantize_nvfp4_from_mxfp8(payload, scales, block_2d=True)``
+    ([in, out], 16x16 tiles, RNE) and ``Wq = Wq_n.t()`` ([out, in]); with 2-D tiles the transpose is an
+    exact re-layout of the same codes and scales, so forward and dgrad see the *same* quantized weight.
+
+    1. forward (fprop), K = in:  ``Y[M, out] = nvfp4_matmul(Xq, Wq)``
+       ``A = Xq = quantize_nvfp4(X)`` [M, in], 1x16 blocks along ``in``, RNE;
+       ``B = Wq`` [out, in].
+    2. dgrad, K = out:  ``dX[M, in] = dY W = nvfp4_matmul(dYq, Wq_n)``
+       ``A = dYq = quantize_nvfp4(dY, rounding="stochastic")`` [M, out], 1x16 along ``out``;
+       ``B = Wq_n`` [in, out] (the transposed codes of the forward weight).
+    3. wgrad, K = M (tokens):  ``dW_n[in, out] = X^T dY = nvfp4_matmul(XTq, dYTq)``
+       ``A = XTq = quantize_nvfp4(X^T, hadamard=True)`` [in, M], RNE;
+       ``B = dYTq = quantize_nvfp4(dY^T, hadamard=True, rounding="stochastic")`` [out, M].
+       Both operands are rotated by the same 16-point Hadamard transform along the token axis, so
+       ``(X^T H)(dY^T H)^T = X^T dY`` in exact arithmetic while outliers are spread before quantizing.
+       M is zero-padded to a multiple of 16 (zero tokens add nothing to the sum).  The result is the
+       gradient in the master's native ``[in, out]`` orientation, as BF16.
+
+    Stochastic rounding (gradients only) is keyed by ``(seed, optimizer step, tensor id)`` where the
+    tensor id encodes the layer's global name, the use (``dgrad``/``wgrad``) and the backward call index
+    within the step, so every micro-batch draws fresh bits and every process draws the same ones.
+    ``stochastic_grad=False`` uses RNE; ``hadamard_wgrad=False`` skips the rotation.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x2: torch.Tensor, anchor: torch.Tensor, payload: torch.Tensor,
+                scales: torch.Tensor, layer: NVFP4Linear) -> torch.Tensor:  # type: ignore[override]
+        wq_n = nvfp4_cuda.quantize_nvfp4_from_mxfp8(payload, scales, block_2d=True)  # [in, out], RNE
+        wq = wq_n.t()  # [out, in]
+        xq = nvfp4_cuda.quantize_nvfp4(x2, rounding="rne")  # [M, in], 1x16 along in
+        y = nvfp4_cuda.nvfp4_matmul(xq, wq, out_dtype=torch.bfloat16)  # [M, out]
+        ctx.save_for_backward(x2)
+        ctx.wq_n = wq_n
+        ctx.layer = layer
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        (x2,) = ctx.saved_tensors
+        layer: NVFP4Linear = ctx.layer
+        gy = gy.contiguous()
+        call = layer.next_backward_call()
+        rounding = "stochastic" if layer.stochastic_grad else "rne"
+        step, seed = layer.sr_step, layer.seed
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            gq = nvfp4_cuda.quantize_nvfp4(gy, rounding=rounding, seed=seed, step=step,
+                                           tensor_id=tensor_id(layer.global_name, f"dgrad:{call}"))
+            dx = nvfp4_cuda.nvfp4_matmul(gq, ctx.wq_n, out_dtype=torch.bfloat16)  # [M, in]
+        if ctx.needs_input_grad[1]:
+            m = x2.shape[0]
+            pad = (-m) % NVFP4_BLOCK
+            xt = x2.t()
+            gt = gy.t()
+            if pad:
+                xt = torch.nn.functional.pad(xt, (0, pad))
+                gt = torch.nn.functional.pad(gt, (0, pad))
+            hadamard = layer.hadamard_wgrad
+            xtq = nvfp4_cuda.quantize_nvfp4(xt.contiguous(), rounding="rne", hadamard=hadamard)
+            gtq = nvfp4_cuda.quantize_nvfp4(gt.contiguous(), rounding=rounding, hadamard=hadamard, seed=seed,
+                                            step=step, tensor_id=tensor_id(layer.global_name, f"wgrad:{call}"))
+            dw = nvfp4_cuda.nvfp4_matmul(xtq, gtq, out_dtype=torch.bfloat16)  # [in, out]
+        ctx.wq_n = None
+        return dx, dw, None, None, None
+
+
+class NVFP4Linear(nn.Module):
+    """A projection whose master is MXFP8 ([in, out]) and whose GEMMs are NVFP4.
+
+    Buffers ``weight_payload`` (uint8 E4M3 bits [in, out]) and ``weight_scales`` (uint8 UE8M0
+    [in, ceil(out/32)]) are the master, exactly what the checkpoint stores.  ``weight`` is not a weight:
+    autograd cannot deliver a gradient to uint8 buffers, so ``weight`` is a zero-stride BF16 view
+    (one element of storage) of shape [in, out] whose ``.grad`` receives the BF16 weight gradient.  It
+    makes the gradient visible to gradient clipping, norms and the optimizer like any other parameter;
+    the optimizer's Lion step then updates the master in place.
+
+    Attributes:
+        global_name: the module's name in the full transformers model (stream ids, export names).
+        sr_step: optimizer step used as the stochastic-rounding key (set by the optimizer).
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = False, global_name: str = "",
+                 seed: int = 0, hadamard_wgrad: bool = True, stochastic_grad: bool = True,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        if in_features % NVFP4_BLOCK or out_features % NVFP4_BLOCK:
+            raise ValueError(f"NVFP4Linear {global_name or '?'}: in_features={in_features} and "
+                             f"out_features={out_features} must be multiples of {NVFP4_BLOCK}")
+        self.in_features = in_features
+        self.out_features = out_features
+        self.global_name = global_name
+        self.seed = seed
+        self.hadamard_wgrad = hadamard_wgrad
+        self.stochastic_grad = stochastic_grad
+        self.sr_step = 0
+        self._backward_calls = 0
+        n_scale = -(-out_features // MXFP8_BLOCK)
+        self.register_buffer("weight_payload", torch.zeros(in_features, out_features, dtype=torch.uint8,
+                                                           device=device))
+        self.register_buffer("weight_scales", torch.zeros(in_features, n_scale, dtype=torch.uint8, device=device))
+        self.weight = nn.Parameter(self._anchor(self.weight_payload.device))
+        self.bias = (nn.Parameter(torch.zeros(out_features, dtype=torch.bfloat16, device=device))
+                     if bias else None)
+
+    def _anchor(self, device: torch.device) -> torch.Tensor:
+        return torch.zeros((), dtype=torch.bfloat16, device=device).expand(self.in_features, self.out_features)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, *, global_name: str, precision: PrecisionConfig) -> NVFP4Linear:
+        """Build from an ``nn.Linear``: its weight is transposed and encoded to the MXFP8 master (RNE)."""
+        w = linear.weight
+        layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                    global_name=global_name, seed=precision.seed, hadamard_wgrad=precision.hadamard_wgrad,
+                    stochastic_grad=precision.stochastic_grad, device=w.device)
+        if w.device.type != "meta":
+            layer.set_weight_(w.detach())
+            if linear.bias is not None:
+                with torch.no_grad():
+                    layer.bias.copy_(linear.bias.detach().to(torch.bfloat16))  # type: ignore[union-attr]
+        return layer
+
+    @torch.no_grad()
+    def set_weight_(self, weight_out_in: torch.Tensor) -> None:
+        """Encode a float weight in ``nn.Linear`` orientation [out, in] into the master (RNE)."""
+        if tuple(weight_out_in.shape) != (self.out_features, self.in_features):
+            raise ValueError(f"{self.global_name}: weight shape {list(weight_out_in.shape)}, expected "
+                             f"{[self.out_features, self.in_features]}")
+        payload, scales = nvfp4_cuda.mxfp8_encode(weight_out_in.to(torch.float32).t().contiguous())
+        self.weight_payload.copy_(payload)
+        self.weight_scales.copy_(scales)
+
+    @torch.no_grad()
+    def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The master decoded, in ``nn.Linear`` orientation [out, in] (exact in float32)."""
+        return nvfp4_cuda.mxfp8_decode(self.weight_payload, self.weight_scales, dtype=torch.float32).t().to(dtype)
+
+    def next_backward_call(self) -> int:
+        """Index of this backward within the optimizer step (fresh SR bits per micro-batch)."""
+        call = self._backward_calls
+        self._backward_calls += 1
+        return call
+
+    def set_sr_step(self, step: int) -> None:
+        """Start a new optimizer step: SR key step = ``step``, backward call counter reset."""
+        self.sr_step = int(step)
+        self._backward_calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        y = NVFP4LinearFunction.apply(x2, self.weight, self.weight_payload, self.weight_scales, self)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*lead, self.out_features)
+
+    def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> NVFP4Linear:
+        # Device moves and dtype casts apply to the master buffers and the bias; the gradient anchor
+        # stays a BF16 zero-stride view (a plain .to() would materialize it) on the buffers' device.
+        anchor = self._parameters.pop("weight")
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            self._parameters["weight"] = anchor
+        if anchor.device != self.weight_payload.device:
+            self._parameters["weight"] = nn.Parameter(self._anchor(self.weight_payload.device))
+        return self
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, master=MXFP8[in,out], compute=NVFP4")
+
+
+def _is_projection(name: str, module: nn.Module) -> bool:
+    return isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in PROJECTION_NAMES
+
+
+def nvfp4_modules(model: nn.Module) -> Iterator[tuple[str, NVFP4Linear]]:
+    """``(name, module)`` of every :class:`NVFP4Linear` in ``model``."""
+    for name, mod in model.named_modules():
+        if isinstance(mod, NVFP4Linear):
+            yield name, mod
+
+
+def model_recipe(model: nn.Module) -> str:
+    """The recipe ``apply_recipe`` put on ``model`` (``"nvfp4"`` or ``"bf16"``)."""
+    recipe = getattr(model, RECIPE_ATTR, None)
+    if recipe is None:
+        raise ValueError(f"{type(model).__name__}: no precision recipe applied; call apply_recipe(model, ...) first")
+    return str(recipe)
+
+
+def _autocast_forward(forward: Callable[..., Any], device_type: str) -> Callable[..., Any]:
+    @functools.wraps(forward)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device_type=device_type, dtype=torch.bfloat16):
+            return forward(*args, **kwargs)
+
+    wrapped.ida_autocast = True  # type: ignore[attr-defined]
+    return wrapped
+
+
+def apply_recipe(model: nn.Module, precision: PrecisionConfig) -> None:
+    """Apply a precision recipe to ``model`` in place.
+
+    ``nvfp4``: all parameters become BF16 (floating buffers such as rotary ``inv_freq`` keep their
+    dtype); projection ``nn.Linear``s not matching ``precision.keep_bf16`` become :class:`NVFP4Linear`
+    (their weight encoded once, RNE, into the MXFP8 master).  ``bf16``: parameters become FP32 masters
+    and the model's forward runs under ``torch.autocast(dtype=bfloat16)``.  Works on the meta device.
+
+    Args:
+        model: a transformers causal LM (or any module tree with ``*_proj`` linears).
+        precision: the recipe and its options.
+
+    Raises:
+        ValueError: unknown recipe, or the recipe was already applied.
+
+    Example:
+        >>> import torch.nn as nn
+        >>> from ida_trainer.config import PrecisionConfig
+        >>> m = nn.Sequential()
+        >>> m.add_module("up_proj", nn.Linear(32, 32))
+        >>> apply_recipe(m, PrecisionConfig(recipe="nvfp4", keep_bf16=("up_proj",)))
+        >>> m.up_proj.weight.dtype
+        torch.bfloat16
+    """
+    if getattr(model, RECIPE_ATTR, None) is not None:
+        raise ValueError(f"apply_recipe: recipe {getattr(model, RECIPE_ATTR)!r} is already applied to this model")
+    if precision.recipe == "bf16":
+        for p in model.parameters():
+            p.data = p.data.to(torch.float32)
+        device_type = next((p.device.type for p in model.parameters()), "cpu")
+        if device_type == "meta":
+            device_type = "cuda" if torch.cuda.is_available() else "cpu"
+        model.forward = _autocast_forward(model.forward, device_type)  # type: ignore[method-assign]
+        setattr(model, RECIPE_ATTR, "bf16")
+        return
+    if precision.recipe != "nvfp4":
+        raise ValueError(f"apply_recipe: unknown recipe {precision.recipe!r}; choose 'nvfp4' or 'bf16'")
+    for p in model.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    targets = []
+    for name, mod in model.named_modules():
+        if not _is_projection(name, mod):
+            continue
+        if any(fnmatch.fnmatchcase(name, pat) for pat in precision.keep_bf16):
+            continue
+        if mod.in_features % NVFP4_BLOCK or mod.out_features % NVFP4_BLOCK:
+            warnings.warn(f"apply_recipe: {name} ({mod.in_features}->{mod.out_features}) is kept BF16: NVFP4 "
+                          f"needs both dimensions to be multiples of {NVFP4_BLOCK}", stacklevel=2)
+            continue
+        targets.append(name)
+    for name in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        linear = getattr(parent, child)
+        setattr(parent, child, NVFP4Linear.from_linear(linear, global_name=name, precision=precision))
+    setattr(model, RECIPE_ATTR, "nvfp4")
+
+
+# --------------------------------------------------------------------------------------------------
+# Checkpoint state: global HF names, native [in, out] projections
+# --------------------------------------------------------------------------------------------------
+
+
+def _owned_entries(model: nn.Module) -> set[str]:
+    owned = set()
+    for name, _ in nvfp4_modules(model):
+        prefix = f"{name}." if name else ""
+        owned.update({prefix + "weight", prefix + "weight_payload", prefix + "weight_scales"})
+    return owned
+
+
+def export_state(model: nn.Module) -> dict[str, MXFP8Tensor | torch.Tensor]:
+    """The model's weights for a checkpoint, under transformers names.
+
+    NVFP4 masters are returned as :class:`mxfp8_codec.MXFP8Tensor` (the live payload/scale bytes, stored
+    byte for byte by the writer); other projection weights (bf16 recipe, kept-BF16 layers) as float
+    tensors transposed to the native ``[in, out]`` orientation (the writer quantizes them); everything
+    else (embeddings, norms, lm_head, biases, persistent buffers) as is.  Tensors are detached views,
+    not copies: write them before the next optimizer step.
+
+    Example:
+        >>> import torch.nn as nn
+        >>> m = nn.Sequential(); m.add_module("o_proj", nn.Linear(16, 32, bias=False))
+        >>> tuple(export_state(m)["o_proj.weight"].shape)
+        (16, 32)
+    """
+    out: dict[str, MXFP8Tensor | torch.Tensor] = {}
+    owned = _owned_entries(model)
+    for name, mod in nvfp4_modules(model):
+        out[f"{name}.weight"] = MXFP8Tensor(mod.weight_payload.detach(), mod.weight_scales.detach())
+    for key, t in model.state_dict(keep_vars=False).items():
+        if key in owned or key in out:
+            continue
+        if hasattr(t, "full_tensor"):  # FSDP2 DTensor shard: gather (a collective: call on every rank)
+            t = t.full_tensor()
+        if is_projection_weight(key) and t.dim() == 2:
+            out[key] = t.detach().t()
+        else:
+            out[key] = t.detach()
+    return out
+
+
+def _as_float(value: MXFP8Tensor | torch.Tensor, name: str) -> torch.Tensor:
+    if isinstance(value, MXFP8Tensor):
+        payload, scales = (torch.as_tensor(v) for v in value)
+        return nvfp4_cuda.mxfp8_decode(payload, scales, dtype=torch.float32)
+    if not isinstance(value, torch.Tensor):
+        value = torch.as_tensor(value)
+    if not value.is_floating_point():
+        raise ValueError(f"load_state: tensor {name!r} has dtype {value.dtype}, expected a float tensor")
+    return value
+
+
+@torch.no_grad()
+def load_state(model: nn.Module, tensors: Mapping[str, MXFP8Tensor | torch.Tensor]) -> None:
+    """Load a checkpoint dict (as from :func:`export_state` or the codec reader) into ``model``.
+
+    The exact inverse of :func:`export_state` for the nvfp4 recipe (MXFP8 bytes copied, BF16 tensors
+    copied).  Projection weights are expected in ``[in, out]`` orientation; MXFP8 values for a plain
+    ``nn.Linear`` are decoded, float values for an :class:`NVFP4Linear` are encoded (RNE).  Every model
+    entry must be present and no extra entry may appear (strict).
+
+    Raises:
+        ValueError: a missing/unexpected tensor or a shape mismatch, naming the tensor.
+    """
+    owned = _owned_entries(model)
+    modules = dict(nvfp4_modules(model))
+    sd = model.state_dict(keep_vars=True)
+    expected = {k for k in sd if k not in owned} | {f"{n}.weight" for n in modules}
+    missing = sorted(expected - set(tensors))
+    # A pipeline stage holds only its layers: the other stages' tensors are not errors there.
+    extra = [] if getattr(model, PIPELINE_ATTR, None) is not None else sorted(set(tensors) - expected)
+    if missing or extra:
+        raise ValueError(f"load_state: checkpoint does not match the model: missing {missing[:8]}"
+                         f"{' ...' if len(missing) > 8 else ''}, unexpected {extra[:8]}{' ...' if len(extra) > 8 else ''}")
+    for name, mod in modules.items():
+        key = f"{name}.weight"
+        value = tensors[key]
+        if isinstance(value, MXFP8Tensor):
+            payload, scales = (torch.as_tensor(v) for v in value)
+            if tuple(payload.shape) != tuple(mod.weight_payload.shape) or tuple(scales.shape) != tuple(
+                    mod.weight_scales.shape):
+                raise ValueError(f"load_state: {key}: MXFP8 payload {list(payload.shape)} / scales "
+                                 f"{list(scales.shape)}, expected {list(mod.weight_payload.shape)} / "
+                                 f"{list(mod.weight_scales.shape)} ([in, out] orientation)")
+            mod.weight_payload.copy_(payload)
+            mod.weight_scales.copy_(scales)
+        else:
+            w = _as_float(value, key)
+            if tuple(w.shape) != (mod.in_features, mod.out_features):
+                raise ValueError(f"load_state: {key}: shape {list(w.shape)}, expected "
+                                 f"{[mod.in_features, mod.out_features]} ([in, out] orientation)")
+            mod.set_weight_(w.t())
+    for key, target in sd.items():
+        if key in owned:
+            continue
+        value = _as_float(tensors[key], key) if (isinstance(tensors[key], MXFP8Tensor)
+                                                 or target.is_floating_point()) else torch.as_tensor(tensors[key])
+        if is_projection_weight(key) and target.dim() == 2:
+            value = value.t()
+        if tuple(value.shape) != tuple(target.shape):
+            raise ValueError(f"load_state: {key}: shape {list(value.shape)}, expected {list(target.shape)}")
+        target.copy_(value.to(device=target.device, dtype=target.dtype))
+
+
+# --------------------------------------------------------------------------------------------------
+# Optimizers
+# --------------------------------------------------------------------------------------------------
+
+
+def _lossy_in_checkpoint(name: str, p: torch.Tensor, anchors: set[int]) -> bool:
+    """True when the checkpoint file cannot hold ``p`` exactly (needs a copy in the optimizer state)."""
+    if id(p) in anchors:
+        return False
+    return p.dtype != torch.bfloat16 or (is_projection_weight(name) and p.dim() == 2)
+
+
+class _ExactStateMixin:
+    """state_dict additions shared by both optimizers: SR step counter + exact copies of lossy params."""
+
+    _names: dict[int, str]
+    _exact: dict[str, torch.Tensor]
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"exact_params": {n: p.detach().clone() for n, p in self._exact.items()},
+                "param_names": sorted(self._names.values())}
+
+    def _own_part(self, state_dict: Mapping[str, Any]) -> dict[str, Any]:
+        """This optimizer's state_dict, also out of a pipeline-gathered one (matched by parameter names)."""
+        if PIPELINE_STATES_KEY not in state_dict:
+            return dict(state_dict)
+        mine = sorted(self._names.values())
+        for part in state_dict[PIPELINE_STATES_KEY]:
+            if part.get("ida", {}).get("param_names") == mine:
+                return dict(part)
+        raise ValueError("optimizer state: none of the pipeline stages' states holds exactly this stage's parameters "
+                         "(was the checkpoint written with another number of stages?)")
+
+    @torch.no_grad()
+    def _load_extra_state(self, extra: Mapping[str, Any]) -> None:
+        saved = extra.get("exact_params", {})
+        missing = sorted(set(self._exact) - set(saved))
+        if missing:
+            raise ValueError(f"optimizer state: exact parameter copies missing for {missing[:8]}")
+        for n, p in self._exact.items():
+            if tuple(saved[n].shape) != tuple(p.shape):
+                raise ValueError(f"optimizer state: parameter {n} has shape {list(saved[n].shape)}, "
+                                 f"expected {list(p.shape)}")
+            p.copy_(saved[n])
+
+
+def _named_trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def _param_groups(named: list[tuple[str, nn.Parameter]], weight_decay: float) -> list[dict[str, Any]]:
+    """Weight decay on matrices only (embeddings, projections, lm_head); none on norms and biases."""
+    decay = [p for _, p in named if p.dim() >= 2]
+    no_decay = [p for _, p in named if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+class MXFP8Lion(_ExactStateMixin, torch.optim.Optimizer):
+    """Lion (Chen et al. 2023) for the nvfp4 recipe: BF16 momentum, MXFP8 masters, SR write-back.
+
+    Per element, with ``c = b1*m + (1-b1)*g``: ``w <- w*(1 - lr*wd) - lr*sign(c)``, then
+    ``m <- b2*m + (1-b2)*g``.  For :class:`NVFP4Linear` gradient anchors the fused
+    :func:`nvfp4_cuda.lion_step_mxfp8_` updates the MXFP8 master (payload + scales) in place with the
+    configured write-back; other (BF16) parameters are updated in float32 and written back with
+    :func:`nvfp4_cuda.stochastic_round_to_bf16_` (RNE under ``writeback="rne"``).  The SR key is
+    ``(seed, optimizer step, tensor_id(global name, "lion"))``.  The learning rate is read from
+    ``param_groups[i]["lr"]`` at every step.
+    """
+
+    def __init__(self, model: nn.Module, *, lr: float, betas: tuple[float, float] = (0.9, 0.99),
+                 weight_decay: float = 0.0, writeback: str = "stochastic", seed: int = 0) -> None:
+        if writeback not in ("stochastic", "rne", "compensated"):
+            raise ValueError(f"MXFP8Lion: writeback {writeback!r}; choose 'stochastic', 'rne' or 'compensated'")
+        named = _named_trainable(model)
+        self._masters = {id(mod.weight): mod for _, mod in nvfp4_modules(model)}
+        self._names = {id(p): n for n, p in named}
+        self._exact = {n: p for n, p in named if _lossy_in_checkpoint(n, p, set(self._masters))}
+        for n, p in named:
+            if id(p) not in self._masters and p.dtype != torch.bfloat16:
+                raise ValueError(f"MXFP8Lion: parameter {n} is {p.dtype}; the nvfp4 recipe keeps non-master "
+                                 "parameters in bfloat16 (call apply_recipe first)")
+        self.writeback = writeback
+        self.seed = seed
+        self.sr_step = 0
+        defaults = {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay}
+        super().__init__(_param_groups(named, weight_decay), defaults)
+
+    def _sync_modules(self) -> None:
+        for mod in self._masters.values():
+            mod.set_sr_step(self.sr_step)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """One Lion step over every parameter with a gradient; advances the SR step counter."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        t = self.sr_step
+        for group in self.param_groups:
+            lr, (b1, b2), wd = group["lr"], group["betas"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                name = self._names[id(p)]
+                state = self.state[p]
+                mod = self._masters.get(id(p))
+                if mod is not None:
+                    if "momentum" not in state:
+                        state["momentum"] = torch.zeros(mod.weight_payload.shape, dtype=torch.bfloat16,
+                                                        device=mod.weight_payload.device)
+                        if self.writeback == "compensated":
+                            state["compensation"] = torch.zeros(mod.weight_payload.shape, dtype=torch.float32,
+                                                                device=mod.weight_payload.device)
+                    nvfp4_cuda.lion_step_mxfp8_(
+                        mod.weight_payload, mod.weight_scales, _as_bf16(p.grad).contiguous(),
+                        state["momentum"], lr=lr, beta1=b1, beta2=b2, weight_decay=wd, writeback=self.writeback,
+                        compensation=state.get("compensation"), seed=self.seed, step=t,
+                        tensor_id=tensor_id(name, "lion"))
+                    continue
+                if "momentum" not in state:
+                    state["momentum"] = torch.zeros_like(p, dtype=torch.bfloat16)
+                m = state["momentum"].to(torch.float32)
+                g = p.grad.to(torch.float32)
+                c = m * b1 + g * (1.0 - b1)
+                w = p.to(torch.float32) * (1.0 - lr * wd) - lr * torch.sign(c)
+                state["momentum"].copy_(m * b2 + g * (1.0 - b2))
+                if self.writeback == "rne":
+                    p.copy_(w)
+                else:
+                    nvfp4_cuda.stochastic_round_to_bf16_(p, w, seed=self.seed, step=t, tensor_id=tensor_id(name, "lion"))
+        self.sr_step = t + 1
+        self._sync_modules()
+        return loss
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        sd = super().state_dict()
+        sd["ida"] = {"kind": "mxfp8_lion", "sr_step": self.sr_step, "seed": self.seed,
+                     "writeback": self.writeback, **self._extra_state()}
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+        sd = self._own_part(state_dict)
+        extra = sd.pop("ida", None)
+        if extra is None or extra.get("kind") != "mxfp8_lion":
+            raise ValueError("MXFP8Lion.load_state_dict: not an MXFP8Lion state (was it saved by the bf16 recipe?)")
+        if extra["writeback"] != self.writeback:
+            warnings.warn(f"optimizer state was saved with writeback={extra['writeback']!r}, continuing with "
+                          f"{self.writeback!r}", stacklevel=2)
+        # torch casts floating state to the parameter's dtype (BF16 for a gradient anchor); the float32
+        # compensation buffers are taken out first and put back untouched.
+        comp = {}
+        sd["state"] = {k: dict(v) for k, v in sd["state"].items()}
+        for k, v in sd["state"].items():
+            if "compensation" in v:
+                comp[k] = v.pop("compensation")
+        super().load_state_dict(sd)
+        flat = [p for g in self.param_groups for p in g["params"]]
+        for k, v in comp.items():
+            self.state[flat[int(k)]]["compensation"] = v.to(device=flat[int(k)].device, dtype=torch.float32).clone()
+        self.sr_step = int(extra["sr_step"])
+        self.seed = int(extra["seed"])
+        self._sync_modules()
+        self._load_extra_state(extra)
+
+
+class MasterAdamW(_ExactStateMixin, torch.optim.AdamW):
+    """AdamW for the bf16 recipe on FP32 master parameters; state_dict also holds the exact masters."""
+
+    def __init__(self, model: nn.Module, *, lr: float, betas: tuple[float, float] = ADAMW_BETAS,
+                 weight_decay: float = 0.0) -> None:
+        named = _named_trainable(model)
+        for n, p in named:
+            if p.dtype != torch.float32:
+                raise ValueError(f"MasterAdamW: parameter {n} is {p.dtype}; the bf16 recipe keeps FP32 masters "
+                                 "(call apply_recipe first)")
+        self._names = {id(p): n for n, p in named}
+        self._exact = {n: p for n, p in named if _lossy_in_checkpoint(n, p, set())}
+        super().__init__(_param_groups(named, weight_decay), lr=lr, betas=tuple(betas), weight_decay=weight_decay,
+                         foreach=False)
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        sd = super().state_dict()
+        sd["ida"] = {"kind": "master_adamw", **self._extra_state()}
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+        sd = self._own_part(state_dict)
+        extra = sd.pop("ida", None)
+        if extra is None or extra.get("kind") != "master_adamw":
+            raise ValueError("MasterAdamW.load_state_dict: not a MasterAdamW state (was it saved by the nvfp4 recipe?)")
+        super().load_state_dict(sd)
+        self._load_extra_state(extra)
+
+
+def build_optimizer(model: nn.Module, optim: OptimConfig, precision: PrecisionConfig) -> torch.optim.Optimizer:
+    """The optimizer of the recipe: :class:`MXFP8Lion` (nvfp4) or :class:`MasterAdamW` (bf16).
+
+    Only the parameters present in ``model`` are optimized (a pipeline stage passes its own layers).
+
+    Raises:
+        ValueError: the optimizer does not match the recipe, or the recipe was not applied.
+
+    Example:
+        >>> import torch.nn as nn
+        >>> from ida_trainer.config import OptimConfig, PrecisionConfig
+        >>> m = nn.Linear(4, 4); apply_recipe(m, PrecisionConfig(recipe="bf16"))
+        >>> type(build_optimizer(m, OptimConfig(name="adamw", lr=1e-3, betas=(0.9, 0.95)),
+        ...                      PrecisionConfig(recipe="bf16"))).__name__
+        'MasterAdamW'
+    """
+    recipe = model_recipe(model)
+    if recipe != precision.recipe:
+        raise ValueError(f"build_optimizer: model has recipe {recipe!r} but precision.recipe is {precision.recipe!r}")
+    if recipe == "nvfp4":
+        if optim.name != "lion":
+            raise ValueError(f"build_optimizer: the nvfp4 recipe trains with Lion (MXFP8 master update); got "
+                             f"optim.name={optim.name!r}")
+        return MXFP8Lion(model, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay,
+                         writeback=precision.writeback, seed=precision.seed)
+    if optim.name != "adamw":
+        raise ValueError(f"build_optimizer: the bf16 recipe trains with AdamW (FP32 master); got optim.name={optim.name!r}")
+    return MasterAdamW(model, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Logical parameter count (an NVFP4 master counts in_features*out_features, the anchor not at all)."""
+    anchors = {id(m.weight) for _, m in nvfp4_modules(model)}
+    n = sum(p.numel() for p in model.parameters() if id(p) not in anchors)
+    return n + sum(m.in_features * m.out_features for _, m in nvfp4_modules(model))
+
