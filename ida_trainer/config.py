@@ -474,12 +474,17 @@ def load_toml(path: str | Path) -> dict[str, dict[str, Any]]:
     except tomllib.TOMLDecodeError as err:
         raise ValueError(f"config file {path}: not valid TOML: {err}") from None
     tree: dict[str, dict[str, Any]] = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            for name, raw in value.items():
-                _merge(tree, key, name, raw, f"config file {path}")
-        else:
-            _merge(tree, "", key, value, f"config file {path}")
+    origin = f"config file {path}"
+    try:
+        for key, value in data.items():
+            if isinstance(value, dict):
+                for name, raw in value.items():
+                    _merge(tree, key, name, raw, origin)
+            else:
+                _merge(tree, "", key, value, origin)
+    except ValueError as err:
+        msg = str(err)
+        raise ValueError(msg if msg.startswith(origin) else f"{origin}: {msg}") from None
     return tree
 
 

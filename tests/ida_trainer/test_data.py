@@ -1,0 +1,202 @@
+"""Data formats, completion-only labels, packing without cross-contamination, resumable batching."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ida_trainer.config import DataConfig, ModelConfig
+from ida_trainer.data import (
+    IGNORE_INDEX,
+    DataError,
+    Example,
+    StepBatcher,
+    build_batcher,
+    collate,
+    end_of_turn_marker,
+    load_examples,
+    pack_examples,
+    strip_think,
+)
+from ida_trainer.demo import build_demo_model, corpus_texts, train_demo_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_demo_tokenizer(corpus_texts())
+
+
+def _write(tmp_path, name, records):
+    p = tmp_path / name
+    p.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
+    return p
+
+
+def _targets(tok, ex):
+    return tok.decode([i for i, s in zip(ex.input_ids, ex.supervised) if s])
+
+
+def test_plain_supervises_everything_and_appends_eos(tok, tmp_path):
+    p = _write(tmp_path, "p.jsonl", [{"text": "def f(x):\n\treturn x\n"}])
+    (ex,), stats = load_examples(DataConfig(path=str(p)), tok, path=p)
+    assert all(ex.supervised) and ex.input_ids[-1] == tok.eos_token_id
+    assert tok.decode(ex.input_ids[:-1]) == "def f(x):\n\treturn x\n"
+    assert stats.num_targets == len(ex.input_ids) - 1
+
+
+def test_alpaca_template_and_completion_only(tok, tmp_path):
+    p = _write(tmp_path, "a.jsonl", [{"instruction": "Add.", "input": "2 3", "output": "5"},
+                                     {"instruction": "Say hi.", "output": "hi"}])
+    (a, b), _ = load_examples(DataConfig(path=str(p), format="alpaca"), tok, path=p)
+    assert tok.decode(a.input_ids) == "### Instruction:\nAdd.\n\n### Input:\n2 3\n\n### Response:\n5<|endoftext|>"
+    assert _targets(tok, a) == "5<|endoftext|>"
+    assert "### Input" not in tok.decode(b.input_ids) and _targets(tok, b) == "hi<|endoftext|>"
+
+
+def test_chat_one_example_per_assistant_turn_with_think_free_history(tok, tmp_path):
+    conv = {"messages": [{"role": "system", "content": "be brief"},
+                         {"role": "user", "content": "2+3?"},
+                         {"role": "assistant", "content": "<think>\nadd them\n</think>\n\n5"},
+                         {"role": "user", "content": "and +4?"},
+                         {"role": "assistant", "content": "<think>5+4</think>\n\n9"}]}
+    p = _write(tmp_path, "c.jsonl", [conv])
+    (first, second), _ = load_examples(DataConfig(path=str(p), format="chat"), tok, path=p)
+    assert _targets(tok, first) == "<think>\nadd them\n</think>\n\n5<|im_end|>"
+    assert _targets(tok, second) == "<think>5+4</think>\n\n9<|im_end|>"
+    history = tok.decode([i for i, s in zip(second.input_ids, second.supervised) if not s])
+    assert "add them" not in history and "<|im_start|>assistant\n5<|im_end|>" in history
+    assert history.endswith("<|im_start|>assistant\n")
+    assert end_of_turn_marker(tok) == "<|im_end|>"
+    assert "(assistant turn 4)" in second.source
+
+
+def test_strip_think():
+    assert strip_think("<think>a\nb</think>\n\nanswer") == "answer"
+    assert strip_think("no think") == "no think"
+
+
+@pytest.mark.parametrize("fmt, line, needle", [
+    ("plain", "{not json", "not valid JSON"),
+    ("plain", json.dumps({"txt": "x"}), '{"text": string}'),
+    ("plain", json.dumps([1, 2]), "expected a JSON object"),
+    ("alpaca", json.dumps({"instruction": "x"}), '"output"'),
+    ("alpaca", json.dumps({"instruction": "x", "output": ""}), "nothing to train on"),
+    ("chat", json.dumps({"messages": [{"role": "user", "content": "hi"}]}), "no assistant message"),
+    ("chat", json.dumps({"messages": [{"role": "robot", "content": "hi"}]}), "role 'robot'"),
+    ("chat", json.dumps({"messages": [{"role": "user"}]}), "content"),
+])
+def test_bad_lines_name_file_and_line(tok, tmp_path, fmt, line, needle):
+    good = {"plain": {"text": "ok"}, "alpaca": {"instruction": "i", "output": "o"},
+            "chat": {"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}}[fmt]
+    p = _write(tmp_path, "bad.jsonl", [good, "", line])
+    with pytest.raises(DataError) as info:
+        load_examples(DataConfig(path=str(p), format=fmt), tok, path=p)
+    assert f"{p}:3:" in str(info.value) and needle in str(info.value)
+
+
+def test_missing_and_empty_files(tok, tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        load_examples(DataConfig(path="x"), tok, path=tmp_path / "none.jsonl")
+    p = _write(tmp_path, "empty.jsonl", [""])
+    with pytest.raises(DataError, match="no records"):
+        load_examples(DataConfig(path=str(p)), tok, path=p)
+
+
+def test_truncation_and_dropping(tok, tmp_path):
+    long_prompt = "word " * 80
+    p = _write(tmp_path, "a.jsonl", [{"instruction": long_prompt, "output": "x"},
+                                     {"instruction": "short", "output": "y " * 40}])
+    exs, stats = load_examples(DataConfig(path=str(p), format="alpaca", max_len=40), tok, path=p)
+    assert stats.num_dropped == 1 and stats.num_truncated == 2 and len(exs) == 1
+    assert len(exs[0].input_ids) == 40 and exs[0].supervised[-1]
+
+
+def test_labels_are_preshifted_and_padding_ignored():
+    a = Example((5, 6, 7), (False, True, True), "a")
+    b = Example((8, 9), (True, True), "b")
+    mb = collate([(a,), (b,)], pad_id=0, length=4, packed=False)
+    assert mb["labels"].tolist() == [[6, 7, IGNORE_INDEX, IGNORE_INDEX], [9, IGNORE_INDEX, IGNORE_INDEX, IGNORE_INDEX]]
+    assert mb["attention_mask"].tolist() == [[1, 1, 1, 0], [1, 1, 0, 0]]
+    assert mb["input_ids"].tolist() == [[5, 6, 7, 0], [8, 9, 0, 0]]
+
+
+def test_packing_has_no_cross_contamination(tok):
+    """Logits of documents packed into one row equal the logits of each document alone."""
+    model = build_demo_model(ModelConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2), tok,
+                             seed=0).eval()
+    texts = corpus_texts()[:3]
+    exs = [Example(tuple(tok(t)["input_ids"]), (True,) * len(tok(t)["input_ids"]), f"t{i}") for i, t in enumerate(texts)]
+    rows = pack_examples(exs, max_len=10_000)
+    assert len(rows) == 1 and len(rows[0]) == 3
+    length = sum(len(e.input_ids) for e in exs) + 3
+    mb = collate(rows, pad_id=0, length=length, packed=True)
+    assert mb["attention_mask"].shape == (1, 1, length, length)
+    with torch.no_grad():
+        packed = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
+                       position_ids=mb["position_ids"]).logits[0]
+        t = 0
+        for ex in exs:
+            alone = model(input_ids=torch.tensor([ex.input_ids])).logits[0]
+            n = len(ex.input_ids)
+            torch.testing.assert_close(packed[t:t + n], alone, rtol=1e-4, atol=1e-4)
+            assert mb["position_ids"][0, t:t + n].tolist() == list(range(n))
+            t += n
+    # a label never points across a document boundary
+    labels = mb["labels"][0]
+    assert labels[len(exs[0].input_ids) - 1] == IGNORE_INDEX
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(1, 50), st.booleans()), min_size=1, max_size=12), min_size=1,
+                max_size=6), st.booleans())
+def test_collate_labels_property(docs, packed):
+    exs = [Example(tuple(t for t, _ in d), tuple(s for _, s in d), f"d{i}") for i, d in enumerate(docs)]
+    rows = pack_examples(exs, 20) if packed else [(e,) for e in exs]
+    length = max(sum(len(e.input_ids) for e in r) for r in rows) + 1
+    mb = collate(rows, pad_id=0, length=length, packed=packed)
+    assert int((mb["labels"] != IGNORE_INDEX).sum()) == sum(e.num_targets for e in exs)
+    ids, labels = mb["input_ids"], mb["labels"]
+    nxt = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], 1)
+    sel = labels != IGNORE_INDEX
+    assert torch.equal(labels[sel], nxt[sel])
+
+
+def test_batcher_is_deterministic_resumable_and_counts_global_tokens():
+    rows = [(Example(tuple(range(1, 2 + i % 5)), (True,) * (1 + i % 5), f"r{i}"),) for i in range(10)]
+    a = StepBatcher(rows, global_batch_size=4, microbatches=2, seed=3, pad_id=0)
+    steps = [a.next_step() for _ in range(5)]  # crosses epochs
+    assert all(len(s.microbatches) == 2 and s.microbatches[0]["input_ids"].shape[0] == 2 for s in steps)
+    for s in steps:
+        assert s.global_valid_tokens == sum(int((mb["labels"] != IGNORE_INDEX).sum()) for mb in s.microbatches)
+    b = StepBatcher(rows, global_batch_size=4, microbatches=2, seed=3, pad_id=0)
+    for _ in range(3):
+        b.next_step()
+    c = StepBatcher(rows, global_batch_size=4, microbatches=2, seed=3, pad_id=0)
+    c.load_state_dict(json.loads(json.dumps(b.state_dict())))
+    for want in steps[3:]:
+        got = c.next_step()
+        assert got.sources == want.sources
+        assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(got.microbatches, want.microbatches))
+    with pytest.raises(ValueError, match="same data"):
+        StepBatcher(rows[:5], global_batch_size=4, microbatches=2, seed=3, pad_id=0).load_state_dict(b.state_dict())
+    # data-parallel ranks split the global batch and agree on the token count
+    r0 = StepBatcher(rows, global_batch_size=4, microbatches=1, seed=3, pad_id=0, dp_rank=0, dp_size=2).next_step()
+    r1 = StepBatcher(rows, global_batch_size=4, microbatches=1, seed=3, pad_id=0, dp_rank=1, dp_size=2).next_step()
+    assert r0.global_valid_tokens == r1.global_valid_tokens == steps[0].global_valid_tokens
+    assert r0.microbatches[0]["input_ids"].shape[0] == r1.microbatches[0]["input_ids"].shape[0] == 2
+    with pytest.raises(ValueError, match="multiple"):
+        StepBatcher(rows, global_batch_size=3, microbatches=2, seed=0, pad_id=0)
+
+
+def test_build_batcher_packs_when_asked(tok, tmp_path):
+    p = _write(tmp_path, "p.jsonl", [{"text": t} for t in corpus_texts()[:12]])
+    exs, _ = load_examples(DataConfig(path=str(p), max_len=256), tok, path=p)
+    b = build_batcher(DataConfig(path=str(p), max_len=256, packing=True), exs, global_batch_size=2, microbatches=1,
+                      seed=0, pad_id=0)
+    assert len(b.rows) < len(exs)
+    mb = b.next_step().microbatches[0]
+    assert mb["attention_mask"].dim() == 4 and mb["input_ids"].shape[1] <= 256
