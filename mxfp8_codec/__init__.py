@@ -1,7 +1,8 @@
 """MXFP8 checkpoint codec: OCP E4M3 payload + UE8M0 scale per 32 values, in safetensors files.
 
 Numerics (:mod:`mxfp8_codec.numerics`): :func:`encode_mxfp8` / :func:`decode_mxfp8`.
-File format (:mod:`mxfp8_codec.header`, :mod:`mxfp8_codec.io`, :mod:`mxfp8_codec.rename`): a
+File format (:mod:`mxfp8_codec.header`, :mod:`mxfp8_codec.reader`, :mod:`mxfp8_codec.writer`,
+:mod:`mxfp8_codec.rename`): a
 validated header parser, a memory-mapped streaming reader, an atomic writer, a header-only rename
 with sha256 proof, and the CLI ``python -m mxfp8_codec``. The on-disk format is specified in
 docs/format.md.
@@ -19,20 +20,17 @@ Example:
 from mxfp8_codec.constants import WEIGHTS_DTYPE, ScaleRule
 from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.header import Header, TensorEntry, read_header
-from mxfp8_codec.io import (
+from mxfp8_codec.numerics import decode_mxfp8, encode_mxfp8
+from mxfp8_codec.reader import (
     MXFP8Reader,
-    MXFP8Tensor,
     checkpoint_files,
-    is_projection_weight,
     iter_mxfp8_safetensors,
     open_mxfp8,
     read_mxfp8_safetensors,
     validate,
-    write_mxfp8_safetensors,
-    write_safetensors,
 )
-from mxfp8_codec.numerics import decode_mxfp8, encode_mxfp8
 from mxfp8_codec.rename import RenameReport, prefix_mapping, rename_tensors, verify_renamed
+from mxfp8_codec.writer import MXFP8Tensor, is_projection_weight, write_mxfp8_safetensors, write_safetensors
 
 __all__ = [
     "Header",

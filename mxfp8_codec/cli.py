@@ -31,24 +31,16 @@ import shutil
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 import ml_dtypes
 import numpy as np
 
 from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.header import DTYPES, ORIENTATIONS, SCALE_RULES, SCALE_SUFFIX
-from mxfp8_codec.io import (
-    INDEX_FILE,
-    MXFP8Reader,
-    checkpoint_files,
-    is_projection_weight,
-    open_mxfp8,
-    validate,
-    write_mxfp8_safetensors,
-    write_safetensors,
-)
+from mxfp8_codec.reader import INDEX_FILE, MXFP8Reader, checkpoint_files, open_mxfp8, validate
 from mxfp8_codec.rename import prefix_mapping, rename_tensors
+from mxfp8_codec.writer import is_projection_weight, write_mxfp8_safetensors, write_safetensors
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".gguf", ".ckpt")  # not copied
 _NORM_RE = re.compile(r"norm\.weight$")  # 1-D norm gains: folded (1 + w) on disk under norm_convention=folded
@@ -85,7 +77,10 @@ def inspect_file(path: Path, *, stats: bool, out: TextIO) -> None:
     """Print the tensor table and metadata of one file."""
     with open_mxfp8(path) as r:
         h = r.header
-        print(f"{path}  ({_human(h.file_size)}, header {h.header_len} bytes, {len(r)} tensors, {len(h.quantized)} MXFP8)", file=out)
+        print(
+            f"{path}  ({_human(h.file_size)}, header {h.header_len} bytes, {len(r)} tensors, {len(h.quantized)} MXFP8)",
+            file=out,
+        )
         for k in sorted(r.metadata):
             print(f"  {k} = {r.metadata[k]}", file=out)
         rows = []
@@ -93,10 +88,15 @@ def inspect_file(path: Path, *, stats: bool, out: TextIO) -> None:
             e = h.entries[name]
             if r.is_quantized(name):
                 s = h.entries[name + SCALE_SUFFIX]
-                rows.append((name, f"{e.dtype}+{s.dtype}", str(list(e.shape)), "mxfp8 e4m3/ue8m0/32", e.nbytes + s.nbytes))
+                rows.append(
+                    (name, f"{e.dtype}+{s.dtype}", str(list(e.shape)), "mxfp8 e4m3/ue8m0/32", e.nbytes + s.nbytes)
+                )
             else:
                 rows.append((name, e.dtype, str(list(e.shape)), "plain", e.nbytes))
-        widths = [max([len(h_)] + [len(str(row[i])) for row in rows]) for i, h_ in enumerate(("name", "dtype", "shape", "encoding", "bytes"))]
+        widths = [
+            max([len(h_)] + [len(str(row[i])) for row in rows])
+            for i, h_ in enumerate(("name", "dtype", "shape", "encoding", "bytes"))
+        ]
         fmt = "  {:<%d}  {:<%d}  {:<%d}  {:<%d}  {:>%d}" % tuple(widths)
         print(fmt.format("name", "dtype", "shape", "encoding", "bytes"), file=out)
         for row in rows:
@@ -126,7 +126,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         validate(f, require_mxfp8=not args.allow_plain, check_values=args.values)
         with open_mxfp8(f) as r:
             checks = "structure and values" if args.values else "structure"
-            print(f"OK {f}: {len(r)} tensors ({len(r.header.quantized)} MXFP8), {r.header.file_size} bytes, {checks} valid")
+            print(
+                f"OK {f}: {len(r)} tensors ({len(r.header.quantized)} MXFP8), {r.header.file_size} bytes, {checks} valid"
+            )
     return 0
 
 
@@ -163,7 +165,9 @@ def _cmd_rename(args: argparse.Namespace) -> int:
     for old, new, sha in report.tensors:
         arrow = f"{old} -> {new}" if old != new else f"{old} (unchanged)"
         print(f"  {sha[:16]}  {arrow}")
-    print(f"sha256 check passed: {len(report.tensors)} tensors byte-identical before/after, {len(report.renamed)} renamed")
+    print(
+        f"sha256 check passed: {len(report.tensors)} tensors byte-identical before/after, {len(report.renamed)} renamed"
+    )
     print(f"data section sha256 {report.data_sha256} (identical in {report.src} and {report.dst})")
     return 0
 
@@ -178,7 +182,12 @@ class CheckpointTensors(Mapping[str, np.ndarray]):
     Nothing is cached: with the writers' planning via :meth:`spec` the peak memory is one tensor.
     """
 
-    def __init__(self, readers: Sequence[MXFP8Reader], transform: Callable[[str, np.ndarray], np.ndarray], out_dtype: Callable[[str, str], np.dtype]) -> None:
+    def __init__(
+        self,
+        readers: Sequence[MXFP8Reader],
+        transform: Callable[[str, np.ndarray], np.ndarray],
+        out_dtype: Callable[[str, str], np.dtype],
+    ) -> None:
         self._where: dict[str, MXFP8Reader] = {}
         for r in readers:
             for name in r.keys():
@@ -217,7 +226,13 @@ def _copy_side_files(src: Path, dst: Path) -> list[str]:
     return copied
 
 
-def quantize_checkpoint(src_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, scale_rule: str = "rceil", orientation: str = "in_out") -> Path:
+def quantize_checkpoint(
+    src_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    scale_rule: str = "rceil",
+    orientation: str = "in_out",
+) -> Path:
     """Convert a transformers checkpoint directory to an MXFP8 checkpoint directory.
 
     Returns:
@@ -229,7 +244,9 @@ def quantize_checkpoint(src_dir: str | os.PathLike[str], out_dir: str | os.PathL
     try:
         for r in readers:
             if r.header.quantized:
-                raise MXFP8Error(f"{r.path}: already holds MXFP8 tensors (e.g. {r.header.quantized[0]!r}); nothing to quantize")
+                raise MXFP8Error(
+                    f"{r.path}: already holds MXFP8 tensors (e.g. {r.header.quantized[0]!r}); nothing to quantize"
+                )
         flip = orientation == "in_out"
 
         def transform(name: str, arr: np.ndarray) -> np.ndarray:
@@ -332,8 +349,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     hf_dir, mx_dir, back_dir = root / "hf", root / "mxfp8", root / "dequantized"
     torch.manual_seed(args.seed)
     cfg = LlamaConfig(
-        vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
     model.save_pretrained(hf_dir)
@@ -361,8 +384,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     with torch.no_grad():
         a, b = model(ids).logits.float(), back(ids).logits.float()
     rel = float((a - b).norm() / a.norm())
-    print(f"[4/4] dequantized -> {back_dir}; from_pretrained weights bit-exact: {not mismatched}; "
-          f"logits relative error vs the unquantized original: {rel:.4f}")
+    print(
+        f"[4/4] dequantized -> {back_dir}; from_pretrained weights bit-exact: {not mismatched}; "
+        f"logits relative error vs the unquantized original: {rel:.4f}"
+    )
     if mismatched:
         print(f"error: weights differ from decode(encode(.)): {mismatched[:5]}", file=sys.stderr)
     return 1 if mismatched else 0
@@ -373,7 +398,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``python -m mxfp8_codec``."""
-    p = argparse.ArgumentParser(prog="python -m mxfp8_codec", description="MXFP8 (E4M3 + UE8M0/32) safetensors checkpoint tool")
+    p = argparse.ArgumentParser(
+        prog="python -m mxfp8_codec", description="MXFP8 (E4M3 + UE8M0/32) safetensors checkpoint tool"
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("inspect", help="tensor table and metadata of a file or checkpoint directory")
@@ -392,7 +419,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("dst")
     g = s.add_mutually_exclusive_group(required=True)
     g.add_argument("--map", help="JSON object {old: new} or a path to a JSON file")
-    g.add_argument("--prefix", action="append", metavar="OLD=NEW", help="replace a name prefix (repeatable; first match wins)")
+    g.add_argument(
+        "--prefix", action="append", metavar="OLD=NEW", help="replace a name prefix (repeatable; first match wins)"
+    )
     s.set_defaults(func=_cmd_rename)
 
     s = sub.add_parser("quantize", help="transformers checkpoint dir -> MXFP8 checkpoint dir")

@@ -34,7 +34,6 @@ import os
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, BinaryIO
 
 import ml_dtypes
@@ -196,7 +195,9 @@ def _parse_entry(path: str, name: str, raw: Any) -> TensorEntry:
     expected = {"dtype", "shape", "data_offsets"}
     if keys != expected:
         missing, extra = sorted(expected - keys), sorted(keys - expected)
-        raise _fail(path, name, f"entry keys must be exactly {sorted(expected)} (missing {missing}, unexpected {extra})")
+        raise _fail(
+            path, name, f"entry keys must be exactly {sorted(expected)} (missing {missing}, unexpected {extra})"
+        )
     dtype = raw["dtype"]
     if not isinstance(dtype, str) or dtype not in DTYPES:
         raise _fail(path, name, f"unknown or unsupported dtype {dtype!r} (supported: {', '.join(DTYPES)})")
@@ -204,11 +205,7 @@ def _parse_entry(path: str, name: str, raw: Any) -> TensorEntry:
     if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
         raise _fail(path, name, f"shape must be a list of non-negative integers, got {shape!r}")
     offsets = raw["data_offsets"]
-    if (
-        not isinstance(offsets, list)
-        or len(offsets) != 2
-        or not all(_is_int(o) and o >= 0 for o in offsets)
-    ):
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) and o >= 0 for o in offsets):
         raise _fail(path, name, f"data_offsets must be [begin, end] non-negative integers, got {offsets!r}")
     begin, end = offsets
     if end < begin:
@@ -217,7 +214,8 @@ def _parse_entry(path: str, name: str, raw: Any) -> TensorEntry:
     expected_bytes = entry.numel * DTYPES[dtype].itemsize
     if expected_bytes != entry.nbytes:
         raise _fail(
-            path, name,
+            path,
+            name,
             f"size mismatch: shape {list(shape)} x {dtype} needs {expected_bytes} bytes, data_offsets span {entry.nbytes}",
         )
     return entry
@@ -228,7 +226,9 @@ def _check_metadata(path: str, raw: Any) -> dict[str, str]:
         raise _fail(path, METADATA_KEY, f"__metadata__ must be a JSON object of strings, got {type(raw).__name__}")
     for k, v in raw.items():
         if not isinstance(v, str):
-            raise _fail(path, METADATA_KEY, f"metadata value for key {k!r} must be a string, got {type(v).__name__} {v!r}")
+            raise _fail(
+                path, METADATA_KEY, f"metadata value for key {k!r} must be a string, got {type(v).__name__} {v!r}"
+            )
     return dict(raw)
 
 
@@ -242,7 +242,9 @@ def _check_layout(path: str, entries: Mapping[str, TensorEntry], data_size: int)
             raise _fail(path, e.name, f"data_offsets end {e.end} beyond the data section ({data_size} bytes)")
         pos = e.end
     if pos != data_size:
-        raise _fail(path, None, f"data section not fully covered: tensors end at byte {pos}, data section has {data_size} bytes")
+        raise _fail(
+            path, None, f"data section not fully covered: tensors end at byte {pos}, data section has {data_size} bytes"
+        )
 
 
 def _check_pairs(path: str, entries: Mapping[str, TensorEntry], metadata: Mapping[str, str]) -> tuple[str, ...]:
@@ -259,18 +261,26 @@ def _check_pairs(path: str, entries: Mapping[str, TensorEntry], metadata: Mappin
                 raise _fail(path, name, "quantized payload must have rank >= 1, got a 0-d tensor")
             want = scale_shape(e.shape)
             if s.shape != want:
-                raise _fail(path, sname, f"scale shape {list(s.shape)} does not match payload shape {list(e.shape)} (expected {list(want)})")
+                raise _fail(
+                    path,
+                    sname,
+                    f"scale shape {list(s.shape)} does not match payload shape {list(e.shape)} (expected {list(want)})",
+                )
             quantized.append(name)
         elif name.endswith(SCALE_SUFFIX) and e.dtype in SCALE_DTYPES:
             base = name[: -len(SCALE_SUFFIX)]
             if base not in entries:
                 raise _fail(path, name, f"orphan scale: no payload entry {base!r}")
             if entries[base].dtype != PAYLOAD_DTYPE:
-                raise _fail(path, name, f"scale for payload {base!r} of dtype {entries[base].dtype} (payloads must be F8_E4M3)")
+                raise _fail(
+                    path, name, f"scale for payload {base!r} of dtype {entries[base].dtype} (payloads must be F8_E4M3)"
+                )
     if quantized:
         wd = metadata.get("weights_dtype")
         if wd is None:
-            raise _fail(path, METADATA_KEY, f"file holds MXFP8 tensors but __metadata__ lacks weights_dtype={WEIGHTS_DTYPE!r}")
+            raise _fail(
+                path, METADATA_KEY, f"file holds MXFP8 tensors but __metadata__ lacks weights_dtype={WEIGHTS_DTYPE!r}"
+            )
     return tuple(quantized)
 
 
@@ -292,9 +302,7 @@ def _check_format_metadata(path: str, metadata: Mapping[str, str]) -> None:
             raise _fail(path, METADATA_KEY, f"metadata {key}={v!r} is not one of {list(values)}")
 
 
-def parse_header_bytes(
-    raw: bytes, *, data_size: int, path: str = "<memory>", require_mxfp8: bool = False
-) -> Header:
+def parse_header_bytes(raw: bytes, *, data_size: int, path: str = "<memory>", require_mxfp8: bool = False) -> Header:
     """Parse and validate the JSON part of a header (the ``N`` bytes after the length).
 
     Args:

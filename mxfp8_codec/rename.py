@@ -43,7 +43,7 @@ from mxfp8_codec.header import (
     read_header,
     read_header_from,
 )
-from mxfp8_codec.io import atomic_output
+from mxfp8_codec.writer import atomic_output
 
 COPY_BUFFER_BYTES = 1 << 20  # 1 MiB: the only buffer the copy and the hashing use
 
@@ -88,7 +88,9 @@ def _resolve(header: Header, mapping: Mapping[str, str] | Callable[[str], str]) 
         companions = {q + SCALE_SUFFIX for q in quantized}
         for old in mapping:
             if old in companions:
-                raise MXFP8Error(f"{path}: tensor {old!r}: a scale follows its payload; rename {old[: -len(SCALE_SUFFIX)]!r} instead")
+                raise MXFP8Error(
+                    f"{path}: tensor {old!r}: a scale follows its payload; rename {old[: -len(SCALE_SUFFIX)]!r} instead"
+                )
         unknown = sorted(k for k in mapping if k not in known)
         if unknown:
             more = f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else ""
@@ -107,12 +109,16 @@ def _resolve(header: Header, mapping: Mapping[str, str] | Callable[[str], str]) 
     owners: dict[str, str] = {}
     for old, new in stored.items():
         if new in owners:
-            raise MXFP8Error(f"{path}: tensor {new!r}: rename collision, both {owners[new]!r} and {old!r} would get this name")
+            raise MXFP8Error(
+                f"{path}: tensor {new!r}: rename collision, both {owners[new]!r} and {old!r} would get this name"
+            )
         owners[new] = old
     return stored
 
 
-def _renamed_header(header: Header, names: Mapping[str, str], metadata: Mapping[str, str] | None, dst: str) -> tuple[bytes, Header]:
+def _renamed_header(
+    header: Header, names: Mapping[str, str], metadata: Mapping[str, str] | None, dst: str
+) -> tuple[bytes, Header]:
     obj: dict[str, object] = {}
     meta = dict(header.metadata)
     meta.update(metadata or {})
@@ -126,7 +132,9 @@ def _renamed_header(header: Header, names: Mapping[str, str], metadata: Mapping[
     return len(raw).to_bytes(HEADER_LENGTH_BYTES, "little") + raw, new_header
 
 
-def _hash_data(f: BinaryIO, header: Header, buf: bytearray, out: BinaryIO | None = None, desc: str = "") -> tuple[dict[str, str], str]:
+def _hash_data(
+    f: BinaryIO, header: Header, buf: bytearray, out: BinaryIO | None = None, desc: str = ""
+) -> tuple[dict[str, str], str]:
     """Stream the data section of ``f`` (optionally copying it to ``out``); per-entry and total sha256."""
     view = memoryview(buf)
     total = hashlib.sha256()
@@ -207,7 +215,9 @@ def rename_tensors(
             after, total_after = _hash_data(check, written, buf, desc="verifying")
         for old, new in names.items():
             if before[old] != after[new]:
-                raise MXFP8Error(f"{dst_s}: tensor {new!r}: sha256 after rename {after[new]} != before {before[old]} (was {old!r})")
+                raise MXFP8Error(
+                    f"{dst_s}: tensor {new!r}: sha256 after rename {after[new]} != before {before[old]} (was {old!r})"
+                )
         if total_before != total_after:
             raise MXFP8Error(f"{dst_s}: data section sha256 after rename {total_after} != before {total_before}")
     tensors = [(e.name, names[e.name], before[e.name]) for e in header.entries_by_offset()]

@@ -31,7 +31,9 @@ def ckpt(tmp_path: Path) -> Path:
     path = tmp_path / "m.safetensors"
     payload = np.full((2, 96), 0x38, np.uint8)  # 1.0 before scaling
     scales = np.array([[120, 120, 121], [127, 0, 254]], np.uint8)
-    write_mxfp8_safetensors(path, {"a.q_proj.weight": MXFP8Tensor(payload, scales), "a.norm.weight": np.ones(96, np.float32)})
+    write_mxfp8_safetensors(
+        path, {"a.q_proj.weight": MXFP8Tensor(payload, scales), "a.norm.weight": np.ones(96, np.float32)}
+    )
     return path
 
 
@@ -95,10 +97,14 @@ def _tiny_tokenizer(path: Path) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2} | {w: i + 3 for i, w in enumerate("def return print if else for in while".split())}
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2} | {
+        w: i + 3 for i, w in enumerate("def return print if else for in while".split())
+    }
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>").save_pretrained(path)
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>").save_pretrained(
+        path
+    )
 
 
 def test_quantize_dequantize_from_pretrained_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -106,8 +112,14 @@ def test_quantize_dequantize_from_pretrained_end_to_end(tmp_path: Path, capsys: 
 
     torch.manual_seed(0)
     cfg = LlamaConfig(
-        vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
     hf = tmp_path / "hf"
@@ -144,7 +156,9 @@ def test_quantize_dequantize_from_pretrained_end_to_end(tmp_path: Path, capsys: 
     assert float((a - b).norm() / a.norm()) < 0.1
 
 
-def test_quantize_refuses_an_mxfp8_input_and_out_in_orientation(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_quantize_refuses_an_mxfp8_input_and_out_in_orientation(
+    ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     d = tmp_path / "d"
     d.mkdir()
     (d / "model.safetensors").write_bytes(ckpt.read_bytes())
@@ -156,7 +170,9 @@ def test_quantize_refuses_an_mxfp8_input_and_out_in_orientation(ckpt: Path, tmp_
     w = np.arange(64 * 32, dtype=np.float32).reshape(64, 32) / 1000
     from safetensors.numpy import save_file
 
-    save_file({"l.up_proj.weight": w.astype(ml_dtypes.bfloat16)}, str(hf / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {"l.up_proj.weight": w.astype(ml_dtypes.bfloat16)}, str(hf / "model.safetensors"), metadata={"format": "pt"}
+    )
     assert main(["quantize", str(hf), str(tmp_path / "oi"), "--orientation", "out_in", "--scale-rule", "floor"]) == 0
     with open_mxfp8(tmp_path / "oi" / "model.safetensors") as r:
         assert r.shape("l.up_proj.weight") == (64, 32)
@@ -174,7 +190,10 @@ def test_dequantize_unfolds_norms_and_transposes_single_file(tmp_path: Path) -> 
     assert h.metadata["format"] == "pt" and not h.quantized
     with open_mxfp8(out) as r:
         assert r.dtype("m.norm.weight") == "BF16"
-        np.testing.assert_array_equal(r.get("m.norm.weight"), (gamma.astype(ml_dtypes.bfloat16).astype(np.float32) - 1).astype(ml_dtypes.bfloat16).astype(np.float32))
+        np.testing.assert_array_equal(
+            r.get("m.norm.weight"),
+            (gamma.astype(ml_dtypes.bfloat16).astype(np.float32) - 1).astype(ml_dtypes.bfloat16).astype(np.float32),
+        )
         np.testing.assert_array_equal(r.get("m.o_proj.weight"), w_native.T)
 
 
@@ -189,8 +208,16 @@ def test_demo_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 def test_module_entry_point_in_a_subprocess(tmp_path: Path, ckpt: Path) -> None:
     bad = tmp_path / "trunc.safetensors"
     bad.write_bytes(b"\x10\x00")
-    run = subprocess.run([sys.executable, "-m", "mxfp8_codec", "verify", str(bad)], capture_output=True, text=True, cwd=REPO, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "mxfp8_codec", "verify", str(bad)], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
     assert run.returncode == 1
     assert "too short" in run.stderr and str(bad) in run.stderr
-    run = subprocess.run([sys.executable, "-m", "mxfp8_codec", "inspect", str(ckpt)], capture_output=True, text=True, cwd=REPO, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "mxfp8_codec", "inspect", str(ckpt)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert run.returncode == 0 and "a.q_proj.weight" in run.stdout

@@ -62,7 +62,17 @@ def example_blocks() -> dict[str, str]:
         lines.append(f"decoded[{r}, 32:40] = [{', '.join(repr(float(v)) for v in dec[r, 32:])}]")
     blocks["encode-output"] = "\n".join(lines) + "\n"
 
-    specials = [(0x38, 127), (0x7E, 127), (0x01, 127), (0x80, 127), (0xB8, 120), (0x7F, 127), (0x38, 255), (0x38, 0), (0x7E, 254)]
+    specials = [
+        (0x38, 127),
+        (0x7E, 127),
+        (0x01, 127),
+        (0x80, 127),
+        (0xB8, 120),
+        (0x7F, 127),
+        (0x38, 255),
+        (0x38, 0),
+        (0x7E, 254),
+    ]
     lines = []
     for q, sc in specials:
         v = decode_mxfp8(np.array([q], np.uint8), np.array([sc], np.uint8))[0]
@@ -95,7 +105,9 @@ def test_format_md_example_bytes_match_the_code() -> None:
     want = example_blocks()
     assert sorted(found) == sorted(want), "docs/format.md example blocks differ from the generator's"
     for name, body in want.items():
-        assert found[name] == body, f"docs/format.md block {name!r} is stale; regenerate with python -m tests.mxfp8_codec.test_docs"
+        assert found[name] == body, (
+            f"docs/format.md block {name!r} is stale; regenerate with python -m tests.mxfp8_codec.test_docs"
+        )
 
 
 def _run_python_blocks(text: str, where: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> int:
@@ -119,7 +131,9 @@ def test_readme_codec_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     _run_python_blocks(README.read_text(), README, tmp_path, monkeypatch)
 
 
-@pytest.mark.parametrize("module", ["mxfp8_codec", "mxfp8_codec.header", "mxfp8_codec.io", "mxfp8_codec.rename", "mxfp8_codec.cli"])
+@pytest.mark.parametrize(
+    "module", ["mxfp8_codec", "mxfp8_codec.header", "mxfp8_codec.reader", "mxfp8_codec.writer", "mxfp8_codec.rename", "mxfp8_codec.cli"]
+)
 def test_docstring_examples(module: str) -> None:
     import importlib
 
@@ -131,9 +145,21 @@ def test_docstring_examples(module: str) -> None:
 def test_public_api_matches_the_contract() -> None:
     names = set(mxfp8_codec.__all__)
     contract = {
-        "MXFP8Error", "ScaleRule", "encode_mxfp8", "decode_mxfp8", "MXFP8Tensor", "is_projection_weight",
-        "write_mxfp8_safetensors", "read_mxfp8_safetensors", "MXFP8Reader", "open_mxfp8", "iter_mxfp8_safetensors",
-        "checkpoint_files", "validate", "rename_tensors", "RenameReport",
+        "MXFP8Error",
+        "ScaleRule",
+        "encode_mxfp8",
+        "decode_mxfp8",
+        "MXFP8Tensor",
+        "is_projection_weight",
+        "write_mxfp8_safetensors",
+        "read_mxfp8_safetensors",
+        "MXFP8Reader",
+        "open_mxfp8",
+        "iter_mxfp8_safetensors",
+        "checkpoint_files",
+        "validate",
+        "rename_tensors",
+        "RenameReport",
     }
     assert contract <= names
     assert mxfp8_codec.__all__ == sorted(mxfp8_codec.__all__)

@@ -80,7 +80,9 @@ def test_round_trip_mixed_entries(tmp_path: Path) -> None:
                 np.testing.assert_array_equal(got, x)
     full = read_mxfp8_safetensors(path)
     assert full["model.embed_tokens.weight"].dtype == np.float32
-    np.testing.assert_array_equal(full["model.embed_tokens.weight"], tensors["model.embed_tokens.weight"].astype(np.float32))
+    np.testing.assert_array_equal(
+        full["model.embed_tokens.weight"], tensors["model.embed_tokens.weight"].astype(np.float32)
+    )
     assert full["position_ids"].dtype == np.int64
 
 
@@ -90,7 +92,9 @@ def test_mxfp8tensor_is_stored_byte_for_byte(tmp_path: Path) -> None:
     scales = rng.integers(0, 256, (48, 4), dtype=np.uint8)
     tp = torch.from_numpy(payload.copy()).view(torch.float8_e4m3fn)  # torch float8 view accepted too
     path = tmp_path / "m.safetensors"
-    write_mxfp8_safetensors(path, {"w": MXFP8Tensor(payload, scales), "t.q_proj.weight": MXFP8Tensor(tp, torch.from_numpy(scales))})
+    write_mxfp8_safetensors(
+        path, {"w": MXFP8Tensor(payload, scales), "t.q_proj.weight": MXFP8Tensor(tp, torch.from_numpy(scales))}
+    )
     with open_mxfp8(path) as r:
         for name in ("w", "t.q_proj.weight"):
             raw = r.get_raw(name)
@@ -197,8 +201,13 @@ def test_original_users_snippet_with_a_transformers_model(tmp_path: Path) -> Non
 
     torch.manual_seed(0)
     cfg = LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
     )
     original = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
     # The trainer's native orientation: projections stored [in, out] (the transpose of nn.Linear.weight).
@@ -279,7 +288,9 @@ def test_plain_safetensors_files(tmp_path: Path) -> None:
 
 def test_write_safetensors_plain_is_loadable_by_safetensors(tmp_path: Path) -> None:
     path = tmp_path / "p.safetensors"
-    write_safetensors(path, {"a": np.arange(6, dtype=np.float32).reshape(2, 3)}, metadata={"format": "pt"}, float_dtype=BF16)
+    write_safetensors(
+        path, {"a": np.arange(6, dtype=np.float32).reshape(2, 3)}, metadata={"format": "pt"}, float_dtype=BF16
+    )
     with safe_open(str(path), framework="pt") as f:
         assert f.metadata() == {"format": "pt"}
         assert torch.equal(f.get_tensor("a"), torch.arange(6, dtype=torch.bfloat16).reshape(2, 3))
@@ -323,7 +334,10 @@ def test_checkpoint_files_single_and_sharded(tmp_path: Path) -> None:
     write_mxfp8_safetensors(single / "model.safetensors", {"x": np.zeros(2, np.float32)})
     assert checkpoint_files(single) == [single / "model.safetensors"]
     d = _sharded(tmp_path)
-    assert [p.name for p in checkpoint_files(d)] == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    assert [p.name for p in checkpoint_files(d)] == [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -334,7 +348,10 @@ def test_checkpoint_files_single_and_sharded(tmp_path: Path) -> None:
         (lambda d, ix: ix["weight_map"].update({"zzz": "model-00002-of-00002.safetensors"}), "'zzz' is listed"),
         (lambda d, ix: ix.pop("weight_map"), "weight_map"),
         (
-            lambda d, ix: write_mxfp8_safetensors(d / "model-00002-of-00002.safetensors", {"b": np.ones(3, np.float32), "a.q_proj.weight": np.ones((2, 32), np.float32)}),
+            lambda d, ix: write_mxfp8_safetensors(
+                d / "model-00002-of-00002.safetensors",
+                {"b": np.ones(3, np.float32), "a.q_proj.weight": np.ones((2, 32), np.float32)},
+            ),
             "stored in two shards",
         ),
     ],
@@ -374,7 +391,9 @@ def test_checkpoint_files_duplicate_index_key_and_empty_dir(tmp_path: Path) -> N
     seed=st.integers(0, 2**31 - 1),
     rule=st.sampled_from(["rceil", "floor"]),
 )
-def test_file_round_trip_property(tmp_path_factory: pytest.TempPathFactory, shape: list[int], use_bf16: bool, seed: int, rule: str) -> None:
+def test_file_round_trip_property(
+    tmp_path_factory: pytest.TempPathFactory, shape: list[int], use_bf16: bool, seed: int, rule: str
+) -> None:
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal(shape) * 10.0 ** rng.integers(-6, 4)).astype(np.float32)
     if use_bf16:
@@ -388,5 +407,7 @@ def test_file_round_trip_property(tmp_path_factory: pytest.TempPathFactory, shap
         raw = r.get_raw("q")
         np.testing.assert_array_equal(raw.payload, p)
         np.testing.assert_array_equal(raw.scales, s)
-        np.testing.assert_array_equal(r.get("q", dtype=BF16).view(np.uint16), decode_mxfp8(p, s, dtype=BF16).view(np.uint16))
+        np.testing.assert_array_equal(
+            r.get("q", dtype=BF16).view(np.uint16), decode_mxfp8(p, s, dtype=BF16).view(np.uint16)
+        )
         np.testing.assert_array_equal(r.get("o").view(np.uint16), other.astype(BF16).view(np.uint16))

@@ -46,7 +46,9 @@ def _data_section(path: Path) -> bytes:
 def test_rename_keeps_every_data_byte_and_reports_sha256(tmp_path: Path) -> None:
     src, dst = tmp_path / "src.safetensors", tmp_path / "dst.safetensors"
     _ckpt(src)
-    report = rename_tensors(src, dst, {"blk.0.attn.q_proj.weight": "model.layers.0.self_attn.q_proj.weight"}, metadata={"renamed": "yes"})
+    report = rename_tensors(
+        src, dst, {"blk.0.attn.q_proj.weight": "model.layers.0.self_attn.q_proj.weight"}, metadata={"renamed": "yes"}
+    )
     assert _data_section(src) == _data_section(dst)
     assert report.data_sha256 == hashlib.sha256(_data_section(src)).hexdigest()
     assert ("blk.0.attn.q_proj.weight.scale", "model.layers.0.self_attn.q_proj.weight.scale") in report.renamed
@@ -58,7 +60,9 @@ def test_rename_keeps_every_data_byte_and_reports_sha256(tmp_path: Path) -> None
             assert hashlib.sha256(bytes(b.tensor_bytes(new))).hexdigest() == sha
             assert a.header.entries[old].dtype == b.header.entries[new].dtype
         assert b.is_quantized("model.layers.0.self_attn.q_proj.weight")
-        np.testing.assert_array_equal(a.get("blk.0.attn.q_proj.weight"), b.get("model.layers.0.self_attn.q_proj.weight"))
+        np.testing.assert_array_equal(
+            a.get("blk.0.attn.q_proj.weight"), b.get("model.layers.0.self_attn.q_proj.weight")
+        )
     validate(dst)
     verify_renamed(dst, report)
 
@@ -122,7 +126,9 @@ def test_verify_renamed_detects_changed_bytes(tmp_path: Path) -> None:
 
 def test_plain_safetensors_files_can_be_renamed(tmp_path: Path) -> None:
     src, dst = tmp_path / "hf.safetensors", tmp_path / "out.safetensors"
-    np_save_file({"a": np.arange(10, dtype=np.float32), "b": np.ones((2, 2), np.int32)}, str(src), metadata={"format": "pt"})
+    np_save_file(
+        {"a": np.arange(10, dtype=np.float32), "b": np.ones((2, 2), np.int32)}, str(src), metadata={"format": "pt"}
+    )
     rename_tensors(src, dst, {"a": "model.a"})
     with open_mxfp8(dst) as r:
         assert r.metadata == {"format": "pt"}
@@ -149,11 +155,15 @@ def test_rename_copies_in_constant_memory(tmp_path: Path) -> None:
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    names=st.lists(st.from_regex(r"[a-z]{1,6}(\.[a-z0-9]{1,4}){0,2}", fullmatch=True), min_size=1, max_size=6, unique=True),
+    names=st.lists(
+        st.from_regex(r"[a-z]{1,6}(\.[a-z0-9]{1,4}){0,2}", fullmatch=True), min_size=1, max_size=6, unique=True
+    ),
     seed=st.integers(0, 2**32 - 1),
     quantize_mask=st.integers(0, 63),
 )
-def test_rename_there_and_back_is_byte_identical(tmp_path: Path, names: list[str], seed: int, quantize_mask: int) -> None:
+def test_rename_there_and_back_is_byte_identical(
+    tmp_path: Path, names: list[str], seed: int, quantize_mask: int
+) -> None:
     """Renaming every tensor to a fresh name and back reproduces the writer's file exactly."""
     rng = np.random.default_rng(seed)
     tensors = {n: rng.standard_normal((3, int(rng.integers(1, 70)))).astype(np.float32) for n in names}

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mxfp8_codec import MXFP8Error, open_mxfp8, read_header, validate, write_mxfp8_safetensors
+from mxfp8_codec import MXFP8Error, open_mxfp8, read_header, validate
 
 WD = "MXFP8_E4M3_UE8M0_K32"
 ROWS, COLS = 64, 2048  # the base file's payload: 128 KiB, so every corpus file is bigger than the parser's working set
@@ -68,13 +68,30 @@ CORPUS: dict[str, tuple[bytes, str]] = {
     "leading space": (_file(b" " + json.dumps(_header()).encode()), "must begin with"),
     "invalid UTF-8": (_file(b'{"\xff\xfe": 1}'), "UTF-8"),
     "NaN literal": (_file(b'{"__metadata__": {"a": NaN}}'), "not valid JSON"),
-    "deeply nested JSON": (_file(b'{"__metadata__": ' + b"[" * 5000 + b"]" * 5000 + b"}"), "nests too deeply|must be a JSON object"),
+    "deeply nested JSON": (
+        _file(b'{"__metadata__": ' + b"[" * 5000 + b"]" * 5000 + b"}"),
+        "nests too deeply|must be a JSON object",
+    ),
     "duplicate tensor key": (_file(DUP_TENSOR.encode()), "'n': duplicate key"),
     "duplicate metadata key": (_file(DUP_META.encode()), "'format_version': duplicate key"),
-    "NUL-padded header": (_file(_header(), pad=b"\x00") if len(json.dumps(_header())) % 8 else _file(json.dumps(_header()).encode() + b"\x00" * 8), "NUL byte"),
-    "overlapping offsets": (_with(lambda h: h["w.scale"].update(data_offsets=[PAYLOAD - 8, PAYLOAD + SCALES - 8])), "overlaps"),
-    "gap between tensors": (_with(lambda h: h["n"].update(data_offsets=[PAYLOAD + SCALES + 2, PAYLOAD + SCALES + NORM + 2])), "gap"),
-    "offsets out of bounds": (_with(lambda h: h["n"].update(shape=[128], data_offsets=[PAYLOAD + SCALES, PAYLOAD + SCALES + 256])), "beyond the data section"),
+    "NUL-padded header": (
+        _file(_header(), pad=b"\x00")
+        if len(json.dumps(_header())) % 8
+        else _file(json.dumps(_header()).encode() + b"\x00" * 8),
+        "NUL byte",
+    ),
+    "overlapping offsets": (
+        _with(lambda h: h["w.scale"].update(data_offsets=[PAYLOAD - 8, PAYLOAD + SCALES - 8])),
+        "overlaps",
+    ),
+    "gap between tensors": (
+        _with(lambda h: h["n"].update(data_offsets=[PAYLOAD + SCALES + 2, PAYLOAD + SCALES + NORM + 2])),
+        "gap",
+    ),
+    "offsets out of bounds": (
+        _with(lambda h: h["n"].update(shape=[128], data_offsets=[PAYLOAD + SCALES, PAYLOAD + SCALES + 256])),
+        "beyond the data section",
+    ),
     "data not fully covered": (_file(_header(), DATA + b"\x00" * 16), "not fully covered"),
     "end before begin": (_with(lambda h: h["n"].update(data_offsets=[10, 2])), "end 2 < begin 10"),
     "wrong size for shape": (_with(lambda h: h["n"].update(shape=[65])), "size mismatch"),
@@ -88,16 +105,29 @@ CORPUS: dict[str, tuple[bytes, str]] = {
     "entry with extra key": (_with(lambda h: h["n"].update(note="x")), "unexpected \\['note'\\]"),
     "entry not an object": (_with(lambda h: h.update(n=[1, 2])), "'n': entry must be a JSON object"),
     "missing scale": (
-        _file({k: v for k, v in _header().items() if k != "w.scale"} | {"n": {"dtype": "BF16", "shape": [64], "data_offsets": [PAYLOAD, PAYLOAD + NORM]}}, DATA[: PAYLOAD + NORM]),
+        _file(
+            {k: v for k, v in _header().items() if k != "w.scale"}
+            | {"n": {"dtype": "BF16", "shape": [64], "data_offsets": [PAYLOAD, PAYLOAD + NORM]}},
+            DATA[: PAYLOAD + NORM],
+        ),
         "'w': F8_E4M3 payload without its scale",
     ),
     "orphan scale": (_with(lambda h: h.update({"v.scale": h.pop("w.scale")})), "F8_E4M3 payload without|orphan"),
-    "orphan scale only": (_with(lambda h: (h.update({"v.scale": h.pop("w.scale")}), h["w"].update(dtype="U8"))), "'v.scale': orphan scale"),
-    "wrong scale shape": (_with(lambda h: h["w.scale"].update(shape=[ROWS * 2, COLS // 64])), "scale shape \\[128, 32\\] does not match"),
+    "orphan scale only": (
+        _with(lambda h: (h.update({"v.scale": h.pop("w.scale")}), h["w"].update(dtype="U8"))),
+        "'v.scale': orphan scale",
+    ),
+    "wrong scale shape": (
+        _with(lambda h: h["w.scale"].update(shape=[ROWS * 2, COLS // 64])),
+        "scale shape \\[128, 32\\] does not match",
+    ),
     "wrong scale dtype": (_with(lambda h: h["w.scale"].update(dtype="I8")), "scale dtype must be one of"),
     "scale of a BF16 tensor": (_with(lambda h: h["w"].update(dtype="U8")), "payloads must be F8_E4M3"),
     "missing weights_dtype": (_with(lambda h: h["__metadata__"].pop("weights_dtype")), "lacks weights_dtype"),
-    "wrong weights_dtype": (_with(lambda h: h["__metadata__"].update(weights_dtype="MXFP4")), "weights_dtype 'MXFP4' is not"),
+    "wrong weights_dtype": (
+        _with(lambda h: h["__metadata__"].update(weights_dtype="MXFP4")),
+        "weights_dtype 'MXFP4' is not",
+    ),
     "unknown format_version": (_with(lambda h: h["__metadata__"].update(format_version="2")), "format_version='2'"),
     "non-string metadata": (_with(lambda h: h["__metadata__"].update(step=1)), "'step' must be a string"),
     "metadata not an object": (_with(lambda h: h.update(__metadata__="x")), "__metadata__ must be a JSON object"),
