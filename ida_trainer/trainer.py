@@ -458,6 +458,9 @@ class Trainer:
         final_eval = None
         if cfg.eval.final and self.is_main and final_ckpt is not None:
             final_eval = self.evaluate(cfg.train.steps, checkpoint_dir=Path(export.get("dir", final_ckpt)))
+            if cfg.is_demo and final_eval is not None:
+                self._say(f"demo: pass@1 {final_eval.get('pass_at_1')} on {final_eval.get('n_tasks')} problems whose "
+                          "solutions are in the training corpus. " + DEMO_NOTE)
         return self._report(records, time.perf_counter() - t_start, final_ckpt, export, final_eval)
 
     def _report(self, records: list[dict[str, Any]], wall: float, final_ckpt: Path | None,
@@ -526,38 +529,46 @@ class Trainer:
         assert self.optimizer is not None
         return self.optimizer.state_dict()
 
-    def _problems(self) -> dict[str, dict[str, Any]]:
-        from ida_eval.problems import load_problems
-
+    def _problems_path(self) -> Path:
         from ida_trainer.demo import problems_path
 
-        problems = load_problems(self.cfg.eval.problems or problems_path())
-        if self.cfg.eval.num_problems:
-            problems = dict(list(problems.items())[: self.cfg.eval.num_problems])
-        return problems
+        return Path(self.cfg.eval.problems) if self.cfg.eval.problems else problems_path()
 
     def evaluate(self, step: int, *, checkpoint_dir: Path | None = None) -> dict[str, Any] | None:
-        """Score the current weights (or an exported checkpoint) with ``ida_eval``; logs pass@1."""
+        """Score the current weights with ``ida_eval`` and log pass@1 and the degenerate-output count.
+
+        Single process: the live model generates (``ida_eval.mbxp.evaluate_model``). With a pipeline or
+        FSDP no rank holds the whole model, so every rank writes the step's checkpoint and rank 0 scores it
+        through the checkpoint loader (``evaluate_checkpoint``), as it does for the final export.
+        """
+        cfg = self.cfg
+        distributed = cfg.parallel.pipeline_stages > 1 or cfg.parallel.data_parallel == "fsdp"
+        if checkpoint_dir is None and distributed:
+            checkpoint_dir = self.save(step)
         if not self.is_main:
             return None
         from ida_eval import mbxp
 
-        cfg = self.cfg
-        problems = self._problems()
-        out_dir = self.out / "eval" / (f"step-{step:06d}" + ("-final" if checkpoint_dir else ""))
+        limit = cfg.eval.num_problems or None
+        out_dir = self.out / "eval" / (f"step-{step:06d}" + ("-checkpoint" if checkpoint_dir else ""))
         if checkpoint_dir is not None:
-            summary = mbxp.evaluate_checkpoint(checkpoint_dir, problems=problems, out_dir=out_dir,
-                                               batch_size=cfg.eval.batch_size, max_new_tokens=cfg.eval.max_new_tokens)
+            summary = mbxp.evaluate_checkpoint(checkpoint_dir, problems_path=self._problems_path(), out_dir=out_dir,
+                                               batch_size=cfg.eval.batch_size, max_new_tokens=cfg.eval.max_new_tokens,
+                                               limit=limit, progress=cfg.train.progress)
         else:
             was_training = self.model.training
             self.model.eval()
             try:
-                summary = mbxp.evaluate_model(self.model, self.tokenizer, problems, out_dir,
-                                              batch_size=cfg.eval.batch_size, max_new_tokens=cfg.eval.max_new_tokens)
+                with torch.no_grad():
+                    summary = mbxp.evaluate_model(self.model, self.tokenizer, self._problems_path(), out_dir,
+                                                  batch_size=cfg.eval.batch_size,
+                                                  max_new_tokens=cfg.eval.max_new_tokens, limit=limit,
+                                                  progress=cfg.train.progress)
             finally:
                 self.model.train(was_training)
-        rec = {"step": step, "pass@1": summary.get("pass@1"), "num_degenerate": _num_degenerate(summary),
-               "num_problems": len(problems), "out_dir": str(out_dir), "final": checkpoint_dir is not None}
+        rec = {"step": step, "pass@1": summary.get("pass_at_1"), "num_degenerate": _num_degenerate(summary),
+               "num_problems": summary.get("n_tasks"), "passed": summary.get("passed"), "out_dir": str(out_dir),
+               "checkpoint": str(checkpoint_dir) if checkpoint_dir else None}
         self.evals.append(rec)
         assert self.logger is not None
         self.logger.log_eval(step, rec, samples_count=step * cfg.train.global_batch_size)
@@ -573,11 +584,10 @@ class Trainer:
 
 
 def _num_degenerate(summary: dict[str, Any]) -> int | None:
-    for key in ("num_degenerate", "degenerate"):
-        if isinstance(summary.get(key), int):
-            return summary[key]
-    counts = summary.get("failure_counts") or summary.get("counts") or {}
-    return counts.get("degenerate") if isinstance(counts, dict) else None
+    counts = summary.get("counts")
+    if isinstance(counts, dict) and isinstance(counts.get("degenerate"), int):
+        return counts["degenerate"]
+    return None
 
 
 def run(cfg: JobConfig) -> dict[str, Any]:
