@@ -154,11 +154,16 @@ def classify_failure(result: Mapping[str, Any], prompt: str | None = None, raw: 
     if is_degenerate(completion) or (raw is not None and is_degenerate(raw)):
         return "degenerate"
     message = str(result.get("result", ""))
+    exception = str(result.get("exception") or "")  # the executor's exception type name, when recorded
     if "timed out" in message.lower():
         return "timeout"
-    if (prompt is not None and not compiles(prompt, completion)) or any(n in message for n in _SYNTAX_NAMES):
+    if (
+        (prompt is not None and not compiles(prompt, completion))
+        or exception in _SYNTAX_NAMES
+        or any(message.startswith(f"failed: {n}") for n in _SYNTAX_NAMES)
+    ):
         return "syntax_error"
-    if "AssertionError" in message:
+    if exception == "AssertionError" or message.startswith("failed: AssertionError"):
         return "wrong_answer"
     return "runtime_error"
 
@@ -252,14 +257,15 @@ def _task_key(task_id: str) -> tuple[str, int, str]:
 def format_comparison(cmp: Mapping[str, Any], *, max_tasks: int = 40) -> str:
     """Render :func:`compare_runs` output as a side-by-side text table."""
     a, b = cmp["a"], cmp["b"]
-    rows = [("", "A", "B"), ("run", a["dir"], b["dir"]), ("tasks", str(a["n"]), str(b["n"]))]
+    rows = [("", "A", "B"), ("tasks", str(a["n"]), str(b["n"]))]
     rows.append(("pass@1", f"{a['pass_at_1']:.4f}", f"{b['pass_at_1']:.4f}"))
     for cls in ("passed", *FAILURE_CLASSES):
         rows.append((cls, str(a["counts"].get(cls, 0)), str(b["counts"].get(cls, 0))))
     rows.append(("degenerate outputs", str(a["degenerate"]), str(b["degenerate"])))
     w0 = max(len(r[0]) for r in rows)
-    w1 = max(len(r[1]) for r in rows)
-    lines = [f"{r[0]:<{w0}}  {r[1]:>{w1}}  {r[2]}" for r in rows]
+    w1 = max(len(r[i]) for r in rows for i in (1, 2))
+    lines = [f"A = {a['dir']}", f"B = {b['dir']}"]
+    lines += [f"{r[0]:<{w0}}  {r[1]:>{w1}}  {r[2]:>{w1}}" for r in rows]
 
     def listing(title: str, ids: Sequence[str]) -> None:
         shown = ", ".join(ids[:max_tasks]) + (f", ... (+{len(ids) - max_tasks})" if len(ids) > max_tasks else "")

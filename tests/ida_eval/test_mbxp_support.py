@@ -210,3 +210,40 @@ def mxfp8_reference(model: Any, dtype: torch.dtype = torch.bfloat16) -> Any:
     if model.config.tie_word_embeddings:
         ref.tie_weights()
     return ref.eval()
+
+
+def memorise(model: Any, tokenizer: Any, problems: list[dict[str, Any]], *, max_steps: int = 200, lr: float = 5e-3,
+             target_loss: float = 0.01) -> float:
+    """Train ``model`` (in place) until it reproduces each problem's canonical solution after its prompt.
+
+    Sequences are ``tok(prompt) + tok(solution) + eos`` (tokenised separately, as generation sees
+    them), loss on the solution and eos only. Returns the final loss.
+    """
+    eos = tokenizer.eos_token_id
+    seqs, labels = [], []
+    for p in problems:
+        a = tokenizer(p["prompt"])["input_ids"]
+        b = tokenizer(p["canonical_solution"])["input_ids"] + [eos]
+        seqs.append(a + b)
+        labels.append([-100] * len(a) + b)
+    n, length = len(seqs), max(map(len, seqs))
+    ids = torch.full((n, length), eos)
+    lab = torch.full((n, length), -100)
+    att = torch.zeros((n, length), dtype=torch.long)
+    for i, (s, lb) in enumerate(zip(seqs, labels)):
+        ids[i, : len(s)] = torch.tensor(s)
+        lab[i, : len(s)] = torch.tensor(lb)
+        att[i, : len(s)] = 1
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    loss = float("inf")
+    for _ in range(max_steps):
+        out = model(input_ids=ids, attention_mask=att, labels=lab)
+        opt.zero_grad()
+        out.loss.backward()
+        opt.step()
+        loss = out.loss.item()
+        if loss < target_loss:
+            break
+    model.eval()
+    return loss

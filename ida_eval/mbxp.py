@@ -1,0 +1,398 @@
+"""MBXP (Python) pass@1 for a checkpoint: load -> generate -> execute -> classify -> summary.json.
+
+``python -m ida_eval.mbxp --checkpoint DIR`` (or :func:`evaluate_checkpoint` /
+:func:`evaluate_model` from Python) writes three files under ``--out``:
+
+* ``samples.jsonl``: mxeval samples (``task_id``, ``completion``) plus ``raw`` (the generation before
+  truncation), ``n_tokens`` and ``stop_reason``. Appended batch by batch (one write + fsync), so an
+  interrupted run resumes: tasks already there are not generated again (a torn last line is dropped).
+* ``results.jsonl``: the executor's mxeval results (:func:`ida_eval.execute.execute_samples`, which
+  resumes its own file and never re-executes a finished task).
+* ``summary.json`` (written atomically): pass@1 over the evaluated tasks, counts per failure class
+  (:mod:`ida_eval.analysis`), the class of every task, degenerate-output count with examples,
+  timings and tokens/s, the sandbox isolation in force, the decoding and truncation rules, and the
+  checkpoint's provenance (sha256 of every weight file, its precision metadata).
+
+``run.json`` pins the decoding settings and checkpoint hashes of a run directory: resuming with
+different settings or a different checkpoint is refused rather than mixing two runs' samples.
+
+pass@1 with one greedy sample per task is the fraction of tasks whose program passed. With
+``--limit N`` only the first N problems of the file are evaluated and pass@1 is over those N.
+``--compare DIR_A DIR_B`` prints two finished runs side by side (pass@1, classes, flipped tasks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ida_eval.analysis import compare_runs, degenerate_report, failure_counts, format_comparison
+from ida_eval.execute import ExecutionConfig, execute_samples, isolation_in_force, summarize
+from ida_eval.generate import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_NEW_TOKENS,
+    STOP_STRINGS,
+    DecodingConfig,
+    Generation,
+    generate_completions,
+)
+from ida_eval.loader import describe_checkpoint, load_model
+from ida_eval.problems import find_problems_file, load_problems
+
+SAMPLES_FILE = "samples.jsonl"
+RESULTS_FILE = "results.jsonl"
+SUMMARY_FILE = "summary.json"
+RUN_FILE = "run.json"
+
+
+class RunDirError(ValueError):
+    """An output directory holds files of a different run, or a malformed samples file."""
+
+
+# ---------------------------------------------------------------------------------------------
+# files
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_samples(path: Path) -> dict[str, dict[str, Any]]:
+    """Read ``samples.jsonl`` (task_id -> record); a torn final line (no newline) is cut off the file.
+
+    Raises:
+        RunDirError: a malformed complete line, naming the file and line.
+    """
+    if not path.is_file():
+        return {}
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):  # crash mid-append: drop the partial record so appends stay line-aligned
+        with open(path, "r+b") as f:
+            f.truncate(end)
+            f.flush()
+            os.fsync(f.fileno())
+    out: dict[str, dict[str, Any]] = {}
+    for no, line in enumerate(data[:end].decode("utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise RunDirError(f"{path}:{no}: not valid JSON ({e})") from e
+        if not isinstance(rec, dict) or not isinstance(rec.get("task_id"), str) or not isinstance(rec.get("completion"), str):
+            raise RunDirError(f"{path}:{no}: a sample needs string 'task_id' and 'completion'")
+        out[rec["task_id"]] = rec
+    return out
+
+
+def _append_samples(path: Path, gens: Sequence[Generation]) -> None:
+    lines = "".join(
+        json.dumps(
+            {"task_id": g.task_id, "completion": g.completion, "raw": g.raw, "n_tokens": g.n_tokens,
+             "stop_reason": g.stop_reason},
+            ensure_ascii=False,
+        )
+        + "\n"
+        for g in gens
+    )
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(lines)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _check_run_file(out_dir: Path, run: dict[str, Any]) -> None:
+    """Pin decoding settings and checkpoint identity of a run directory (refuse to mix runs)."""
+    path = out_dir / RUN_FILE
+    if path.is_file():
+        old = json.loads(path.read_text())
+        for key in ("decoding", "checkpoint_sha256"):
+            if old.get(key) != run.get(key):
+                raise RunDirError(
+                    f"{out_dir}: holds a run with different {key} ({old.get(key)!r} vs now {run.get(key)!r}); "
+                    "use a fresh --out directory"
+                )
+        return
+    if (out_dir / SAMPLES_FILE).is_file():
+        raise RunDirError(f"{out_dir}: has {SAMPLES_FILE} but no {RUN_FILE}; use a fresh --out directory")
+    _write_json_atomic(path, run)
+
+
+def _sha_of(info: Mapping[str, Any] | None) -> list[str] | None:
+    if not info:
+        return None
+    return [f"{f['name']}:{f.get('sha256')}" for f in info.get("files", [])]
+
+
+# ---------------------------------------------------------------------------------------------
+# the harness
+
+
+def select_problems(problems: Mapping[str, Mapping[str, Any]] | str | Path, limit: int | None) -> dict[str, Any]:
+    """Problems as a dict in file order, the first ``limit`` of them when given."""
+    if isinstance(problems, (str, Path)):
+        problems = load_problems(problems)
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    ids = list(problems)[:limit] if limit is not None else list(problems)
+    return {t: problems[t] for t in ids}
+
+
+def evaluate_model(
+    model: Any,
+    tokenizer: Any,
+    problems: Mapping[str, Mapping[str, Any]] | str | Path,
+    out_dir: str | Path,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    limit: int | None = None,
+    exec_config: ExecutionConfig | None = None,
+    progress: bool = True,
+    checkpoint_info: Mapping[str, Any] | None = None,
+    stop_strings: Sequence[str] = STOP_STRINGS,
+) -> dict[str, Any]:
+    """Generate, execute and score MBXP problems with an in-memory model (the trainer's entry point).
+
+    Args:
+        model: a transformers causal LM (may be None when ``out_dir`` already holds every sample).
+        tokenizer: its tokenizer.
+        problems: ``{task_id: problem}`` or a problems JSONL path.
+        out_dir: run directory (created; an existing run with the same settings is resumed).
+        batch_size: prompts per generate call.
+        max_new_tokens: generation budget per task.
+        limit: evaluate only the first ``limit`` problems.
+        exec_config: executor limits/workers (default ``ExecutionConfig()``).
+        progress: tqdm bars for generation and execution.
+        checkpoint_info: provenance recorded in the summary (see
+            :func:`ida_eval.loader.describe_checkpoint`).
+        stop_strings: generation stop strings (recorded).
+
+    Returns:
+        The summary dict also written to ``out_dir/summary.json``.
+
+    Example:
+        >>> summary = evaluate_model(model, tok, "mbpp_release_v1.jsonl", "runs/eval", limit=50)  # doctest: +SKIP
+        >>> summary["pass_at_1"], summary["counts"]["degenerate"]  # doctest: +SKIP
+    """
+    t_start = time.perf_counter()
+    chosen = select_problems(problems, limit)
+    decoding = DecodingConfig(batch_size=batch_size, max_new_tokens=max_new_tokens, stop_strings=tuple(stop_strings))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    describe = decoding.describe()
+    describe.pop("batch_size")  # does not change greedy fp32 output; may change between resumes
+    _check_run_file(out, {"decoding": describe, "checkpoint_sha256": _sha_of(checkpoint_info)})
+
+    samples_path = out / SAMPLES_FILE
+    have = read_samples(samples_path)
+    todo = {t: p["prompt"] for t, p in chosen.items() if t not in have}
+    gen_seconds, new_tokens = 0.0, 0
+    if todo:
+        if model is None:
+            raise ValueError(f"{out}: {len(todo)} tasks still need generating but no model was given")
+        t0 = time.perf_counter()
+        gens = generate_completions(
+            model, tokenizer, todo, decoding, progress=progress, on_batch=lambda b: _append_samples(samples_path, b)
+        )
+        gen_seconds = time.perf_counter() - t0
+        new_tokens = sum(g.n_tokens for g in gens)
+        have = read_samples(samples_path)
+    samples = [have[t] for t in chosen]
+
+    t0 = time.perf_counter()
+    config = exec_config if exec_config is not None else ExecutionConfig()
+    results = execute_samples(chosen, samples, out_path=out / RESULTS_FILE, config=config, progress=progress)
+    exec_seconds = time.perf_counter() - t0
+
+    prompts = {t: p["prompt"] for t, p in chosen.items()}
+    raws = {s["task_id"]: s["raw"] for s in samples if isinstance(s.get("raw"), str)}
+    counts, per_task = failure_counts(results, prompts, raws)
+    exec_summary = summarize(results, chosen)
+    summary: dict[str, Any] = {
+        "pass_at_1": exec_summary["pass@1"],
+        "n_tasks": len(chosen),
+        "passed": counts["passed"],
+        "counts": counts,
+        "degenerate": degenerate_report(samples),
+        "timings": {
+            "generation_s": round(gen_seconds, 3),
+            "execution_s": round(exec_seconds, 3),
+            "total_s": round(time.perf_counter() - t_start, 3),
+            "generated_tasks": len(todo),
+            "generated_tokens": new_tokens,
+            "tokens_per_s": round(new_tokens / gen_seconds, 2) if gen_seconds > 0 else None,
+        },
+        "isolation": exec_summary["isolation"] or [isolation_in_force(config.isolation)],
+        "executor": {
+            "result_classes": exec_summary["result_classes"],
+            "timed_out": exec_summary["timed_out"],
+            "timeout_s": config.timeout,
+            "workers": config.workers,
+        },
+        "decoding": decoding.describe(),
+        "checkpoint": dict(checkpoint_info) if checkpoint_info else None,
+        "model": _model_info(model),
+        "problems": {"n_selected": len(chosen), "limit": limit, "first": next(iter(chosen), None)},
+        "per_task": per_task,
+    }
+    _write_json_atomic(out / SUMMARY_FILE, summary)
+    return summary
+
+
+def _model_info(model: Any) -> dict[str, Any] | None:
+    if model is None:
+        return None
+    p = next(model.parameters())
+    import transformers
+
+    return {
+        "class": type(model).__name__,
+        "dtype": str(p.dtype).removeprefix("torch."),
+        "device": str(p.device),
+        "device_map": getattr(model, "hf_device_map", None),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+
+
+def _device_map_for(device: str, device_map: Any) -> Any:
+    if device_map is not None:
+        return device_map
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    return None if device == "cpu" else device
+
+
+def evaluate_checkpoint(
+    checkpoint_dir: str | Path,
+    *,
+    problems_path: str | Path | None = None,
+    out_dir: str | Path,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    limit: int | None = None,
+    device: str = "auto",
+    device_map: Any = None,
+    dtype: torch.dtype = torch.bfloat16,
+    exec_config: ExecutionConfig | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Load a checkpoint directory (MXFP8 or plain) and run :func:`evaluate_model` on it.
+
+    The model is not loaded at all when ``out_dir`` already holds every sample (resume).
+
+    Example:
+        >>> evaluate_checkpoint("runs/sft/final", out_dir="runs/sft/final-mbxp", limit=100)  # doctest: +SKIP
+    """
+    problems = select_problems(load_problems(find_problems_file(problems_path)), limit)
+    info = describe_checkpoint(checkpoint_dir)
+    have = read_samples(Path(out_dir) / SAMPLES_FILE)
+    model = tokenizer = None
+    if any(t not in have for t in problems):
+        model, tokenizer = load_model(checkpoint_dir, dtype=dtype, device_map=_device_map_for(device, device_map))
+    return evaluate_model(
+        model,
+        tokenizer,
+        problems,
+        out_dir,
+        batch_size=batch_size,
+        max_new_tokens=max_new_tokens,
+        limit=limit,
+        exec_config=exec_config,
+        progress=progress,
+        checkpoint_info=info,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m ida_eval.mbxp",
+        description="Score a checkpoint on MBXP Python (greedy pass@1 with failure analysis), or compare two runs.",
+    )
+    ap.add_argument("--checkpoint", help="checkpoint directory (MXFP8 or plain safetensors, config + tokenizer)")
+    ap.add_argument("--problems", help="problems JSONL (default: an installed mxeval's MBXP Python data)")
+    ap.add_argument("--out", help="output directory (default: ./mbxp-<checkpoint name>)")
+    ap.add_argument("--limit", type=int, help="only the first N problems")
+    ap.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help=f"default {DEFAULT_BATCH_SIZE}")
+    ap.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help=f"default {DEFAULT_MAX_NEW_TOKENS}")
+    ap.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
+    ap.add_argument("--device-map", help="accelerate device map, e.g. 'auto' to split layers over GPUs")
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    ap.add_argument("--workers", type=int, help="programs executed at once (default: nproc)")
+    ap.add_argument("--timeout", type=float, help="seconds per program (executor default when omitted)")
+    ap.add_argument("--compare", nargs=2, metavar=("DIR_A", "DIR_B"), help="print two finished runs side by side")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = ap.parse_args(argv)
+    if args.compare is None and not args.checkpoint:
+        ap.error("give --checkpoint DIR (or --compare DIR_A DIR_B)")
+    return args
+
+
+def _print_summary(s: Mapping[str, Any], out: Path) -> None:
+    c = s["counts"]
+    print(f"pass@1 = {s['pass_at_1']:.4f}  ({s['passed']}/{s['n_tasks']} tasks)  -> {out / SUMMARY_FILE}")
+    print("classes: " + ", ".join(f"{k}: {v}" for k, v in c.items()))
+    d = s["degenerate"]
+    print(f"degenerate completions: {d['count']}" + (f" (e.g. {d['examples'][0]['task_id']}: {d['examples'][0]['reason']})" if d["examples"] else ""))
+    t = s["timings"]
+    print(f"generation {t['generation_s']} s ({t['tokens_per_s']} tokens/s), execution {t['execution_s']} s; "
+          f"isolation: {', '.join(s['isolation'])}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the exit code (0 ok, 2 bad input)."""
+    args = _parse_args(argv)
+    try:
+        if args.compare:
+            print(format_comparison(compare_runs(*args.compare)))
+            return 0
+        out = Path(args.out) if args.out else Path(f"mbxp-{Path(args.checkpoint).resolve().name}")
+        cfg: dict[str, Any] = {}
+        if args.workers is not None:
+            cfg["workers"] = args.workers
+        if args.timeout is not None:
+            cfg["timeout"] = args.timeout
+        summary = evaluate_checkpoint(
+            args.checkpoint,
+            problems_path=args.problems,
+            out_dir=out,
+            batch_size=args.batch_size,
+            max_new_tokens=args.max_new_tokens,
+            limit=args.limit,
+            device=args.device,
+            device_map=args.device_map,
+            dtype=getattr(torch, args.dtype),
+            exec_config=ExecutionConfig(**cfg),
+            progress=not args.no_progress,
+        )
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    _print_summary(summary, out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
