@@ -37,10 +37,27 @@ import ml_dtypes
 import numpy as np
 
 from mxfp8_codec.errors import MXFP8Error
-from mxfp8_codec.header import DTYPES, ORIENTATIONS, SCALE_RULES, SCALE_SUFFIX
-from mxfp8_codec.reader import INDEX_FILE, MXFP8Reader, checkpoint_files, open_mxfp8, validate
+from mxfp8_codec.header import (
+    DTYPES,
+    ORIENTATIONS,
+    SCALE_RULES,
+    SCALE_SUFFIX,
+    read_header,
+)
+from mxfp8_codec.reader import (
+    INDEX_FILE,
+    MXFP8Reader,
+    checkpoint_files,
+    open_mxfp8,
+    validate,
+)
 from mxfp8_codec.rename import prefix_mapping, rename_tensors
-from mxfp8_codec.writer import is_projection_weight, write_mxfp8_safetensors, write_safetensors
+from mxfp8_codec.writer import (
+    atomic_output,
+    is_projection_weight,
+    write_mxfp8_safetensors,
+    write_safetensors,
+)
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".gguf", ".ckpt")  # not copied
 _NORM_RE = re.compile(r"norm\.weight$")  # 1-D norm gains: folded (1 + w) on disk under norm_convention=folded
@@ -177,38 +194,46 @@ def _cmd_rename(args: argparse.Namespace) -> int:
 
 
 class CheckpointTensors(Mapping[str, np.ndarray]):
-    """Name -> array over all shards of a checkpoint, loaded on access through one transform.
+    """Name -> array over all shards of a checkpoint, loaded (and re-oriented) on access.
 
-    Nothing is cached: with the writers' planning via :meth:`spec` the peak memory is one tensor.
+    ``self[name]`` decodes one tensor (MXFP8 -> float32, plain tensors as stored), transposes it when
+    ``transpose`` is set and it is a 2-D projection weight (the ``in_out`` <-> transformers flip), and
+    unfolds it (``w = gamma - 1`` in float32) when ``unfold_norms`` is set and it is a 1-D norm gain.
+    Nothing is cached, and :meth:`spec` answers shape/dtype from the headers, so the writers' planning
+    pass loads nothing and peak memory is one tensor.
     """
 
-    def __init__(
-        self,
-        readers: Sequence[MXFP8Reader],
-        transform: Callable[[str, np.ndarray], np.ndarray],
-        out_dtype: Callable[[str, str], np.dtype],
-    ) -> None:
+    def __init__(self, readers: Sequence[MXFP8Reader], *, transpose: bool, unfold_norms: bool = False) -> None:
         self._where: dict[str, MXFP8Reader] = {}
         for r in readers:
             for name in r.keys():
                 self._where[name] = r
-        self._transform = transform
-        self._out_dtype = out_dtype
+        self._transpose = transpose
+        self._unfold = unfold_norms
+
+    def _flips(self, name: str, ndim: int) -> bool:
+        return self._transpose and ndim == 2 and is_projection_weight(name)
+
+    def _unfolds(self, name: str, ndim: int) -> bool:
+        return self._unfold and is_norm_weight(name, ndim)
 
     def __getitem__(self, name: str) -> np.ndarray:
-        r = self._where[name]
-        return self._transform(name, r.get(name, dtype=None))
+        arr = self._where[name].get(name, dtype=None)
+        if self._flips(name, arr.ndim):
+            arr = np.ascontiguousarray(arr.T)
+        if self._unfolds(name, arr.ndim):
+            arr = arr.astype(np.float32) - np.float32(1.0)  # stored 1 + w -> w (exact in float32)
+        return arr
 
     def spec(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
-        """Shape and dtype ``self[name]`` will have, without loading it."""
+        """Shape and dtype ``self[name]`` will have, from the header alone."""
         r = self._where[name]
-        shape = r.shape(name)
-        if len(shape) == 2 and self._transposes(name):
+        shape, stored = r.shape(name), r.dtype(name)
+        if self._flips(name, len(shape)):
             shape = (shape[1], shape[0])
-        return shape, self._out_dtype(name, r.dtype(name))
-
-    def _transposes(self, name: str) -> bool:
-        return getattr(self._transform, "transposes", lambda n: False)(name)
+        if r.is_quantized(name) or self._unfolds(name, len(shape)):
+            return shape, np.dtype(np.float32)
+        return shape, DTYPES[stored]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._where)
@@ -247,15 +272,7 @@ def quantize_checkpoint(
                 raise MXFP8Error(
                     f"{r.path}: already holds MXFP8 tensors (e.g. {r.header.quantized[0]!r}); nothing to quantize"
                 )
-        flip = orientation == "in_out"
-
-        def transform(name: str, arr: np.ndarray) -> np.ndarray:
-            if flip and arr.ndim == 2 and is_projection_weight(name):
-                return np.ascontiguousarray(arr.T)
-            return arr
-
-        transform.transposes = lambda name: flip and is_projection_weight(name)  # type: ignore[attr-defined]
-        tensors = CheckpointTensors(readers, transform, lambda name, st: DTYPES[st])
+        tensors = CheckpointTensors(readers, transpose=orientation == "in_out")
         out.mkdir(parents=True, exist_ok=True)
         target = out / "model.safetensors"
         write_mxfp8_safetensors(
@@ -291,22 +308,11 @@ def dequantize_checkpoint(src: str | os.PathLike[str], out: str | os.PathLike[st
     written = []
     for f, target in pairs:
         with open_mxfp8(f) as r:
-            flip = r.metadata.get("orientation", "out_in") == "in_out"
-            folded = r.metadata.get("norm_convention") == "folded"
-
-            def transform(name: str, arr: np.ndarray, flip: bool = flip, folded: bool = folded) -> np.ndarray:
-                if flip and arr.ndim == 2 and is_projection_weight(name):
-                    arr = np.ascontiguousarray(arr.T)
-                if folded and is_norm_weight(name, arr.ndim):
-                    arr = arr.astype(np.float32) - np.float32(1.0)  # stored 1 + w -> w
-                return arr
-
-            transform.transposes = lambda name, flip=flip: flip and is_projection_weight(name)  # type: ignore[attr-defined]
-
-            def out_dtype(name: str, stored: str) -> np.dtype:
-                return np.dtype(np.float32) if stored == "F8_E4M3" else DTYPES[stored]  # what r.get(dtype=None) returns
-
-            tensors = CheckpointTensors([r], transform, out_dtype)
+            tensors = CheckpointTensors(
+                [r],
+                transpose=r.metadata.get("orientation", "out_in") == "in_out",
+                unfold_norms=r.metadata.get("norm_convention") == "folded",
+            )
             meta = {"format": "pt", "producer": "mxfp8_codec dequantize", "source": f.name}
             write_safetensors(target, tensors, metadata=meta, float_dtype=ml_dtypes.bfloat16, progress=True)
         written.append(target)
@@ -319,7 +325,9 @@ def dequantize_checkpoint(src: str | os.PathLike[str], out: str | os.PathLike[st
                 with open_mxfp8(target) as r:
                     weight_map.update({n: target.name for n in r.keys()})
             index["weight_map"] = weight_map
-            (out_p / INDEX_FILE).write_text(json.dumps(index, indent=2))
+            index.setdefault("metadata", {})["total_size"] = sum(read_header(t).data_size for _, t in pairs)
+            with atomic_output(out_p / INDEX_FILE) as fh:
+                fh.write(json.dumps(index, indent=2).encode())
     return written
 
 

@@ -278,7 +278,12 @@ def write_mxfp8_safetensors(
         >>> float(np.abs(out["l.up_proj.weight"] - w).max()) < 0.04
         True
     """
-    rule = ScaleRule(scale_rule).value if not isinstance(scale_rule, ScaleRule) else scale_rule.value
+    try:
+        rule = ScaleRule(scale_rule).value
+    except ValueError:
+        raise MXFP8Error(
+            f"{path}: scale_rule must be one of {[r.value for r in ScaleRule]}, got {scale_rule!r}"
+        ) from None
     if orientation not in ORIENTATIONS:
         raise MXFP8Error(f"{path}: orientation must be one of {list(ORIENTATIONS)}, got {orientation!r}")
     if norm_convention not in NORM_CONVENTIONS:

@@ -197,6 +197,37 @@ def test_dequantize_unfolds_norms_and_transposes_single_file(tmp_path: Path) -> 
         np.testing.assert_array_equal(r.get("m.o_proj.weight"), w_native.T)
 
 
+def test_dequantize_sharded_mxfp8_directory(tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    src, out = tmp_path / "mx", tmp_path / "plain"
+    src.mkdir()
+    w_native = rng.standard_normal((64, 48)).astype(np.float32)  # [in, out]
+    gamma = rng.standard_normal(64).astype(np.float32)
+    shard1, shard2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    write_mxfp8_safetensors(src / shard1, {"l.0.q_proj.weight": w_native})
+    write_mxfp8_safetensors(src / shard2, {"l.0.norm.weight": gamma, "ids": np.arange(3, dtype=np.int64)})
+    weight_map = {"l.0.q_proj.weight": shard1, "l.0.norm.weight": shard2, "ids": shard2}
+    (src / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 1}, "weight_map": weight_map})
+    )
+    (src / "config.json").write_text("{}")
+    assert main(["dequantize", str(src), str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [shard1, shard2, "model.safetensors.index.json", "config.json"]
+    )
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert index["weight_map"] == weight_map
+    assert index["metadata"]["total_size"] == sum(read_header(out / s).data_size for s in (shard1, shard2))
+    p, s = encode_mxfp8(w_native)
+    want = decode_mxfp8(p, s, dtype=ml_dtypes.bfloat16).T
+    with open_mxfp8(out / shard1) as r:
+        assert r.dtype("l.0.q_proj.weight") == "BF16" and r.shape("l.0.q_proj.weight") == (48, 64)
+        np.testing.assert_array_equal(r.get("l.0.q_proj.weight", dtype=None).view(np.uint16), want.view(np.uint16))
+    with open_mxfp8(out / shard2) as r:
+        np.testing.assert_array_equal(r.get("ids"), np.arange(3))
+        np.testing.assert_array_equal(r.get("l.0.norm.weight"), gamma.astype(ml_dtypes.bfloat16).astype(np.float32))
+
+
 def test_demo_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", str(tmp_path / "demo")]) == 0
     out = capsys.readouterr().out

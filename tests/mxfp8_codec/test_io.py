@@ -175,6 +175,7 @@ def test_failed_write_leaves_previous_file_intact(tmp_path: Path) -> None:
     [
         ({"x": np.zeros(2, np.float32)}, {"metadata": {"weights_dtype": "other"}}, "weights_dtype"),
         ({"x": np.zeros(2, np.float32)}, {"orientation": "sideways"}, "orientation"),
+        ({"x": np.zeros(2, np.float32)}, {"scale_rule": "round"}, "scale_rule must be one of"),
         ({"x": np.zeros(2, np.float32)}, {"norm_convention": "odd"}, "norm_convention"),
         ({"x": np.zeros(2, np.float32)}, {"metadata": {"k": 1}}, "str"),
         (
