@@ -187,7 +187,7 @@ def _verdict(res: SandboxResult, max_output: int) -> tuple[bool, str, str | None
             name = signal.Signals(-res.exit_status).name
         except ValueError:
             name = f"signal {-res.exit_status}"
-        reason = f"killed by {name}"
+        reason = f"killed by {name}" + (" (out of memory: cgroup limit)" if res.oom_killed else "")
     elif res.exit_status == 0:
         reason = "exited with status 0 before check() returned"
     else:

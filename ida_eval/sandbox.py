@@ -17,8 +17,11 @@ at the timeout. Here every program gets:
   root). Inside, a small bootstrap running as PID 1 of the new PID namespace bind-mounts the work
   directory onto itself, mounts a fresh ``/proc`` and remounts *every* other mount read-only
   (per-mount flags, so the host is untouched). The program then runs in a forked child with
-  rlimits, ``no_new_privs`` and either a per-worker unprivileged uid (root: real ``RLIMIT_NPROC``
-  accounting and no permission on any other file) or, without root, all capabilities dropped.
+  rlimits, ``no_new_privs`` and either a per-worker unprivileged uid (``setuid``: real
+  ``RLIMIT_NPROC`` accounting, no permission on other users' files; used when that uid can read
+  the interpreter) or uid 0 with every capability dropped (``capdrop``: the read-only mounts and
+  namespaces do the containing; the pids cgroup does the process cap). PID 1 also puts the tree
+  in fresh cgroups (:mod:`ida_eval.cgroups`: ``pids.max``, memory limit) where writable.
   There is no network (only a down loopback), and when PID 1 exits or is killed the kernel kills
   every process of the namespace, daemonized grandchildren included.
 * **Fallbacks** with a warning: ``setuid`` (root without namespaces: per-worker uid, rlimits, and
@@ -55,6 +58,8 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+from ida_eval.cgroups import SandboxCgroups, cgroup_support
+
 GiB = 1 << 30  # bytes
 MiB = 1 << 20  # bytes
 KiB = 1 << 10  # bytes
@@ -62,8 +67,6 @@ KiB = 1 << 10  # bytes
 UID_BASE = 1_000_000  # first uid handed to sandboxed programs (per-process offset added, see _slot_ids)
 UID_SLOTS_PER_PROCESS = 256  # at most this many concurrent sandboxes per executing process
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"  # the only PATH a sandboxed program sees
-PIDS_CGROUP_V1 = "/sys/fs/cgroup/pids"  # cgroup v1 pids hierarchy
-CGROUP_V2 = "/sys/fs/cgroup"  # cgroup v2 unified hierarchy
 KILL_GRACE_S = 0.5  # after the program's main process exits, wait this long for pipes to close
 SETUP_FAILED_EXIT = 125  # bootstrap's exit code when the sandbox itself could not be set up
 
@@ -81,8 +84,10 @@ class SandboxLimits:
 
     Attributes:
         timeout: wall-clock seconds before the whole process tree is killed.
-        memory_bytes: ``RLIMIT_AS`` per process (address space; 4 GiB default).
-        max_processes: ``RLIMIT_NPROC`` (enforced for the per-worker uid; not for uid 0).
+        memory_bytes: ``RLIMIT_AS`` per process (address space; 4 GiB default) and, where
+            available, the memory cgroup limit of the whole tree.
+        max_processes: processes of the whole tree (pids cgroup where available) and
+            ``RLIMIT_NPROC`` (enforced for the per-worker uid; the kernel exempts uid 0).
         open_files: ``RLIMIT_NOFILE``.
         file_size_bytes: ``RLIMIT_FSIZE``: largest file the program may write.
         max_output_bytes: stdout + stderr bytes after which the program is killed.
@@ -146,6 +151,7 @@ class SandboxResult:
     stderr_tail: str
     output_bytes: int  # stdout + stderr bytes the program wrote
     elapsed_s: float
+    oom_killed: bool = False  # the tree's cgroup memory limit was hit and the kernel killed a process
 
     @property
     def passed(self) -> bool:
@@ -226,8 +232,8 @@ def _ida_main():
     sys.argv = [cfg["program"]]
     status_fd, sentinel_fd = cfg["status_fd"], cfg["sentinel_fd"]
     try:
-        if cfg["cgroup"]:
-            with open(cfg["cgroup"] + "/cgroup.procs", "w") as f:
+        for group in filter(None, cfg["cgroup"].split(":")):
+            with open(group + "/cgroup.procs", "w") as f:
                 f.write("0")
         if cfg["mounts"]:
             _ida_mounts(cfg["workdir"])
@@ -307,7 +313,7 @@ print(json.dumps(report))
 def _candidates() -> list[Isolation]:
     root = _is_root()
     out: list[Isolation] = []
-    procs = "+pids cgroup" if pids_cgroup_root() else ""
+    procs = "+" + cgroup_support().describe()
     unshare = shutil.which("unshare")
     if unshare:
         prefix = [unshare, "--net", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private"]
@@ -430,74 +436,16 @@ class _Tail:
         return self.buf.decode("utf-8", errors="replace")
 
 
-@functools.lru_cache(maxsize=None)
-def pids_cgroup_root() -> str | None:
-    """A writable cgroup directory with the ``pids`` controller (v1 or v2), or None.
-
-    Used to cap the number of processes of a whole sandbox (``pids.max``): ``RLIMIT_NPROC`` is
-    not enforced for uid 0, which the ``capdrop`` privilege mode keeps.
-    """
-    candidates = [PIDS_CGROUP_V1]
-    try:
-        if "pids" in Path(CGROUP_V2, "cgroup.subtree_control").read_text().split():
-            candidates.append(CGROUP_V2)
-    except OSError:
-        pass
-    for base in candidates:
-        probe = os.path.join(base, f"ida-probe-{os.getpid()}")
-        try:
-            os.mkdir(probe)
-        except OSError:
-            continue
-        try:
-            ok = os.path.exists(os.path.join(probe, "pids.max"))
-        finally:
-            os.rmdir(probe)
-        if ok:
-            return base
-    return None
-
-
-def _make_pids_cgroup(max_processes: int, slot: int) -> str | None:
-    base = pids_cgroup_root()
-    if base is None:
-        return None
-    path = os.path.join(base, f"ida-exec-{os.getpid()}-{slot}-{secrets.token_hex(4)}")
-    os.mkdir(path)
-    try:
-        Path(path, "pids.max").write_text(str(max_processes))
-    except OSError:
-        os.rmdir(path)
-        raise
-    return path
-
-
-def _remove_cgroup(path: str) -> None:
-    """Kill anything still in the cgroup, then remove it (retrying while the kernel reaps)."""
-    for _ in range(200):
-        try:
-            os.rmdir(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            try:
-                for pid in Path(path, "cgroup.procs").read_text().split():
-                    try:
-                        os.kill(int(pid), signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-            except OSError:
-                pass
-            time.sleep(0.01)
-    warnings.warn(f"ida_eval sandbox: could not remove cgroup {path}", RuntimeWarning, stacklevel=2)
-
-
 def _kill_uid(uid: int, gid: int) -> None:
-    """Send SIGKILL to every process of ``uid`` (``kill(-1)`` issued by a helper running as that uid)."""
-    for _ in range(2):
+    """SIGKILL every process of ``uid``: ``kill -9 -1`` run *as that uid* reaches exactly its processes
+    (whatever session they escaped to) and nothing else."""
+    kill = shutil.which("kill", path=SAFE_PATH)
+    if kill is None:
+        warnings.warn("ida_eval sandbox: no kill(1) binary; escaped processes may survive", RuntimeWarning, stacklevel=2)
+        return
+    for _ in range(2):  # the second pass catches anything forked while the first was running
         subprocess.run(
-            [sys.executable, "-S", "-I", "-c", "import os, signal\ntry: os.kill(-1, signal.SIGKILL)\nexcept OSError: pass"],
+            [kill, "-9", "-1"],
             user=uid,
             group=gid,
             extra_groups=[],
@@ -589,12 +537,11 @@ def run_program(
         if uid is not None:
             os.chown(workdir, uid, gid)
             os.chown(program, uid, gid)
-        cgroup = _make_pids_cgroup(limits.max_processes, slot)
+        groups = SandboxCgroups.create(limits.max_processes, limits.memory_bytes, slot)
         try:
-            return _spawn_and_wait(program, workdir, limits, iso, uid, gid, cgroup)
+            return _spawn_and_wait(program, workdir, limits, iso, uid, gid, groups)
         finally:
-            if cgroup is not None:
-                _remove_cgroup(cgroup)
+            groups.remove()
     finally:
         _rmtree(root)
 
@@ -606,7 +553,7 @@ def _spawn_and_wait(
     iso: Isolation,
     uid: int | None,
     gid: int | None,
-    cgroup: str | None,
+    groups: SandboxCgroups,
 ) -> SandboxResult:
     sent_r, sent_w = os.pipe()
     stat_r, stat_w = os.pipe()
@@ -620,11 +567,11 @@ def _spawn_and_wait(
         "rlimits": ",".join(f"{n}:{a}:{b}" for n, a, b in _rlimits(limits)),
         "status_fd": stat_w,
         "sentinel_fd": sent_w,
-        "cgroup": cgroup,
+        "cgroup": ":".join(groups.paths),
     }
     args = [str(cfg[k]) if cfg[k] is not None else "" for k in _BOOTSTRAP_ARGS]
     cmd: Sequence[str] = [*iso.unshare, *_interpreter_args(limits), "-c", _BOOTSTRAP, *args]
-    nonce = secrets.token_hex(16).encode()
+    nonce = _new_nonce()
     start = time.monotonic()
     try:
         proc = subprocess.Popen(
@@ -671,7 +618,7 @@ def _spawn_and_wait(
             if exited_at is None and proc.poll() is not None:
                 exited_at = now
                 if not iso.uses_namespaces:  # no PID namespace: reap escaped processes ourselves
-                    _reap_escapees(proc, iso, uid, gid)
+                    _reap_escapees(proc, iso, uid, gid, groups)
             if exited_at is not None and now - exited_at > KILL_GRACE_S:
                 break  # something outside our control still holds a pipe open
             for key, _ in sel.select(timeout=min(0.25, deadline - now)):
@@ -696,7 +643,7 @@ def _spawn_and_wait(
         with _LIVE_LOCK:
             _LIVE.discard(proc)
         if not iso.uses_namespaces:
-            _reap_escapees(proc, iso, uid, gid)
+            _reap_escapees(proc, iso, uid, gid, groups)
         for fd in (sent_r, stat_r):
             os.close(fd)
         proc.stdout.close()
@@ -721,11 +668,20 @@ def _spawn_and_wait(
         stderr_tail=err.text(),
         output_bytes=out.total + err.total,
         elapsed_s=elapsed,
+        oom_killed=groups.oom_killed(),
     )
 
 
-def _reap_escapees(proc: subprocess.Popen[bytes], iso: Isolation, uid: int | None, gid: int | None) -> None:
+def _new_nonce() -> bytes:
+    """32 random hex characters, fresh for every program."""
+    return secrets.token_hex(16).encode()
+
+
+def _reap_escapees(
+    proc: subprocess.Popen[bytes], iso: Isolation, uid: int | None, gid: int | None, groups: SandboxCgroups
+) -> None:
     _kill_tree(proc)
+    groups.kill()
     if uid is not None and gid is not None:
         _kill_uid(uid, gid)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from ida_eval import sandbox as sb
+from ida_eval.cgroups import cgroup_support, leftover_groups
 
 FAST = sb.SandboxLimits(timeout=3.0, memory_bytes=1 << 30)
 
@@ -30,7 +31,27 @@ def iso() -> sb.Isolation:
 
 @pytest.fixture
 def marker() -> str:
-    return f"ida-marker-{secrets.token_hex(6)}"
+    """A unique, valid extra ``sleep`` interval (GNU sleep sums its arguments): ``sleep 300 MARKER``
+    runs 300 s and carries the marker in its command line, where /proc finds it."""
+    return f"0.{secrets.randbelow(10**12):012d}7"
+
+
+WAIT_FOR_MARKER = """
+def wait_for(marker, n=1):
+    import os, time
+    for _ in range(200):
+        seen = 0
+        for pid in os.listdir('/proc'):
+            try:
+                seen += marker.encode() in open(f'/proc/{pid}/cmdline', 'rb').read()
+            except (OSError, ValueError):
+                pass
+        if seen >= n:
+            print('up', seen, flush=True)
+            return
+        time.sleep(0.01)
+"""
+"""Program prelude: wait until ``n`` processes carrying the marker run (a positive control)."""
 
 
 def _processes_with(marker: str) -> list[int]:
@@ -57,10 +78,7 @@ def clean(tmp_path: Path, marker: str):
         time.sleep(0.05)
     assert _processes_with(marker) == [], "a process of the sandboxed program survived"
     assert list(root.iterdir()) == [], "work directory left behind"
-    base = sb.pids_cgroup_root()
-    if base is not None:
-        ours = [p for p in os.listdir(base) if p.startswith(f"ida-exec-{os.getpid()}-")]
-        assert ours == [], f"cgroups left behind: {ours}"
+    assert leftover_groups() == [], "cgroups left behind"
 
 
 def needs_namespaces(iso: sb.Isolation) -> None:
@@ -117,17 +135,24 @@ def test_atexit_cannot_fake_status_after_real_failure_and_success_needs_status0(
     assert res.finished and res.exit_status == 3 and not res.passed
 
 
-def test_nonce_is_not_in_program_argv_or_environment(clean: str) -> None:
+def test_nonce_is_invisible_to_the_program(clean: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    known = "d1e2a3d4b5e6e7f8" * 2  # make the per-run nonce known to the test only
+    monkeypatch.setattr(sb, "_new_nonce", lambda: known.encode())
     src = """
     import os, sys
-    print(repr(sys.argv), repr(dict(os.environ)), open('/proc/self/cmdline','rb').read())
+    print(repr(sys.argv), repr(dict(os.environ)))
+    for pid in os.listdir('/proc'):
+        for what in ('cmdline', 'environ'):
+            try:
+                print(open(f'/proc/{pid}/{what}', 'rb').read())
+            except OSError:
+                pass
+    for name in os.listdir('.'):
+        print(open(name, 'rb').read())
     """
-    res = run(src, clean)
-    assert res.passed
-    # the nonce is 32 hex chars; nothing of that shape may be visible to the program
-    import re
-
-    assert not re.search(r"\b[0-9a-f]{32}\b", res.stdout_tail)
+    res = run(src, clean, sb.SandboxLimits(timeout=3.0, memory_bytes=1 << 30, tail_bytes=1 << 20))
+    assert res.passed  # the known nonce was used and came back
+    assert "PATH" in res.stdout_tail and known not in res.stdout_tail
 
 
 # ------------------------------------------------------------------ time
@@ -157,11 +182,13 @@ def test_timeout_kills_whole_tree(clean: str, marker: str) -> None:
     import subprocess
     subprocess.Popen(['sleep', '300', '{marker}'])
     subprocess.Popen(['sh', '-c', 'sleep 301; : {marker}'])
+    wait_for('{marker}', 2)
     while True:
         pass
     """
-    res = run(src, clean, sb.SandboxLimits(timeout=2.0, memory_bytes=1 << 30))
+    res = run(WAIT_FOR_MARKER + textwrap.dedent(src), clean, sb.SandboxLimits(timeout=2.0, memory_bytes=1 << 30))
     assert res.timed_out
+    assert res.stdout_tail.startswith("up")
     assert _processes_with(marker) == []  # checked again (with a grace period) by `clean`
 
 
@@ -174,10 +201,11 @@ def test_daemonized_grandchild_does_not_survive(clean: str, marker: str, iso: sb
             os.execvp('sleep', ['sleep', '300', '{marker}'])
         os._exit(0)
     os.wait()
-    assert True
+    wait_for('{marker}')
     """
-    res = run(src, clean)
-    assert res.passed  # the program itself finished normally ...
+    res = run(WAIT_FOR_MARKER + textwrap.dedent(src), clean)
+    assert res.passed  # the program itself finished normally, with its daemon running ...
+    assert res.stdout_tail.startswith("up")
     deadline = time.monotonic() + 2.0
     while _processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -232,6 +260,29 @@ def test_growing_memory_bomb_fails(clean: str) -> None:
     src = "chunks = []\nwhile True:\n    chunks.append(bytearray(32 << 20))"
     res = run(src, clean, sb.SandboxLimits(timeout=5.0, memory_bytes=512 << 20))
     assert not res.passed and not res.timed_out and "MemoryError" in res.stderr_tail
+
+
+def test_memory_of_the_whole_tree_is_bounded(clean: str) -> None:
+    if cgroup_support().memory_parent is None:
+        pytest.skip("no writable memory cgroup here: only the per-process RLIMIT_AS applies")
+    # each child stays under RLIMIT_AS (768 MiB), together they exceed the tree's 768 MiB
+    src = """
+    import os, time
+    kids = []
+    for _ in range(4):
+        pid = os.fork()
+        if pid == 0:
+            block = b'x' * (300 << 20)
+            time.sleep(1.0)
+            os._exit(0)
+        kids.append(pid)
+    codes = [os.waitstatus_to_exitcode(os.waitpid(k, 0)[1]) for k in kids]
+    print(codes)
+    assert all(c == 0 for c in codes)
+    """
+    res = run(src, clean, sb.SandboxLimits(timeout=10.0, memory_bytes=768 << 20))
+    assert not res.passed and res.oom_killed
+    assert "-9" in res.stdout_tail  # a child was OOM-killed inside the group
 
 
 def test_output_flood_is_capped_and_killed(clean: str) -> None:
@@ -362,6 +413,45 @@ def test_isolation_description_names_the_mechanism(iso: sb.Isolation) -> None:
     if os.geteuid() == 0 and sb.shutil.which("unshare"):
         # on this project's machines (root, util-linux) namespaces must be in force
         assert iso.uses_namespaces, desc
+
+
+def _working_modes() -> list[sb.Isolation]:
+    return list(sb._candidates())
+
+
+@pytest.mark.parametrize("mode", _working_modes(), ids=lambda i: f"{i.level}-{i.privilege}")
+def test_every_mode_that_works_here_contains_the_basics(mode: sb.Isolation, clean: str, marker: str) -> None:
+    why = sb._probe_one(mode)
+    if why is not None:
+        pytest.skip(f"{mode.level}/{mode.privilege} does not work on this machine: {why[:200]}")
+    assert run("assert 1 == 1", clean, isolation=mode).passed
+    assert not run("import os\nos._exit(0)", clean, isolation=mode).passed
+    assert not run("import sys\nsys.exit(0)", clean, isolation=mode).passed
+    assert run("while True: pass", clean, sb.SandboxLimits(timeout=1.0), isolation=mode).timed_out
+    daemon = f"""
+    import os
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.execvp('sleep', ['sleep', '300', '{marker}'])
+        os._exit(0)
+    os.wait()
+    wait_for('{marker}')
+    """
+    res = run(WAIT_FOR_MARKER + textwrap.dedent(daemon), clean, isolation=mode)
+    assert res.passed and res.stdout_tail.startswith("up")
+    if mode.level != "rlimits" or cgroup_support().pids_parent:  # the weakest level without cgroups cannot
+        deadline = time.monotonic() + 2.0
+        while _processes_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _processes_with(marker) == []
+    else:
+        for pid in _processes_with(marker):
+            os.kill(pid, 9)
+    if mode.uses_namespaces:
+        res = run("open('/etc/ida-sandbox-test', 'w')", clean, isolation=mode)
+        assert not res.passed and "Read-only file system" in res.stderr_tail
+        assert not Path("/etc/ida-sandbox-test").exists()
 
 
 def test_weakest_fallback_still_detects_early_exit(clean: str) -> None:
