@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from mxfp8_codec.convert import BF16, float_target_dtype, numpy_to_torch
 from mxfp8_codec.errors import MXFP8Error
@@ -195,7 +196,9 @@ class MXFP8Reader:
         Raises:
             MXFP8Error: naming the tensor and the first offending flat index.
         """
-        for name in self._names:
+        for name in tqdm(
+            self._names, desc=f"scanning {Path(self.path).name}", unit="tensor", disable=None, leave=False
+        ):
             e = self.header.entries[name]
             if name in self._quantized:
                 checks = [(e, lambda c: (c & 0x7F) == 0x7F, "NaN payload code (0x7F/0xFF)")]
