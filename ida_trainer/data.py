@@ -176,6 +176,19 @@ def read_jsonl(path: str | Path, fmt: str) -> list[tuple[int, dict[str, Any]]]:
     return records
 
 
+def record_texts(records: Sequence[tuple[int, dict[str, Any]]], fmt: str) -> list[str]:
+    """The raw text of validated records (for training a tokenizer on the data itself, as the demo does)."""
+    out: list[str] = []
+    for _, rec in records:
+        if fmt == "plain":
+            out.append(rec["text"])
+        elif fmt == "alpaca":
+            out.append("\n".join(rec.get(k, "") for k in ("instruction", "input", "output")))
+        else:
+            out.extend(m["content"] for m in rec["messages"])
+    return out
+
+
 def _encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 

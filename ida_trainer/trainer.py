@@ -45,7 +45,16 @@ import torch.nn.functional as F
 
 from ida_trainer import checkpoint as ckpt
 from ida_trainer.config import JobConfig, OptimConfig, to_dict, to_toml, warn_ignored
-from ida_trainer.data import IGNORE_INDEX, DataStats, StepBatch, build_batcher, end_of_turn_marker, load_examples
+from ida_trainer.data import (
+    IGNORE_INDEX,
+    DataStats,
+    StepBatch,
+    build_batcher,
+    end_of_turn_marker,
+    load_examples,
+    read_jsonl,
+    record_texts,
+)
 from ida_trainer.logs import RunLogger, atomic_write_text, peak_memory_gib
 from ida_trainer.special_tokens import UntrainedReport, fix_untrained_tokens, set_end_of_turn
 
@@ -216,12 +225,13 @@ class Trainer:
         if cfg.is_demo:
             from transformers import AutoTokenizer
 
-            from ida_trainer.demo import build_demo_model, corpus_texts, train_demo_tokenizer
+            from ida_trainer.demo import build_demo_model, train_demo_tokenizer
 
             if resume_dir is not None:
                 self.tokenizer = AutoTokenizer.from_pretrained(resume_dir)
             else:
-                self.tokenizer = train_demo_tokenizer(corpus_texts(self._data_path()))
+                records = read_jsonl(self._data_path(), cfg.data.format)  # validates before training on it
+                self.tokenizer = train_demo_tokenizer(record_texts(records, cfg.data.format))
             self.model = build_demo_model(cfg.model, self.tokenizer, seed=cfg.train.seed)
             return
         from ida_eval import load_model
