@@ -14,20 +14,30 @@ Example:
 
 from ida_eval.analysis import FAILURE_CLASSES, classify_failure, compare_runs, format_comparison, is_degenerate
 from ida_eval.generate import STOP_STRINGS, DecodingConfig, Generation, generate_completions, truncate_completion
+from ida_eval.execute import ExecutionConfig, execute_samples, isolation_in_force, load_problems
 from ida_eval.loader import CheckpointLoadError, describe_checkpoint, load_model
+from ida_eval.mbxp import evaluate_checkpoint, evaluate_model
+from ida_eval.problems import find_problems_file
 
 __all__ = [
     "CheckpointLoadError",
     "DecodingConfig",
+    "ExecutionConfig",
     "FAILURE_CLASSES",
     "Generation",
     "STOP_STRINGS",
     "classify_failure",
     "compare_runs",
     "describe_checkpoint",
+    "evaluate_checkpoint",
+    "evaluate_model",
+    "execute_samples",
+    "find_problems_file",
     "format_comparison",
     "generate_completions",
     "is_degenerate",
+    "isolation_in_force",
     "load_model",
+    "load_problems",
     "truncate_completion",
 ]

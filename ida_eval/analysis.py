@@ -27,6 +27,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import warnings
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -126,7 +127,9 @@ def _repeated_run(items: Sequence[str], minimum: int, what: str, *, skip_blank: 
 def compiles(prompt: str, completion: str) -> bool:
     """Whether ``prompt + completion`` parses as Python."""
     try:
-        ast.parse(prompt + completion)
+        with warnings.catch_warnings():  # user code: invalid escapes etc. are not our warnings
+            warnings.simplefilter("ignore")
+            ast.parse(prompt + completion)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return False
     return True

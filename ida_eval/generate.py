@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -106,7 +107,9 @@ class Generation:
 
 def _parses(source: str) -> bool:
     try:
-        ast.parse(source)
+        with warnings.catch_warnings():  # user code: invalid escapes etc. are not our warnings
+            warnings.simplefilter("ignore")
+            ast.parse(source)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return False
     return True

@@ -202,7 +202,8 @@ def load_model(
             whole decoder layers over the visible GPUs) or an explicit accelerate device map.
 
     Returns:
-        ``(model, tokenizer)``, the model in eval mode without gradients.
+        ``(model, tokenizer)``, the model in eval mode (parameters require grad, as with
+        ``from_pretrained``).
 
     Raises:
         CheckpointLoadError: no weights, bad metadata, wrong shapes, or missing/unexpected keys
@@ -273,8 +274,7 @@ def load_model(
     still_meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
     if still_meta:
         raise CheckpointLoadError(f"{ckpt}: tensors left on the meta device: {_list(still_meta)}")
-    model.requires_grad_(False)
-    model.eval()
+    model.eval()  # parameters keep requires_grad=True, as from_pretrained leaves them (the trainer loads here too)
     if dm is not None:
         _dispatch(model, dm)
     return model, tokenizer

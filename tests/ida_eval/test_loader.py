@@ -50,7 +50,7 @@ def test_mxfp8_load_is_bit_identical_to_direct_decode(arch, tok, ids, tmp_path):
     # rotary buffers real and float32, equal to a normally built model's
     rot = loaded.model.rotary_emb
     assert rot.inv_freq.dtype == torch.float32 and torch.equal(rot.inv_freq, model.model.rotary_emb.inv_freq)
-    assert not loaded.training and not any(p.requires_grad for p in loaded.parameters())
+    assert not loaded.training and all(p.requires_grad for p in loaded.parameters())  # like from_pretrained
     assert ltok("def f():")["input_ids"] == tok("def f():")["input_ids"]
 
 

@@ -1,0 +1,126 @@
+"""ida_eval.analysis: degenerate-output detection, failure classes, run comparison."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ida_eval import FAILURE_CLASSES, classify_failure, compare_runs, format_comparison, is_degenerate
+from ida_eval.analysis import WORD_REPEAT_MIN, degenerate_report, load_run
+from tests.ida_eval.test_mbxp_support import read_problems
+
+PROMPT = '\n\ndef f(x):\n  """\n  Doc.\n  """\n'
+
+
+@pytest.mark.parametrize(
+    "text, kind",
+    [
+        ("", "empty"),
+        ("   ", "empty"),
+        ("\t" * 20, "whitespace flood"),
+        ("\n" * 12, "whitespace flood"),
+        ("  return 1" + " " * 300, "whitespace flood"),
+        ("  x = 1\n" + "  \n" * 30 + "  return x", "whitespace flood"),
+        (" the" * 9, "repeated word"),
+        ("  return x\n" * 5, "repeated line"),
+        ("  return " + "foo" * 15, "repeated unit"),
+        ("((((((((((((((((((((((((((((((((((((((((((((", "repeated unit"),
+        ("  n = n + 1; " * 10, "repeated"),
+    ],
+)
+def test_collapse_signatures_are_detected(text, kind):
+    reason = is_degenerate(text)
+    assert reason is not None and reason.startswith(kind), (text, reason)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "  return a + b",
+        "\tR = 3\n\tC = 3\n\ttc = [[0 for x in range(C)] for x in range(R)]\n\treturn tc[2][2]",
+        "  if n == 0:\n    return 1\n  else:\n    return n * f(n - 1)",
+        "  s = '-' * 30\n  return s",
+        "  a = 0\n  a += 1\n  a += 1\n  a += 1\n  return a",  # 3 identical lines: legitimate
+    ],
+)
+def test_ordinary_code_is_not_degenerate(text):
+    assert is_degenerate(text) is None
+
+
+def test_no_canonical_solution_is_degenerate(mbxp_problems_file):
+    flagged = {p["task_id"]: is_degenerate(p["canonical_solution"]) for p in read_problems(mbxp_problems_file)}
+    assert {k: v for k, v in flagged.items() if v} == {}
+
+
+@settings(max_examples=50, deadline=None)
+@given(word=st.from_regex(r"[A-Za-z_]{1,8}", fullmatch=True), n=st.integers(WORD_REPEAT_MIN, 40),
+       head=st.sampled_from(["", "  x = 1\n  ", "\treturn "]))
+def test_any_repeated_word_run_is_degenerate(word, n, head):
+    assert is_degenerate(head + " ".join([word] * n)) is not None
+
+
+def _result(passed, result, completion="  return 1", exception=None):
+    return {"task_id": "MBPP/1", "passed": passed, "result": result, "completion": completion, "exception": exception}
+
+
+def test_classify_failure():
+    assert classify_failure(_result(True, "passed")) == "passed"
+    assert classify_failure(_result(False, "failed: AssertionError", exception="AssertionError"), PROMPT) == "wrong_answer"
+    assert classify_failure(_result(False, "timed out"), PROMPT) == "timeout"
+    assert classify_failure(_result(False, "failed: NameError: name 'y' is not defined", exception="NameError"),
+                            PROMPT) == "runtime_error"
+    assert classify_failure(_result(False, "failed: exited with status 0 before check() returned"), PROMPT) == "runtime_error"
+    # syntax errors found independently of the executor's message
+    assert classify_failure(_result(False, "failed: something", completion="  return ((("), PROMPT) == "syntax_error"
+    assert classify_failure(_result(False, "failed: IndentationError: unexpected indent",
+                                    exception="IndentationError")) == "syntax_error"
+    # collapse wins over the symptom it causes
+    flood = _result(False, "failed: AssertionError", completion="  return 1 1 1 1 1 1 1 1 1 1 1")
+    assert classify_failure(flood, PROMPT) == "degenerate"
+    # a collapse cut away by truncation is still seen through the raw generation
+    assert classify_failure(_result(False, "failed: AssertionError", completion=""), PROMPT, raw="\n#\n#\n#\n#\n#") \
+        == "degenerate"
+    assert set(FAILURE_CLASSES) == {"degenerate", "timeout", "syntax_error", "wrong_answer", "runtime_error"}
+
+
+def test_degenerate_report_counts_and_examples():
+    samples = [{"task_id": f"MBPP/{i}", "completion": c, "raw": c} for i, c in
+               enumerate(["  return 1", "", "\t" * 30, " ok" * 12, "  return 2"] * 3)]
+    rep = degenerate_report(samples)
+    assert rep["count"] == 9 and len(rep["examples"]) == 5
+    assert rep["kinds"] == {"empty": 3, "whitespace flood": 3, "repeated word": 3}
+
+
+def _write_run(path, per_task):
+    path.mkdir()
+    counts = {k: 0 for k in ("passed", *FAILURE_CLASSES)}
+    for c in per_task.values():
+        counts[c] += 1
+    summary = {"pass_at_1": counts["passed"] / len(per_task), "n_tasks": len(per_task), "counts": counts,
+               "per_task": per_task, "degenerate": {"count": counts["degenerate"]}}
+    (path / "summary.json").write_text(json.dumps(summary))
+    return path
+
+
+def test_compare_runs(tmp_path):
+    a = _write_run(tmp_path / "a", {"MBPP/1": "passed", "MBPP/2": "degenerate", "MBPP/10": "wrong_answer"})
+    b = _write_run(tmp_path / "b", {"MBPP/1": "wrong_answer", "MBPP/2": "passed", "MBPP/10": "wrong_answer",
+                                    "MBPP/3": "passed"})
+    cmp = compare_runs(a, b)
+    assert cmp["gained"] == ["MBPP/2"] and cmp["lost"] == ["MBPP/1"]
+    assert cmp["changed_class"] == {"MBPP/1": ["passed", "wrong_answer"], "MBPP/2": ["degenerate", "passed"]}
+    assert cmp["only_in_b"] == ["MBPP/3"]
+    text = format_comparison(cmp)
+    assert "pass@1" in text and "0.3333" in text and "0.5000" in text
+    assert "(gained) (1): MBPP/2" in text and "(lost) (1): MBPP/1" in text
+
+
+def test_load_run_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no summary.json"):
+        load_run(tmp_path)
+    (tmp_path / "summary.json").write_text("{not json")
+    with pytest.raises(ValueError, match="summary.json: not valid JSON"):
+        load_run(tmp_path)

@@ -1,0 +1,78 @@
+"""ida_eval.mbxp: the harness API in-process (files, resume, run pinning, CLI errors)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ida_eval import ExecutionConfig, evaluate_model
+from ida_eval.mbxp import RunDirError, main, read_samples, select_problems
+from tests.ida_eval.test_mbxp_support import SMALL_PROBLEMS, tiny_model, train_tokenizer, write_problems
+
+EXEC = ExecutionConfig(workers=2, timeout=20)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tok = train_tokenizer([p["prompt"] + p["canonical_solution"] for p in SMALL_PROBLEMS] * 2, vocab_size=300)
+    model = tiny_model("qwen3", len(tok), seed=1)
+    path = write_problems(tmp_path_factory.mktemp("p") / "problems.jsonl", SMALL_PROBLEMS)
+    return model, tok, path
+
+
+def test_run_files_resume_and_pinning(setup, tmp_path):
+    model, tok, problems = setup
+    out = tmp_path / "run"
+    kw = dict(batch_size=2, max_new_tokens=10, limit=3, exec_config=EXEC, progress=False)
+    s = evaluate_model(model, tok, problems, out, **kw)
+    ids = [p["task_id"] for p in SMALL_PROBLEMS[:3]]
+    assert list(s["per_task"]) == ids and s["n_tasks"] == 3
+    assert sum(s["counts"].values()) == 3 and s["passed"] == s["counts"]["passed"]
+    assert s["pass_at_1"] == s["passed"] / 3
+    assert s["timings"]["generated_tasks"] == 3 and s["timings"]["generated_tokens"] > 0
+    assert s["model"]["class"] == "Qwen3ForCausalLM" and s["checkpoint"] is None
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert on_disk["per_task"] == s["per_task"]
+    samples = read_samples(out / "samples.jsonl")
+    assert sorted(samples) == ids and all({"completion", "raw", "n_tokens", "stop_reason"} <= set(v) for v in samples.values())
+    assert len((out / "results.jsonl").read_text().splitlines()) == 3
+
+    # crash mid-append: the last sample line is torn; a rerun regenerates exactly that task
+    data = (out / "samples.jsonl").read_bytes()
+    last_start = data.rstrip(b"\n").rfind(b"\n") + 1
+    (out / "samples.jsonl").write_bytes(data[: last_start + 10])
+    s2 = evaluate_model(model, tok, problems, out, **kw)
+    assert s2["timings"]["generated_tasks"] == 1
+    assert (out / "samples.jsonl").read_bytes() == data  # greedy: the same line again, file line-aligned
+    assert s2["per_task"] == s["per_task"]
+
+    # extending the run to more tasks generates only the new ones
+    s3 = evaluate_model(model, tok, problems, out, **{**kw, "limit": 4})
+    assert s3["timings"]["generated_tasks"] == 1 and s3["n_tasks"] == 4
+
+    # different decoding settings may not be mixed into this directory
+    with pytest.raises(RunDirError, match="different decoding"):
+        evaluate_model(model, tok, problems, out, **{**kw, "max_new_tokens": 11})
+    # nothing left to generate: no model needed
+    assert evaluate_model(None, None, problems, out, **kw)["per_task"] == s["per_task"]
+    with pytest.raises(ValueError, match="no model was given"):
+        evaluate_model(None, None, problems, out, **{**kw, "limit": 5})
+
+
+def test_select_problems(setup):
+    _, _, problems = setup
+    assert list(select_problems(problems, 2)) == ["T/1", "T/2"]
+    assert len(select_problems(problems, None)) == len(SMALL_PROBLEMS)
+    with pytest.raises(ValueError, match="limit"):
+        select_problems(problems, 0)
+
+
+def test_cli_errors(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main([])
+    assert main(["--checkpoint", str(tmp_path / "nope"), "--problems", str(tmp_path / "none.jsonl"),
+                 "--out", str(tmp_path / "o")]) == 2
+    assert "error:" in capsys.readouterr().err
+    assert main(["--compare", str(tmp_path), str(tmp_path)]) == 2
+    assert "no summary.json" in capsys.readouterr().err
