@@ -21,7 +21,7 @@ Lion (Chen et al. 2023, decoupled weight decay as in lucidrains/lion-pytorch), f
 exact operation order (the CUDA kernel uses the same, without FMA contraction)::
 
     c  = (beta1 * m) + ((1 - beta1) * g)
-    w' = (w [+ comp]) * (1 - lr * wd)  +  (-lr * sign(c))
+    w' = (w [+ comp]) * (1 - lr * wd)  +  (-lr * sign(c))        (+0.0 when c == 0)
     m' = bf16_rne( (beta2 * m) + ((1 - beta2) * g) )
 
 where ``beta1``, ``1 - beta1``, ``beta2``, ``1 - beta2``, ``lr`` and ``1 - lr * wd`` are rounded once
@@ -210,7 +210,9 @@ def lion_step_mxfp8_(payload: torch.Tensor, scales: torch.Tensor, grad: torch.Te
     c = (m * b1) + (g * omb1)
     if writeback == "compensated":
         w = w + compensation
-    target = (w * decay) + torch.sign(c) * neg_lr
+    # -lr * sign(c), with +0.0 (not -0.0) when c == 0, exactly as the kernel's select
+    upd = torch.where(c > 0, neg_lr, torch.where(c < 0, -neg_lr, 0.0)).to(torch.float32)
+    target = (w * decay) + upd
     _check_finite(target, f"lion_step_mxfp8_ (tensor_id {tensor_id}): updated weight")
     rand = rand24_like(tuple(shape), seed, step, tensor_id, device=payload.device) if writeback == "stochastic" else None
     new_payload, new_scales = _encode_f32(target, rand)

@@ -1,0 +1,62 @@
+"""Command line: ``python -m nvfp4_cuda build [--force]`` and ``python -m nvfp4_cuda info [--json]``.
+
+``build`` compiles the shared library into the cache (see :mod:`nvfp4_cuda.build`) and prints its
+path; ``info`` reports the backend CUDA tensors would use, the device, the library path, and - when a
+library is already built - whether it loads and what the driver says (no compilation happens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from nvfp4_cuda import build as _build
+from nvfp4_cuda.api import backend_info
+
+
+def _info() -> dict[str, object]:
+    info = backend_info()
+    try:
+        nvcc = _build.find_nvcc()
+        lib = _build.library_path(nvcc)
+        info["nvcc"] = nvcc
+        info["library"] = str(lib)
+        info["library_built"] = lib.is_file()
+    except _build.BuildError as e:
+        info["nvcc"] = None
+        info["library_built"] = False
+        info["nvcc_error"] = str(e)
+    if info.get("library_built"):
+        from nvfp4_cuda import cuda_ops
+
+        try:
+            info["driver"] = cuda_ops.device_query()
+        except (cuda_ops.NVFP4CudaError, OSError) as e:
+            info["driver"] = f"unavailable: {e}"
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit code."""
+    parser = argparse.ArgumentParser(prog="python -m nvfp4_cuda", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="compile libnvfp4_cuda.so into the cache (sm_80, sm_90, sm_120a)")
+    b.add_argument("--force", action="store_true", help="rebuild even if a cached library exists")
+    i = sub.add_parser("info", help="report backend, device and library path")
+    i.add_argument("--json", action="store_true", help="print JSON")
+    args = parser.parse_args(argv)
+    if args.cmd == "build":
+        try:
+            path = _build.build(force=args.force)
+        except _build.BuildError as e:
+            print(str(e))
+            return 1
+        print(path)
+        return 0
+    info = _info()
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+    else:
+        for k, v in info.items():
+            print(f"{k}: {v}")
+    return 0

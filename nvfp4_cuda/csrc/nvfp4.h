@@ -1,0 +1,56 @@
+/* nvfp4.h -- plain C ABI of libnvfp4_cuda (declarations only; parsed by cffi's cdef).
+ *
+ * Conventions: every function returns an int status (NVFP4_OK = 0) and never allocates memory or
+ * synchronises the host; on failure nvfp4_last_error() copies a message.  Device pointers and the
+ * CUDA stream are passed as uintptr_t (tensor.data_ptr(), torch.cuda.current_stream().cuda_stream).
+ * Matrices are row-major and contiguous.  "Logical" shape [rows, cols]: with transpose = 1 the
+ * input is stored as [cols, rows] and its transpose is processed.  Stochastic rounding uses the
+ * counter RNG of nvfp4_cuda/rng.py; the two round keys (key2, key3) are computed on the host.
+ * Semantics are specified in docs/nvfp4.md and implemented bit-for-bit by nvfp4_cuda/reference.py.
+ */
+#define NVFP4_OK 0
+#define NVFP4_ERR_INVALID 1
+#define NVFP4_ERR_CUDA 2
+#define NVFP4_ERR_UNSUPPORTED 3
+
+#define NVFP4_DTYPE_F32 0
+#define NVFP4_DTYPE_BF16 1
+#define NVFP4_DTYPE_MXFP8 2
+
+#define NVFP4_ROUND_RNE 0
+#define NVFP4_ROUND_STOCHASTIC 1
+
+#define NVFP4_BACKEND_AUTO 0
+#define NVFP4_BACKEND_NATIVE 1
+#define NVFP4_BACKEND_EMULATED 2
+
+#define NVFP4_WRITEBACK_STOCHASTIC 0
+#define NVFP4_WRITEBACK_RNE 1
+#define NVFP4_WRITEBACK_COMPENSATED 2
+
+int nvfp4_abi_version(void);
+int nvfp4_last_error(char *buf, size_t n);
+const char *nvfp4_status_string(int status);
+int nvfp4_query(int *device_count, int *cc_major, int *cc_minor, int *native_fp4_compiled);
+
+int nvfp4_amax(uintptr_t x, int dtype, uintptr_t x_scales, int64_t rows, int64_t cols, int transpose,
+               int hadamard, uintptr_t amax_out, uintptr_t stream);
+int nvfp4_quantize(uintptr_t x, int dtype, uintptr_t x_scales, int64_t rows, int64_t cols, int transpose,
+                   int hadamard, int block_2d, int rounding, uint32_t key2, uint32_t key3, uintptr_t amax,
+                   uintptr_t codes, uintptr_t block_scales, uintptr_t tensor_scale, uintptr_t stream);
+int nvfp4_dequantize(uintptr_t codes, uintptr_t block_scales, uintptr_t tensor_scale, int64_t rows, int64_t cols,
+                     uintptr_t out, int out_dtype, uintptr_t stream);
+int nvfp4_hadamard16(uintptr_t x, int dtype, int64_t rows, int64_t cols, uintptr_t out_f32, uintptr_t stream);
+int nvfp4_gemm(uintptr_t a_codes, uintptr_t a_scales, uintptr_t a_tensor_scale, uintptr_t b_codes,
+               uintptr_t b_scales, uintptr_t b_tensor_scale, int64_t m, int64_t n, int64_t k, uintptr_t out,
+               int out_dtype, int accumulate, int backend, uintptr_t stream);
+
+int nvfp4_mxfp8_encode(uintptr_t x, int dtype, int64_t rows, int64_t cols, int rounding, uint32_t key2,
+                       uint32_t key3, uintptr_t payload, uintptr_t scales, uintptr_t stream);
+int nvfp4_mxfp8_decode(uintptr_t payload, uintptr_t scales, int64_t rows, int64_t cols, uintptr_t out,
+                       int out_dtype, uintptr_t stream);
+int nvfp4_lion_step_mxfp8(uintptr_t payload, uintptr_t scales, uintptr_t grad, int grad_dtype, uintptr_t momentum,
+                          uintptr_t compensation, int64_t rows, int64_t cols, float neg_lr, float decay, float beta1,
+                          float one_minus_beta1, float beta2, float one_minus_beta2, int writeback, uint32_t key2,
+                          uint32_t key3, uintptr_t stream);
+int nvfp4_sr_bf16(uintptr_t dst_bf16, uintptr_t src_f32, int64_t n, uint32_t key2, uint32_t key3, uintptr_t stream);

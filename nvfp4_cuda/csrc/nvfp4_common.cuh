@@ -1,0 +1,146 @@
+// nvfp4_common.cuh -- device helpers shared by all kernels: RNG, grid rounding, E2M1/E4M3/UE8M0, loaders.
+//
+// Every helper mirrors a function of nvfp4_cuda/formats.py or rng.py operation for operation, so the
+// kernels produce the reference's bits.  The library is compiled with -fmad=false: no multiply-add
+// is ever fused, and each float32 operation below rounds exactly once, like the PyTorch reference.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#define NVFP4_FLT_MAX 3.402823466e+38f
+#define NVFP4_ONE_SIXTH 0.16666667163372040f  // fp32(1/6)
+#define NVFP4_SR_SCALE 16777216.0f            // 2**24
+
+// ---- counter RNG (rng.py) -----------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t nv_mix32(uint32_t x) {
+  x = ((x >> 16) ^ x) * 0x045D9F3Bu;
+  x = ((x >> 16) ^ x) * 0x045D9F3Bu;
+  return (x >> 16) ^ x;
+}
+
+__device__ __forceinline__ uint32_t nv_word(uint64_t index, uint32_t key2, uint32_t key3) {
+  uint32_t lo = (uint32_t)(index & 0xFFFFFFFFull), hi = (uint32_t)(index >> 32);
+  return nv_mix32(nv_mix32(lo ^ key2) ^ hi ^ key3);
+}
+
+__device__ __forceinline__ uint32_t nv_rand24(uint64_t index, uint32_t key2, uint32_t key3) {
+  return nv_word(index, key2, key3) >> 8;
+}
+
+// ---- grid rounding (formats.round_to_grid) -------------------------------------------------------------
+__device__ __forceinline__ float nv_round_grid(float t, bool stochastic, uint32_t r24) {
+  if (!stochastic) return rintf(t);  // half to even
+  float fl = floorf(t);
+  float frac = (t - fl) * NVFP4_SR_SCALE;
+  return fl + (((float)r24 < frac) ? 1.0f : 0.0f);
+}
+
+__device__ __forceinline__ float nv_pow2(int e) {  // exact 2**e for e in [-149, 127]
+  if (e >= -126) return __uint_as_float((uint32_t)(e + 127) << 23);
+  return __uint_as_float(1u << (e + 149));
+}
+
+// ---- E2M1 (formats.e2m1_encode_grid) ---------------------------------------------------------------------
+__device__ __forceinline__ uint32_t nv_e2m1_encode(float v, bool stochastic, uint32_t r24) {
+  float a = fabsf(v);
+  int region = (a >= 2.0f ? 1 : 0) + (a >= 4.0f ? 1 : 0);
+  float inv_u = a < 2.0f ? 2.0f : (a < 4.0f ? 1.0f : 0.5f);
+  float n = fminf(nv_round_grid(a * inv_u, stochastic, r24), 8.0f);
+  int code = (int)n + 2 * region;
+  code = code > 7 ? 7 : code;
+  return (uint32_t)code | (signbit(v) ? 8u : 0u);
+}
+
+__constant__ float kE2M1Values[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                      -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+// ---- E4M3 (formats.e4m3_round / e4m3_bits_from_grid / e4m3_decode) ---------------------------------------
+__device__ __forceinline__ float nv_e4m3_round(float a, bool stochastic, uint32_t r24) {  // a >= 0
+  int e = (int)((__float_as_uint(a) >> 23) & 0xFF) - 127;
+  int ue = (a >= 0.015625f) ? e - 3 : -9;
+  float t = a * nv_pow2(-ue);
+  float n = nv_round_grid(t, stochastic, r24);
+  return fminf(n * nv_pow2(ue), 448.0f);
+}
+
+__device__ __forceinline__ uint32_t nv_e4m3_bits_from_grid(float q) {  // q >= 0 on the E4M3 grid
+  uint32_t b = __float_as_uint(q);
+  if (q >= 0.015625f) {
+    int e = (int)((b >> 23) & 0xFF) - 127;
+    return ((uint32_t)(e + 7) << 3) | ((b >> 20) & 0x7);
+  }
+  return (uint32_t)(q * 512.0f);
+}
+
+__device__ __forceinline__ uint32_t nv_e4m3_encode(float v, bool stochastic, uint32_t r24) {
+  float q = nv_e4m3_round(fabsf(v), stochastic, r24);
+  return nv_e4m3_bits_from_grid(q) | (signbit(v) ? 0x80u : 0u);
+}
+
+__device__ __forceinline__ float nv_e4m3_decode(uint32_t b) {
+  uint32_t mag = b & 0x7F;
+  if (mag == 0x7F) return __uint_as_float(0x7FC00000u);
+  uint32_t ex = mag >> 3, man = mag & 7;
+  float v = ex == 0 ? (float)man * 0.001953125f : (float)(8 + man) * nv_pow2((int)ex - 10);
+  return (b & 0x80) ? -v : v;
+}
+
+// ---- UE8M0 and the MXFP8 RCEIL rule (reference_master.rceil_exponent) --------------------------------------
+__device__ __forceinline__ float nv_e8m0_decode(uint32_t s) {
+  if (s == 0xFF) return __uint_as_float(0x7FC00000u);
+  return s == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(s << 23);
+}
+
+__device__ __forceinline__ int nv_rceil_exponent(float amax) {
+  if (!(amax > 0.0f)) return -127;
+  uint32_t b = __float_as_uint(amax);
+  int e = (int)((b >> 23) & 0xFF) - 127 - 8 + ((b & 0x7FFFFF) > 0x600000 ? 1 : 0);
+  return e < -127 ? -127 : (e > 127 ? 127 : e);
+}
+
+// ---- loaders -----------------------------------------------------------------------------------------------
+__device__ __forceinline__ float nv_load(const void *x, int dtype, const uint8_t *x_scales, int64_t stored_cols,
+                                         int64_t srow, int64_t scol) {
+  int64_t idx = srow * stored_cols + scol;
+  if (dtype == 0) return ((const float *)x)[idx];
+  if (dtype == 1) return __bfloat162float(((const __nv_bfloat16 *)x)[idx]);
+  int64_t nb = (stored_cols + 31) / 32;
+  float v = nv_e4m3_decode(((const uint8_t *)x)[idx]);
+  return v * nv_e8m0_decode(x_scales[srow * nb + scol / 32]);
+}
+
+// Element (r, c) of the logical [rows, cols] matrix (transpose: stored as [cols, rows]).
+__device__ __forceinline__ float nv_load_logical(const void *x, int dtype, const uint8_t *x_scales, int64_t rows,
+                                                 int64_t cols, int transpose, int64_t r, int64_t c) {
+  return transpose ? nv_load(x, dtype, x_scales, rows, c, r) : nv_load(x, dtype, x_scales, cols, r, c);
+}
+
+// 16-point random Hadamard transform in registers, fixed butterfly order (reference.hadamard16).
+__device__ __forceinline__ void nv_hadamard16(float *y) {
+  const float s[16] = {1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1};
+#pragma unroll
+  for (int i = 0; i < 16; ++i) y[i] = y[i] * s[i];
+#pragma unroll
+  for (int h = 1; h < 16; h *= 2) {
+#pragma unroll
+    for (int g = 0; g < 16; g += 2 * h) {
+#pragma unroll
+      for (int j = g; j < g + h; ++j) {
+        float a = y[j], b = y[j + h];
+        y[j] = a + b;
+        y[j + h] = a - b;
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 16; ++i) y[i] = y[i] * 0.25f;
+}
+
+__device__ __forceinline__ void nv_store(void *out, int out_dtype, int64_t idx, float v) {
+  if (out_dtype == 0)
+    ((float *)out)[idx] = v;
+  else
+    ((__nv_bfloat16 *)out)[idx] = __float2bfloat16_rn(v);
+}

@@ -1,0 +1,281 @@
+"""CUDA tensors -> the cffi-loaded library: argument checks, output allocation, stream, status -> exception.
+
+The library (:mod:`nvfp4_cuda.build`) is opened once with ``ffi.dlopen`` in ABI mode from the plain C
+header ``csrc/nvfp4.h``; device pointers (``tensor.data_ptr()``) and the current stream
+(``torch.cuda.current_stream().cuda_stream``) are passed as integers.  Each wrapper checks what C
+cannot (device, dtype, contiguity, shape), allocates outputs with torch, and turns a non-zero
+status into :class:`NVFP4CudaError` carrying the library's last-error message.
+
+Not done on the GPU path, by design (each would need a host synchronisation): the NaN/Inf checks of
+quantize and the Lion step (non-finite blocks come out as NaN instead of raising).  ``mxfp8_encode``
+does check, because it is used for checkpoints, not in the training loop.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import cffi
+import torch
+
+from nvfp4_cuda import build as _build
+from nvfp4_cuda.formats import MX_BLOCK, NVFP4_BLOCK
+from nvfp4_cuda.reference_master import WRITEBACK_MODES, f32_const
+from nvfp4_cuda.rng import stream_keys
+from nvfp4_cuda.tensor import NVFP4Tensor
+
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}  # NVFP4_DTYPE_F32 / _BF16 (2 = MXFP8 input)
+BACKEND_CODES = {"auto": 0, "native": 1, "emulated": 2}
+WRITEBACK_CODES = {"stochastic": 0, "rne": 1, "compensated": 2}
+
+
+class NVFP4CudaError(RuntimeError):
+    """A library call returned a non-zero status (message from ``nvfp4_last_error``)."""
+
+
+def header_cdef() -> str:
+    """The header text cffi can parse: comments and ``#define``-free lines kept as is."""
+    text = _build.HEADER.read_text()
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    return text
+
+
+def make_ffi() -> cffi.FFI:
+    """A cffi FFI with every declaration of ``csrc/nvfp4.h``."""
+    ffi = cffi.FFI()
+    ffi.cdef(header_cdef())
+    return ffi
+
+
+def header_functions() -> list[str]:
+    """Names of all functions declared in the header."""
+    return re.findall(r"^\s*(?:const\s+)?\w+\s*\*?\s*(nvfp4_\w+)\s*\(", header_cdef(), flags=re.M)
+
+
+_FFI: cffi.FFI | None = None
+_LIB: Any = None
+
+
+def load_library(path: str | Path | None = None) -> tuple[cffi.FFI, Any]:
+    """Open the library once (building it first if needed) and return ``(ffi, lib)``."""
+    global _FFI, _LIB
+    if _LIB is not None and path is None:
+        return _FFI, _LIB
+    ffi = make_ffi()
+    lib_path = Path(path) if path is not None else _build.build()
+    try:
+        lib = ffi.dlopen(str(lib_path), ffi.RTLD_NOW | ffi.RTLD_LOCAL)
+    except OSError as e:
+        raise NVFP4CudaError(f"nvfp4_cuda: cannot load {lib_path}: {e}. Rebuild with 'python -m nvfp4_cuda build "
+                             f"--force' (cache dir {_build.cache_dir()})") from e
+    if path is None:
+        _FFI, _LIB = ffi, lib
+    return ffi, lib
+
+
+def check(status: int, what: str, lib: Any = None, ffi: cffi.FFI | None = None) -> None:
+    """Raise NVFP4CudaError with the library's message when ``status`` is not NVFP4_OK."""
+    if status == 0:
+        return
+    if lib is None:
+        ffi, lib = load_library()
+    assert ffi is not None
+    buf = ffi.new("char[512]")
+    lib.nvfp4_last_error(buf, 512)
+    kind = ffi.string(lib.nvfp4_status_string(status)).decode()
+    raise NVFP4CudaError(f"{what}: {kind} (status {status}): {ffi.string(buf).decode()}")
+
+
+def _lib() -> Any:
+    return load_library()[1]
+
+
+def _stream(t: torch.Tensor) -> int:
+    return int(torch.cuda.current_stream(t.device).cuda_stream)
+
+
+def _ptr(t: torch.Tensor | None) -> int:
+    return 0 if t is None else int(t.data_ptr())
+
+
+def _need_cuda(t: torch.Tensor, what: str, name: str) -> None:
+    if not t.is_cuda:
+        raise ValueError(f"{what}: {name} must be a CUDA tensor, got device {t.device}")
+
+
+def _float_input(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    if x.dtype not in DTYPE_CODES:
+        x = x.to(torch.float32)
+    return x.contiguous(), DTYPE_CODES[x.dtype]
+
+
+def _call(fn: str, *args: Any) -> None:
+    lib = _lib()
+    check(getattr(lib, fn)(*args), fn)
+
+
+def quantize_nvfp4(x: torch.Tensor, *, block_2d: bool = False, rounding: str = "rne", seed: int = 0, step: int = 0,
+                   tensor_id: int = 0, hadamard: bool = False) -> NVFP4Tensor:
+    """CUDA quantizer (same bits as :func:`nvfp4_cuda.reference.quantize_nvfp4`)."""
+    from nvfp4_cuda.reference import _check_matrix, _check_rounding
+
+    _check_matrix(x, "quantize_nvfp4")
+    _check_rounding(rounding, "quantize_nvfp4")
+    xc, dt = _float_input(x)
+    return _quantize(xc, dt, None, x.shape[0], x.shape[1], False, block_2d, rounding, seed, step, tensor_id, hadamard)
+
+
+def _quantize(x: torch.Tensor, dtype_code: int, x_scales: torch.Tensor | None, rows: int, cols: int, transpose: bool,
+              block_2d: bool, rounding: str, seed: int, step: int, tensor_id: int, hadamard: bool) -> NVFP4Tensor:
+    dev = x.device
+    amax = torch.empty(1, dtype=torch.float32, device=dev)
+    codes = torch.empty(rows, cols // 2, dtype=torch.uint8, device=dev)
+    scales = torch.empty(rows, cols // NVFP4_BLOCK, dtype=torch.uint8, device=dev)
+    ts = torch.ones((), dtype=torch.float32, device=dev)
+    k2, k3 = stream_keys(seed, step, tensor_id)
+    st = _stream(x)
+    _call("nvfp4_amax", _ptr(x), dtype_code, _ptr(x_scales), rows, cols, int(transpose), int(hadamard), _ptr(amax), st)
+    _call("nvfp4_quantize", _ptr(x), dtype_code, _ptr(x_scales), rows, cols, int(transpose), int(hadamard),
+          int(block_2d), 1 if rounding == "stochastic" else 0, k2, k3, _ptr(amax), _ptr(codes), _ptr(scales), _ptr(ts),
+          st)
+    return NVFP4Tensor(codes=codes, block_scales=scales, tensor_scale=ts, shape=(rows, cols), block_2d=block_2d)
+
+
+def quantize_nvfp4_from_mxfp8(payload: torch.Tensor, scales: torch.Tensor, *, block_2d: bool = True,
+                              rounding: str = "rne", seed: int = 0, step: int = 0, tensor_id: int = 0,
+                              hadamard: bool = False, transpose: bool = False) -> NVFP4Tensor:
+    """NVFP4 straight from an MXFP8 master on the GPU (decoded in registers, never materialised)."""
+    if payload.dim() != 2 or payload.dtype != torch.uint8 or scales.dtype != torch.uint8:
+        raise ValueError("quantize_nvfp4_from_mxfp8: expected a 2-D uint8 payload and uint8 scales")
+    rows, cols = (payload.shape[1], payload.shape[0]) if transpose else tuple(payload.shape)
+    if cols % NVFP4_BLOCK:
+        raise ValueError(f"quantize_nvfp4_from_mxfp8: quantized axis has {cols} elements, not a multiple of 16")
+    if tuple(scales.shape) != (payload.shape[0], -(-payload.shape[1] // MX_BLOCK)):
+        raise ValueError(f"quantize_nvfp4_from_mxfp8: scales shape {list(scales.shape)} does not match payload")
+    return _quantize(payload.contiguous(), 2, scales.contiguous(), rows, cols, transpose, block_2d, rounding, seed,
+                     step, tensor_id, hadamard)
+
+
+def dequantize_nvfp4(q: NVFP4Tensor, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """CUDA dequantize (float32 math, one cast)."""
+    out_dt = dtype if dtype in DTYPE_CODES else torch.float32
+    out = torch.empty(q.shape, dtype=out_dt, device=q.device)
+    _call("nvfp4_dequantize", _ptr(q.codes.contiguous()), _ptr(q.block_scales.contiguous()), _ptr(q.tensor_scale),
+          q.shape[0], q.shape[1], _ptr(out), DTYPE_CODES[out_dt], _stream(out))
+    return out.to(dtype)
+
+
+def hadamard16(x: torch.Tensor) -> torch.Tensor:
+    """CUDA Hadamard transform along the last axis (float32 out)."""
+    if x.shape[-1] % NVFP4_BLOCK:
+        raise ValueError(f"hadamard16: last dimension {x.shape[-1]} is not a multiple of {NVFP4_BLOCK}")
+    xc, dt = _float_input(x.reshape(-1, x.shape[-1]))
+    out = torch.empty(xc.shape, dtype=torch.float32, device=x.device)
+    _call("nvfp4_hadamard16", _ptr(xc), dt, xc.shape[0], xc.shape[1], _ptr(out), _stream(out))
+    return out.reshape(x.shape)
+
+
+def nvfp4_matmul(a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
+                 out: torch.Tensor | None = None, accumulate: bool = False, backend: str = "auto") -> torch.Tensor:
+    """CUDA GEMM: native sm_120a or emulated BF16 tensor cores (``backend``)."""
+    from nvfp4_cuda.reference import _check_gemm_operands
+
+    _check_gemm_operands(a, b)
+    m, k = a.shape
+    n = b.shape[0]
+    if accumulate and out is None:
+        raise ValueError("nvfp4_matmul: accumulate=True needs out=")
+    if out is None:
+        out = torch.empty(m, n, dtype=out_dtype, device=a.device)
+    elif tuple(out.shape) != (m, n) or out.dtype not in DTYPE_CODES or not out.is_contiguous():
+        raise ValueError(f"nvfp4_matmul: out must be a contiguous float32/bfloat16 [{m}, {n}] tensor")
+    ac, asf, bc, bsf = (t.contiguous() for t in (a.codes, a.block_scales, b.codes, b.block_scales))
+    _call("nvfp4_gemm", _ptr(ac), _ptr(asf), _ptr(a.tensor_scale), _ptr(bc), _ptr(bsf), _ptr(b.tensor_scale), m, n, k, _ptr(out), DTYPE_CODES[out.dtype], int(accumulate),
+          BACKEND_CODES[backend], _stream(out))
+    return out
+
+
+def mxfp8_encode(x: torch.Tensor, *, rounding: str = "rne", seed: int = 0, step: int = 0,
+                 tensor_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """CUDA MXFP8 encode (RCEIL; RNE bit-identical to mxfp8_codec)."""
+    if rounding not in ("rne", "stochastic"):
+        raise ValueError(f"mxfp8_encode: rounding must be 'rne' or 'stochastic', got {rounding!r}")
+    if x.dim() < 1 or not x.is_floating_point():
+        raise ValueError("mxfp8_encode: expected a floating tensor of rank >= 1")
+    finite = torch.isfinite(x)
+    if not bool(finite.all()):
+        idx = (~finite).nonzero()[0].tolist()
+        raise ValueError(f"mxfp8_encode: non-finite value at index {idx}")
+    c = x.shape[-1]
+    xc, dt = _float_input(x.reshape(-1, c))
+    payload = torch.empty(xc.shape, dtype=torch.uint8, device=x.device)
+    scales = torch.empty(xc.shape[0], -(-c // MX_BLOCK), dtype=torch.uint8, device=x.device)
+    k2, k3 = stream_keys(seed, step, tensor_id)
+    _call("nvfp4_mxfp8_encode", _ptr(xc), dt, xc.shape[0], c, 1 if rounding == "stochastic" else 0, k2, k3,
+          _ptr(payload), _ptr(scales), _stream(xc))
+    return payload.reshape(x.shape), scales.reshape(*x.shape[:-1], -1)
+
+
+def mxfp8_decode(payload: torch.Tensor, scales: torch.Tensor, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """CUDA MXFP8 decode."""
+    c = payload.shape[-1]
+    if tuple(scales.shape) != (*payload.shape[:-1], -(-c // MX_BLOCK)):
+        raise ValueError(f"mxfp8_decode: scales shape {list(scales.shape)} does not match payload "
+                         f"{list(payload.shape)}")
+    out_dt = dtype if dtype in DTYPE_CODES else torch.float32
+    p2 = payload.reshape(-1, c).contiguous()
+    out = torch.empty(p2.shape, dtype=out_dt, device=payload.device)
+    _call("nvfp4_mxfp8_decode", _ptr(p2), _ptr(scales.contiguous()), p2.shape[0], c, _ptr(out), DTYPE_CODES[out_dt],
+          _stream(out))
+    return out.reshape(payload.shape).to(dtype)
+
+
+def lion_step_mxfp8_(payload: torch.Tensor, scales: torch.Tensor, grad: torch.Tensor, momentum: torch.Tensor, *,
+                     lr: float, beta1: float = 0.9, beta2: float = 0.99, weight_decay: float = 0.0,
+                     writeback: str = "stochastic", compensation: torch.Tensor | None = None, seed: int = 0,
+                     step: int = 0, tensor_id: int = 0) -> None:
+    """Fused CUDA Lion step, in place (payload, scales, momentum, compensation must be contiguous)."""
+    if writeback not in WRITEBACK_MODES:
+        raise ValueError(f"lion_step_mxfp8_: writeback must be one of {WRITEBACK_MODES}, got {writeback!r}")
+    for name, t in (("payload", payload), ("scales", scales), ("momentum", momentum)):
+        _need_cuda(t, "lion_step_mxfp8_", name)
+        if not t.is_contiguous():
+            raise ValueError(f"lion_step_mxfp8_: {name} must be contiguous (it is updated in place)")
+    if momentum.dtype != torch.bfloat16 or tuple(momentum.shape) != tuple(payload.shape):
+        raise ValueError("lion_step_mxfp8_: momentum must be bfloat16 with payload's shape")
+    if tuple(grad.shape) != tuple(payload.shape):
+        raise ValueError(f"lion_step_mxfp8_: grad has shape {list(grad.shape)}, expected {list(payload.shape)}")
+    if writeback == "compensated":
+        if compensation is None or compensation.dtype != torch.float32 or not compensation.is_contiguous():
+            raise ValueError("lion_step_mxfp8_: writeback='compensated' needs a contiguous float32 compensation=")
+    c = payload.shape[-1]
+    g, gdt = _float_input(grad)
+    k2, k3 = stream_keys(seed, step, tensor_id)
+    _call("nvfp4_lion_step_mxfp8", _ptr(payload), _ptr(scales), _ptr(g), gdt, _ptr(momentum),
+          _ptr(compensation if writeback == "compensated" else None), payload.numel() // max(c, 1), c, f32_const(-lr),
+          f32_const(1.0 - lr * weight_decay), f32_const(beta1), f32_const(1.0 - beta1), f32_const(beta2),
+          f32_const(1.0 - beta2), WRITEBACK_CODES[writeback], k2, k3, _stream(payload))
+
+
+def stochastic_round_to_bf16_(dst_bf16: torch.Tensor, src_fp32: torch.Tensor, *, seed: int, step: int,
+                              tensor_id: int) -> torch.Tensor:
+    """CUDA float32 -> bfloat16 stochastic rounding into ``dst_bf16``."""
+    if dst_bf16.dtype != torch.bfloat16 or tuple(dst_bf16.shape) != tuple(src_fp32.shape):
+        raise ValueError("stochastic_round_to_bf16_: dst must be bfloat16 with src's shape")
+    src = src_fp32.to(torch.float32).contiguous()
+    dst = dst_bf16 if dst_bf16.is_contiguous() else torch.empty_like(dst_bf16, memory_format=torch.contiguous_format)
+    k2, k3 = stream_keys(seed, step, tensor_id)
+    _call("nvfp4_sr_bf16", _ptr(dst), _ptr(src), src.numel(), k2, k3, _stream(src))
+    if dst is not dst_bf16:
+        dst_bf16.copy_(dst)
+    return dst_bf16
+
+
+def device_query() -> dict[str, int]:
+    """``nvfp4_query`` through the library: device count and compute capability (raises without a driver)."""
+    ffi, lib = load_library()
+    out = [ffi.new("int *") for _ in range(4)]
+    check(lib.nvfp4_query(*out), "nvfp4_query", lib, ffi)
+    return {"device_count": out[0][0], "cc_major": out[1][0], "cc_minor": out[2][0], "native_fp4_compiled": out[3][0]}
