@@ -6,12 +6,10 @@
  * pure-numpy path in mxfp8_codec/numerics.py (read its module docstring); the tests compare the
  * two bit for bit.
  *
- * Decode, blocks with scale byte s in [10, 246] (every realistic weight): an E4M3 code with
- * exponent field E and mantissa M has the value  mi * 2^(max(E,1) - 10)  with the integer
- * significand mi = E ? 8 + M : M (<= 15). Times 2^(s - 127) this is  mi * 2^(E' + s - 137), a
- * float32 product of a small integer and a normal power of two: exact, normal, finite in that s
- * range, and with <= 4 significant bits, so its bfloat16 value is its top 16 bits (exact, no
- * rounding needed). Other blocks (s < 10: float32/bfloat16 subnormal results; s > 246: overflow;
+ * Decode, blocks with scale byte s in [10, 246] (every realistic weight): the value
+ * e4m3(q) * 2^(s - 127) is an exact normal bfloat16 whose exponent and mantissa fields follow
+ * from the code's fields by integer arithmetic in 16-bit lanes (see mx_fast_bf16); float32 output
+ * is the same bits shifted left by 16. Other blocks (s < 10: float32/bfloat16 subnormal results; s > 246: overflow;
  * s = 255: NaN) and partial blocks gather from the exact 65 536-entry table built in Python.
  *
  * Encode: amax from the magnitude bits (an integer max; a value >= 0x7F800000 means Inf/NaN in
@@ -28,7 +26,7 @@
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <xmmintrin.h>
+#include <immintrin.h>
 #define MX_FP_ENTER() unsigned mx_saved_csr = _mm_getcsr(); _mm_setcsr(mx_saved_csr & ~0xE040u)
 #define MX_FP_EXIT() _mm_setcsr(mx_saved_csr)
 #else
@@ -36,47 +34,103 @@
 #define MX_FP_EXIT() do { } while (0)
 #endif
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define MX_AVX512 1
+#else
+#define MX_AVX512 0
+#endif
+
 #define MX_BLOCK 32
-#define MX_KERNEL_VERSION 1
+#define MX_KERNEL_VERSION 4
 
 static inline float mx_as_float(uint32_t u) { float f; memcpy(&f, &u, sizeof f); return f; }
 static inline uint32_t mx_as_u32(float f) { uint32_t u; memcpy(&u, &f, sizeof u); return u; }
 
 int mx_kernel_version(void) { return MX_KERNEL_VERSION; }
 
-/* ------------------------------------------------------------------------------------------ */
+/* 1 when the fast paths below were compiled with AVX-512 intrinsics, 0 for portable C */
+int mx_kernel_simd(void) { return MX_AVX512; }
+
+/* ========================================================================================== */
 /* decode                                                                                     */
-/* ------------------------------------------------------------------------------------------ */
+/* ========================================================================================== */
 
-/* value of code c times 2^(s-127) as float32, for s in [10, 246]; sign and NaN handled by caller.
- * Written without branches or selects so the compiler vectorizes the block loops. */
-static inline float mx_fast_value(uint32_t c, uint32_t s) {
-    uint32_t mag = c & 0x7Fu;
-    uint32_t e = mag >> 3;
-    uint32_t normal = (uint32_t)(e != 0u);        /* 1 for normal codes, 0 for subnormal/zero */
-    uint32_t mi = (mag & 7u) | (normal << 3);      /* integer significand, <= 15 */
-    uint32_t ee = e | (normal ^ 1u);               /* max(e, 1) */
-    float p = mx_as_float((ee + s - 10u) << 23);   /* 2^(ee + s - 137), a normal float */
-    return (float)(int32_t)mi * p;
+/* Fast decode of one full block with scale byte s in [10, 246].
+ * A normal code (E >= 1) decodes to the normal bfloat16 with exponent field E + s - 7 and
+ * mantissa M << 4, i.e. bits (mag << 4) + ((s - 7) << 7): exact, finite and normal for this s
+ * range. Zero and NaN codes are selected in; E4M3-subnormal codes (mag 1..7, rare: an element
+ * below 2^-6 of the scale) are only detected -- the caller then redoes the block from the table.
+ * float32 output is the same value: bits (mag << 20) + ((s - 7) << 23).
+ * Returns nonzero when the block holds a subnormal code. */
+#if MX_AVX512
+static inline int mx_decode_block_bf16_fast(const uint8_t *restrict q, uint32_t s,
+                                            uint16_t *restrict o) {
+    const __m512i c = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)q));
+    const __m512i mag = _mm512_and_si512(c, _mm512_set1_epi16(0x7F));
+    __m512i v = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16((short)((s - 7u) << 7)));
+    const __m512i sign = _mm512_and_si512(_mm512_slli_epi16(c, 8), _mm512_set1_epi16((short)0x8000));
+    const __mmask32 zero = _mm512_cmpeq_epi16_mask(mag, _mm512_setzero_si512());
+    const __mmask32 nan = _mm512_cmpeq_epi16_mask(mag, _mm512_set1_epi16(0x7F));
+    const __mmask32 sub = _mm512_cmplt_epu16_mask(_mm512_sub_epi16(mag, _mm512_set1_epi16(1)),
+                                                  _mm512_set1_epi16(7));
+    v = _mm512_or_si512(_mm512_maskz_mov_epi16(~zero, v), sign);
+    v = _mm512_mask_mov_epi16(v, nan, _mm512_set1_epi16(0x7FC0));
+    _mm512_storeu_si512((void *)o, v);
+    return sub != 0;
 }
 
-static void mx_decode_block_bf16_fast(const uint8_t *restrict q, uint32_t s, uint16_t *restrict o) {
+static inline int mx_decode_block_f32_fast(const uint8_t *restrict q, uint32_t s,
+                                           uint32_t *restrict o) {
+    int sub = 0;
+    for (int h = 0; h < 2; h++) {
+        const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * h)));
+        const __m512i mag = _mm512_and_si512(c, _mm512_set1_epi32(0x7F));
+        __m512i v = _mm512_add_epi32(_mm512_slli_epi32(mag, 20), _mm512_set1_epi32((int)((s - 7u) << 23)));
+        const __m512i sign = _mm512_and_si512(_mm512_slli_epi32(c, 24), _mm512_set1_epi32((int)0x80000000u));
+        const __mmask16 zero = _mm512_cmpeq_epi32_mask(mag, _mm512_setzero_si512());
+        const __mmask16 nan = _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7F));
+        const __mmask16 sb = _mm512_cmplt_epu32_mask(_mm512_sub_epi32(mag, _mm512_set1_epi32(1)),
+                                                     _mm512_set1_epi32(7));
+        v = _mm512_or_si512(_mm512_maskz_mov_epi32(~zero, v), sign);
+        v = _mm512_mask_mov_epi32(v, nan, _mm512_set1_epi32(0x7FC00000));
+        _mm512_storeu_si512((void *)(o + 16 * h), v);
+        sub |= sb != 0;
+    }
+    return sub;
+}
+#else
+static inline int mx_decode_block_bf16_fast(const uint8_t *restrict q, uint32_t s,
+                                            uint16_t *restrict o) {
+    const uint16_t off = (uint16_t)((s - 7u) << 7);
+    uint16_t sub = 0;
+    for (int i = 0; i < MX_BLOCK; i++) {
+        uint16_t c = q[i];
+        uint16_t mag = c & 0x7Fu;
+        uint16_t v = (uint16_t)((uint16_t)(mag << 4) + off);
+        v = mag == 0 ? 0 : v;
+        v = mag == 0x7Fu ? (uint16_t)0x7FC0u : (uint16_t)(v | ((c << 8) & 0x8000u));
+        sub |= (uint16_t)((uint16_t)(mag - 1u) < 7u);
+        o[i] = v;
+    }
+    return sub != 0;
+}
+
+static inline int mx_decode_block_f32_fast(const uint8_t *restrict q, uint32_t s,
+                                           uint32_t *restrict o) {
+    const uint32_t off = (s - 7u) << 23;
+    uint32_t sub = 0;
     for (int i = 0; i < MX_BLOCK; i++) {
         uint32_t c = q[i];
-        uint32_t bits = (mx_as_u32(mx_fast_value(c, s)) >> 16) | ((c & 0x80u) << 8);
-        uint32_t nan = 0u - (uint32_t)((c & 0x7Fu) == 0x7Fu);
-        o[i] = (uint16_t)((bits & ~nan) | (0x7FC0u & nan));
+        uint32_t mag = c & 0x7Fu;
+        uint32_t v = (mag << 20) + off;
+        v = mag == 0 ? 0 : v;
+        v = mag == 0x7Fu ? 0x7FC00000u : (v | ((c << 24) & 0x80000000u));
+        sub |= (uint32_t)((mag - 1u) < 7u);
+        o[i] = v;
     }
+    return sub != 0;
 }
-
-static void mx_decode_block_f32_fast(const uint8_t *restrict q, uint32_t s, uint32_t *restrict o) {
-    for (int i = 0; i < MX_BLOCK; i++) {
-        uint32_t c = q[i];
-        uint32_t bits = mx_as_u32(mx_fast_value(c, s)) | ((c & 0x80u) << 24);
-        uint32_t nan = 0u - (uint32_t)((c & 0x7Fu) == 0x7Fu);
-        o[i] = (bits & ~nan) | (0x7FC00000u & nan);
-    }
-}
+#endif
 
 /* payload q [rows, k], scales s [rows, ceil(k/32)] -> out [rows, k] bfloat16 bits */
 void mx_decode_bf16(const uint8_t *q, const uint8_t *s, int64_t rows, int64_t k,
@@ -91,12 +145,12 @@ void mx_decode_bf16(const uint8_t *q, const uint8_t *s, int64_t rows, int64_t k,
             const int64_t c0 = b * MX_BLOCK;
             const int64_t n = (k - c0) < MX_BLOCK ? (k - c0) : MX_BLOCK;
             const uint32_t sb = sr[b];
-            if (n == MX_BLOCK && sb >= 10u && sb <= 246u) {
-                mx_decode_block_bf16_fast(qr + c0, sb, orow + c0);
-            } else {
-                const uint16_t *row = lut + ((size_t)sb << 8);
-                for (int64_t i = 0; i < n; i++) orow[c0 + i] = row[qr[c0 + i]];
+            if (n == MX_BLOCK && sb >= 10u && sb <= 246u &&
+                !mx_decode_block_bf16_fast(qr + c0, sb, orow + c0)) {
+                continue;
             }
+            const uint16_t *row = lut + ((size_t)sb << 8);
+            for (int64_t i = 0; i < n; i++) orow[c0 + i] = row[qr[c0 + i]];
         }
     }
     MX_FP_EXIT();
@@ -115,22 +169,30 @@ void mx_decode_f32(const uint8_t *q, const uint8_t *s, int64_t rows, int64_t k,
             const int64_t c0 = b * MX_BLOCK;
             const int64_t n = (k - c0) < MX_BLOCK ? (k - c0) : MX_BLOCK;
             const uint32_t sb = sr[b];
-            if (n == MX_BLOCK && sb >= 10u && sb <= 246u) {
-                mx_decode_block_f32_fast(qr + c0, sb, orow + c0);
-            } else {
-                const uint32_t *row = lut + ((size_t)sb << 8);
-                for (int64_t i = 0; i < n; i++) orow[c0 + i] = row[qr[c0 + i]];
+            if (n == MX_BLOCK && sb >= 10u && sb <= 246u &&
+                !mx_decode_block_f32_fast(qr + c0, sb, orow + c0)) {
+                continue;
             }
+            const uint32_t *row = lut + ((size_t)sb << 8);
+            for (int64_t i = 0; i < n; i++) orow[c0 + i] = row[qr[c0 + i]];
         }
     }
     MX_FP_EXIT();
 }
 
-/* ------------------------------------------------------------------------------------------ */
+/* ========================================================================================== */
 /* encode                                                                                     */
-/* ------------------------------------------------------------------------------------------ */
+/* ========================================================================================== */
 
-/* round |y| (float32) to an E4M3 magnitude code, nearest-even, saturating at 0x7E */
+/* shared exponent from the float32 bits of amax (finite, sign clear) */
+static inline int32_t mx_scale_exp(uint32_t amax, int rceil) {
+    const int32_t biased = (int32_t)(amax >> 23);
+    if (biased == 0) return -127; /* zero or float32-subnormal amax */
+    int32_t e = biased - 135 + ((rceil && (amax & 0x7FFFFFu) > 0x600000u) ? 1 : 0);
+    return e < -127 ? -127 : (e > 127 ? 127 : e);
+}
+
+/* exact path: round |y| (float32 bits) to an E4M3 magnitude code, nearest-even, saturating */
 static inline uint32_t mx_e4m3_mag(uint32_t a) {
     /* normal E4M3 (|y| >= 2^-6 = 0x3C800000): keep 3 mantissa bits, rebias 127 -> 7 */
     uint32_t rn = ((a + 0x7FFFFu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
@@ -141,23 +203,17 @@ static inline uint32_t mx_e4m3_mag(uint32_t a) {
     return a >= 0x43E00000u ? 0x7Eu : mag; /* >= 448: saturate (RNE keeps (448, 464] at 448) */
 }
 
-/* encode one block of n <= 32 float32 values; returns 0, or 1 if it holds Inf/NaN */
-static inline int mx_encode_block(const float *restrict x, int64_t n, int rceil,
-                                  uint8_t *restrict q, uint8_t *restrict sout) {
+/* exact path for any block of n <= 32 float32 values: y = x * 2^-e in float32 (exact but for
+ * float32 subnormals, which round to E4M3 zero anyway), then mx_e4m3_mag; returns 1 on Inf/NaN */
+static int mx_encode_block_exact(const float *restrict x, int64_t n, int rceil,
+                                 uint8_t *restrict q, uint8_t *restrict sout) {
     uint32_t amax = 0;
     for (int64_t i = 0; i < n; i++) {
         uint32_t a = mx_as_u32(x[i]) & 0x7FFFFFFFu;
         amax = a > amax ? a : amax;
     }
     if (amax >= 0x7F800000u) return 1;
-    const int32_t biased = (int32_t)(amax >> 23);
-    int32_t e;
-    if (biased == 0) {
-        e = -127; /* zero or float32-subnormal amax */
-    } else {
-        e = biased - 135 + ((rceil && (amax & 0x7FFFFFu) > 0x600000u) ? 1 : 0);
-        e = e < -127 ? -127 : (e > 127 ? 127 : e);
-    }
+    const int32_t e = mx_scale_exp(amax, rceil);
     const uint32_t sbyte = (uint32_t)(e + 127);
     *sout = (uint8_t)sbyte;
     const float factor = mx_as_float((uint32_t)(127 - e) << 23); /* 2^-e, e <= 120 for finite x */
@@ -171,24 +227,135 @@ static inline int mx_encode_block(const float *restrict x, int64_t n, int rceil,
     return 0;
 }
 
+/* Fast path for a full block whose elements all land in E4M3's normal range (or are zero):
+ * scaling by 2^-e is folded into the exponent, so the code is
+ *     ((a + half-ulp - 1 + lsb) >> (mantissa bits - 3)) - ((120 + e) << 3)
+ * on the magnitude bits a (round to nearest even on the bit pattern), saturated at `sat`.
+ * Needs e >= -120 (else the block is tiny: exact path). Returns 0 on success, 1 for Inf/NaN in
+ * the block, 2 when some element would be E4M3-subnormal (|x| < 2^(e-6)): use the exact path. */
+#if MX_AVX512
+static inline int mx_encode_block_bf16_fast(const uint16_t *restrict x, int rceil,
+                                            uint8_t *restrict q, uint8_t *restrict sout) {
+    const __m512i b = _mm512_loadu_si512((const void *)x);
+    const __m512i a = _mm512_and_si512(b, _mm512_set1_epi16(0x7FFF));
+    __m256i m256 = _mm256_max_epu16(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1));
+    __m128i m128 = _mm_max_epu16(_mm256_castsi256_si128(m256), _mm256_extracti128_si256(m256, 1));
+    const uint32_t amax = 0xFFFFu & ~(uint32_t)_mm_cvtsi128_si32(
+        _mm_minpos_epu16(_mm_xor_si128(m128, _mm_set1_epi16(-1))));
+    if (amax >= 0x7F80u) return 1;
+    const int32_t e = mx_scale_exp(amax << 16, rceil);
+    *sout = (uint8_t)(e + 127);
+    if (e < -120) return 2;
+    const __m512i sat = _mm512_set1_epi16(e + 127 == 247 ? 0x77 : 0x7E);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi16(a, 4), _mm512_set1_epi16(1));
+    __m512i rn = _mm512_srli_epi16(_mm512_add_epi16(_mm512_add_epi16(a, _mm512_set1_epi16(7)), lsb), 4);
+    rn = _mm512_min_epu16(_mm512_sub_epi16(rn, _mm512_set1_epi16((short)((120 + e) << 3))), sat);
+    const __mmask32 nz = _mm512_test_epi16_mask(a, a);
+    const __mmask32 small = _mm512_mask_cmplt_epu16_mask(nz, a, _mm512_set1_epi16((short)((121 + e) << 7)));
+    if (small) return 2;
+    rn = _mm512_maskz_mov_epi16(nz, rn);
+    rn = _mm512_or_si512(rn, _mm512_and_si512(_mm512_srli_epi16(b, 8), _mm512_set1_epi16(0x80)));
+    _mm256_storeu_si256((__m256i *)q, _mm512_cvtepi16_epi8(rn));
+    return 0;
+}
+
+static inline int mx_encode_block_f32_fast(const float *restrict xf, int rceil,
+                                           uint8_t *restrict q, uint8_t *restrict sout) {
+    const __m512i b0 = _mm512_loadu_si512((const void *)xf);
+    const __m512i b1 = _mm512_loadu_si512((const void *)(xf + 16));
+    const __m512i mask = _mm512_set1_epi32(0x7FFFFFFF);
+    const __m512i a0 = _mm512_and_si512(b0, mask), a1 = _mm512_and_si512(b1, mask);
+    const uint32_t amax = (uint32_t)_mm512_reduce_max_epu32(_mm512_max_epu32(a0, a1));
+    if (amax >= 0x7F800000u) return 1;
+    const int32_t e = mx_scale_exp(amax, rceil);
+    *sout = (uint8_t)(e + 127);
+    if (e < -120) return 2;
+    const __m512i sat = _mm512_set1_epi32(e + 127 == 247 ? 0x77 : 0x7E);
+    const __m512i bias = _mm512_set1_epi32((120 + e) << 3);
+    const __m512i lo = _mm512_set1_epi32((121 + e) << 23);
+    const __m512i half = _mm512_set1_epi32(0x7FFFF), one = _mm512_set1_epi32(1);
+    const __m512i a[2] = {a0, a1}, bb[2] = {b0, b1};
+    __m128i out[2];
+    for (int h = 0; h < 2; h++) {
+        const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a[h], 20), one);
+        __m512i rn = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(a[h], half), lsb), 20);
+        rn = _mm512_min_epu32(_mm512_sub_epi32(rn, bias), sat);
+        const __mmask16 nz = _mm512_test_epi32_mask(a[h], a[h]);
+        if (_mm512_mask_cmplt_epu32_mask(nz, a[h], lo)) return 2;
+        rn = _mm512_maskz_mov_epi32(nz, rn);
+        rn = _mm512_or_si512(rn, _mm512_and_si512(_mm512_srli_epi32(bb[h], 24), _mm512_set1_epi32(0x80)));
+        out[h] = _mm512_cvtepi32_epi8(rn);
+    }
+    _mm_storeu_si128((__m128i *)q, out[0]);
+    _mm_storeu_si128((__m128i *)(q + 16), out[1]);
+    return 0;
+}
+#else
+static inline int mx_encode_block_bf16_fast(const uint16_t *restrict x, int rceil,
+                                            uint8_t *restrict q, uint8_t *restrict sout) {
+    uint16_t amax = 0;
+    for (int i = 0; i < MX_BLOCK; i++) {
+        uint16_t a = x[i] & 0x7FFFu;
+        amax = a > amax ? a : amax;
+    }
+    if (amax >= 0x7F80u) return 1;
+    const int32_t e = mx_scale_exp((uint32_t)amax << 16, rceil);
+    *sout = (uint8_t)(e + 127);
+    if (e < -120) return 2;
+    const uint16_t sat = e + 127 == 247 ? 0x77 : 0x7E;
+    const uint16_t bias = (uint16_t)((120 + e) << 3), lo = (uint16_t)((121 + e) << 7);
+    uint16_t small = 0;
+    for (int i = 0; i < MX_BLOCK; i++) {
+        uint16_t a = x[i] & 0x7FFFu;
+        uint16_t rn = (uint16_t)(((uint16_t)(a + 7u + ((a >> 4) & 1u)) >> 4) - bias);
+        rn = rn > sat ? sat : rn;
+        rn = a == 0 ? 0 : rn;
+        small |= (uint16_t)((a != 0) & (a < lo));
+        q[i] = (uint8_t)(rn | ((x[i] >> 8) & 0x80u));
+    }
+    return small ? 2 : 0;
+}
+
+static inline int mx_encode_block_f32_fast(const float *restrict xf, int rceil,
+                                           uint8_t *restrict q, uint8_t *restrict sout) {
+    uint32_t amax = 0;
+    for (int i = 0; i < MX_BLOCK; i++) {
+        uint32_t a = mx_as_u32(xf[i]) & 0x7FFFFFFFu;
+        amax = a > amax ? a : amax;
+    }
+    if (amax >= 0x7F800000u) return 1;
+    const int32_t e = mx_scale_exp(amax, rceil);
+    *sout = (uint8_t)(e + 127);
+    if (e < -120) return 2;
+    const uint32_t sat = e + 127 == 247 ? 0x77u : 0x7Eu;
+    const uint32_t bias = (uint32_t)(120 + e) << 3, lo = (uint32_t)(121 + e) << 23;
+    uint32_t small = 0;
+    for (int i = 0; i < MX_BLOCK; i++) {
+        uint32_t bits = mx_as_u32(xf[i]);
+        uint32_t a = bits & 0x7FFFFFFFu;
+        uint32_t rn = ((a + 0x7FFFFu + ((a >> 20) & 1u)) >> 20) - bias;
+        rn = rn > sat ? sat : rn;
+        rn = a == 0 ? 0 : rn;
+        small |= (uint32_t)((a != 0) & (a < lo));
+        q[i] = (uint8_t)(rn | ((bits >> 24) & 0x80u));
+    }
+    return small ? 2 : 0;
+}
+#endif
+
 /* x [rows, k] float32 -> q [rows, k], s [rows, ceil(k/32)]; returns -1 or the first bad block */
 int64_t mx_encode_f32(const float *x, int64_t rows, int64_t k, uint8_t *q, uint8_t *s, int rceil) {
     MX_FP_ENTER();
     int64_t bad = -1;
     const int64_t nb = (k + MX_BLOCK - 1) / MX_BLOCK;
-    float buf[MX_BLOCK];
     for (int64_t r = 0; r < rows && bad < 0; r++) {
         for (int64_t b = 0; b < nb; b++) {
             const int64_t c0 = b * MX_BLOCK;
             const int64_t n = (k - c0) < MX_BLOCK ? (k - c0) : MX_BLOCK;
             const float *src = x + r * k + c0;
-            int rc;
-            if (n == MX_BLOCK) {
-                rc = mx_encode_block(src, MX_BLOCK, rceil, q + r * k + c0, s + r * nb + b);
-            } else {
-                memcpy(buf, src, (size_t)n * sizeof(float));
-                rc = mx_encode_block(buf, n, rceil, q + r * k + c0, s + r * nb + b);
-            }
+            uint8_t *qd = q + r * k + c0, *sd = s + r * nb + b;
+            int rc = n == MX_BLOCK ? mx_encode_block_f32_fast(src, rceil, qd, sd) : 2;
+            if (rc == 2) rc = mx_encode_block_exact(src, n, rceil, qd, sd);
             if (rc) { bad = r * nb + b; break; }
         }
     }
@@ -207,13 +374,11 @@ int64_t mx_encode_bf16(const uint16_t *x, int64_t rows, int64_t k, uint8_t *q, u
             const int64_t c0 = b * MX_BLOCK;
             const int64_t n = (k - c0) < MX_BLOCK ? (k - c0) : MX_BLOCK;
             const uint16_t *src = x + r * k + c0;
-            int rc;
-            if (n == MX_BLOCK) {
-                for (int i = 0; i < MX_BLOCK; i++) buf[i] = mx_as_float((uint32_t)src[i] << 16);
-                rc = mx_encode_block(buf, MX_BLOCK, rceil, q + r * k + c0, s + r * nb + b);
-            } else {
+            uint8_t *qd = q + r * k + c0, *sd = s + r * nb + b;
+            int rc = n == MX_BLOCK ? mx_encode_block_bf16_fast(src, rceil, qd, sd) : 2;
+            if (rc == 2) {
                 for (int64_t i = 0; i < n; i++) buf[i] = mx_as_float((uint32_t)src[i] << 16);
-                rc = mx_encode_block(buf, n, rceil, q + r * k + c0, s + r * nb + b);
+                rc = mx_encode_block_exact(buf, n, rceil, qd, sd);
             }
             if (rc) { bad = r * nb + b; break; }
         }

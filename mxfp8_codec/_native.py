@@ -39,13 +39,28 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ENV_SWITCH", "NativeKernel", "cache_dir", "get_kernel", "kernel_info"]
+__all__ = [
+    "ENV_SWITCH",
+    "NativeKernel",
+    "build_variant",
+    "cache_dir",
+    "get_kernel",
+    "kernel_info",
+    "open_library",
+]
 
 ENV_SWITCH = "MXFP8_CODEC_NATIVE"  # "0" / "false" / "no" / "off" forces the numpy fallback
 KERNEL_SOURCE = Path(__file__).with_name("_kernel.c")
-CFLAGS = ("-O3", "-march=native", "-std=c11", "-fPIC", "-shared", "-fno-math-errno")
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+# -march=native: AVX-512 intrinsics where the CPU has them (see _kernel.c), else portable C
+CFLAGS = (
+    "-O3", "-march=native", *(("-mprefer-vector-width=512",) if _X86 else ()),
+    "-std=c11", "-fPIC", "-shared", "-fno-math-errno",
+)
+PORTABLE_CFLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fno-math-errno")  # no CPU extensions
 _CDEF = """
 int mx_kernel_version(void);
+int mx_kernel_simd(void);
 int64_t mx_encode_f32(const float *x, int64_t rows, int64_t k, uint8_t *q, uint8_t *s, int rceil);
 int64_t mx_encode_bf16(const uint16_t *x, int64_t rows, int64_t k, uint8_t *q, uint8_t *s, int rceil);
 void mx_decode_bf16(const uint8_t *q, const uint8_t *s, int64_t rows, int64_t k,
@@ -53,7 +68,7 @@ void mx_decode_bf16(const uint8_t *q, const uint8_t *s, int64_t rows, int64_t k,
 void mx_decode_f32(const uint8_t *q, const uint8_t *s, int64_t rows, int64_t k,
                    uint32_t *out, const uint32_t *lut);
 """
-_EXPECTED_VERSION = 1  # MX_KERNEL_VERSION in _kernel.c
+_EXPECTED_VERSION = 4  # MX_KERNEL_VERSION in _kernel.c
 _lock = threading.Lock()
 
 
@@ -109,13 +124,13 @@ def _build_key(compiler: str) -> str:
     return h.hexdigest()[:20]
 
 
-def _compile(compiler: str, out: Path) -> None:
+def _compile(compiler: str, out: Path, cflags: tuple[str, ...] = CFLAGS) -> None:
     """Compile the kernel to ``out`` atomically (temporary file + fsync + os.replace)."""
     fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
     os.close(fd)
     try:
         proc = subprocess.run(
-            [compiler, *CFLAGS, "-o", tmp, str(KERNEL_SOURCE)],
+            [compiler, *cflags, "-o", tmp, str(KERNEL_SOURCE)],
             capture_output=True, text=True, timeout=300,
         )
         if proc.returncode != 0:
@@ -162,6 +177,11 @@ class NativeKernel:
     lib: Any
     path: Path
 
+    @property
+    def simd(self) -> bool:
+        """True when the fast paths were compiled with AVX-512 intrinsics (else portable C)."""
+        return bool(self.lib.mx_kernel_simd())
+
     def _ptr(self, ctype: str, a: np.ndarray) -> Any:
         return self.ffi.cast(ctype, a.ctypes.data)
 
@@ -190,20 +210,37 @@ class NativeKernel:
                                    self._ptr("const uint32_t *", table))
 
 
+def open_library(path: Path) -> NativeKernel:
+    """Open a built kernel library with cffi (ABI mode) and check its version."""
+    import cffi
+
+    ffi = cffi.FFI()
+    ffi.cdef(_CDEF)
+    lib = ffi.dlopen(str(path))
+    version = lib.mx_kernel_version()
+    if version != _EXPECTED_VERSION:
+        raise RuntimeError(f"{path}: kernel version {version}, expected {_EXPECTED_VERSION}")
+    return NativeKernel(ffi=ffi, lib=lib, path=path)
+
+
+def build_variant(out: Path, cflags: tuple[str, ...]) -> NativeKernel:
+    """Compile the kernel with other flags to ``out`` and open it, bypassing the cache.
+
+    Used by the tests to check the portable C fast paths (e.g. without ``-march=native``, hence
+    without AVX-512) against the numpy path on a machine where the default build uses AVX-512.
+    """
+    compiler = _find_compiler()
+    if compiler is None:
+        raise RuntimeError("no C compiler found ($CC, cc, gcc, clang)")
+    _compile(compiler, out, cflags)
+    return open_library(out)
+
+
 @functools.cache
 def _load() -> NativeKernel | str:
     """Build (if needed) and load the kernel once per process; a string explains a failure."""
     try:
-        import cffi
-
-        path = _build_library()
-        ffi = cffi.FFI()
-        ffi.cdef(_CDEF)
-        lib = ffi.dlopen(str(path))
-        version = lib.mx_kernel_version()
-        if version != _EXPECTED_VERSION:
-            raise RuntimeError(f"kernel version {version}, expected {_EXPECTED_VERSION}")
-        return NativeKernel(ffi=ffi, lib=lib, path=path)
+        return open_library(_build_library())
     except Exception as exc:  # any build/load problem means: use the numpy path
         reason = f"{type(exc).__name__}: {exc}"
         warnings.warn(
@@ -239,5 +276,6 @@ def kernel_info() -> dict[str, str]:
     with _lock:
         loaded = _load()
     if isinstance(loaded, NativeKernel):
-        return {"backend": "native", "library": str(loaded.path)}
+        return {"backend": "native", "library": str(loaded.path),
+                "simd": "avx512" if loaded.simd else "portable-c"}
     return {"backend": "numpy", "reason": loaded}

@@ -23,6 +23,7 @@ from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.numerics import (
     decode_mxfp8,
     decode_mxfp8_numpy,
+    decode_table,
     encode_mxfp8,
     encode_mxfp8_numpy,
 )
@@ -180,3 +181,30 @@ def test_concurrent_processes_build_once_into_the_cache(tmp_path: Path) -> None:
     assert not list((tmp_path / "mxfp8_codec").glob("*.tmp"))
     # the key covers the source: same source -> same file name as this process's cache entry
     assert KERNEL is not None and libs[0].name == KERNEL.path.name
+
+
+@needs_native
+def test_portable_c_fast_paths_equal_numpy(tmp_path: Path) -> None:
+    """The non-AVX-512 C fast paths (used on other CPUs) give the same bits as numpy too."""
+    kernel = _native.build_variant(tmp_path / "portable.so", _native.PORTABLE_CFLAGS)
+    assert not kernel.simd
+    rng = np.random.default_rng(5)
+    v = _special_values()
+    rows = [v[: len(v) // 64 * 64].reshape(-1, 64), np.sort(v)[: len(v) // 64 * 64].reshape(-1, 64)]
+    rows.append((rng.standard_normal((512, 96)) * 0.02).astype(np.float32))
+    for x in rows:
+        for arr in (x, x.astype(ml_dtypes.bfloat16)):
+            arr = np.where(np.isfinite(arr.astype(np.float32)), arr, 0).astype(arr.dtype)
+            for rule in ScaleRule:
+                q_ref, s_ref = encode_mxfp8_numpy(arr, scale_rule=rule)
+                q, s = np.empty_like(q_ref), np.empty_like(s_ref)
+                bits = arr if arr.dtype == np.float32 else arr.view(np.uint16)
+                assert kernel.encode(np.ascontiguousarray(bits), q, s, rule is ScaleRule.RCEIL) == -1
+                assert np.array_equal(q, q_ref) and np.array_equal(s, s_ref)
+    q = rng.integers(0, 256, (1024, 64)).astype(np.uint8)
+    s = np.repeat(np.arange(256, dtype=np.uint8), 4)[:, None].repeat(2, axis=1)
+    for kind, dtype in (("f32", np.float32), ("bf16", ml_dtypes.bfloat16)):
+        table = decode_table(kind)
+        out = np.empty(q.shape, table.dtype)
+        kernel.decode(q, s, out, table)
+        assert np.array_equal(out, decode_mxfp8_numpy(q, s, dtype=dtype).view(table.dtype))

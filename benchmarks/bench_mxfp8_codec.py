@@ -1,0 +1,162 @@
+"""Benchmark: MXFP8 decode / encode throughput against a plain numpy copy, on one core.
+
+Baseline: ``np.copyto`` of the 128 MiB decoded bfloat16 output (64 Mi elements) -- the memory
+traffic every decoder must at least produce. Printed side by side, all measured in this run:
+
+decode (payload + scales -> bfloat16, and -> float32):
+  * ours, native C kernel (``decode_mxfp8``, the default path);
+  * ours, pure-numpy fallback (``MXFP8_CODEC_NATIVE=0`` path: chunked 65 536-entry table gather);
+  * torch cast x scale: ``q.view(float8_e4m3fn).to(bf16) * scale_bf16`` per block (what a user
+    would write; torch's fp8 cast is not vectorized on CPU);
+  * naive float32 path: ml_dtypes ``astype(float32) * exp2(s - 127)`` then ``astype(bfloat16)``.
+encode (bfloat16 weights -> payload + scales):
+  * ours native, ours numpy fallback, and our torch-ops path (``encode_mxfp8_torch``).
+
+Targets (issue 2): decode to bfloat16 within 3x the copy, encode within 4x.
+
+Run single-threaded (the targets are per core)::
+
+    taskset -c 0 python benchmarks/bench_mxfp8_codec.py            # 64 Mi elements
+    python benchmarks/bench_mxfp8_codec.py --elements 4194304 --repeats 3   # quick look
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")  # before numpy / torch import their thread pools
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+import torch
+
+from mxfp8_codec import _native
+from mxfp8_codec.numerics import (
+    decode_mxfp8,
+    decode_mxfp8_numpy,
+    encode_mxfp8,
+    encode_mxfp8_numpy,
+    encode_mxfp8_torch,
+)
+
+DEFAULT_ELEMENTS = 64 * 2**20  # 67 108 864 elements: 64 MiB payload, 128 MiB bfloat16 output
+ROW = 4096  # elements per row (a 4B-class hidden size)
+DECODE_TARGET = 3.0  # x copy, bfloat16 decode
+ENCODE_TARGET = 4.0  # x copy, bfloat16 encode
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Best and median wall time of one benchmarked method, in milliseconds."""
+
+    name: str
+    best_ms: float
+    median_ms: float
+
+
+def _time(name: str, fn: Callable[[], object], repeats: int) -> Timing:
+    fn()  # warm-up: page faults, lazy kernel build, table construction
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return Timing(name, min(samples), statistics.median(samples))
+
+
+def _make_data(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rows = max(1, n // ROW)
+    rng = np.random.default_rng(0)
+    w = np.empty((rows, ROW), ml_dtypes.bfloat16)
+    step = 1024
+    for r0 in range(0, rows, step):  # chunked to keep the float32 temporary small
+        part = rng.standard_normal((min(step, rows - r0), ROW), dtype=np.float32) * np.float32(0.02)
+        w[r0 : r0 + step] = part.astype(ml_dtypes.bfloat16)
+    q, s = encode_mxfp8(w)
+    return w, q, s
+
+
+def _torch_cast_times_scale(q: torch.Tensor, s: torch.Tensor, out: torch.Tensor) -> None:
+    rows, k = q.shape
+    out.copy_(q.view(torch.float8_e4m3fn))
+    scale = s.view(torch.float8_e8m0fnu).to(torch.bfloat16)
+    out.view(rows, k // 32, 32).mul_(scale[:, :, None])
+
+
+def _naive_f32(q: np.ndarray, s: np.ndarray) -> np.ndarray:
+    vals = q.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    scale = np.exp2(s.astype(np.float32) - 127.0)
+    vals = vals.reshape(*s.shape, 32) * scale[..., None]
+    return vals.reshape(q.shape).astype(ml_dtypes.bfloat16)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print the table; returns 0 (1 when a target is missed with --strict)."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--elements", type=int, default=DEFAULT_ELEMENTS, help="elements (multiple of 4096)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed runs per fast method (best is reported)")
+    ap.add_argument("--slow-repeats", type=int, default=2, help="timed runs for the slow baselines")
+    ap.add_argument("--json", help="also write the results to this JSON file")
+    ap.add_argument("--strict", action="store_true", help="exit 1 if a target ratio is missed")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+
+    n = args.elements
+    print(f"mxfp8_codec benchmark: {n:,} elements ({n * 2 / 2**20:.0f} MiB bfloat16), torch threads 1, "
+          f"kernel {_native.kernel_info()}, affinity {sorted(os.sched_getaffinity(0))}")
+    w, q, s = _make_data(n)
+    rows = q.shape[0]
+    src16 = w.view(np.uint16)
+    dst16 = np.empty_like(src16)
+    out32 = np.empty(q.shape, np.float32)
+    tq, ts = torch.from_numpy(q), torch.from_numpy(s)
+    tout = torch.empty(q.shape, dtype=torch.bfloat16)
+    tw = torch.from_numpy(src16.view(np.int16)).view(torch.bfloat16)
+    fast, slow = args.repeats, args.slow_repeats
+
+    results = [
+        _time(f"numpy copy of the {n * 2 / 2**20:.0f} MiB bf16 output (baseline)", lambda: np.copyto(dst16, src16), fast),
+        _time("decode->bf16  ours (native kernel)", lambda: decode_mxfp8(q, s, dtype=ml_dtypes.bfloat16), fast),
+        _time("decode->bf16  ours (numpy fallback)", lambda: decode_mxfp8_numpy(q, s, dtype=ml_dtypes.bfloat16), slow),
+        _time("decode->bf16  torch cast x scale", lambda: _torch_cast_times_scale(tq, ts, tout), slow),
+        _time("decode->bf16  naive float32 path", lambda: _naive_f32(q, s), slow),
+        _time("decode->f32   ours (native kernel)", lambda: decode_mxfp8(q, s), fast),
+        _time("decode->f32   ours (numpy fallback)", lambda: decode_mxfp8_numpy(q, s), slow),
+        _time("encode bf16   ours (native kernel)", lambda: encode_mxfp8(w), fast),
+        _time("encode bf16   ours (numpy fallback)", lambda: encode_mxfp8_numpy(w), slow),
+        _time("encode bf16   ours (torch ops path)", lambda: encode_mxfp8_torch(tw), slow),
+    ]
+    del out32
+    base = results[0].best_ms
+    print(f"\n{'method':<52} {'best ms':>9} {'median ms':>10} {'x copy':>8}")
+    for r in results:
+        print(f"{r.name:<52} {r.best_ms:9.1f} {r.median_ms:10.1f} {r.best_ms / base:8.2f}")
+
+    # bit-identity of what was timed (cheap sanity; the tests prove it exhaustively)
+    same = np.array_equal(
+        decode_mxfp8(q[: min(rows, 256)], s[: min(rows, 256)], dtype=ml_dtypes.bfloat16).view(np.uint16),
+        decode_mxfp8_numpy(q[: min(rows, 256)], s[: min(rows, 256)], dtype=ml_dtypes.bfloat16).view(np.uint16),
+    )
+    dec = results[1].best_ms / base
+    enc = results[7].best_ms / base
+    print(f"\nnative == numpy bits: {same}")
+    print(f"decode->bf16 native: {dec:.2f}x copy (target <= {DECODE_TARGET}x): {'PASS' if dec <= DECODE_TARGET else 'MISS'}")
+    print(f"encode bf16 native:  {enc:.2f}x copy (target <= {ENCODE_TARGET}x): {'PASS' if enc <= ENCODE_TARGET else 'MISS'}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"elements": n, "results": [r.__dict__ for r in results]}, fh, indent=2)
+    ok = same and dec <= DECODE_TARGET and enc <= ENCODE_TARGET
+    return 0 if ok or not args.strict else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
