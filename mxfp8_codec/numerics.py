@@ -374,6 +374,7 @@ def decode_mxfp8_numpy(
     *,
     dtype: Any = np.float32,
     name: str | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Pure-numpy MXFP8 decode (the fallback and the oracle for the native kernel).
 
@@ -386,10 +387,27 @@ def decode_mxfp8_numpy(
     kind = _out_kind(dtype)
     p, s = _check_decode_input_numpy(payload, scales, name)
     table = decode_table(kind)
-    out_bits = np.empty(p.shape, table.dtype)
+    out_bits = _out_bits(out, p.shape, kind, name)
     if p.size:
         _decode_rows_numpy(_as_2d(p), _as_2d(s), table, _as_2d(out_bits))
+    if out is not None:
+        return out
     return out_bits.view(np.float32 if kind == "f32" else ml_dtypes.bfloat16)
+
+
+def _out_bits(out: np.ndarray | None, shape: tuple[int, ...], kind: OutKind, name: str | None) -> np.ndarray:
+    """The output buffer as a bit-pattern view: a new array, or the caller's ``out`` checked."""
+    bits_dtype = np.uint32 if kind == "f32" else np.uint16
+    if out is None:
+        return np.empty(shape, bits_dtype)
+    want = np.dtype(np.float32 if kind == "f32" else ml_dtypes.bfloat16)
+    who = f"tensor {name!r}" if name else "tensor"
+    if not isinstance(out, np.ndarray) or out.dtype != want or tuple(out.shape) != tuple(shape):
+        got = f"{getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}"
+        raise MXFP8Error(f"{who}: out must be a {want} array of shape {tuple(shape)}, got {got}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise MXFP8Error(f"{who}: out must be a writeable C-contiguous array")
+    return out.view(bits_dtype)
 
 
 def _decode_rows_numpy(p2: np.ndarray, s2: np.ndarray, table: np.ndarray, o2: np.ndarray) -> None:
@@ -585,18 +603,20 @@ def _encode_numpy_dispatch(
 
 
 def _decode_numpy_dispatch(
-    payload: np.ndarray, scales: np.ndarray, dtype: Any, name: str | None
+    payload: np.ndarray, scales: np.ndarray, dtype: Any, name: str | None, out: np.ndarray | None = None
 ) -> np.ndarray:
     kernel = _native_kernel()
     if kernel is None:
-        return decode_mxfp8_numpy(payload, scales, dtype=dtype, name=name)
+        return decode_mxfp8_numpy(payload, scales, dtype=dtype, name=name, out=out)
     kind = _out_kind(dtype)
     p, s = _check_decode_input_numpy(payload, scales, name)
     table = decode_table(kind)
-    out_bits = np.empty(p.shape, table.dtype)
+    out_bits = _out_bits(out, p.shape, kind, name)
     if p.size:
         p2, s2 = np.ascontiguousarray(_as_2d(p)), np.ascontiguousarray(_as_2d(s))
         kernel.decode(p2, s2, _as_2d(out_bits), table)
+    if out is not None:
+        return out
     return out_bits.view(np.float32 if kind == "f32" else ml_dtypes.bfloat16)
 
 
@@ -609,6 +629,28 @@ def _torch_cpu_to_numpy(x: "torch.Tensor") -> np.ndarray:
     if t.dtype in (torch.float8_e4m3fn, torch.float8_e8m0fnu):
         return t.view(torch.uint8).numpy()
     return t.numpy()
+
+
+def _torch_out_view(out: "torch.Tensor", name: str | None) -> np.ndarray:
+    """numpy view of a CPU torch ``out`` tensor (must be contiguous, float32 or bfloat16)."""
+    torch = _torch_module()
+    if out.dtype not in (torch.float32, torch.bfloat16) or not out.is_contiguous():
+        raise MXFP8Error(
+            f"tensor {name!r}: out must be a contiguous float32 or bfloat16 tensor, "
+            f"got {out.dtype} (contiguous={out.is_contiguous()})"
+        )
+    if out.requires_grad:
+        raise MXFP8Error(f"tensor {name!r}: out must not require grad (decode into .data)")
+    return _torch_cpu_to_numpy(out)
+
+
+def _copy_into(out: "torch.Tensor", result: "torch.Tensor", name: str | None) -> "torch.Tensor":
+    if out.dtype != result.dtype or tuple(out.shape) != tuple(result.shape):
+        raise MXFP8Error(
+            f"tensor {name!r}: out must be {result.dtype} of shape {tuple(result.shape)}, "
+            f"got {out.dtype} {tuple(out.shape)}"
+        )
+    return out.copy_(result)
 
 
 def _numpy_to_torch(a: np.ndarray) -> "torch.Tensor":
@@ -667,6 +709,7 @@ def decode_mxfp8(
     *,
     dtype: Any = np.float32,
     name: str | None = None,
+    out: ArrayLike | None = None,
 ) -> ArrayLike:
     """Dequantize MXFP8: ``e4m3(payload) * 2^(scales - 127)`` per 32-element block.
 
@@ -678,9 +721,13 @@ def decode_mxfp8(
             torch.bfloat16 (numpy and torch spellings are interchangeable). bfloat16 is rounded
             once, to nearest even, from the exact value.
         name: tensor name, used only in error messages.
+        out: optional C-contiguous destination of the payload's shape and the requested dtype
+            (numpy array, or torch tensor for torch input, e.g. a parameter's storage); it is
+            filled and returned, saving the allocation (and page faults) of a new array.
 
     Returns:
-        The decoded array, same type (numpy / torch, same device) as the input. Scale byte 0xFF
+        The decoded array (``out`` when given), same type (numpy / torch, same device) as the
+        input. Scale byte 0xFF
         gives a NaN block, codes 0x7F / 0xFF give NaN, very large products give +-inf.
 
     Raises:
@@ -694,11 +741,17 @@ def decode_mxfp8(
     """
     if _is_torch(payload):
         p, s = _check_decode_input_torch(payload, scales, name)
-        if p.device.type != "cpu":
-            return decode_mxfp8_torch(p, s, dtype=dtype, name=name)
-        out = _decode_numpy_dispatch(_torch_cpu_to_numpy(p), _torch_cpu_to_numpy(s), dtype, name)
-        return _numpy_to_torch(out)
-    return _decode_numpy_dispatch(payload, scales, dtype, name)
+        if out is not None and not _is_torch(out):
+            raise MXFP8Error(f"tensor {name!r}: out must be a torch tensor for torch input")
+        if p.device.type != "cpu" or (out is not None and out.device.type != "cpu"):
+            result = decode_mxfp8_torch(p, s, dtype=dtype, name=name)
+            return result if out is None else _copy_into(out, result, name)
+        np_out = None if out is None else _torch_out_view(out, name)
+        decoded = _decode_numpy_dispatch(_torch_cpu_to_numpy(p), _torch_cpu_to_numpy(s), dtype, name, np_out)
+        return out if out is not None else _numpy_to_torch(decoded)
+    if out is not None and not isinstance(out, np.ndarray):
+        raise MXFP8Error(f"tensor {name!r}: out must be a numpy array for numpy input")
+    return _decode_numpy_dispatch(payload, scales, dtype, name, out)
 
 
 def _torch_float_dtypes() -> tuple[Any, ...]:

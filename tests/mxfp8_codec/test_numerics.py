@@ -300,3 +300,25 @@ def test_encode_numpy_path_direct_and_chunking_boundaries() -> None:
     assert np.array_equal(q, qt.numpy()) and np.array_equal(s, st.numpy())
     d = decode_mxfp8_numpy(q, s)
     assert np.array_equal(d, decode_mxfp8_torch(qt, st).numpy())
+
+
+def test_decode_into_out_buffers() -> None:
+    x = np.random.default_rng(0).standard_normal((5, 70)).astype(np.float32)
+    q, s = encode_mxfp8(x)
+    for dtype in (np.float32, ml_dtypes.bfloat16):
+        ref = decode_mxfp8(q, s, dtype=dtype)
+        for fn in (decode_mxfp8, decode_mxfp8_numpy):
+            out = np.full((5, 70), 7, dtype)
+            assert fn(q, s, dtype=dtype, out=out) is out
+            assert np.array_equal(out.view(np.uint8), ref.view(np.uint8))
+    t = torch.full((5, 70), 7.0, dtype=torch.bfloat16)
+    assert decode_mxfp8(torch.from_numpy(q), torch.from_numpy(s), dtype=torch.bfloat16, out=t) is t
+    assert np.array_equal(t.float().numpy(), decode_mxfp8(q, s, dtype=ml_dtypes.bfloat16).astype(np.float32))
+    with pytest.raises(MXFP8Error, match=r"'w': out must be a float32 array of shape \(5, 70\)"):
+        decode_mxfp8(q, s, out=np.empty((5, 70), np.float16), name="w")
+    with pytest.raises(MXFP8Error, match="C-contiguous"):
+        decode_mxfp8(q, s, out=np.empty((70, 5), np.float32).T)
+    with pytest.raises(MXFP8Error, match="contiguous float32 or bfloat16"):
+        decode_mxfp8(torch.from_numpy(q), torch.from_numpy(s), out=torch.empty(70, 5).T)
+    with pytest.raises(MXFP8Error, match="torch tensor for torch input"):
+        decode_mxfp8(torch.from_numpy(q), torch.from_numpy(s), out=np.empty((5, 70), np.float32))
