@@ -241,15 +241,13 @@ def load_checkpoint(path: str | Path) -> LoadedCheckpoint:
 
 
 def parse_prefix_mapping(spec: str) -> Callable[[str], str]:
-    """``"old=new"`` -> a rename function replacing a leading ``old`` with ``new`` (identity otherwise)."""
+    """``"old=new"`` -> a rename function replacing a leading ``old`` with ``new`` (identity for ``""``)."""
+    from mxfp8_codec import prefix_mapping
+
     if not spec:
         return lambda name: name
     old, _, new = spec.partition("=")
-
-    def rename(name: str) -> str:
-        return new + name[len(old):] if name.startswith(old) else name
-
-    return rename
+    return prefix_mapping({old: new})
 
 
 def export_checkpoint(ckpt_dir: str | Path, export_dir: str | Path, *,

@@ -164,6 +164,15 @@ def grad_norm_and_clip(params: Iterable[torch.nn.Parameter], max_norm: float, *,
     return float(norm)
 
 
+def enable_activation_checkpointing(model: Any) -> None:
+    """Recompute every decoder layer in backward (non-reentrant torch.utils.checkpoint via transformers)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -276,7 +285,7 @@ class Trainer:
             used = {i for ex in examples for i in ex.input_ids}
             self.untrained = fix_untrained_tokens(self.model, self.tokenizer, used, seed=cfg.train.seed)
         if cfg.model.activation_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_activation_checkpointing(self.model)
         from ida_trainer.precision import apply_recipe, build_optimizer
 
         apply_recipe(self.model, cfg.precision)

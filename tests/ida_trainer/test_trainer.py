@@ -18,6 +18,7 @@ from ida_trainer.trainer import (
     NonFiniteError,
     Trainer,
     causal_lm_loss_sum,
+    enable_activation_checkpointing,
     grad_norm_and_clip,
     lr_at,
 )
@@ -44,7 +45,8 @@ def _grads(model):
 def _run(tok, examples, microbatches, *, checkpointing=False):
     model = build_demo_model(TINY, tok, seed=0)
     if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
+        assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
     batcher = StepBatcher([(e,) for e in examples], global_batch_size=4, microbatches=microbatches, seed=0,
                           pad_id=tok.eos_token_id, shuffle=False)
     step = batcher.next_step()

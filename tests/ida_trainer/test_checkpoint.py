@@ -1,0 +1,146 @@
+"""Checkpoint directories: exact round trip, loadable by ida_eval, atomic under a crash, keep-K, export."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import torch
+
+from ida_trainer import checkpoint as ckpt
+from ida_trainer.config import ModelConfig, OptimConfig, PrecisionConfig
+from ida_trainer.demo import build_demo_model, corpus_texts, train_demo_tokenizer
+from ida_trainer.precision import apply_recipe, build_optimizer, export_state, load_state
+
+TINY = ModelConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_demo_tokenizer(corpus_texts())
+
+
+def _trained(tok, recipe="nvfp4"):
+    model = build_demo_model(TINY, tok, seed=0)
+    prec = PrecisionConfig(recipe=recipe)
+    apply_recipe(model, prec)
+    opt = build_optimizer(model, OptimConfig(name="lion" if recipe == "nvfp4" else "adamw", lr=1e-2), prec)
+    ids = torch.tensor([tok(corpus_texts()[0])["input_ids"]])
+    for _ in range(2):
+        model(input_ids=ids).logits.float().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return model, opt
+
+
+def _save(root, step, model, opt, tok, keep=2, **kw):
+    return ckpt.save_checkpoint(root, step, tensors=export_state(model), model_config=model.config,
+                                generation_config=model.generation_config, tokenizer=tok,
+                                optimizer_state=opt.state_dict(), trainer_state={"step": step, "rng": ckpt.rng_state()},
+                                metadata={"producer": "test"}, keep=keep, **kw)
+
+
+def _as_bytes(v):
+    if isinstance(v, tuple):
+        return tuple(_as_bytes(x) for x in v)
+    return v.detach().contiguous().view(torch.uint8).flatten().numpy().tobytes()
+
+
+def test_round_trip_is_byte_exact_and_loadable_by_ida_eval(tok, tmp_path):
+    from ida_eval import load_model
+
+    model, opt = _trained(tok)
+    path = _save(tmp_path / "ck", 2, model, opt, tok)
+    assert path.name == "ckpt-000002"
+    for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "optimizer.pt",
+                 "trainer_state.json"):
+        assert (path / name).is_file(), name
+    loaded = ckpt.load_checkpoint(path)
+    want = export_state(model)
+    assert loaded.tensors.keys() == want.keys()
+    for k in want:
+        assert _as_bytes(loaded.tensors[k]) == _as_bytes(want[k]), k
+    # a fresh model restored from the checkpoint computes the same logits, bit for bit
+    fresh = build_demo_model(TINY, tok, seed=1)
+    apply_recipe(fresh, PrecisionConfig(recipe="nvfp4"))
+    load_state(fresh, loaded.tensors)
+    ids = torch.tensor([tok(corpus_texts()[1])["input_ids"]])
+    with torch.no_grad():
+        assert torch.equal(fresh(input_ids=ids).logits, model(input_ids=ids).logits)
+    # and the published loader reads the directory (decode, transpose) into a plain transformers model
+    plain, tok2 = load_model(path, dtype=torch.float32)
+    from ida_trainer.precision import nvfp4_modules
+
+    plain_sd = plain.state_dict()
+    masters = dict(nvfp4_modules(model))
+    assert masters, "the nvfp4 recipe must have produced NVFP4 linears"
+    for name, mod in masters.items():  # decoded and transposed back to nn.Linear's [out, in]: exact
+        assert torch.equal(plain_sd[f"{name}.weight"], mod.dequantized_weight(torch.float32)), name
+    for key, t in model.state_dict().items():
+        if key in plain_sd and not any(key.startswith(n + ".") for n in masters):
+            assert torch.equal(plain_sd[key], t.float()), key
+    assert tok2.decode(ids[0]) == tok.decode(ids[0])
+
+
+def test_crash_before_rename_keeps_previous_checkpoint(tok, tmp_path):
+    model, opt = _trained(tok)
+    root = tmp_path / "ck"
+    first = _save(root, 1, model, opt, tok)
+    before = (first / "model.safetensors").read_bytes()
+
+    def crash(tmp):
+        raise KeyboardInterrupt("simulated crash after writing, before the rename")
+
+    with pytest.raises(KeyboardInterrupt):
+        _save(root, 2, model, opt, tok, before_rename=crash)
+    assert ckpt.latest_checkpoint(root) == first
+    assert (root / "ckpt-000002.tmp").is_dir()
+    assert (first / "model.safetensors").read_bytes() == before
+    assert ckpt.remove_partial(root) == [root / "ckpt-000002.tmp"]
+    assert [s for s, _ in ckpt.list_checkpoints(root)] == [1]
+
+
+def test_keep_last_k(tok, tmp_path):
+    model, opt = _trained(tok, recipe="bf16")
+    root = tmp_path / "ck"
+    for step in (1, 2, 3, 4):
+        _save(root, step, model, opt, tok, keep=2)
+    assert [s for s, _ in ckpt.list_checkpoints(root)] == [3, 4]
+    _save(root, 4, model, opt, tok, keep=2)  # re-saving a step replaces it
+    assert [s for s, _ in ckpt.list_checkpoints(root)] == [3, 4]
+
+
+def test_incomplete_checkpoint_is_named(tok, tmp_path):
+    model, opt = _trained(tok, recipe="bf16")
+    path = _save(tmp_path / "ck", 1, model, opt, tok)
+    (path / "optimizer.pt").unlink()
+    with pytest.raises(ValueError, match="optimizer.pt is missing"):
+        ckpt.load_checkpoint(path)
+    assert ckpt.list_checkpoints(tmp_path / "ck") != []  # model + state still present: listed, load explains
+
+
+def test_export_renames_header_only_with_sha256_proof(tok, tmp_path):
+    from mxfp8_codec import open_mxfp8
+
+    model, opt = _trained(tok)
+    path = _save(tmp_path / "ck", 2, model, opt, tok)
+    manifest = ckpt.export_checkpoint(path, tmp_path / "export",
+                                      rename=ckpt.parse_prefix_mapping("model.=backbone."))
+    out = tmp_path / "export"
+    assert json.loads((out / "export_manifest.json").read_text()) == manifest
+    assert (out / "config.json").is_file() and (out / "tokenizer.json").is_file()
+    with open_mxfp8(path / "model.safetensors") as src, open_mxfp8(out / "model.safetensors") as dst:
+        assert sorted(dst.keys()) == sorted(n.replace("model.", "backbone.", 1) if n.startswith("model.") else n
+                                            for n in src.keys())
+        for entry in manifest["tensors"]:
+            old, new = entry["old"], entry["new"]
+            if old.endswith(".scale"):
+                continue
+            assert hashlib.sha256(bytes(src.tensor_bytes(old))).hexdigest() == entry["sha256"]
+            assert bytes(dst.tensor_bytes(new)) == bytes(src.tensor_bytes(old))
+        assert src.metadata["weights_dtype"] == dst.metadata["weights_dtype"]
+    # identity export (default) keeps the names
+    ckpt.export_checkpoint(path, tmp_path / "same")
+    with open_mxfp8(tmp_path / "same" / "model.safetensors") as dst:
+        assert "model.embed_tokens.weight" in dst.keys()
