@@ -310,7 +310,7 @@ def dequantize_checkpoint(src: str | os.PathLike[str], out: str | os.PathLike[st
         with open_mxfp8(f) as r:
             tensors = CheckpointTensors(
                 [r],
-                transpose=r.metadata.get("orientation", "out_in") == "in_out",
+                transpose=r.metadata.get("orientation", "in_out" if r.header.is_mxfp8 else "out_in") == "in_out",
                 unfold_norms=r.metadata.get("norm_convention") == "folded",
             )
             meta = {"format": "pt", "producer": "mxfp8_codec dequantize", "source": f.name}
