@@ -1,0 +1,102 @@
+"""Build and loader without a GPU: nvcc flags, cache location, missing-nvcc error, the one compile test
+(slow; reuses the cache), cffi symbol resolution, and error statuses turned into Python exceptions.
+
+Run: python -m pytest -q tests/nvfp4_cuda/test_build.py      (the compile takes ~1-2 min the first time)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from nvfp4_cuda import build, cuda_ops
+
+HAS_NVCC = shutil.which("nvcc") is not None or bool(os.environ.get("NVFP4_CUDA_NVCC"))
+
+
+def test_header_parses_with_cffi_and_declares_every_entry_point() -> None:
+    ffi = cuda_ops.make_ffi()
+    names = cuda_ops.header_functions()
+    assert {"nvfp4_quantize", "nvfp4_gemm", "nvfp4_lion_step_mxfp8", "nvfp4_last_error", "nvfp4_query"} <= set(names)
+    assert ffi.typeof("int(*)(uintptr_t, int, uintptr_t, int64_t, int64_t, int, int, uintptr_t, uintptr_t)")
+    api_src = (build.CSRC / "nvfp4_api.cu").read_text()
+    for n in names:  # every declaration has a definition in the extern "C" block
+        assert f" {n}(" in api_src or f"*{n}(" in api_src, n
+
+
+def test_gencode_flags_are_explicit_and_include_sm120a() -> None:
+    flags = build.gencode_flags()
+    assert "-arch=sm_120a" not in flags and not any(f.startswith("-arch") for f in flags)
+    joined = " ".join(flags)
+    for code in ("code=sm_80", "code=sm_90", "arch=compute_120a,code=sm_120a", "arch=compute_120a,code=compute_120a"):
+        assert code in joined
+    assert "-fmad=false" in build.BASE_FLAGS
+
+
+def test_cache_dir_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("NVFP4_CUDA_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert build.cache_dir() == tmp_path / "xdg" / "ida" / "nvfp4_cuda"
+    monkeypatch.setenv("NVFP4_CUDA_CACHE_DIR", str(tmp_path / "mine"))
+    assert build.cache_dir() == tmp_path / "mine"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.delenv("NVFP4_CUDA_CACHE_DIR")
+    assert build.cache_dir() == Path.home() / ".cache" / "ida" / "nvfp4_cuda"
+
+
+def test_missing_nvcc_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("NVFP4_CUDA_NVCC", raising=False)
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(build.BuildError, match="nvcc not found"):
+        build.build()
+    env = {"PATH": str(tmp_path), "NVFP4_CUDA_CACHE_DIR": str(tmp_path / "cache"), "HOME": str(tmp_path)}
+    res = subprocess.run([sys.executable, "-m", "nvfp4_cuda", "build"], capture_output=True, text=True, env=env,
+                         cwd=Path(__file__).resolve().parents[2], timeout=120)
+    assert res.returncode == 1 and "nvcc not found" in res.stdout
+
+
+def test_cli_info_reports_backend() -> None:
+    res = subprocess.run([sys.executable, "-m", "nvfp4_cuda", "info", "--json"], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[2], timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert '"backend"' in res.stdout and ("cpu-reference" in res.stdout or "cuda" in res.stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_NVCC, reason="nvcc not installed: cannot compile the CUDA library")
+def test_compile_all_arches_load_with_cffi_and_error_paths() -> None:
+    """The one compile test: build (cached), dlopen, resolve every symbol, and check error statuses."""
+    path = build.build(progress=False)
+    assert path.is_file() and path.name == "libnvfp4_cuda.so"
+    t0 = time.perf_counter()
+    assert build.build(progress=False) == path  # cache hit: no recompilation
+    assert time.perf_counter() - t0 < 30
+    ffi, lib = cuda_ops.load_library(path)
+    for name in cuda_ops.header_functions():
+        assert getattr(lib, name) is not None, name
+    assert lib.nvfp4_abi_version() == 1
+    # argument validation happens before any CUDA call: works on every machine
+    status = lib.nvfp4_quantize(256, 0, 0, 16, 24, 0, 0, 0, 0, 0, 0, 256, 256, 256, 256, 0)
+    with pytest.raises(cuda_ops.NVFP4CudaError, match="not a multiple of 16"):
+        cuda_ops.check(status, "nvfp4_quantize", lib, ffi)
+    status = lib.nvfp4_gemm(256, 256, 256, 256, 256, 256, 16, 16, 64, 256, 0, 0, 7, 0)
+    with pytest.raises(cuda_ops.NVFP4CudaError, match="bad backend"):
+        cuda_ops.check(status, "nvfp4_gemm", lib, ffi)
+    if not torch.cuda.is_available():
+        # no usable GPU/driver: the runtime's status comes back as a message, not a crash
+        out = [ffi.new("int *") for _ in range(4)]
+        status = lib.nvfp4_query(*out)
+        assert status == 2
+        with pytest.raises(cuda_ops.NVFP4CudaError, match="CUDA error"):
+            cuda_ops.check(status, "nvfp4_query", lib, ffi)
+        status = lib.nvfp4_amax(256, 0, 0, 16, 32, 0, 0, 256, 0)
+        with pytest.raises(cuda_ops.NVFP4CudaError, match=r"nvfp4_amax: CUDA error \d+"):
+            cuda_ops.check(status, "nvfp4_amax", lib, ffi)
