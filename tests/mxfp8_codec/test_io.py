@@ -412,3 +412,20 @@ def test_file_round_trip_property(
             r.get("q", dtype=BF16).view(np.uint16), decode_mxfp8(p, s, dtype=BF16).view(np.uint16)
         )
         np.testing.assert_array_equal(r.get("o").view(np.uint16), other.astype(BF16).view(np.uint16))
+
+
+def test_reader_lifetime_and_require_mxfp8(tmp_path: Path) -> None:
+    path = tmp_path / "m.safetensors"
+    write_mxfp8_safetensors(path, {"a.v_proj.weight": np.ones((2, 32), np.float32)})
+    r = open_mxfp8(path, require_mxfp8=True)
+    view = r.tensor_bytes("a.v_proj.weight.scale")
+    r.close()  # a live zero-copy view does not make close() fail ...
+    assert bytes(view) == bytes(encode_mxfp8(np.ones((2, 32), np.float32))[1])  # ... and stays readable
+    with pytest.raises(MXFP8Error, match="reader is closed"):
+        r.get("a.v_proj.weight")
+    with pytest.raises(MXFP8Error, match="'a.v_proj.weight.scale': no such tensor"):
+        open_mxfp8(path).get("a.v_proj.weight.scale")  # scales are reached through their payload
+    plain = tmp_path / "p.safetensors"
+    np_save_file({"x": np.zeros(2, np.float32)}, str(plain))
+    with pytest.raises(MXFP8Error, match="not an MXFP8 checkpoint"):
+        open_mxfp8(plain, require_mxfp8=True)
