@@ -1,0 +1,163 @@
+"""CUDA kernels vs the PyTorch reference (needs a GPU; skipped otherwise).
+
+Bit-for-bit where the math is exact: quantize (1x16, 16x16, RNE, SR, Hadamard, from MXFP8, transposed),
+dequantize, Hadamard, MXFP8 encode/decode, Lion (all write-backs, same seed), BF16 SR, and the GEMM on
+operands whose products and sums are exact.  On general inputs the GEMM may differ by float32
+accumulation order only: |cuda - ref| <= 1e-5 * max|ref| (tolerance stated here).  On compute
+capability 12.x the native FP4 MMA is also checked against the emulated path.
+
+Run: python -m pytest -q tests/nvfp4_cuda/test_cuda_kernels.py     (on a machine with a CUDA GPU)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: GPU kernel tests skipped")
+
+import mxfp8_codec  # noqa: E402
+import nvfp4_cuda  # noqa: E402
+from nvfp4_cuda import formats as F  # noqa: E402
+from nvfp4_cuda import reference as R  # noqa: E402
+
+GEMM_RTOL = 1e-5  # relative to max |ref|: float32 accumulation-order differences only
+
+
+def _same(q_gpu: nvfp4_cuda.NVFP4Tensor, q_ref: nvfp4_cuda.NVFP4Tensor) -> None:
+    assert torch.equal(q_gpu.codes.cpu(), q_ref.codes)
+    assert torch.equal(q_gpu.block_scales.cpu(), q_ref.block_scales)
+    assert torch.equal(q_gpu.tensor_scale.cpu(), q_ref.tensor_scale)
+
+
+def _data(r: int, c: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(r, c, generator=g) * torch.exp(2 * torch.randn(r, 1, generator=g))
+
+
+@pytest.mark.parametrize("block_2d", [False, True])
+@pytest.mark.parametrize("rounding", ["rne", "stochastic"])
+@pytest.mark.parametrize("hadamard", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantize_bit_exact(block_2d: bool, rounding: str, hadamard: bool, dtype: torch.dtype) -> None:
+    x = _data(67, 96, 1).to(dtype)
+    kw = dict(block_2d=block_2d, rounding=rounding, hadamard=hadamard, seed=3, step=5, tensor_id=7)
+    _same(nvfp4_cuda.quantize_nvfp4(x.cuda(), **kw), R.quantize_nvfp4(x, **kw))
+
+
+def test_dequantize_and_hadamard_bit_exact() -> None:
+    x = _data(40, 64, 2)
+    q = R.quantize_nvfp4(x)
+    qg = nvfp4_cuda.NVFP4Tensor(q.codes.cuda(), q.block_scales.cuda(), q.tensor_scale.cuda(), q.shape)
+    for dt in (torch.float32, torch.bfloat16):
+        assert torch.equal(nvfp4_cuda.dequantize_nvfp4(qg, dtype=dt).cpu(), R.dequantize_nvfp4(q, dtype=dt))
+    assert torch.equal(nvfp4_cuda.hadamard16(x.cuda()).cpu(), R.hadamard16(x))
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_quantize_from_mxfp8_bit_exact(transpose: bool) -> None:
+    p, s = R.mxfp8_encode(_data(64, 96, 3) * 0.02)
+    kw = dict(transpose=transpose, rounding="rne")
+    _same(nvfp4_cuda.quantize_nvfp4_from_mxfp8(p.cuda(), s.cuda(), **kw), R.quantize_nvfp4_from_mxfp8(p, s, **kw))
+
+
+@pytest.mark.parametrize("rounding", ["rne", "stochastic"])
+def test_mxfp8_encode_decode_bit_exact(rounding: str) -> None:
+    x = _data(33, 100, 4)
+    x[0, :32] = 0.0
+    x[1, :] = 3e38 * torch.rand(100)
+    p, s = nvfp4_cuda.mxfp8_encode(x.cuda(), rounding=rounding, seed=1, step=2, tensor_id=3)
+    rp, rs = R.mxfp8_encode(x, rounding=rounding, seed=1, step=2, tensor_id=3)
+    assert torch.equal(p.cpu(), rp) and torch.equal(s.cpu(), rs)
+    if rounding == "rne":
+        cp, cs = mxfp8_codec.encode_mxfp8(x)
+        assert torch.equal(p.cpu(), cp) and torch.equal(s.cpu(), cs)
+    for dt in (torch.float32, torch.bfloat16):
+        assert torch.equal(nvfp4_cuda.mxfp8_decode(p, s, dtype=dt).cpu(), R.mxfp8_decode(rp, rs, dtype=dt))
+
+
+@pytest.mark.parametrize("writeback", ["stochastic", "rne", "compensated"])
+def test_lion_bit_exact_over_steps(writeback: str) -> None:
+    w = 0.02 * torch.randn(48, 96)
+    p, s = R.mxfp8_encode(w)
+    m = torch.zeros(48, 96, dtype=torch.bfloat16)
+    comp = torch.zeros(48, 96) if writeback == "compensated" else None
+    pg, sg, mg = p.cuda(), s.cuda(), m.cuda()
+    compg = comp.cuda() if comp is not None else None
+    for step in range(5):
+        grad = torch.randn(48, 96)
+        kw = dict(lr=1e-3, weight_decay=0.1, writeback=writeback, seed=9, step=step, tensor_id=2)
+        R.lion_step_mxfp8_(p, s, grad, m, compensation=comp, **kw)
+        nvfp4_cuda.lion_step_mxfp8_(pg, sg, grad.cuda(), mg, compensation=compg, **kw)
+    assert torch.equal(pg.cpu(), p) and torch.equal(sg.cpu(), s) and torch.equal(mg.cpu(), m)
+    if comp is not None:
+        assert torch.equal(compg.cpu(), comp)
+
+
+def test_sr_bf16_bit_exact() -> None:
+    x = torch.randn(1000, 33) * 100
+    a = torch.empty(1000, 33, dtype=torch.bfloat16)
+    R.stochastic_round_to_bf16_(a, x, seed=1, step=2, tensor_id=3)
+    b = torch.empty(1000, 33, dtype=torch.bfloat16, device="cuda")
+    nvfp4_cuda.stochastic_round_to_bf16_(b, x.cuda(), seed=1, step=2, tensor_id=3)
+    assert torch.equal(b.cpu(), a)
+
+
+def _exact_operand(rows: int, k: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    vals = F.e2m1_decode_table()[torch.randint(0, 16, (rows, k), generator=g)]
+    vals.view(rows, k // 16, 16)[:, :, 0] = 6.0
+    return vals
+
+
+def _backends() -> list[str]:
+    major, _ = torch.cuda.get_device_capability()
+    return ["emulated", "native"] if major == 12 else ["emulated"]
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(128, 128, 256), (37, 19, 80), (256, 384, 512)])
+def test_gemm_exact_inputs_bit_exact(m: int, n: int, k: int) -> None:
+    a = R.quantize_nvfp4(_exact_operand(m, k, 1))
+    b = R.quantize_nvfp4(_exact_operand(n, k, 2))
+    ref = R.nvfp4_matmul(a, b, out_dtype=torch.float32)
+    ag = nvfp4_cuda.quantize_nvfp4(_exact_operand(m, k, 1).cuda())
+    bg = nvfp4_cuda.quantize_nvfp4(_exact_operand(n, k, 2).cuda())
+    for backend in _backends():
+        y = nvfp4_cuda.nvfp4_matmul(ag, bg, out_dtype=torch.float32, backend=backend)
+        assert torch.equal(y.cpu(), ref), backend
+
+
+def test_gemm_random_within_tolerance_and_native_agrees_with_emulated() -> None:
+    x, w = _data(200, 320, 5), _data(96, 320, 6)
+    a, b = R.quantize_nvfp4(x), R.quantize_nvfp4(w, block_2d=True)
+    ref = R.nvfp4_matmul(a, b, out_dtype=torch.float32)
+    ag, bg = nvfp4_cuda.quantize_nvfp4(x.cuda()), nvfp4_cuda.quantize_nvfp4(w.cuda(), block_2d=True)
+    outs = {}
+    for backend in _backends():
+        outs[backend] = nvfp4_cuda.nvfp4_matmul(ag, bg, out_dtype=torch.float32, backend=backend).cpu()
+        assert (outs[backend] - ref).abs().max() <= GEMM_RTOL * ref.abs().max()
+    if "native" in outs:
+        assert (outs["native"] - outs["emulated"]).abs().max() <= GEMM_RTOL * ref.abs().max()
+
+
+def test_gemm_bf16_out_and_accumulate() -> None:
+    a = nvfp4_cuda.quantize_nvfp4(_exact_operand(64, 128, 3).cuda())
+    b = nvfp4_cuda.quantize_nvfp4(_exact_operand(32, 128, 4).cuda())
+    y32 = nvfp4_cuda.nvfp4_matmul(a, b, out_dtype=torch.float32)
+    assert torch.equal(nvfp4_cuda.nvfp4_matmul(a, b), y32.to(torch.bfloat16))
+    out = torch.ones(64, 32, device="cuda")
+    nvfp4_cuda.nvfp4_matmul(a, b, out=out, accumulate=True)
+    assert torch.equal(out, y32 + 1.0)
+
+
+def test_native_backend_refused_off_sm120() -> None:
+    if torch.cuda.get_device_capability()[0] == 12:
+        pytest.skip("device has native FP4 MMA")
+    a = nvfp4_cuda.quantize_nvfp4(torch.randn(16, 64, device="cuda"))
+    with pytest.raises(RuntimeError, match="12.x"):
+        nvfp4_cuda.nvfp4_matmul(a, a, backend="native")
+
+
+def test_backend_info_reports_device() -> None:
+    info = nvfp4_cuda.backend_info()
+    assert info["backend"] in ("native-sm120a", "emulated-cuda") and "sm_" in info["device"]
