@@ -416,4 +416,5 @@ def apply_fsdp(model: nn.Module, info: DistInfo) -> nn.Module:
     for mod in model.modules():
         if isinstance(mod, FSDPModule):
             mod.set_gradient_divide_factor(1.0)
+            mod.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no PREMUL_SUM)
     return model
