@@ -6,17 +6,25 @@
  * pure-numpy path in mxfp8_codec/numerics.py (read its module docstring); the tests compare the
  * two bit for bit.
  *
- * Decode, blocks with scale byte s in [10, 246] (every realistic weight): the value
- * e4m3(q) * 2^(s - 127) is an exact normal bfloat16 whose exponent and mantissa fields follow
- * from the code's fields by integer arithmetic in 16-bit lanes (see mx_fast_bf16); float32 output
- * is the same bits shifted left by 16. Other blocks (s < 10: float32/bfloat16 subnormal results; s > 246: overflow;
- * s = 255: NaN) and partial blocks gather from the exact 65 536-entry table built in Python.
+ * Decode, full blocks with scale byte s in [10, 246] (every realistic weight): a normal E4M3 code
+ * decodes to the exact normal bfloat16 (mag << 4) + ((s - 7) << 7), with zero / NaN selected in;
+ * float32 output is the same value, (mag << 20) + ((s - 7) << 23). Blocks holding an E4M3
+ * subnormal code, other scale bytes (s < 10: subnormal results; s > 246: overflow; 255: NaN) and
+ * partial blocks gather from the exact 65 536-entry table built in Python.
  *
  * Encode: amax from the magnitude bits (an integer max; a value >= 0x7F800000 means Inf/NaN in
- * the block, reported to the caller), scale rule in integer arithmetic, y = x * 2^-e in float32
- * (exact except in float32 subnormals, which round to E4M3 zero anyway), then round-to-nearest-even
- * into E4M3 with saturation: normal results by adding half an ulp (plus the lsb for ties) to the
- * bit pattern and shifting, subnormal results (|y| < 2^-6) with the 2^23 "magic number" add.
+ * the block, reported to the caller), the scale rule in integer arithmetic, then
+ *  - fast path (full blocks, e >= -120, every nonzero |x| >= 2^(e-6) so every code is a normal
+ *    E4M3): the 2^-e scaling is folded into the exponent and rounding to nearest even is done on
+ *    the bit pattern: code = ((a + half - 1 + lsb) >> shift) - ((120 + e) << 3), saturated;
+ *  - exact path (everything else): y = x * 2^-e in float32 (exact except in float32 subnormals,
+ *    which round to E4M3 zero anyway), normal results rounded on the bit pattern as above,
+ *    subnormal results (|y| < 2^-6) with the 2^23 "magic number" add.
+ * Both saturate at 448 (code 0x7E), or at 240 (0x77) in blocks with scale byte 247 so that no
+ * finite input decodes to 2^128 = inf.
+ *
+ * SIMD: with AVX-512 (F + BW, i.e. -march=native on such a CPU) the fast paths use intrinsics;
+ * otherwise portable C written with selects only, which compilers auto-vectorize.
  *
  * Floating-point environment: the subnormal arithmetic above must not be flushed, so on x86 each
  * entry point clears FTZ/DAZ and selects round-to-nearest in MXCSR and restores it on exit

@@ -35,10 +35,19 @@ Decoding: ``value = e4m3(q) * 2^(s - 127)``; scale byte 0xFF makes the whole blo
 ``q & 0x7F == 0x7F`` are NaN; NaNs come out as the canonical quiet NaN (0x7FC0 / 0x7FC00000). The
 product is exact in float32 except overflow to +-inf (scale bytes 247..254 with large codes);
 bfloat16 output is that exact value rounded once to nearest even (only scale bytes 0..2 can be
-inexact, in bfloat16's subnormal range). Both are implemented as 65 536-entry lookup tables indexed
-by ``(s << 8) | q``, built once from float64 (exact for every pair) -- the numpy fallback gathers
-from them in L2-sized chunks; the native C kernel (:mod:`mxfp8_codec._native`) computes the common
-case arithmetically and falls back to the same tables, giving identical bits.
+inexact, in bfloat16's subnormal range).
+
+Three implementations, identical bits (tests/mxfp8_codec/test_numerics*.py prove it):
+
+* pure numpy (``*_numpy``, the fallback and oracle): decode gathers from an exact 65 536-entry
+  table indexed by ``(s << 8) | q`` (built once from float64, which holds every product exactly),
+  encode clips and casts with ml_dtypes; both in L2-sized chunks (256 Ki elements);
+* pure torch (``*_torch``): the same rules in torch ops, used for tensors on CUDA/other devices;
+* native C (:mod:`mxfp8_codec._native`, used for numpy arrays and CPU tensors when a C compiler
+  exists): bit arithmetic on whole blocks -- a normal code decodes to bfloat16 bits
+  ``(mag << 4) + ((s - 7) << 7)``, and encoding folds the 2^-e scaling into the exponent before
+  rounding on the bit pattern -- with the table / exact float path for the rare blocks outside
+  that fast path (E4M3 subnormals, extreme scales, partial blocks). About memory speed.
 """
 
 from __future__ import annotations
