@@ -1,0 +1,267 @@
+"""Training memory per parameter and per pipeline stage, counted on the meta device from the real module tree.
+
+Bytes per parameter (weights + gradients + optimizer state; ``B`` = bytes):
+
+=====================================  ==========  ========  ================  =========
+tensor class                           weights     grads     optimizer         total
+=====================================  ==========  ========  ================  =========
+nvfp4: NVFP4 projection (MXFP8 master)  1 + 1/32    2 (BF16)  2 (Lion m, BF16)  5.03 B
+nvfp4: + ``compensated`` write-back                           + 4 (FP32 resid.)  9.03 B
+nvfp4: BF16 params (embed, lm_head,     2           2         2 (Lion m, BF16)  6 B
+norms, kept layers)
+bf16: every parameter (FP32 master)     4           4 (FP32)  8 (AdamW m, v)    16 B
+bf16: + autocast's BF16 weight copies   2 (held from forward to backward)       18 B
+=====================================  ==========  ========  ================  =========
+
+The weights and gradients are not taken from this table: :func:`stage_memory` applies the recipe on the
+``meta`` device and sums ``numel * element_size`` of the actual parameters and buffers of each stage's
+modules (an NVFP4 layer's uint8 payload and scales, its BF16 gradient, BF16 or FP32 parameters).  Only the
+optimizer state per element (Lion: one BF16 momentum; AdamW: two FP32 moments) and the transients are
+rules, stated here:
+
+* **Activations** (per stage, 1F1B, activation checkpointing of every decoder layer): stage ``s`` of
+  ``S`` holds up to ``S - s`` micro-batches in flight, each keeping every layer's input
+  ([tokens, hidden] in the boundary dtype: BF16 for nvfp4, FP32 for bf16's autocast residual stream).
+  One layer at a time is recomputed; its working set is estimated per token as
+  ``2 B x (4 hidden + 2 q + 2 kv + 3 intermediate)`` (norm outputs, residual, q/k/v/attention output,
+  MLP up/activation/down inputs), doubled for the gradients flowing through it (attention itself is
+  SDPA/flash: no [tokens x tokens] matrix).
+* **Logits** (last stage): ``tokens x vocab x 14 B``: BF16 lm_head output (2), the FP32 copy the stage
+  returns (4), cross-entropy's FP32 log-softmax (4) and FP32 gradient (4).
+* **NVFP4 transients** (nvfp4, the largest layer): its MXFP8 master decoded to FP32 while quantizing
+  (4 B/param) and the two quantized weight layouts (2 x 0.5625 B/param).
+* **Runtime**: 0.75 GiB for the CUDA context, cuBLAS workspace and allocator fragmentation.
+
+The 4B preset is Minitron-4B (hidden 3072, intermediate 9216, 32 layers, 24 heads, 8 KV heads, head
+dim 128, vocabulary 256000, untied embeddings: 4.19 B parameters).  With two pipeline stages and
+1024 tokens per micro-batch, the nvfp4 recipe needs about 11-15 GiB per stage (below 16 GiB: two 16 GB
+cards), the bf16 recipe 36-40 GiB per stage (it does not fit).
+
+Example:
+    >>> from ida_trainer.config import PrecisionConfig
+    >>> report = stage_memory(minitron_4b_config(), PrecisionConfig(recipe="nvfp4"), stages=2)
+    >>> all(s.total_bytes < 16 * 2**30 for s in report)
+    True
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn as nn
+
+from ida_trainer.distributed import split_layers
+from ida_trainer.precision import apply_recipe, nvfp4_modules
+
+if TYPE_CHECKING:
+    from ida_trainer.config import PrecisionConfig
+
+__all__ = [
+    "ActivationSpec",
+    "StageMemory",
+    "build_meta_model",
+    "main",
+    "minitron_4b_config",
+    "stage_memory",
+]
+
+GIB = 2**30
+LION_STATE_BYTES = 2  # one BF16 momentum per element
+COMPENSATION_BYTES = 4  # FP32 residual per master element (writeback="compensated")
+ADAMW_STATE_BYTES = 8  # two FP32 moments per element
+AUTOCAST_COPY_BYTES = 2  # BF16 copy of each FP32 weight held by autocast from forward to backward
+LOGIT_BYTES = 14  # per token x vocab entry: BF16 logits 2 + FP32 copy 4 + log-softmax 4 + grad 4
+NVFP4_TRANSIENT_BYTES = 4 + 2 * 0.5625  # per param of the largest layer: FP32 decode + W and W^T in NVFP4
+RUNTIME_BYTES = int(0.75 * GIB)  # CUDA context, cuBLAS workspace, allocator fragmentation
+_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class ActivationSpec:
+    """The activation side of the estimate.
+
+    Attributes:
+        tokens_per_microbatch: micro-batch size x sequence length.
+        checkpointing: activation checkpointing of every decoder layer (without it every layer's working
+            set is kept for each micro-batch in flight).
+    """
+
+    tokens_per_microbatch: int = 1024
+    checkpointing: bool = True
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Bytes one pipeline stage needs (all fields in bytes, except ``params`` and ``layers``)."""
+
+    stage: int
+    layers: range
+    params: int
+    weights_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    transient_bytes: int
+    activation_bytes: int
+    logits_bytes: int
+    runtime_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        """Everything above."""
+        return (self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.transient_bytes
+                + self.activation_bytes + self.logits_bytes + self.runtime_bytes)
+
+    def row(self) -> str:
+        """One Markdown table row in GiB."""
+        f = [self.weights_bytes, self.grads_bytes, self.optimizer_bytes, self.transient_bytes,
+             self.activation_bytes, self.logits_bytes, self.runtime_bytes, self.total_bytes]
+        return (f"| {self.stage} | {self.layers.start}-{self.layers.stop - 1} | {self.params / 1e9:.3f} B | "
+                + " | ".join(f"{v / GIB:.2f}" for v in f) + " |")
+
+
+def minitron_4b_config() -> Any:
+    """The Minitron-4B architecture as a ``transformers.NemotronConfig`` (no weights)."""
+    from transformers import NemotronConfig
+
+    return NemotronConfig(vocab_size=256000, hidden_size=3072, intermediate_size=9216, num_hidden_layers=32,
+                          num_attention_heads=24, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False,
+                          max_position_embeddings=4096)
+
+
+def build_meta_model(config: Any, precision: PrecisionConfig) -> nn.Module:
+    """The causal LM of ``config`` on the meta device (no memory), with the recipe applied."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    apply_recipe(model, precision)
+    return model
+
+
+def _stage_of(name: str, bounds: list[range]) -> int:
+    m = _LAYER_RE.search(name)
+    if m:
+        layer = int(m.group(1))
+        return next(s for s, r in enumerate(bounds) if layer in r)
+    if "embed_tokens" in name:
+        return 0
+    return len(bounds) - 1  # final norm, lm_head
+
+
+def _bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def stage_memory(config: Any, precision: PrecisionConfig, *, stages: int = 2,
+                 activations: ActivationSpec = ActivationSpec()) -> list[StageMemory]:
+    """Per-stage training memory of ``config`` under ``precision``, counted on the meta device.
+
+    Args:
+        config: a transformers config of a causal LM with ``model.layers`` (e.g. :func:`minitron_4b_config`).
+        precision: the recipe (``keep_bf16`` and ``writeback`` are honoured).
+        stages: pipeline stages (1 = the whole model on one device).
+        activations: tokens per micro-batch and checkpointing.
+
+    Returns:
+        One :class:`StageMemory` per stage.
+
+    Example:
+        >>> from ida_trainer.config import PrecisionConfig
+        >>> from transformers import LlamaConfig
+        >>> cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        ...                   num_attention_heads=2)
+        >>> [s.layers for s in stage_memory(cfg, PrecisionConfig(recipe="nvfp4"), stages=2)]
+        [range(0, 1), range(1, 2)]
+    """
+    model = build_meta_model(config, precision)
+    recipe = precision.recipe
+    n_layers = int(config.num_hidden_layers)
+    bounds = split_layers(n_layers, stages)
+    weights = [0] * stages
+    grads = [0] * stages
+    optim = [0] * stages
+    params = [0] * stages
+    largest = [0] * stages
+    masters = dict(nvfp4_modules(model))
+    anchors = {id(m.weight) for m in masters.values()}
+    for name, mod in masters.items():
+        s = _stage_of(name + ".", bounds)
+        n = mod.in_features * mod.out_features
+        weights[s] += _bytes(mod.weight_payload) + _bytes(mod.weight_scales)
+        grads[s] += n * mod.weight.element_size()  # the BF16 gradient the anchor receives
+        optim[s] += n * (LION_STATE_BYTES + (COMPENSATION_BYTES if precision.writeback == "compensated" else 0))
+        params[s] += n
+        largest[s] = max(largest[s], n)
+    for name, p in model.named_parameters():
+        if id(p) in anchors:
+            continue
+        s = _stage_of(name, bounds)
+        weights[s] += _bytes(p)
+        grads[s] += _bytes(p)
+        params[s] += p.numel()
+        if recipe == "nvfp4":
+            optim[s] += p.numel() * LION_STATE_BYTES
+        else:
+            optim[s] += p.numel() * ADAMW_STATE_BYTES
+            if isinstance(p, nn.Parameter) and p.dim() >= 2:
+                weights[s] += p.numel() * AUTOCAST_COPY_BYTES
+    for name, b in model.named_buffers():
+        if not any(name.startswith(n + ".") for n in masters):
+            weights[_stage_of(name, bounds)] += _bytes(b)
+    hidden = int(config.hidden_size)
+    inter = int(config.intermediate_size)
+    head_dim = int(getattr(config, "head_dim", None) or hidden // int(config.num_attention_heads))
+    q_width = int(config.num_attention_heads) * head_dim
+    kv_width = int(getattr(config, "num_key_value_heads", config.num_attention_heads)) * head_dim
+    tokens = activations.tokens_per_microbatch
+    boundary = 2 if recipe == "nvfp4" else 4
+    layer_working = 2 * tokens * 2 * (4 * hidden + 2 * q_width + 2 * kv_width + 3 * inter)
+    out = []
+    for s, layers in enumerate(bounds):
+        in_flight = stages - s
+        if activations.checkpointing:
+            act = in_flight * len(layers) * tokens * hidden * boundary + layer_working
+        else:
+            act = in_flight * len(layers) * layer_working
+        logits = tokens * int(config.vocab_size) * LOGIT_BYTES if s == stages - 1 else 0
+        transient = int(largest[s] * NVFP4_TRANSIENT_BYTES) if recipe == "nvfp4" else 0
+        out.append(StageMemory(stage=s, layers=layers, params=params[s], weights_bytes=weights[s],
+                               grads_bytes=grads[s], optimizer_bytes=optim[s], transient_bytes=transient,
+                               activation_bytes=act, logits_bytes=logits, runtime_bytes=RUNTIME_BYTES))
+    return out
+
+
+TABLE_HEADER = ("| stage | layers | params | weights | grads | optimizer | transients | activations | logits | "
+                "runtime | total (GiB) |\n|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m ida_trainer.memory [--recipe nvfp4] [--stages 2] [--tokens 1024]``: print the 4B table."""
+    from ida_trainer.config import PrecisionConfig
+
+    ap = argparse.ArgumentParser(prog="python -m ida_trainer.memory", description=__doc__.split("\n")[0])
+    ap.add_argument("--recipe", choices=("nvfp4", "bf16"), default="nvfp4")
+    ap.add_argument("--writeback", choices=("stochastic", "rne", "compensated"), default="stochastic")
+    ap.add_argument("--stages", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=1024, help="tokens per micro-batch")
+    ap.add_argument("--no-checkpointing", action="store_true")
+    args = ap.parse_args(argv)
+    prec = PrecisionConfig(recipe=args.recipe, writeback=args.writeback)
+    report = stage_memory(minitron_4b_config(), prec, stages=args.stages,
+                          activations=ActivationSpec(args.tokens, not args.no_checkpointing))
+    print(f"Minitron-4B, recipe {args.recipe} ({args.writeback if args.recipe == 'nvfp4' else 'fp32 master'}), "
+          f"{args.stages} stage(s), {args.tokens} tokens per micro-batch, "
+          f"checkpointing {'off' if args.no_checkpointing else 'on'}")
+    print(TABLE_HEADER)
+    for s in report:
+        print(s.row())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
