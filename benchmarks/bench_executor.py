@@ -5,6 +5,8 @@ Both execute every ``canonical_solution`` of the MBXP Python problems with the s
 * baseline ``plain-subprocess``: per program a ``tempfile.TemporaryDirectory``, ``prog.py`` written
   there, ``subprocess.run([sys.executable, "-I", "prog.py"], timeout=...)``, pass = exit status 0.
   No namespaces, no limits, no output cap, no tree kill, no check-returned sentinel.
+* reference ``plain-subprocess-S``: the same with ``python -I -S`` (no ``site``), which our
+  sandbox also uses, so that the price of the isolation itself is visible separately.
 * ``ida_eval.execute``: :func:`execute_samples` (``canonical=True``) with the default isolation
   (namespaces + read-only fs + dropped privileges + rlimits + pids cgroup here).
 
@@ -37,7 +39,7 @@ DEFAULT_PROBLEMS = Path(__file__).resolve().parents[2] / "shared" / "mbxp" / "mb
 TIMEOUT_S = 30.0  # per program, both runners
 
 
-def plain_runner(problems: dict[str, dict[str, Any]], workers: int, timeout: float) -> int:
+def plain_runner(problems: dict[str, dict[str, Any]], workers: int, timeout: float, flags: tuple[str, ...] = ("-I",)) -> int:
     """The baseline: one ``python -I prog.py`` per program in a temp dir; returns how many passed."""
 
     def one(problem: dict[str, Any]) -> bool:
@@ -45,13 +47,18 @@ def plain_runner(problems: dict[str, dict[str, Any]], workers: int, timeout: flo
             prog = Path(d, "prog.py")
             prog.write_text(build_program(problem, problem["canonical_solution"]), encoding="utf-8")
             try:
-                r = subprocess.run([sys.executable, "-I", str(prog)], cwd=d, capture_output=True, timeout=timeout)
+                r = subprocess.run([sys.executable, *flags, str(prog)], cwd=d, capture_output=True, timeout=timeout)
             except subprocess.TimeoutExpired:
                 return False
             return r.returncode == 0
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return sum(pool.map(one, problems.values()))
+
+
+def plain_runner_no_site(problems: dict[str, dict[str, Any]], workers: int, timeout: float) -> int:
+    """The baseline with ``-I -S``: no ``site`` import (the interpreter mode our sandbox uses)."""
+    return plain_runner(problems, workers, timeout, ("-I", "-S"))
 
 
 def ida_runner(problems: dict[str, dict[str, Any]], workers: int, timeout: float) -> int:
@@ -83,22 +90,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         problems = dict(list(problems.items())[: args.limit])
     print(f"{len(problems)} canonical solutions, {args.workers} workers, timeout {args.timeout:g} s")
     print(f"ours isolates with: {isolation_in_force()}")
-    runs: dict[str, list[tuple[float, float, int]]] = {"plain-subprocess": [], "ida_eval.execute": []}
+    runners = (("plain-subprocess", plain_runner), ("plain-subprocess-S", plain_runner_no_site), ("ida_eval.execute", ida_runner))
+    runs: dict[str, list[tuple[float, float, int]]] = {name: [] for name, _ in runners}
     for rep in range(args.repeats):
-        for name, fn in (("plain-subprocess", plain_runner), ("ida_eval.execute", ida_runner)):
+        for name, fn in runners:
             wall, cpu, passed = _measure(lambda fn=fn: fn(problems, args.workers, args.timeout))
             runs[name].append((wall, cpu, passed))
-            print(f"  run {rep + 1}: {name:17s} wall {wall:7.2f} s  child cpu {cpu:7.2f} s  passed {passed}")
+            print(f"  run {rep + 1}: {name:18s} wall {wall:7.2f} s  child cpu {cpu:7.2f} s  passed {passed}")
     print()
-    print(f"{'runner':17s} {'wall (median)':>14s} {'child cpu':>10s} {'passed':>7s}")
+    print(f"{'runner':18s} {'wall (median)':>14s} {'child cpu':>10s} {'passed':>7s}")
     med = {}
     for name, rs in runs.items():
         med[name] = (statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs))
-        print(f"{name:17s} {med[name][0]:12.2f} s {med[name][1]:8.2f} s {rs[-1][2]:7d}")
-    ratio = med["ida_eval.execute"][0] / med["plain-subprocess"][0]
-    cpu_ratio = med["ida_eval.execute"][1] / med["plain-subprocess"][1]
-    print(f"ratio ida_eval.execute / plain-subprocess: wall {ratio:.2f}x, child cpu {cpu_ratio:.2f}x "
-          f"({'no slower' if ratio <= 1.0 else 'SLOWER'})")
+        print(f"{name:18s} {med[name][0]:12.2f} s {med[name][1]:8.2f} s {rs[-1][2]:7d}")
+    ours = med["ida_eval.execute"]
+    for base in ("plain-subprocess", "plain-subprocess-S"):
+        ratio, cpu_ratio = ours[0] / med[base][0], ours[1] / med[base][1]
+        verdict = "no slower" if ratio <= 1.0 else "slower"
+        print(f"ratio ida_eval.execute / {base}: wall {ratio:.2f}x, child cpu {cpu_ratio:.2f}x ({verdict})")
     return 0
 
 

@@ -255,7 +255,7 @@ def _ida_main():
         os._exit(0)
     try:
         nonce = _ida_enter(cfg)
-        with open(cfg["program"], encoding="utf-8") as f:
+        with open(cfg["program"], "rb") as f:
             source = f.read()
     except BaseException as e:
         os.write(status_fd, ("setup-error %r" % (e,)).encode())
@@ -532,8 +532,8 @@ def run_program(
         workdir = os.path.join(root, "w")
         os.mkdir(workdir, 0o700)
         program = os.path.join(workdir, "prog.py")
-        with open(program, "w", encoding="utf-8") as f:
-            f.write(source)
+        with open(program, "w", encoding="utf-8", errors="surrogatepass") as f:
+            f.write(source)  # lone surrogates stay invalid UTF-8: the program then fails to compile
         if uid is not None:
             os.chown(workdir, uid, gid)
             os.chown(program, uid, gid)

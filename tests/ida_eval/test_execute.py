@@ -271,17 +271,19 @@ def test_killed_run_resumes_without_reexecuting(tmp_path: Path) -> None:
     assert "pass@1 = 1.0000" in stdout
 
 
-def test_cli_reports_pass_rate_classes_missing_tasks_and_isolation(toy_file: Path, tmp_path: Path) -> None:
+def test_cli_reports_pass_rate_classes_missing_tasks_and_isolation(
+    toy_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     samples = tmp_path / "s.jsonl"
     samples.write_text(
         json.dumps({"task_id": "T/0", "completion": "\treturn a + b\n"}) + "\n"
         + json.dumps({"task_id": "T/1", "completion": "    return 3 * x\n"}) + "\n"
     )
     summary = tmp_path / "summary.json"
-    proc = _cli("--problems", str(toy_file), "--samples", str(samples), "--out", str(tmp_path / "r.jsonl"),
-                "--workers", "2", "--timeout", "5", "--summary", str(summary), "--no-progress")
-    stdout, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 0, stderr
+    code = ex.main(["--problems", str(toy_file), "--samples", str(samples), "--out", str(tmp_path / "r.jsonl"),
+                    "--workers", "2", "--timeout", "5", "--summary", str(summary), "--no-progress"])
+    stdout, stderr = capsys.readouterr()
+    assert code == 0, stderr
     assert "pass@1 = 0.5000" in stdout
     assert "no sample for 1 of 3 tasks (e.g. T/2)" in stdout
     assert "AssertionError: 1" in stdout and "passed: 1" in stdout
@@ -290,13 +292,16 @@ def test_cli_reports_pass_rate_classes_missing_tasks_and_isolation(toy_file: Pat
     assert data["passed"] == 1 and data["missing_tasks"] == ["T/2"]
 
 
-def test_cli_unknown_task_in_samples_names_the_line(toy_file: Path, tmp_path: Path) -> None:
+def test_cli_input_errors_name_the_line(toy_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     samples = tmp_path / "s.jsonl"
     samples.write_text(json.dumps({"task_id": "T/0", "completion": ""}) + "\n" + json.dumps({"task_id": "Z/9", "completion": ""}) + "\n")
-    proc = _cli("--problems", str(toy_file), "--samples", str(samples), "--out", str(tmp_path / "r.jsonl"))
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 2
-    assert "s.jsonl:2: unknown task_id 'Z/9'" in stderr
+    assert ex.main(["--problems", str(toy_file), "--samples", str(samples), "--out", str(tmp_path / "r.jsonl")]) == 2
+    assert "s.jsonl:2: unknown task_id 'Z/9'" in capsys.readouterr().err
+    samples.write_text(json.dumps({"task_id": "T/0", "completion": ""}) + "\n{oops\n")
+    assert ex.main(["--problems", str(toy_file), "--samples", str(samples), "--out", str(tmp_path / "r.jsonl")]) == 2
+    assert "s.jsonl:2: not valid JSON" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ex.main(["--problems", str(toy_file), "--out", str(tmp_path / "r.jsonl")])  # neither --samples nor --canonical
 
 
 # ------------------------------------------------------------------ the MBXP anchor

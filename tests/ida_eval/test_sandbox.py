@@ -107,6 +107,22 @@ def test_exception_fails_with_traceback(clean: str) -> None:
 
 
 @pytest.mark.parametrize(
+    "src, passed, error",
+    [
+        ("x = 1\x00", False, "SyntaxError"),  # NUL byte
+        ('x = "\ud800"', False, "SyntaxError"),  # lone surrogate: invalid UTF-8 on disk
+        ('assert "é€😀" == "\\u00e9\\u20ac\\U0001f600"', True, ""),
+        ("\t\nif True:\n\tx = 1\nassert x == 1", True, ""),  # tabs are kept as they are
+    ],
+    ids=["nul", "surrogate", "unicode", "tabs"],
+)
+def test_odd_source_text_is_a_program_result_not_a_crash(src: str, passed: bool, error: str, clean: str) -> None:
+    res = run(src, clean)
+    assert res.passed is passed
+    assert error in res.stderr_tail
+
+
+@pytest.mark.parametrize(
     "src",
     [
         "import sys\nsys.exit(0)\nassert False",
