@@ -141,7 +141,11 @@ def e2m1_decode_table(dtype: torch.dtype = torch.float32, device: torch.device |
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
     """Pack 4-bit codes [R, C] (C even) into bytes [R, C/2]: even element in the low nibble."""
-    c = codes.to(torch.uint8)
+    c = codes.to(torch.uint8).contiguous()
+    if c.device.type == "cpu":  # numpy on a uint16 view: contiguous ops instead of strided uint8 slices
+        u16 = c.numpy().view(np.uint16)  # little-endian: low byte = even element
+        packed = (u16 & 0x000F) | ((u16 >> 4) & 0x00F0)
+        return torch.from_numpy(packed.astype(np.uint8))
     return c[..., 0::2] | (c[..., 1::2] << 4)
 
 

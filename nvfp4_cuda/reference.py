@@ -134,10 +134,15 @@ def nvfp4_scales(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return s_enc, s_dec
 
 
-def _block_amax(a: torch.Tensor, block_2d: bool) -> torch.Tensor:
-    """Block amax [R, C/16] of magnitudes a [R, C] (2-D: the 16x16 tile max, repeated per row)."""
-    r, c = a.shape
-    bam = a.view(r, c // NVFP4_BLOCK, NVFP4_BLOCK).amax(dim=-1)
+def _block_amax(x: torch.Tensor, block_2d: bool) -> torch.Tensor:
+    """Block amax [R, C/16] of |x| for x [R, C] (2-D: the 16x16 tile max, repeated per row).
+
+    One pass with ``aminmax`` (max(|x|) = max(max x, -min x)); NaN propagates, so the caller's
+    finiteness check on the global amax catches it.
+    """
+    r, c = x.shape
+    lo, hi = torch.aminmax(x.view(r, c // NVFP4_BLOCK, NVFP4_BLOCK), dim=-1)
+    bam = torch.maximum(hi, -lo).abs()  # .abs(): an all -0.0 block must give +0.0
     if not block_2d:
         return bam
     pad = (-r) % NVFP4_BLOCK
@@ -174,13 +179,12 @@ def quantize_nvfp4(x: torch.Tensor, *, block_2d: bool = False, rounding: str = "
     _check_rounding(rounding, "quantize_nvfp4")
     x32 = hadamard16(x) if hadamard else x.to(torch.float32).contiguous()
     r, c = x32.shape
-    a = x32.abs()
-    amax = a.max() if a.numel() else torch.zeros((), dtype=torch.float32, device=x.device)
+    bam = _block_amax(x32, block_2d)
+    amax = bam.max() if bam.numel() else torch.zeros((), dtype=torch.float32, device=x.device)
     if not torch.isfinite(amax):
         bad = (~torch.isfinite(x32)).nonzero()[0].tolist()
         raise ValueError(f"quantize_nvfp4: non-finite input at index {bad} (value {x32[bad[0], bad[1]].item()})")
     s_enc, s_dec = nvfp4_scales(amax)
-    bam = _block_amax(a, block_2d)
     sf_f = torch.clamp(bam * (s_enc * _f32(ONE_SIXTH_F32, x.device)), max=E4M3_MAX)
     sf_bits = e4m3_encode(sf_f)  # RNE (sf_f >= 0, so the sign bit is clear)
     sf = e4m3_decode(sf_bits)
