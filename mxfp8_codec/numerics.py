@@ -291,6 +291,7 @@ def encode_mxfp8_numpy(
     *,
     scale_rule: str | ScaleRule = ScaleRule.RCEIL,
     name: str | None = None,
+    out: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Pure-numpy MXFP8 encode (the fallback and the oracle for the native kernel).
 
@@ -303,9 +304,7 @@ def encode_mxfp8_numpy(
     """
     rule = _rule(scale_rule)
     x = _check_encode_input_numpy(x, name)
-    p_shape, s_shape = x.shape, scales_shape(x.shape)
-    payload = np.empty(p_shape, np.uint8)
-    scales = np.empty(s_shape, np.uint8)
+    payload, scales = _encode_out(out, x.shape, name)
     if payload.size == 0 or scales.size == 0:
         return payload, scales
     x2, q2, s2 = _as_2d(x), _as_2d(payload), _as_2d(scales)
@@ -328,6 +327,27 @@ def encode_mxfp8_numpy(
             bad = _encode_rows_numpy(np.ascontiguousarray(chunk), rule, q2[r0:r1], s2[r0:r1])
         if bad >= 0:
             _raise_nonfinite_in_block(x2, r0 + bad // nb, bad % nb, x.shape, name)
+    return payload, scales
+
+
+def _encode_out(
+    out: tuple[np.ndarray, np.ndarray] | None, shape: tuple[int, ...], name: str | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """New (payload, scales) arrays, or the caller's ``out`` pair after checking it."""
+    s_shape = scales_shape(shape)
+    if out is None:
+        return np.empty(shape, np.uint8), np.empty(s_shape, np.uint8)
+    who = f"tensor {name!r}" if name else "tensor"
+    try:
+        payload, scales = out
+    except (TypeError, ValueError):
+        raise MXFP8Error(f"{who}: out must be a (payload, scales) pair") from None
+    for what, arr, want in (("payload", payload, shape), ("scales", scales, s_shape)):
+        if not isinstance(arr, np.ndarray) or arr.dtype != np.uint8 or tuple(arr.shape) != want:
+            got = f"{getattr(arr, 'dtype', type(arr).__name__)} {tuple(getattr(arr, 'shape', ()))}"
+            raise MXFP8Error(f"{who}: out {what} must be a uint8 array of shape {want}, got {got}")
+        if not arr.flags.c_contiguous or not arr.flags.writeable:
+            raise MXFP8Error(f"{who}: out {what} must be a writeable C-contiguous array")
     return payload, scales
 
 
@@ -581,14 +601,13 @@ def _native_kernel() -> Any:
 
 
 def _encode_numpy_dispatch(
-    x: np.ndarray, rule: ScaleRule, name: str | None
+    x: np.ndarray, rule: ScaleRule, name: str | None, out: tuple[np.ndarray, np.ndarray] | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     kernel = _native_kernel()
     if kernel is None:
-        return encode_mxfp8_numpy(x, scale_rule=rule, name=name)
+        return encode_mxfp8_numpy(x, scale_rule=rule, name=name, out=out)
     x = _check_encode_input_numpy(x, name)
-    payload = np.empty(x.shape, np.uint8)
-    scales = np.empty(scales_shape(x.shape), np.uint8)
+    payload, scales = _encode_out(out, x.shape, name)
     if payload.size == 0 or scales.size == 0:
         return payload, scales
     x2 = np.ascontiguousarray(_as_2d(x))
@@ -677,6 +696,7 @@ def encode_mxfp8(
     *,
     scale_rule: str | ScaleRule = ScaleRule.RCEIL,
     name: str | None = None,
+    out: tuple[ArrayLike, ArrayLike] | None = None,
 ) -> tuple[ArrayLike, ArrayLike]:
     """Quantize a float tensor to MXFP8: E4M3 payload bits plus one UE8M0 scale per 32 elements.
 
@@ -685,6 +705,9 @@ def encode_mxfp8(
             device), rank >= 1. Blocks of 32 run along the last axis; the last one may be partial.
         scale_rule: ``"rceil"`` (default, never clips the block max) or ``"floor"`` (OCP).
         name: tensor name, used only in error messages.
+        out: optional ``(payload, scales)`` pair of C-contiguous uint8 arrays (tensors for torch
+            input) of the result shapes, written in place and returned -- e.g. to re-encode a
+            weight master into its existing storage. On error they may be partly written.
 
     Returns:
         ``(payload, scales)``: uint8 E4M3 bit patterns of ``x``'s shape and uint8 biased exponents
@@ -705,11 +728,33 @@ def encode_mxfp8(
     """
     rule = _rule(scale_rule)
     if _is_torch(x):
-        if x.device.type != "cpu" or x.dtype not in _torch_float_dtypes() or x.dim() < 1:
-            return encode_mxfp8_torch(x, scale_rule=rule, name=name)
-        q, s = _encode_numpy_dispatch(_torch_cpu_to_numpy(x), rule, name)
-        return _numpy_to_torch(q), _numpy_to_torch(s)
-    return _encode_numpy_dispatch(x, rule, name)
+        outs = _torch_encode_out(out, name)
+        on_cpu = x.device.type == "cpu" and all(o.device.type == "cpu" for o in outs)
+        if not on_cpu or x.dtype not in _torch_float_dtypes() or x.dim() < 1:
+            q, s = encode_mxfp8_torch(x, scale_rule=rule, name=name)
+            if out is None:
+                return q, s
+            _copy_into(outs[0], q, name)
+            _copy_into(outs[1], s, name)
+            return outs[0], outs[1]
+        np_out = None if out is None else (_torch_cpu_to_numpy(outs[0]), _torch_cpu_to_numpy(outs[1]))
+        q, s = _encode_numpy_dispatch(_torch_cpu_to_numpy(x), rule, name, np_out)
+        return (outs[0], outs[1]) if out is not None else (_numpy_to_torch(q), _numpy_to_torch(s))
+    if out is not None and not all(isinstance(o, np.ndarray) for o in out):
+        raise MXFP8Error(f"tensor {name!r}: out must be numpy arrays for numpy input")
+    return _encode_numpy_dispatch(x, rule, name, out)
+
+
+def _torch_encode_out(out: Any, name: str | None) -> tuple[Any, ...]:
+    """Check a torch ``out`` pair's types (shapes are checked by the encoder); () when None."""
+    if out is None:
+        return ()
+    torch = _torch_module()
+    if not isinstance(out, (tuple, list)) or len(out) != 2 or not all(_is_torch(o) for o in out):
+        raise MXFP8Error(f"tensor {name!r}: out must be a (payload, scales) pair of torch tensors")
+    if any(o.dtype != torch.uint8 or not o.is_contiguous() for o in out):
+        raise MXFP8Error(f"tensor {name!r}: out tensors must be contiguous uint8")
+    return tuple(out)
 
 
 def decode_mxfp8(

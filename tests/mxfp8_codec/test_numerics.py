@@ -322,3 +322,23 @@ def test_decode_into_out_buffers() -> None:
         decode_mxfp8(torch.from_numpy(q), torch.from_numpy(s), out=torch.empty(70, 5).T)
     with pytest.raises(MXFP8Error, match="torch tensor for torch input"):
         decode_mxfp8(torch.from_numpy(q), torch.from_numpy(s), out=np.empty((5, 70), np.float32))
+
+
+def test_encode_into_out_buffers() -> None:
+    x = np.random.default_rng(1).standard_normal((5, 70)).astype(np.float32)
+    q, s = encode_mxfp8(x)
+    for fn in (encode_mxfp8, encode_mxfp8_numpy):
+        qo, so = np.full_like(q, 9), np.full_like(s, 9)
+        rq, rs = fn(x, out=(qo, so))
+        assert rq is qo and rs is so and np.array_equal(qo, q) and np.array_equal(so, s)
+    tq, ts = torch.zeros(5, 70, dtype=torch.uint8), torch.zeros(5, 3, dtype=torch.uint8)
+    rq, rs = encode_mxfp8(torch.from_numpy(x), out=(tq, ts))
+    assert rq is tq and rs is ts and np.array_equal(tq.numpy(), q) and np.array_equal(ts.numpy(), s)
+    with pytest.raises(MXFP8Error, match=r"'w': out scales must be a uint8 array of shape \(5, 3\)"):
+        encode_mxfp8(x, out=(np.empty((5, 70), np.uint8), np.empty((5, 2), np.uint8)), name="w")
+    with pytest.raises(MXFP8Error, match="pair"):
+        encode_mxfp8(x, out=(np.empty((5, 70), np.uint8),), name="w")
+    with pytest.raises(MXFP8Error, match="numpy arrays for numpy input"):
+        encode_mxfp8(x, out=(tq, ts))
+    with pytest.raises(MXFP8Error, match="contiguous uint8"):
+        encode_mxfp8(torch.from_numpy(x), out=(tq, ts.float()))
