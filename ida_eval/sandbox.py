@@ -159,121 +159,10 @@ class SandboxResult:
 
 
 # ---------------------------------------------------------------------------------------------
-# The bootstrap: runs as ``python -c`` inside the sandbox. Kept dependency-free (stdlib only) and
-# small, because it is compiled once per program.
-
-_BOOTSTRAP = r'''
-import os, sys
-def _ida_mounts(work):
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    def mount(src, dst, fstype, flags):
-        if libc.mount(src, dst.encode(), fstype, ctypes.c_ulong(flags), None) != 0:
-            e = ctypes.get_errno()
-            raise OSError(e, "mount %s: %s" % (dst, os.strerror(e)))
-    RDONLY, NOSUID, NODEV, NOEXEC, REMOUNT, BIND = 1, 2, 4, 8, 32, 4096
-    opt_flags = {"nosuid": NOSUID, "nodev": NODEV, "noexec": NOEXEC, "noatime": 1024,
-                 "nodiratime": 2048, "relatime": 1 << 21}
-    mount(work.encode(), work, None, BIND)
-    mount(b"proc", "/proc", b"proc", NOSUID | NODEV | NOEXEC)
-    with open("/proc/self/mountinfo", "rb") as f:
-        rows = [line.split() for line in f.read().decode().splitlines()]
-    done = set()
-    for row in reversed(rows):
-        point = row[4].encode().decode("unicode_escape")
-        if point in done:
-            continue
-        done.add(point)
-        flags = REMOUNT | BIND
-        for o in row[5].split(","):
-            flags |= opt_flags.get(o, 0)
-        if point == work:
-            flags |= NOSUID | NODEV
-        else:
-            flags |= RDONLY
-        mount(None, point, None, flags)
-def _ida_enter(cfg):
-    import ctypes, resource
-    for name, soft, hard in cfg["rlimits"]:
-        resource.setrlimit(getattr(resource, name), (soft, hard))
-    libc = ctypes.CDLL(None, use_errno=True)
-    if cfg["privilege"] == "capdrop":
-        if libc.prctl(28, 0x2F, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "PR_SET_SECUREBITS")
-        for cap in range(64):
-            libc.prctl(24, cap, 0, 0, 0)
-        hdr = (ctypes.c_uint32 * 2)(0x20080522, 0)
-        data = (ctypes.c_uint32 * 6)()
-        if libc.capset(hdr, data) != 0:
-            raise OSError(ctypes.get_errno(), "capset")
-    if cfg["uid"] is not None:
-        os.setgroups([])
-        os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
-        os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
-    if libc.prctl(38, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
-    chunks = []
-    while True:
-        b = os.read(0, 4096)
-        if not b:
-            break
-        chunks.append(b)
-    fd = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(fd, 0)
-    os.close(fd)
-    os.chdir(cfg["workdir"])
-    return b"".join(chunks)
-def _ida_main():
-    keys = ("workdir", "program", "mounts", "privilege", "uid", "gid", "rlimits", "status_fd", "sentinel_fd", "cgroup")
-    cfg = dict(zip(keys, sys.argv[1:]))
-    for k in ("uid", "gid", "status_fd", "sentinel_fd"):
-        cfg[k] = int(cfg[k]) if cfg[k] else None
-    cfg["rlimits"] = [(n, int(a), int(b)) for n, a, b in (r.split(":") for r in cfg["rlimits"].split(","))]
-    sys.argv = [cfg["program"]]
-    status_fd, sentinel_fd = cfg["status_fd"], cfg["sentinel_fd"]
-    try:
-        for group in filter(None, cfg["cgroup"].split(":")):
-            with open(group + "/cgroup.procs", "w") as f:
-                f.write("0")
-        if cfg["mounts"]:
-            _ida_mounts(cfg["workdir"])
-        pid = os.fork()
-    except BaseException as e:
-        os.write(status_fd, ("setup-error %r" % (e,)).encode())
-        os._exit(125)
-    if pid:
-        os.close(sentinel_fd)
-        os.close(0)
-        while True:
-            try:
-                got, status = os.waitpid(-1, 0)
-            except ChildProcessError:
-                os._exit(125)
-            if got == pid:
-                break
-        os.write(status_fd, b"exit %d" % status)
-        os._exit(0)
-    try:
-        nonce = _ida_enter(cfg)
-        with open(cfg["program"], "rb") as f:
-            source = f.read()
-    except BaseException as e:
-        os.write(status_fd, ("setup-error %r" % (e,)).encode())
-        os._exit(125)
-    os.close(status_fd)
-    write = os.write
-    import builtins
-    code = compile(source, cfg["program"], "exec")
-    del source, cfg
-    exec(code, {"__name__": "__main__", "__file__": sys.argv[0], "__builtins__": builtins})
-    write(sentinel_fd, nonce)
-_ida_main()
-'''
-
-
-# ---------------------------------------------------------------------------------------------
-_BOOTSTRAP_ARGS = ("workdir", "program", "mounts", "privilege", "uid", "gid", "rlimits", "status_fd", "sentinel_fd", "cgroup")
-"""Positional argv of the bootstrap (plain strings: importing json would cost ~10 ms per program)."""
+BOOT_SCRIPT = str(Path(__file__).with_name("_sandbox_boot.py"))
+"""The in-sandbox bootstrap (run as a script; see its docstring for the steps)."""
+_BOOT_ARGS = ("workdir", "program", "mounts", "privilege", "uid", "gid", "rlimits", "status_fd", "sentinel_fd", "cgroups")
+"""Its positional argv, as plain strings (importing json there would cost ~10 ms per program)."""
 
 # Probing what works here
 
@@ -567,10 +456,10 @@ def _spawn_and_wait(
         "rlimits": ",".join(f"{n}:{a}:{b}" for n, a, b in _rlimits(limits)),
         "status_fd": stat_w,
         "sentinel_fd": sent_w,
-        "cgroup": ":".join(groups.paths),
+        "cgroups": ":".join(groups.paths),
     }
-    args = [str(cfg[k]) if cfg[k] is not None else "" for k in _BOOTSTRAP_ARGS]
-    cmd: Sequence[str] = [*iso.unshare, *_interpreter_args(limits), "-c", _BOOTSTRAP, *args]
+    args = [str(cfg[k]) if cfg[k] is not None else "" for k in _BOOT_ARGS]
+    cmd: Sequence[str] = [*iso.unshare, *_interpreter_args(limits), BOOT_SCRIPT, *args]
     nonce = _new_nonce()
     start = time.monotonic()
     try:

@@ -364,6 +364,15 @@ def test_writes_outside_the_directory_are_blocked(clean: str, tmp_path: Path, is
     assert not shm.exists()
 
 
+def test_work_directory_with_odd_characters_stays_writable(tmp_path: Path, iso: sb.Isolation) -> None:
+    root = tmp_path / "dir with space\tand tab é"
+    root.mkdir()
+    res = sb.run_program("open('f.txt', 'w').write('x' * 10)\nimport os\nassert os.path.getsize('f.txt') == 10",
+                         FAST, tmp_root=str(root))
+    assert res.passed, res.stderr_tail
+    assert list(root.iterdir()) == []
+
+
 def test_no_network_to_a_local_listener(clean: str, iso: sb.Isolation) -> None:
     needs_namespaces(iso)
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
