@@ -114,7 +114,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"mxfp8_codec benchmark: {n:,} elements ({n * 2 / 2**20:.0f} MiB bfloat16), torch threads 1, "
           f"kernel {_native.kernel_info()}, affinity {sorted(os.sched_getaffinity(0))}")
     w, q, s = _make_data(n)
-    rows = q.shape[0]
     src16 = w.view(np.uint16)
     dst16 = np.empty_like(src16)
     out32 = np.empty(q.shape, np.float32)

@@ -112,7 +112,7 @@ def _cpu_identity() -> str:
 def _build_key(compiler: str) -> str:
     try:
         banner = subprocess.run(
-            [compiler, "--version"], capture_output=True, text=True, timeout=30
+            [compiler, "--version"], capture_output=True, text=True, timeout=30, check=False
         ).stdout
     except (OSError, subprocess.SubprocessError):
         banner = compiler
@@ -131,7 +131,7 @@ def _compile(compiler: str, out: Path, cflags: tuple[str, ...] = CFLAGS) -> None
     try:
         proc = subprocess.run(
             [compiler, *cflags, "-o", tmp, str(KERNEL_SOURCE)],
-            capture_output=True, text=True, timeout=300,
+            capture_output=True, text=True, timeout=300, check=False,
         )
         if proc.returncode != 0:
             raise RuntimeError(f"{compiler} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
@@ -241,7 +241,7 @@ def _load() -> NativeKernel | str:
     """Build (if needed) and load the kernel once per process; a string explains a failure."""
     try:
         return open_library(_build_library())
-    except Exception as exc:  # any build/load problem means: use the numpy path
+    except Exception as exc:  # noqa: BLE001 -- any build/load problem means: use the numpy path
         reason = f"{type(exc).__name__}: {exc}"
         warnings.warn(
             f"mxfp8_codec: native kernel unavailable, using the pure-numpy path ({reason})",

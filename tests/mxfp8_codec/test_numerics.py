@@ -249,8 +249,8 @@ def test_non_finite_input_raises_naming_tensor_and_index(bad: float, framework: 
     arr = torch.from_numpy(x) if framework == "pt" else x
     with pytest.raises(MXFP8Error, match=r"'layers\.0\.q_proj\.weight'.*index \(2, 65\)"):
         encode_mxfp8(arr, name="layers.0.q_proj.weight")
-    with pytest.raises(ValueError, match="non-finite"):  # MXFP8Error is a ValueError
-        encode_mxfp8(arr.reshape(-1) if framework == "np" else arr.reshape(-1))
+    with pytest.raises(ValueError, match=r"non-finite .* at index \(205,\)"):  # a ValueError subclass
+        encode_mxfp8(arr.reshape(-1))
 
 
 def test_bad_inputs_raise_mxfp8error() -> None:

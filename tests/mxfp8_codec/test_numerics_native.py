@@ -135,7 +135,8 @@ def _run_probe(env: dict[str, str]) -> dict[str, str]:
     )
     full_env = {**os.environ, **env}
     out = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", code], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=300,
+        check=False,
     )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])

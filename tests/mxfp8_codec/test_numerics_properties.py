@@ -96,7 +96,7 @@ def canonical_pairs(draw: st.DrawFn, rule: ScaleRule) -> tuple[np.ndarray, np.nd
     codes = rng.integers(0, 0x7F, (rows, k)).astype(np.uint8)  # non-NaN magnitudes 0..0x7E
     codes |= (rng.integers(0, 2, (rows, k)) * 0x80).astype(np.uint8)
     scales = np.empty((rows, nb), np.uint8)
-    lo, hi = (0x77, 0x7E) if rule is ScaleRule.RCEIL else (0x78, 0x7E)
+    lo = 0x77 if rule is ScaleRule.RCEIL else 0x78  # smallest canonical block-max code
     top_byte = 247 if rule is ScaleRule.RCEIL else 246
     for r in range(rows):
         for b in range(nb):

@@ -1,0 +1,237 @@
+"""MXFP8 numerics, torch path: the same rules as :mod:`mxfp8_codec.numerics_numpy` in torch ops.
+
+Used for tensors on CUDA (or any non-CPU device): everything stays on the tensor's device, the
+decode table is a 65 536-entry device tensor, and the encoder's bit arithmetic runs on int32 views.
+CPU tensors normally go through the numpy/native path instead (zero-copy views, faster); the tests
+check that all paths give identical bits. Also holds the small torch <-> numpy bridges the
+dispatcher in :mod:`mxfp8_codec.numerics` uses. torch is imported lazily: the codec works without
+it.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import TYPE_CHECKING, Any
+
+import ml_dtypes
+import numpy as np
+
+from .constants import (
+    BLOCK_SIZE,
+    E4M3_MAX,
+    E8M0_BIAS,
+    SCALE_EXP_MAX,
+    SCALE_EXP_MIN,
+    TOP_CLAMP_SCALE_BYTE,
+    ScaleRule,
+)
+from .errors import MXFP8Error
+from .numerics_numpy import (
+    _F32_EXP_MASK,
+    _F32_MANT_175,
+    _TOP_CLAMP_VALUE,
+    OutKind,
+    _index_of,
+    _is_torch,
+    _nonfinite_error,
+    _out_kind,
+    _rule,
+    decode_table,
+    scales_shape,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["decode_mxfp8_torch", "encode_mxfp8_torch"]
+
+
+def _torch_module() -> Any:
+    import torch
+
+    return torch
+
+
+def encode_mxfp8_torch(
+    x: torch.Tensor,
+    *,
+    scale_rule: str | ScaleRule = ScaleRule.RCEIL,
+    name: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP8 encode with torch ops on ``x``'s device (CPU or CUDA); same bits as the numpy path.
+
+    Example:
+        >>> import torch
+        >>> p, s = encode_mxfp8_torch(torch.tensor([1.0, -2.0, 0.5]))
+        >>> p.tolist(), s.tolist()
+        ([112, 248, 104], [120])
+    """
+    torch = _torch_module()
+    rule = _rule(scale_rule)
+    who = f"tensor {name!r}" if name else "tensor"
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise MXFP8Error(f"{who}: cannot encode dtype {x.dtype}; expected float32, bfloat16 or float16")
+    if x.dim() < 1:
+        raise MXFP8Error(f"{who}: MXFP8 tensors must have rank >= 1, got a 0-d tensor")
+    shape = tuple(x.shape)
+    s_shape = scales_shape(shape)
+    if x.numel() == 0 or math.prod(s_shape) == 0:
+        return (
+            torch.empty(shape, dtype=torch.uint8, device=x.device),
+            torch.empty(s_shape, dtype=torch.uint8, device=x.device),
+        )
+    k = shape[-1]
+    nb = s_shape[-1]
+    xf = x.detach().reshape(-1, k).to(torch.float32)
+    if nb * BLOCK_SIZE != k:
+        xf = torch.nn.functional.pad(xf, (0, nb * BLOCK_SIZE - k))
+    xb = xf.reshape(-1, nb, BLOCK_SIZE)
+    mag_bits = xb.view(torch.int32) & 0x7FFFFFFF
+    amax_bits = mag_bits.amax(dim=2)
+    bad = amax_bits >= _F32_EXP_MASK
+    if bool(bad.any()):
+        flat_x = x.detach().reshape(-1).to(torch.float32)
+        first = int(torch.nonzero(~torch.isfinite(flat_x))[0, 0])
+        raise _nonfinite_error(name, float(flat_x[first]), _index_of(first, shape))
+    biased = amax_bits >> 23
+    e = biased - (127 + 8)
+    if rule is ScaleRule.RCEIL:
+        e = e + ((amax_bits & 0x7FFFFF) > _F32_MANT_175).to(torch.int32)
+    e = torch.where(biased == 0, torch.full_like(e, SCALE_EXP_MIN), e)
+    e = e.clamp(SCALE_EXP_MIN, SCALE_EXP_MAX)
+    s = (e + E8M0_BIAS).to(torch.int32)
+    factor = ((E8M0_BIAS - e) << 23).view(torch.float32)
+    y = xb * factor[:, :, None]
+    bound = torch.where(
+        s == TOP_CLAMP_SCALE_BYTE,
+        torch.full_like(factor, _TOP_CLAMP_VALUE),
+        torch.full_like(factor, E4M3_MAX),
+    )[:, :, None]
+    y = torch.minimum(torch.maximum(y, -bound), bound)
+    q = y.to(torch.float8_e4m3fn).view(torch.uint8).reshape(-1, nb * BLOCK_SIZE)[:, :k]
+    return q.reshape(shape).contiguous(), s.to(torch.uint8).reshape(s_shape)
+
+
+@functools.cache
+def _torch_table(kind: OutKind, device: str) -> torch.Tensor:
+    torch = _torch_module()
+    table = decode_table(kind)
+    signed = table.view(np.int32 if kind == "f32" else np.int16).copy()
+    return torch.from_numpy(signed).to(device)
+
+
+def _check_decode_input_torch(
+    p: torch.Tensor, s: torch.Tensor, name: str | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    torch = _torch_module()
+    who = f"tensor {name!r}" if name else "tensor"
+    if not _is_torch(p) or not _is_torch(s):
+        raise MXFP8Error(f"{who}: payload and scales must both be torch tensors (or both numpy)")
+    if p.dtype == torch.float8_e4m3fn:
+        p = p.view(torch.uint8)
+    if s.dtype == torch.float8_e8m0fnu:
+        s = s.view(torch.uint8)
+    if p.dtype != torch.uint8 or s.dtype != torch.uint8:
+        raise MXFP8Error(
+            f"{who}: payload and scales must be uint8 (or float8_e4m3fn / float8_e8m0fnu), "
+            f"got {p.dtype} and {s.dtype}"
+        )
+    if p.dim() < 1:
+        raise MXFP8Error(f"{who}: payload must have rank >= 1, got a 0-d tensor")
+    if tuple(s.shape) != scales_shape(tuple(p.shape)):
+        raise MXFP8Error(
+            f"{who}: scales shape {tuple(s.shape)} does not match payload shape "
+            f"{tuple(p.shape)}; expected {scales_shape(tuple(p.shape))} (one per 32 along the last axis)"
+        )
+    if p.device != s.device:
+        raise MXFP8Error(f"{who}: payload on {p.device} but scales on {s.device}")
+    return p, s
+
+
+def decode_mxfp8_torch(
+    payload: torch.Tensor,
+    scales: torch.Tensor,
+    *,
+    dtype: Any = None,
+    name: str | None = None,
+) -> torch.Tensor:
+    """MXFP8 decode with torch ops on the payload's device; same bits as the numpy path.
+
+    Example:
+        >>> import torch
+        >>> decode_mxfp8_torch(torch.tensor([112, 248], dtype=torch.uint8),
+        ...                    torch.tensor([120], dtype=torch.uint8)).tolist()
+        [1.0, -2.0]
+    """
+    torch = _torch_module()
+    kind = _out_kind(torch.float32 if dtype is None else dtype)
+    p, s = _check_decode_input_torch(payload, scales, name)
+    shape = tuple(p.shape)
+    out_dtype = torch.float32 if kind == "f32" else torch.bfloat16
+    if p.numel() == 0:
+        return torch.empty(shape, dtype=out_dtype, device=p.device)
+    k = shape[-1]
+    nb = s.shape[-1]
+    cols = torch.arange(k, device=p.device) // BLOCK_SIZE
+    s2 = s.reshape(-1, nb).to(torch.int64)[:, cols]
+    idx = (s2 << 8) | p.reshape(-1, k).to(torch.int64)
+    bits = _torch_table(kind, str(p.device))[idx]
+    return bits.view(out_dtype).reshape(shape)
+
+
+def _torch_cpu_to_numpy(x: torch.Tensor) -> np.ndarray:
+    """Zero-copy numpy view of a CPU tensor (bfloat16 as ml_dtypes.bfloat16, float8 as uint8)."""
+    torch = _torch_module()
+    t = x.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    if t.dtype in (torch.float8_e4m3fn, torch.float8_e8m0fnu):
+        return t.view(torch.uint8).numpy()
+    return t.numpy()
+
+
+def _torch_out_view(out: torch.Tensor, name: str | None) -> np.ndarray:
+    """numpy view of a CPU torch ``out`` tensor (must be contiguous, float32 or bfloat16)."""
+    torch = _torch_module()
+    if out.dtype not in (torch.float32, torch.bfloat16) or not out.is_contiguous():
+        raise MXFP8Error(
+            f"tensor {name!r}: out must be a contiguous float32 or bfloat16 tensor, "
+            f"got {out.dtype} (contiguous={out.is_contiguous()})"
+        )
+    if out.requires_grad:
+        raise MXFP8Error(f"tensor {name!r}: out must not require grad (decode into .data)")
+    return _torch_cpu_to_numpy(out)
+
+
+def _copy_into(out: torch.Tensor, result: torch.Tensor, name: str | None) -> torch.Tensor:
+    if out.dtype != result.dtype or tuple(out.shape) != tuple(result.shape):
+        raise MXFP8Error(
+            f"tensor {name!r}: out must be {result.dtype} of shape {tuple(result.shape)}, "
+            f"got {out.dtype} {tuple(out.shape)}"
+        )
+    return out.copy_(result)
+
+
+def _numpy_to_torch(a: np.ndarray) -> torch.Tensor:
+    torch = _torch_module()
+    if a.dtype == np.dtype(ml_dtypes.bfloat16):
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def _torch_encode_out(out: Any, name: str | None) -> tuple[Any, ...]:
+    """Check a torch ``out`` pair's types (shapes are checked by the encoder); () when None."""
+    if out is None:
+        return ()
+    torch = _torch_module()
+    if not isinstance(out, (tuple, list)) or len(out) != 2 or not all(_is_torch(o) for o in out):
+        raise MXFP8Error(f"tensor {name!r}: out must be a (payload, scales) pair of torch tensors")
+    if any(o.dtype != torch.uint8 or not o.is_contiguous() for o in out):
+        raise MXFP8Error(f"tensor {name!r}: out tensors must be contiguous uint8")
+    return tuple(out)
+
+
+def _torch_float_dtypes() -> tuple[Any, ...]:
+    torch = _torch_module()
+    return (torch.float32, torch.bfloat16, torch.float16)
