@@ -39,9 +39,9 @@ __all__ = [
     "F32_CANONICAL_NAN",
     "SCALE_EXP_MAX",
     "SCALE_EXP_MIN",
+    "TINY_AMAX",
     "TOP_CLAMP_CODE",
     "TOP_CLAMP_SCALE_BYTE",
-    "TINY_AMAX",
     "WEIGHTS_DTYPE",
     "ScaleRule",
 ]

@@ -10,13 +10,13 @@ import math
 from fractions import Fraction
 
 __all__ = [
+    "BF16",
+    "F32",
     "e4m3_fraction",
     "floor_exponent",
     "ilog2",
     "rceil_exponent",
     "round_fraction",
-    "BF16",
-    "F32",
 ]
 
 # (precision bits incl. the implicit one, minimum normal exponent, maximum exponent)
