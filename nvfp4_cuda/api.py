@@ -1,7 +1,9 @@
 """Public entry points: CPU tensors go to the PyTorch reference, CUDA tensors to the cffi library.
 
 Both backends implement the same semantics bit for bit (see :mod:`nvfp4_cuda.reference`, the oracle),
-so callers never branch on the device.  Backend selection for CUDA tensors:
+so callers never branch on the device.  CPU tensors use the native C fast path of quantize / decode
+(:mod:`nvfp4_cuda.cpu_native`, same bits, ``NVFP4_CPU_NATIVE=0`` disables it) when a C compiler is
+available, the pure-PyTorch reference otherwise.  Backend selection for CUDA tensors:
 
 * ``NVFP4_CUDA_BACKEND=reference`` forces the pure-PyTorch reference on any device (slow, exact);
 * otherwise the shared library is built/loaded lazily (:mod:`nvfp4_cuda.build`) and the GEMM uses
@@ -16,7 +18,7 @@ from typing import Any
 
 import torch
 
-from nvfp4_cuda import reference
+from nvfp4_cuda import cpu_native, reference
 from nvfp4_cuda.tensor import NVFP4Tensor
 
 BACKEND_ENV = "NVFP4_CUDA_BACKEND"  # "reference" forces the PyTorch path for CUDA tensors
@@ -46,6 +48,12 @@ def quantize_nvfp4(x: torch.Tensor, *, block_2d: bool = False, rounding: str = "
     if _use_cuda(x):
         return _cuda().quantize_nvfp4(x, block_2d=block_2d, rounding=rounding, seed=seed, step=step,
                                       tensor_id=tensor_id, hadamard=hadamard)
+    if x.device.type == "cpu" and cpu_native.available():
+        reference._check_matrix(x, "quantize_nvfp4")
+        reference._check_rounding(rounding, "quantize_nvfp4")
+        x32 = cpu_native.hadamard16(x) if hadamard else x.to(torch.float32).contiguous()
+        return cpu_native.quantize_nvfp4(x32, block_2d=block_2d, rounding=rounding, seed=seed, step=step,
+                                         tensor_id=tensor_id)
     return reference.quantize_nvfp4(x, block_2d=block_2d, rounding=rounding, seed=seed, step=step,
                                     tensor_id=tensor_id, hadamard=hadamard)
 
@@ -54,6 +62,8 @@ def dequantize_nvfp4(q: NVFP4Tensor, *, dtype: torch.dtype = torch.float32) -> t
     """Decode an NVFP4Tensor to ``dtype`` (float32 math, one final cast)."""
     if _use_cuda(q.codes):
         return _cuda().dequantize_nvfp4(q, dtype=dtype)
+    if q.codes.device.type == "cpu" and cpu_native.available():
+        return (cpu_native.decode_scaled(q) * q.tensor_scale).to(dtype)
     return reference.dequantize_nvfp4(q, dtype=dtype)
 
 
@@ -83,6 +93,14 @@ def nvfp4_matmul(a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype: torch.dtype = tor
         raise ValueError(f"nvfp4_matmul: operands on different devices ({a.codes.device} vs {b.codes.device})")
     if backend != "reference" and _use_cuda(a.codes):
         return _cuda().nvfp4_matmul(a, b, out_dtype=out_dtype, out=out, accumulate=accumulate, backend=backend)
+    if backend != "reference" and a.codes.device.type == "cpu" and cpu_native.available():
+        reference._check_gemm_operands(a, b)
+        if accumulate and out is None:
+            raise ValueError("nvfp4_matmul: accumulate=True needs out=")
+        if out is not None and tuple(out.shape) != (a.shape[0], b.shape[0]):
+            raise ValueError(f"nvfp4_matmul: out has shape {list(out.shape)}, expected {[a.shape[0], b.shape[0]]}")
+        return reference.gemm_decoded(cpu_native.decode_scaled(a), cpu_native.decode_scaled(b), a, b,
+                                      out_dtype=out_dtype, out=out, accumulate=accumulate)
     return reference.nvfp4_matmul(a, b, out_dtype=out_dtype, out=out, accumulate=accumulate)
 
 
@@ -90,6 +108,8 @@ def hadamard16(x: torch.Tensor) -> torch.Tensor:
     """16-point random Hadamard transform along the last axis (TE's fixed sign vector), float32 out."""
     if _use_cuda(x):
         return _cuda().hadamard16(x)
+    if x.device.type == "cpu" and cpu_native.available():
+        return cpu_native.hadamard16(x)
     return reference.hadamard16(x)
 
 
@@ -116,6 +136,13 @@ def quantize_nvfp4_from_mxfp8(payload: torch.Tensor, scales: torch.Tensor, *, bl
                               hadamard=hadamard, transpose=transpose)
     if _use_cuda(payload):
         return _cuda().quantize_nvfp4_from_mxfp8(payload, scales, **kw)
+    if payload.device.type == "cpu" and cpu_native.available():
+        if payload.dim() != 2:
+            raise ValueError(f"quantize_nvfp4_from_mxfp8: expected a 2-D payload, got shape {list(payload.shape)}")
+        w = reference.mxfp8_decode(payload, scales)
+        w = w.t().contiguous() if transpose else w
+        return quantize_nvfp4(w, block_2d=block_2d, rounding=rounding, seed=seed, step=step, tensor_id=tensor_id,
+                              hadamard=hadamard)
     return reference.quantize_nvfp4_from_mxfp8(payload, scales, **kw)
 
 
@@ -154,7 +181,8 @@ def backend_info() -> dict[str, Any]:
         >>> nvfp4_cuda.backend_info()["backend"] in ("native-sm120a", "emulated-cuda", "cpu-reference")
         True
     """
-    info: dict[str, Any] = {"backend": "cpu-reference", "device": "cpu", "library": None, "reason": ""}
+    info: dict[str, Any] = {"backend": "cpu-reference", "device": "cpu", "library": None, "reason": "",
+                            "cpu_native": cpu_native.available()}
     if os.environ.get(BACKEND_ENV, "").lower() == "reference":
         info["reason"] = f"{BACKEND_ENV}=reference"
         return info

@@ -63,7 +63,9 @@ from nvfp4_cuda.tensor import NVFP4Tensor
 
 __all__ = [
     "NVFP4Tensor",
+    "decode_scaled",
     "dequantize_nvfp4",
+    "gemm_decoded",
     "hadamard16",
     "lion_step_mxfp8_",
     "mxfp8_decode",
@@ -257,7 +259,13 @@ def nvfp4_matmul(a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype: torch.dtype = tor
     m, n = a.shape[0], b.shape[0]
     if out is not None and tuple(out.shape) != (m, n):
         raise ValueError(f"nvfp4_matmul: out has shape {list(out.shape)}, expected {[m, n]}")
-    acc = torch.matmul(decode_scaled(a), decode_scaled(b).t())
+    return gemm_decoded(decode_scaled(a), decode_scaled(b), a, b, out_dtype=out_dtype, out=out, accumulate=accumulate)
+
+
+def gemm_decoded(da: torch.Tensor, db: torch.Tensor, a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype: torch.dtype,
+                 out: torch.Tensor | None, accumulate: bool) -> torch.Tensor:
+    """The float32 GEMM + epilogue of :func:`nvfp4_matmul` on already decoded ``q * sf`` operands."""
+    acc = torch.matmul(da, db.t())
     y = acc * (a.tensor_scale * b.tensor_scale)
     if accumulate:
         assert out is not None

@@ -1,0 +1,140 @@
+/* nvfp4_cpu.c -- optional native CPU fast path for the NVFP4 reference (block amax, encode, decode).
+ *
+ * Same float32 operations, in the same order, as nvfp4_cuda/reference.py and csrc/nvfp4_common.cuh
+ * (compiled with -ffp-contract=off so nothing is fused); tests check bit-identity with the
+ * pure-PyTorch reference.  Single-threaded, two passes over the input (block amax, then encode).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define FLT_MAX_F 3.402823466e+38f
+#define ONE_SIXTH 0.16666667163372040f
+
+static inline uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+static inline uint32_t mix32(uint32_t x) {
+  x = ((x >> 16) ^ x) * 0x045D9F3Bu;
+  x = ((x >> 16) ^ x) * 0x045D9F3Bu;
+  return (x >> 16) ^ x;
+}
+
+static inline uint32_t rand24(uint64_t i, uint32_t k2, uint32_t k3) {
+  return mix32(mix32((uint32_t)i ^ k2) ^ (uint32_t)(i >> 32) ^ k3) >> 8;
+}
+
+static inline float round_grid(float t, int sr, uint32_t r24) {
+  if (!sr) return rintf(t);
+  float fl = floorf(t);
+  float frac = (t - fl) * 16777216.0f;
+  return fl + (((float)r24 < frac) ? 1.0f : 0.0f);
+}
+
+static inline float pow2f_exact(int e) { return e >= -126 ? u2f((uint32_t)(e + 127) << 23) : u2f(1u << (e + 149)); }
+
+static inline float e4m3_round(float a) { /* a >= 0, RNE, saturating */
+  int e = (int)((f2u(a) >> 23) & 0xFF) - 127;
+  int ue = a >= 0.015625f ? e - 3 : -9;
+  float n = rintf(a * pow2f_exact(-ue));
+  float q = n * pow2f_exact(ue);
+  return q < 448.0f ? q : 448.0f;
+}
+
+static inline uint32_t e4m3_bits(float q) {
+  if (q >= 0.015625f) {
+    uint32_t b = f2u(q);
+    int e = (int)((b >> 23) & 0xFF) - 127;
+    return ((uint32_t)(e + 7) << 3) | ((b >> 20) & 7);
+  }
+  return (uint32_t)(q * 512.0f);
+}
+
+static inline uint32_t e2m1_encode(float v, int sr, uint32_t r24) {
+  float a = fabsf(v);
+  int region = (a >= 2.0f) + (a >= 4.0f);
+  float inv_u = a < 2.0f ? 2.0f : (a < 4.0f ? 1.0f : 0.5f);
+  float n = round_grid(a * inv_u, sr, r24);
+  if (n > 8.0f) n = 8.0f;
+  int code = (int)n + 2 * region;
+  if (code > 7) code = 7;
+  return (uint32_t)code | (signbit(v) ? 8u : 0u);
+}
+
+/* Block amax of |x| for 1x16 blocks; returns the flat index of the first non-finite element or -1. */
+int64_t nvfp4_cpu_block_amax(const float *x, int64_t rows, int64_t cols, float *bam) {
+  const int64_t nb = rows * (cols / 16);
+  for (int64_t b = 0; b < nb; ++b) {
+    const float *p = x + b * 16;
+    float m = 0.0f;
+    int bad = 0;
+    for (int i = 0; i < 16; ++i) {
+      float a = fabsf(p[i]);
+      bad |= !(a <= FLT_MAX_F);
+      m = a > m ? a : m;
+    }
+    if (bad) {
+      for (int i = 0; i < 16; ++i)
+        if (!(fabsf(p[i]) <= FLT_MAX_F)) return b * 16 + i;
+    }
+    bam[b] = m;
+  }
+  return -1;
+}
+
+/* Scales and packed codes from block amax (already tile-reduced for 2-D blocks) and S_enc / S_dec. */
+void nvfp4_cpu_encode(const float *x, int64_t rows, int64_t cols, const float *bam, float s_enc, float s_dec, int sr,
+                      uint32_t k2, uint32_t k3, uint8_t *codes, uint8_t *scales) {
+  const int64_t nb = rows * (cols / 16);
+  const float s6 = s_enc * ONE_SIXTH;
+  for (int64_t b = 0; b < nb; ++b) {
+    float sf_f = bam[b] * s6;
+    sf_f = sf_f < 448.0f ? sf_f : 448.0f;
+    float sf = e4m3_round(sf_f);
+    float enc = 1.0f / (sf * s_dec);
+    enc = enc < FLT_MAX_F ? enc : FLT_MAX_F;
+    scales[b] = (uint8_t)e4m3_bits(sf);
+    const float *p = x + b * 16;
+    uint8_t *o = codes + b * 8;
+    for (int j = 0; j < 8; ++j) {
+      uint64_t i0 = (uint64_t)(b * 16 + 2 * j);
+      uint32_t lo = e2m1_encode(p[2 * j] * enc, sr, sr ? rand24(i0, k2, k3) : 0u);
+      uint32_t hi = e2m1_encode(p[2 * j + 1] * enc, sr, sr ? rand24(i0 + 1, k2, k3) : 0u);
+      o[j] = (uint8_t)(lo | (hi << 4));
+    }
+  }
+}
+
+/* out[r, c] = e2m1(code) * e4m3(scale) (no tensor scale), float32. */
+void nvfp4_cpu_decode(const uint8_t *codes, const uint8_t *scales, const float *e4m3_table, int64_t rows,
+                      int64_t cols, float *out) {
+  static const float v16[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+  const int64_t nb = rows * (cols / 16);
+  for (int64_t b = 0; b < nb; ++b) {
+    const float sf = e4m3_table[scales[b]];
+    const uint8_t *p = codes + b * 8;
+    float *o = out + b * 16;
+    for (int j = 0; j < 8; ++j) {
+      o[2 * j] = v16[p[j] & 0xF] * sf;
+      o[2 * j + 1] = v16[p[j] >> 4] * sf;
+    }
+  }
+}
+
+/* 16-point random Hadamard transform of n_groups consecutive 16-element groups (reference butterfly order). */
+void nvfp4_cpu_hadamard16(const float *x, int64_t n_groups, float *out) {
+  static const float s[16] = {1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1};
+  for (int64_t gi = 0; gi < n_groups; ++gi) {
+    float y[16];
+    for (int i = 0; i < 16; ++i) y[i] = x[gi * 16 + i] * s[i];
+    for (int h = 1; h < 16; h *= 2)
+      for (int g = 0; g < 16; g += 2 * h)
+        for (int j = g; j < g + h; ++j) {
+          float a = y[j], b = y[j + h];
+          y[j] = a + b;
+          y[j + h] = a - b;
+        }
+    for (int i = 0; i < 16; ++i) out[gi * 16 + i] = y[i] * 0.25f;
+  }
+}
