@@ -1,4 +1,16 @@
-"""SFT trainer with NVFP4 compute and an MXFP8 master (python -m ida_trainer)."""
+"""SFT trainer with NVFP4 compute and an MXFP8 master (``python -m ida_trainer``; no arguments = the demo).
+
+Modules: :mod:`ida_trainer.config` (one frozen config tree, TOML, presets, CLI), :mod:`ida_trainer.data`
+(JSONL formats, completion-only labels, packing, resumable batches), :mod:`ida_trainer.trainer` (loop,
+``LocalEngine``, schedule, eval), :mod:`ida_trainer.checkpoint` (atomic checkpoints, resume, export),
+:mod:`ida_trainer.logs`, :mod:`ida_trainer.special_tokens`, :mod:`ida_trainer.precision` (recipes,
+NVFP4 linear, optimizers), :mod:`ida_trainer.distributed` (1F1B pipeline, FSDP2), :mod:`ida_trainer.demo`.
+
+Example:
+    >>> from ida_trainer import parse_args
+    >>> parse_args(["--recipe", "bf16"]).optim.name
+    'adamw'
+"""
 
 from ida_trainer.config import (
     CheckpointConfig,
@@ -12,16 +24,23 @@ from ida_trainer.config import (
     TrainConfig,
     parse_args,
 )
+from ida_trainer.data import DataError
+from ida_trainer.trainer import LocalEngine, NonFiniteError, Trainer, run
 
 __all__: list[str] = [
     "CheckpointConfig",
     "DataConfig",
+    "DataError",
     "EvalConfig",
     "JobConfig",
+    "LocalEngine",
     "ModelConfig",
+    "NonFiniteError",
     "OptimConfig",
     "ParallelConfig",
     "PrecisionConfig",
     "TrainConfig",
+    "Trainer",
     "parse_args",
+    "run",
 ]
