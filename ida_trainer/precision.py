@@ -103,6 +103,17 @@ def _as_bf16(g: torch.Tensor) -> torch.Tensor:
     return g if g.dtype == torch.bfloat16 else g.to(torch.bfloat16)
 
 
+def _transpose_padded(a: torch.Tensor) -> torch.Tensor:
+    """``a.T`` as a contiguous [C, R'] tensor, R' = R rounded up to 16 with zero columns (one copy)."""
+    r, c = a.shape
+    rp = -(-r // NVFP4_BLOCK) * NVFP4_BLOCK
+    if rp == r:
+        return a.t().contiguous()
+    out = a.new_zeros(c, rp)
+    out[:, :r] = a.t()
+    return out
+
+
 class NVFP4LinearFunction(torch.autograd.Function):
     """``Y = X W^T`` with all three GEMMs in NVFP4 (float32 accumulation, BF16 results).
 
@@ -159,16 +170,11 @@ class NVFP4LinearFunction(torch.autograd.Function):
                                            tensor_id=tensor_id(layer.global_name, f"dgrad:{call}"))
             dx = nvfp4_cuda.nvfp4_matmul(gq, ctx.wq_n, out_dtype=torch.bfloat16)  # [M, in]
         if ctx.needs_input_grad[1]:
-            m = x2.shape[0]
-            pad = (-m) % NVFP4_BLOCK
-            xt = x2.t()
-            gt = gy.t()
-            if pad:
-                xt = torch.nn.functional.pad(xt, (0, pad))
-                gt = torch.nn.functional.pad(gt, (0, pad))
+            xt = _transpose_padded(x2)  # [in, M'] with M' = M rounded up to 16 (zero tokens)
+            gt = _transpose_padded(gy)  # [out, M']
             hadamard = layer.hadamard_wgrad
-            xtq = nvfp4_cuda.quantize_nvfp4(xt.contiguous(), rounding="rne", hadamard=hadamard)
-            gtq = nvfp4_cuda.quantize_nvfp4(gt.contiguous(), rounding=rounding, hadamard=hadamard, seed=seed,
+            xtq = nvfp4_cuda.quantize_nvfp4(xt, rounding="rne", hadamard=hadamard)
+            gtq = nvfp4_cuda.quantize_nvfp4(gt, rounding=rounding, hadamard=hadamard, seed=seed,
                                             step=step, tensor_id=tensor_id(layer.global_name, f"wgrad:{call}"))
             dw = nvfp4_cuda.nvfp4_matmul(xtq, gtq, out_dtype=torch.bfloat16)  # [in, out]
         ctx.wq_n = None
