@@ -44,7 +44,9 @@ from .numerics_numpy import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["decode_mxfp8_torch", "encode_mxfp8_torch"]
+__all__ = ["TORCH_CHUNK_ELEMENTS", "decode_mxfp8_torch", "encode_mxfp8_torch"]
+
+TORCH_CHUNK_ELEMENTS = 1 << 22  # 4 Mi elements per chunk: bounds the int64/float32 temporaries
 
 
 def _torch_module() -> Any:
@@ -81,36 +83,50 @@ def encode_mxfp8_torch(
             torch.empty(shape, dtype=torch.uint8, device=x.device),
             torch.empty(s_shape, dtype=torch.uint8, device=x.device),
         )
-    k = shape[-1]
-    nb = s_shape[-1]
-    xf = x.detach().reshape(-1, k).to(torch.float32)
+    k, nb = shape[-1], s_shape[-1]
+    x2 = x.detach().reshape(-1, k)
+    q = torch.empty((x2.shape[0], k), dtype=torch.uint8, device=x.device)
+    sc = torch.empty((x2.shape[0], nb), dtype=torch.uint8, device=x.device)
+    step = max(1, TORCH_CHUNK_ELEMENTS // (nb * BLOCK_SIZE))
+    for r0 in range(0, x2.shape[0], step):
+        if not _encode_rows_torch(x2[r0 : r0 + step], rule, q[r0 : r0 + step], sc[r0 : r0 + step]):
+            flat_x = x2[r0 : r0 + step].reshape(-1).to(torch.float32)
+            first = int(torch.nonzero(~torch.isfinite(flat_x))[0, 0]) + r0 * k
+            value = float(x2.reshape(-1)[first])
+            raise _nonfinite_error(name, value, _index_of(first, shape))
+    return q.reshape(shape), sc.reshape(s_shape)
+
+
+def _encode_rows_torch(x2: torch.Tensor, rule: ScaleRule, q_out: torch.Tensor, s_out: torch.Tensor) -> bool:
+    """Encode rows ``x2 [r, k]`` into ``q_out [r, k]`` / ``s_out [r, nb]``; False on Inf/NaN."""
+    torch = _torch_module()
+    k = x2.shape[1]
+    nb = s_out.shape[1]
+    xf = x2.to(torch.float32)
     if nb * BLOCK_SIZE != k:
         xf = torch.nn.functional.pad(xf, (0, nb * BLOCK_SIZE - k))
     xb = xf.reshape(-1, nb, BLOCK_SIZE)
-    mag_bits = xb.view(torch.int32) & 0x7FFFFFFF
-    amax_bits = mag_bits.amax(dim=2)
-    bad = amax_bits >= _F32_EXP_MASK
-    if bool(bad.any()):
-        flat_x = x.detach().reshape(-1).to(torch.float32)
-        first = int(torch.nonzero(~torch.isfinite(flat_x))[0, 0])
-        raise _nonfinite_error(name, float(flat_x[first]), _index_of(first, shape))
+    amax_bits = (xb.view(torch.int32) & 0x7FFFFFFF).amax(dim=2)
+    if bool((amax_bits >= _F32_EXP_MASK).any()):
+        return False
     biased = amax_bits >> 23
     e = biased - (127 + 8)
     if rule is ScaleRule.RCEIL:
         e = e + ((amax_bits & 0x7FFFFF) > _F32_MANT_175).to(torch.int32)
     e = torch.where(biased == 0, torch.full_like(e, SCALE_EXP_MIN), e)
     e = e.clamp(SCALE_EXP_MIN, SCALE_EXP_MAX)
-    s = (e + E8M0_BIAS).to(torch.int32)
-    factor = ((E8M0_BIAS - e) << 23).view(torch.float32)
+    s = e + E8M0_BIAS
+    factor = ((E8M0_BIAS - e) << 23).view(torch.float32)  # 2^-e, a normal float32
     y = xb * factor[:, :, None]
     bound = torch.where(
         s == TOP_CLAMP_SCALE_BYTE,
         torch.full_like(factor, _TOP_CLAMP_VALUE),
         torch.full_like(factor, E4M3_MAX),
     )[:, :, None]
-    y = torch.minimum(torch.maximum(y, -bound), bound)
-    q = y.to(torch.float8_e4m3fn).view(torch.uint8).reshape(-1, nb * BLOCK_SIZE)[:, :k]
-    return q.reshape(shape).contiguous(), s.to(torch.uint8).reshape(s_shape)
+    y = torch.minimum(torch.maximum(y, -bound), bound)  # keeps -0.0
+    q_out.copy_(y.to(torch.float8_e4m3fn).view(torch.uint8).reshape(-1, nb * BLOCK_SIZE)[:, :k])
+    s_out.copy_(s.to(torch.uint8))
+    return True
 
 
 @functools.cache
@@ -171,13 +187,16 @@ def decode_mxfp8_torch(
     out_dtype = torch.float32 if kind == "f32" else torch.bfloat16
     if p.numel() == 0:
         return torch.empty(shape, dtype=out_dtype, device=p.device)
-    k = shape[-1]
-    nb = s.shape[-1]
+    k, nb = shape[-1], s.shape[-1]
+    table = _torch_table(kind, str(p.device))
+    p2, s2 = p.reshape(-1, k), s.reshape(-1, nb)
+    out = torch.empty((p2.shape[0], k), dtype=table.dtype, device=p.device)
     cols = torch.arange(k, device=p.device) // BLOCK_SIZE
-    s2 = s.reshape(-1, nb).to(torch.int64)[:, cols]
-    idx = (s2 << 8) | p.reshape(-1, k).to(torch.int64)
-    bits = _torch_table(kind, str(p.device))[idx]
-    return bits.view(out_dtype).reshape(shape)
+    step = max(1, TORCH_CHUNK_ELEMENTS // k)
+    for r0 in range(0, p2.shape[0], step):
+        idx = (s2[r0 : r0 + step].to(torch.int64)[:, cols] << 8) | p2[r0 : r0 + step].to(torch.int64)
+        out[r0 : r0 + step] = table[idx]
+    return out.view(out_dtype).reshape(shape)
 
 
 def _torch_cpu_to_numpy(x: torch.Tensor) -> np.ndarray:

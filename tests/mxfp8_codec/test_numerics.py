@@ -342,3 +342,45 @@ def test_encode_into_out_buffers() -> None:
         encode_mxfp8(x, out=(tq, ts))
     with pytest.raises(MXFP8Error, match="contiguous uint8"):
         encode_mxfp8(torch.from_numpy(x), out=(tq, ts.float()))
+
+
+def test_torch_path_chunking_matches_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    import mxfp8_codec.numerics_torch as nt
+
+    monkeypatch.setattr(nt, "TORCH_CHUNK_ELEMENTS", 200)  # many chunks of 2-3 rows
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal((23, 70)) * np.exp(rng.uniform(-20, 20, (23, 1)))).astype(np.float32)
+    q, s = encode_mxfp8_numpy(x)
+    qt, st = encode_mxfp8_torch(torch.from_numpy(x))
+    assert np.array_equal(qt.numpy(), q) and np.array_equal(st.numpy(), s)
+    for dtype, tdtype in ((np.float32, torch.float32), (ml_dtypes.bfloat16, torch.bfloat16)):
+        ref = decode_mxfp8_numpy(q, s, dtype=dtype).astype(np.float32)
+        got = decode_mxfp8_torch(torch.from_numpy(q), torch.from_numpy(s), dtype=tdtype).float().numpy()
+        assert np.array_equal(got, ref)
+    x[17, 41] = -np.inf
+    with pytest.raises(MXFP8Error, match=r"'w'.*-inf at index \(17, 41\)"):
+        encode_mxfp8_torch(torch.from_numpy(x), name="w")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the torch path on GPU)")
+def test_cuda_tensors_stay_on_device_with_identical_bits() -> None:
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((64, 100)) * np.exp(rng.uniform(-40, 40, (64, 1)))).astype(np.float32)
+    x[0] = 0.0
+    x[1] = -0.0
+    x[2, :5] = [2.0**-130, 3.3e38, -1e-45, 464.0, 1.9375 * 2.0**127]
+    q, s = encode_mxfp8(x)
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
+        xin = torch.from_numpy(x).to(dt)
+        ref_q, ref_s = encode_mxfp8(xin)  # CPU: numpy/native path
+        qc, sc = encode_mxfp8(xin.cuda())
+        assert qc.device.type == "cuda" and sc.device.type == "cuda"
+        assert torch.equal(qc.cpu(), ref_q) and torch.equal(sc.cpu(), ref_s)
+    tq, ts = torch.from_numpy(q).cuda(), torch.from_numpy(s).cuda()
+    for tdtype, dtype, ibits in ((torch.float32, np.float32, torch.int32), (torch.bfloat16, ml_dtypes.bfloat16, torch.int16)):
+        d = decode_mxfp8(tq, ts, dtype=tdtype)
+        assert d.device.type == "cuda"
+        ref = decode_mxfp8(q, s, dtype=dtype)
+        assert np.array_equal(d.cpu().view(ibits).numpy(), ref.view(np.int32 if tdtype == torch.float32 else np.int16))
+        out = torch.empty_like(d)
+        assert decode_mxfp8(tq, ts, dtype=tdtype, out=out) is out and torch.equal(out.view(ibits), d.view(ibits))
