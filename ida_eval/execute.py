@@ -31,6 +31,7 @@ import queue
 import re
 import signal
 import sys
+import threading
 import warnings
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
@@ -50,7 +51,6 @@ from ida_eval.sandbox import (
     SandboxLimits,
     SandboxResult,
     isolation_description,
-    kill_running,
     probe_isolation,
     run_program,
 )
@@ -312,7 +312,11 @@ def _append(fd: int, record: Mapping[str, Any]) -> None:
 
 
 def _run_one(
-    problem: Mapping[str, Any], sample: Mapping[str, Any], config: ExecutionConfig, slots: queue.SimpleQueue[int]
+    problem: Mapping[str, Any],
+    sample: Mapping[str, Any],
+    config: ExecutionConfig,
+    slots: queue.SimpleQueue[int],
+    cancel: threading.Event,
 ) -> dict[str, Any]:
     slot = slots.get()
     try:
@@ -323,6 +327,7 @@ def _run_one(
             isolation=iso,
             slot=slot,
             tmp_root=config.tmp_root,
+            cancel=cancel,
         )
     finally:
         slots.put(slot)
@@ -428,11 +433,12 @@ def execute_samples(
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     bar = tqdm(total=len(items), initial=len(items) - len(todo), desc="execute", unit="prog", disable=not progress)
     pool = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="ida-exec")
+    cancel = threading.Event()
     try:
         pending: dict[Future[dict[str, Any]], int] = {}
         queued = iter(todo)
         for i in queued:  # keep at most 2 x workers submitted, so an interrupt loses little
-            pending[pool.submit(_run_one, problems[items[i]["task_id"]], items[i], config, slots)] = i
+            pending[pool.submit(_run_one, problems[items[i]["task_id"]], items[i], config, slots, cancel)] = i
             if len(pending) >= 2 * config.workers:
                 break
         n_passed = 0
@@ -449,10 +455,10 @@ def execute_samples(
                 bar.set_postfix(passed=n_passed, refresh=False)
                 nxt = next(queued, None)
                 if nxt is not None:
-                    pending[pool.submit(_run_one, problems[items[nxt]["task_id"]], items[nxt], config, slots)] = nxt
-    except BaseException:
+                    pending[pool.submit(_run_one, problems[items[nxt]["task_id"]], items[nxt], config, slots, cancel)] = nxt
+    except BaseException:  # Ctrl-C, a sandbox failure: stop the other programs at once
+        cancel.set()
         pool.shutdown(wait=False, cancel_futures=True)
-        kill_running()
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
@@ -542,6 +548,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SandboxError as e:
         print(f"sandbox error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"interrupted; finished results are in {args.out}: rerun the same command to resume", file=sys.stderr)
+        return 130
     summary = summarize(results, problems)
     print(f"pass@1 = {summary['pass@1']:.4f}  ({summary['passed']}/{summary['samples']} samples passed, {summary['tasks']} tasks)")
     if summary["missing_tasks"]:

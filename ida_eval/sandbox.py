@@ -78,6 +78,10 @@ class SandboxError(RuntimeError):
     """The sandbox itself could not be set up (not a failure of the program under test)."""
 
 
+class Cancelled(SandboxError):
+    """The run was cancelled through its ``cancel`` event (its process tree has been killed)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class SandboxLimits:
     """Per-program resource limits.
@@ -202,7 +206,9 @@ print(json.dumps(report))
 def _candidates() -> list[Isolation]:
     root = _is_root()
     out: list[Isolation] = []
-    procs = "+" + cgroup_support().describe()
+    cg = cgroup_support()
+    procs = "+" + cg.describe()
+    uncapped = "" if cg.pids_parent else " (NO process cap for uid 0: no pids cgroup)"
     unshare = shutil.which("unshare")
     if unshare:
         prefix = [unshare, "--net", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private"]
@@ -211,10 +217,11 @@ def _candidates() -> list[Isolation]:
         ns = "unshare(net,pid,mount" + ("" if root else ",user") + ")+read-only fs"
         if root:
             out.append(Isolation("namespaces", "setuid", tuple(prefix), ns + "+per-worker uid+no_new_privs+rlimits" + procs))
-        out.append(Isolation("namespaces", "capdrop", tuple(prefix), ns + "+capabilities dropped+no_new_privs+rlimits" + procs))
+        out.append(Isolation("namespaces", "capdrop", tuple(prefix), ns + "+capabilities dropped+no_new_privs+rlimits" + procs + (uncapped if root else "")))
     if root:
         out.append(Isolation("setuid", "setuid", (), "per-worker uid+no_new_privs+rlimits+uid-wide kill (NO namespaces)"))
-    out.append(Isolation("rlimits", "none", (), "rlimits+process-group kill only (NO namespaces, NO uid drop)"))
+    out.append(Isolation("rlimits", "none", (), "rlimits+process-group kill only (NO namespaces, NO uid drop)" + procs
+                         + (uncapped if root else "")))
     return out
 
 
@@ -225,7 +232,9 @@ def _probe_one(iso: Isolation) -> str | None:
     except (SandboxError, OSError) as e:
         return str(e)
     if not res.passed:
-        return f"probe program failed: exit {res.exit_status}: {res.stderr_tail[-300:]}"
+        last = (res.stderr_tail.strip().splitlines() or ["(no stderr)"])[-1]
+        hint = " (can the per-worker uid read the interpreter?)" if iso.privilege == "setuid" else ""
+        return f"probe program failed (exit {res.exit_status}): {last}{hint}"
     try:
         report = json.loads(res.stdout_tail.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -347,19 +356,6 @@ def _kill_uid(uid: int, gid: int) -> None:
         )
 
 
-_LIVE: set[subprocess.Popen[bytes]] = set()
-_LIVE_LOCK = threading.Lock()
-
-
-def kill_running() -> int:
-    """Kill the process trees of every sandbox running in this process (e.g. on Ctrl-C); returns how many."""
-    with _LIVE_LOCK:
-        live = list(_LIVE)
-    for proc in live:
-        _kill_tree(proc)
-    return len(live)
-
-
 def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -386,6 +382,7 @@ def run_program(
     isolation: Isolation | None = None,
     slot: int = 0,
     tmp_root: str | None = None,
+    cancel: threading.Event | None = None,
 ) -> SandboxResult:
     """Run one Python program in a fresh sandboxed interpreter.
 
@@ -395,12 +392,14 @@ def run_program(
         isolation: how to isolate (default: :func:`probe_isolation`).
         slot: worker slot (0 .. 255); concurrent runs must use distinct slots (it picks the uid).
         tmp_root: where to create the temporary directory (default: the system's).
+        cancel: when this event gets set, the program's tree is killed and :class:`Cancelled`
+            raised (checked before starting and every 0.25 s while it runs).
 
     Returns:
         A :class:`SandboxResult`; ``.passed`` is true only when the program ran to its end.
 
     Raises:
-        SandboxError: the sandbox could not be set up.
+        SandboxError: the sandbox could not be set up. Cancelled: ``cancel`` was set.
 
     Example:
         >>> run_program("assert 1 + 1 == 2").passed
@@ -411,6 +410,8 @@ def run_program(
     if not 0 <= slot < UID_SLOTS_PER_PROCESS:
         raise ValueError(f"slot must be in [0, {UID_SLOTS_PER_PROCESS}), got {slot}")
     iso = isolation if isolation is not None else probe_isolation()
+    if cancel is not None and cancel.is_set():
+        raise Cancelled("cancelled before start")
     uid = gid = None
     if iso.privilege == "setuid":
         uid_base, gid_base = _slot_ids()
@@ -428,7 +429,7 @@ def run_program(
             os.chown(program, uid, gid)
         groups = SandboxCgroups.create(limits.max_processes, limits.memory_bytes, slot)
         try:
-            return _spawn_and_wait(program, workdir, limits, iso, uid, gid, groups)
+            return _spawn_and_wait(program, workdir, limits, iso, uid, gid, groups, cancel)
         finally:
             groups.remove()
     finally:
@@ -443,6 +444,7 @@ def _spawn_and_wait(
     uid: int | None,
     gid: int | None,
     groups: SandboxCgroups,
+    cancel: threading.Event | None,
 ) -> SandboxResult:
     sent_r, sent_w = os.pipe()
     stat_r, stat_w = os.pipe()
@@ -477,8 +479,6 @@ def _spawn_and_wait(
         for fd in (sent_r, sent_w, stat_r, stat_w):
             os.close(fd)
         raise SandboxError(f"cannot start sandbox {cmd[0]!r}: {e}") from e
-    with _LIVE_LOCK:
-        _LIVE.add(proc)
     os.close(sent_w)
     os.close(stat_w)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
@@ -496,13 +496,16 @@ def _spawn_and_wait(
     sel.register(sent_r, selectors.EVENT_READ)
     sel.register(stat_r, selectors.EVENT_READ)
     deadline = start + limits.timeout
-    timed_out = exceeded = False
+    timed_out = exceeded = cancelled = False
     exited_at: float | None = None
     try:
         while sel.get_map():
             now = time.monotonic()
             if now >= deadline:
                 timed_out = True
+                break
+            if cancel is not None and cancel.is_set():
+                cancelled = True
                 break
             if exited_at is None and proc.poll() is not None:
                 exited_at = now
@@ -526,11 +529,9 @@ def _spawn_and_wait(
                 break
     finally:
         sel.close()
-        if timed_out or exceeded or proc.poll() is None:
+        if timed_out or exceeded or cancelled or proc.poll() is None:
             _kill_tree(proc)
         proc.wait()
-        with _LIVE_LOCK:
-            _LIVE.discard(proc)
         if not iso.uses_namespaces:
             _reap_escapees(proc, iso, uid, gid, groups)
         for fd in (sent_r, stat_r):
@@ -538,6 +539,8 @@ def _spawn_and_wait(
         proc.stdout.close()
         proc.stderr.close()
     elapsed = time.monotonic() - start
+    if cancelled:
+        raise Cancelled(f"cancelled after {elapsed:.1f} s")
     text = status.decode("ascii", errors="replace")
     if text.startswith("setup-error"):
         raise SandboxError(f"sandbox setup failed ({iso.description}): {text[12:]}; stderr: {err.text()[-500:]}")

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -269,6 +270,42 @@ def test_killed_run_resumes_without_reexecuting(tmp_path: Path) -> None:
     assert sorted(r["task_id"] for r in recs) == sorted(p["task_id"] for p in problems)  # each exactly once
     assert all(r["passed"] for r in recs)
     assert "pass@1 = 1.0000" in stdout
+
+
+def test_ctrl_c_stops_running_programs_and_keeps_finished_results(tmp_path: Path) -> None:
+    marker = f"0.{os.getpid():08d}{int(time.time() * 1000) % 10**6:06d}3"  # a unique `sleep` argument
+    problems = {
+        f"L/{i}": _problem(
+            f"L/{i}", "f", "\n\ndef f():\n", "\n\ndef check(c):\n    assert c() == 1\n",
+            "    return 1\n" if i == 0 else f"    import subprocess; subprocess.run(['sleep', '300', '{marker}']); return 1\n",
+        )
+        for i in range(6)
+    }
+    out = tmp_path / "r.jsonl"
+    timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        ex.execute_samples(problems, canonical=True, out_path=out, progress=False,
+                           config=ex.ExecutionConfig(timeout=60.0, workers=2, memory_bytes=1 << 30))
+    assert time.monotonic() - t0 < 10.0  # not the 60 s timeout: the running programs were killed
+    done = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["task_id"] for r in done] == ["L/0"]
+    deadline = time.monotonic() + 3.0
+    while _alive(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _alive(marker) == []
+
+
+def _alive(marker: str) -> list[str]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            pass
+    return found
 
 
 def test_cli_reports_pass_rate_classes_missing_tasks_and_isolation(
