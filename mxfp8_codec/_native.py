@@ -143,15 +143,20 @@ def _compile(compiler: str, out: Path, cflags: tuple[str, ...] = CFLAGS) -> None
             os.unlink(tmp)
 
 
-def _build_library() -> Path:
-    """Return the path of the built library for this source/compiler/CPU, building it if needed."""
+def _build_library(bad_contents: bytes | None = None) -> Path:
+    """Return the path of the built library for this source/compiler/CPU, building it if needed.
+
+    Args:
+        bad_contents: the bytes of a cached library that failed to load (damaged, or written by
+            something else); it is rebuilt under the lock unless another process already did.
+    """
     compiler = _find_compiler()
     if compiler is None:
         raise RuntimeError("no C compiler found ($CC, cc, gcc, clang)")
     directory = cache_dir()
     directory.mkdir(parents=True, exist_ok=True)
     lib = directory / f"mxfp8_kernel-{_build_key(compiler)}.so"
-    if lib.exists():
+    if lib.exists() and bad_contents is None:
         return lib
     lock_path = lib.with_suffix(".lock")
     with open(lock_path, "a+b") as lock_file:
@@ -161,7 +166,8 @@ def _build_library() -> Path:
             fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX)
         except ImportError:  # not POSIX: build without the cross-process lock
             pass
-        if not lib.exists():  # another process may have built it while we waited
+        # another process may have built (or repaired) it while we waited for the lock
+        if not lib.exists() or (bad_contents is not None and lib.read_bytes() == bad_contents):
             _compile(compiler, lib)
     return lib
 
@@ -240,7 +246,11 @@ def build_variant(out: Path, cflags: tuple[str, ...]) -> NativeKernel:
 def _load() -> NativeKernel | str:
     """Build (if needed) and load the kernel once per process; a string explains a failure."""
     try:
-        return open_library(_build_library())
+        path = _build_library()
+        try:
+            return open_library(path)
+        except (OSError, RuntimeError):  # a damaged or foreign cache entry: rebuild it once
+            return open_library(_build_library(bad_contents=path.read_bytes()))
     except Exception as exc:  # noqa: BLE001 -- any build/load problem means: use the numpy path
         reason = f"{type(exc).__name__}: {exc}"
         warnings.warn(

@@ -94,6 +94,7 @@ if TYPE_CHECKING:  # torch is optional for the codec: imported lazily where need
     import torch
 
 __all__ = [
+    "backend_info",
     "decode_mxfp8",
     "decode_mxfp8_numpy",
     "decode_mxfp8_torch",
@@ -116,6 +117,23 @@ def _native_kernel() -> Any:
     from . import _native  # lazy: building the kernel is the loader's business
 
     return _native.get_kernel()
+
+
+def backend_info() -> dict[str, str]:
+    """Which implementation encodes/decodes numpy arrays and CPU tensors, and why.
+
+    Returns:
+        ``{"backend": "native", "library": path, "simd": "avx512" | "portable-c"}`` or
+        ``{"backend": "numpy", "reason": ...}`` (no compiler, failed build, or
+        ``MXFP8_CODEC_NATIVE=0``). Tensors on other devices always use the torch path.
+
+    Example:
+        >>> backend_info()["backend"] in ("native", "numpy")
+        True
+    """
+    from . import _native
+
+    return _native.kernel_info()
 
 
 def _encode_numpy_dispatch(

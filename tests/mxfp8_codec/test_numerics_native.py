@@ -209,3 +209,14 @@ def test_portable_c_fast_paths_equal_numpy(tmp_path: Path) -> None:
         out = np.empty(q.shape, table.dtype)
         kernel.decode(q, s, out, table)
         assert np.array_equal(out, decode_mxfp8_numpy(q, s, dtype=dtype).view(table.dtype))
+
+
+@needs_native
+def test_damaged_cache_entry_is_rebuilt(tmp_path: Path) -> None:
+    assert KERNEL is not None
+    lib_dir = tmp_path / "mxfp8_codec"
+    lib_dir.mkdir()
+    (lib_dir / KERNEL.path.name).write_bytes(b"not a shared library")  # e.g. a foreign/damaged file
+    info = _run_probe({"IDA_CACHE_DIR": str(tmp_path)})
+    assert info["backend"] == "native" and info["library"] == str(lib_dir / KERNEL.path.name)
+    assert (lib_dir / KERNEL.path.name).read_bytes() != b"not a shared library"
