@@ -32,14 +32,21 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ida_eval.execute import ExecutionConfig, build_program, execute_samples, isolation_in_force
+from ida_eval.execute import (
+    ExecutionConfig,
+    build_program,
+    execute_samples,
+    isolation_in_force,
+)
 from ida_eval.problems import find_problems_file, load_problems
 
 DEFAULT_PROBLEMS = Path(__file__).resolve().parents[2] / "shared" / "mbxp" / "mbpp_release_v1.jsonl"
 TIMEOUT_S = 30.0  # per program, both runners
 
 
-def plain_runner(problems: dict[str, dict[str, Any]], workers: int, timeout: float, flags: tuple[str, ...] = ("-I",)) -> int:
+def plain_runner(
+    problems: dict[str, dict[str, Any]], workers: int, timeout: float, flags: tuple[str, ...] = ("-I",)
+) -> int:
     """The baseline: one ``python -I prog.py`` per program in a temp dir; returns how many passed."""
 
     def one(problem: dict[str, Any]) -> bool:
@@ -47,7 +54,9 @@ def plain_runner(problems: dict[str, dict[str, Any]], workers: int, timeout: flo
             prog = Path(d, "prog.py")
             prog.write_text(build_program(problem, problem["canonical_solution"]), encoding="utf-8")
             try:
-                r = subprocess.run([sys.executable, *flags, str(prog)], cwd=d, capture_output=True, timeout=timeout)
+                r = subprocess.run(
+                    [sys.executable, *flags, str(prog)], cwd=d, capture_output=True, timeout=timeout, check=False
+                )
             except subprocess.TimeoutExpired:
                 return False
             return r.returncode == 0
@@ -63,7 +72,9 @@ def plain_runner_no_site(problems: dict[str, dict[str, Any]], workers: int, time
 
 def ida_runner(problems: dict[str, dict[str, Any]], workers: int, timeout: float) -> int:
     """Ours: sandboxed, every limit on; returns how many passed."""
-    res = execute_samples(problems, canonical=True, config=ExecutionConfig(workers=workers, timeout=timeout), progress=False)
+    res = execute_samples(
+        problems, canonical=True, config=ExecutionConfig(workers=workers, timeout=timeout), progress=False
+    )
     return sum(r["passed"] for r in res)
 
 
@@ -90,7 +101,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         problems = dict(list(problems.items())[: args.limit])
     print(f"{len(problems)} canonical solutions, {args.workers} workers, timeout {args.timeout:g} s")
     print(f"ours isolates with: {isolation_in_force()}")
-    runners = (("plain-subprocess", plain_runner), ("plain-subprocess-S", plain_runner_no_site), ("ida_eval.execute", ida_runner))
+    runners = (
+        ("plain-subprocess", plain_runner),
+        ("plain-subprocess-S", plain_runner_no_site),
+        ("ida_eval.execute", ida_runner),
+    )
     runs: dict[str, list[tuple[float, float, int]]] = {name: [] for name, _ in runners}
     for rep in range(args.repeats):
         for name, fn in runners:

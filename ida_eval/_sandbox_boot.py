@@ -63,7 +63,7 @@ def make_filesystem_read_only(work):
     def mount(src, dst, fstype, flags):
         if libc.mount(src, dst, fstype, ctypes.c_ulong(flags), None) != 0:
             err = ctypes.get_errno()
-            raise OSError(err, "mount %r: %s" % (dst, os.strerror(err)))
+            raise OSError(err, f"mount {dst!r}: {os.strerror(err)}")
 
     mount(work, work, None, MS_BIND)
     mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -126,7 +126,7 @@ def _parse(argv):
 
 
 def _setup_failed(status_fd, exc):
-    os.write(status_fd, ("setup-error %r" % (exc,)).encode())
+    os.write(status_fd, f"setup-error {exc!r}".encode())
     os._exit(SETUP_FAILED_EXIT)
 
 
@@ -167,7 +167,7 @@ def main():
 
     code = compile(source, cfg["program"], "exec")
     del source, cfg
-    exec(code, {"__name__": "__main__", "__file__": sys.argv[0], "__builtins__": builtins})
+    exec(code, {"__name__": "__main__", "__file__": sys.argv[0], "__builtins__": builtins})  # noqa: S102 - the point
     write(sentinel_fd, nonce)  # reached only when the program (and its check(...)) returned
 
 

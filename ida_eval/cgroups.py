@@ -71,7 +71,7 @@ def _usable(parent: str, control_file: str) -> bool:
         os.rmdir(probe)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cgroup_support() -> CgroupSupport:
     """Probe (once per process) where per-sandbox groups can be created."""
     own = _own_paths()

@@ -271,7 +271,9 @@ def _read_results(path: Path) -> dict[tuple[str, int], tuple[int, dict[str, Any]
                 f.seek(0, os.SEEK_END)
                 f.write(b"\n")
             else:
-                warnings.warn(f"{path}: dropping an incomplete last line (interrupted write)", RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"{path}: dropping an incomplete last line (interrupted write)", RuntimeWarning, stacklevel=3
+                )
                 f.truncate(len(data) - len(lines[-1]))
                 lines = lines[:-1]
             f.flush()
@@ -389,7 +391,9 @@ def execute_samples(
         for tid, p in problems.items():
             if not isinstance(p.get("canonical_solution"), str):
                 raise ProblemsError(f"task {tid}: no canonical_solution to execute")
-            samples.append({"task_id": tid, "completion": p["canonical_solution"], "language": p.get("language", "python")})
+            samples.append(
+                {"task_id": tid, "completion": p["canonical_solution"], "language": p.get("language", "python")}
+            )
     if samples is None:
         raise ValueError("samples is required unless canonical=True")
 
@@ -411,7 +415,9 @@ def execute_samples(
         for key, (lineno, rec) in done.items():
             i = wanted.get(key)
             if i is None:
-                warnings.warn(f"{path}:{lineno}: {key[0]} sample {key[1]} is not among the samples; ignored", stacklevel=2)
+                warnings.warn(
+                    f"{path}:{lineno}: {key[0]} sample {key[1]} is not among the samples; ignored", stacklevel=2
+                )
                 continue
             if rec["completion"] != items[i]["completion"]:
                 raise ResultsFileError(
@@ -455,7 +461,9 @@ def execute_samples(
                 bar.set_postfix(passed=n_passed, refresh=False)
                 nxt = next(queued, None)
                 if nxt is not None:
-                    pending[pool.submit(_run_one, problems[items[nxt]["task_id"]], items[nxt], config, slots, cancel)] = nxt
+                    pending[
+                        pool.submit(_run_one, problems[items[nxt]["task_id"]], items[nxt], config, slots, cancel)
+                    ] = nxt
     except BaseException:  # Ctrl-C, a sandbox failure: stop the other programs at once
         cancel.set()
         pool.shutdown(wait=False, cancel_futures=True)
@@ -552,11 +560,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"interrupted; finished results are in {args.out}: rerun the same command to resume", file=sys.stderr)
         return 130
     summary = summarize(results, problems)
-    print(f"pass@1 = {summary['pass@1']:.4f}  ({summary['passed']}/{summary['samples']} samples passed, {summary['tasks']} tasks)")
+    print(
+        f"pass@1 = {summary['pass@1']:.4f}  ({summary['passed']}/{summary['samples']} samples passed, {summary['tasks']} tasks)"
+    )
     if summary["missing_tasks"]:
         m = summary["missing_tasks"]
-        print(f"no sample for {len(m)} of {len(problems)} tasks (e.g. {', '.join(m[:5])}); "
-              f"pass@1 over all problems = {summary['pass@1_all_problems']:.4f}")
+        print(
+            f"no sample for {len(m)} of {len(problems)} tasks (e.g. {', '.join(m[:5])}); "
+            f"pass@1 over all problems = {summary['pass@1_all_problems']:.4f}"
+        )
     print("results by class: " + ", ".join(f"{k}: {v}" for k, v in summary["result_classes"].items()))
     print(f"timed out: {summary['timed_out']}; isolation: {', '.join(summary['isolation'])}")
     if args.summary:

@@ -165,7 +165,18 @@ class SandboxResult:
 # ---------------------------------------------------------------------------------------------
 BOOT_SCRIPT = str(Path(__file__).with_name("_sandbox_boot.py"))
 """The in-sandbox bootstrap (run as a script; see its docstring for the steps)."""
-_BOOT_ARGS = ("workdir", "program", "mounts", "privilege", "uid", "gid", "rlimits", "status_fd", "sentinel_fd", "cgroups")
+_BOOT_ARGS = (
+    "workdir",
+    "program",
+    "mounts",
+    "privilege",
+    "uid",
+    "gid",
+    "rlimits",
+    "status_fd",
+    "sentinel_fd",
+    "cgroups",
+)
 """Its positional argv, as plain strings (importing json there would cost ~10 ms per program)."""
 
 # Probing what works here
@@ -175,14 +186,14 @@ def _is_root() -> bool:
     return os.geteuid() == 0
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _slot_ids() -> tuple[int, int]:
     """(uid, gid) base for this process' sandboxes: distinct per executing process and worker slot."""
     base = UID_BASE + (os.getpid() % 65536) * UID_SLOTS_PER_PROCESS
     return base, base
 
 
-_PROBE_PROGRAM = r'''
+_PROBE_PROGRAM = r"""
 import errno, os, socket, sys
 work = os.getcwd()
 with open(os.path.join(work, "probe.txt"), "w") as f:
@@ -200,7 +211,7 @@ try:
 except OSError:
     report["outside"] = "blocked"
 print(json.dumps(report))
-'''
+"""
 
 
 def _candidates() -> list[Isolation]:
@@ -216,12 +227,29 @@ def _candidates() -> list[Isolation]:
             prefix += ["--user", "--map-root-user"]
         ns = "unshare(net,pid,mount" + ("" if root else ",user") + ")+read-only fs"
         if root:
-            out.append(Isolation("namespaces", "setuid", tuple(prefix), ns + "+per-worker uid+no_new_privs+rlimits" + procs))
-        out.append(Isolation("namespaces", "capdrop", tuple(prefix), ns + "+capabilities dropped+no_new_privs+rlimits" + procs + (uncapped if root else "")))
+            out.append(
+                Isolation("namespaces", "setuid", tuple(prefix), ns + "+per-worker uid+no_new_privs+rlimits" + procs)
+            )
+        out.append(
+            Isolation(
+                "namespaces",
+                "capdrop",
+                tuple(prefix),
+                ns + "+capabilities dropped+no_new_privs+rlimits" + procs + (uncapped if root else ""),
+            )
+        )
     if root:
-        out.append(Isolation("setuid", "setuid", (), "per-worker uid+no_new_privs+rlimits+uid-wide kill (NO namespaces)"))
-    out.append(Isolation("rlimits", "none", (), "rlimits+process-group kill only (NO namespaces, NO uid drop)" + procs
-                         + (uncapped if root else "")))
+        out.append(
+            Isolation("setuid", "setuid", (), "per-worker uid+no_new_privs+rlimits+uid-wide kill (NO namespaces)")
+        )
+    out.append(
+        Isolation(
+            "rlimits",
+            "none",
+            (),
+            "rlimits+process-group kill only (NO namespaces, NO uid drop)" + procs + (uncapped if root else ""),
+        )
+    )
     return out
 
 
@@ -249,7 +277,7 @@ def _probe_one(iso: Isolation) -> str | None:
 _PROBE_LOCK = threading.Lock()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _probe_cached(requested: str) -> Isolation:
     reasons: list[str] = []
     for iso in _candidates():
@@ -339,7 +367,9 @@ def _kill_uid(uid: int, gid: int) -> None:
     (whatever session they escaped to) and nothing else."""
     kill = shutil.which("kill", path=SAFE_PATH)
     if kill is None:
-        warnings.warn("ida_eval sandbox: no kill(1) binary; escaped processes may survive", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            "ida_eval sandbox: no kill(1) binary; escaped processes may survive", RuntimeWarning, stacklevel=2
+        )
         return
     for _ in range(2):  # the second pass catches anything forked while the first was running
         subprocess.run(

@@ -19,7 +19,9 @@ from ida_eval.problems import ProblemsError, find_problems_file, load_problems
 FAST = ex.ExecutionConfig(timeout=3.0, workers=2, memory_bytes=1 << 30)
 
 PROMPT_ADD = '\n\ndef add(a, b):\n\t"""Add two numbers.\n\t>>> add(1, 2)\n\t3\n\t"""\n'
-TEST_ADD = "\n\nMETADATA = {}\n\n\ndef check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(-1, 1) == 0\n"
+TEST_ADD = (
+    "\n\nMETADATA = {}\n\n\ndef check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(-1, 1) == 0\n"
+)
 
 
 def _problem(tid: str, entry: str, prompt: str, test: str, canonical: str) -> dict[str, str]:
@@ -39,14 +41,14 @@ TOY = [
     _problem(
         "T/1",
         "double",
-        "\n\ndef double(x):\n    \"\"\"Twice x.\"\"\"\n",
+        '\n\ndef double(x):\n    """Twice x."""\n',
         "\n\ndef check(candidate):\n    assert candidate(2) == 4\n",
         "    return 2 * x\n",
     ),
     _problem(
         "T/2",
         "neg",
-        "\n\ndef neg(x):\n  \"\"\"Minus x.\"\"\"\n",
+        '\n\ndef neg(x):\n  """Minus x."""\n',
         "\n\ndef check(candidate):\n    assert candidate(2) == -2\n",
         "  return -x\n",
     ),
@@ -79,7 +81,10 @@ def test_load_problems_keeps_text_byte_for_byte(toy: dict) -> None:
         ("{not json", r"toy\.jsonl:2: not valid JSON"),
         ('{"task_id": "X", "prompt": "", "test": ""}', r"toy\.jsonl:2: missing key 'entry_point'"),
         ('{"task_id": "X", "prompt": 1, "test": "", "entry_point": "f"}', r"toy\.jsonl:2: 'prompt' must be a string"),
-        ('{"task_id": "T/0", "prompt": "", "test": "", "entry_point": "f"}', r"toy\.jsonl:2: duplicate task_id 'T/0' \(first on line 1\)"),
+        (
+            '{"task_id": "T/0", "prompt": "", "test": "", "entry_point": "f"}',
+            r"toy\.jsonl:2: duplicate task_id 'T/0' \(first on line 1\)",
+        ),
         ('{"task_id": "X", "prompt": "", "test": "", "entry_point": "no pe"}', r"toy\.jsonl:2: task X: entry_point"),
         ("[1, 2]", r"toy\.jsonl:2: expected a JSON object"),
     ],
@@ -149,7 +154,12 @@ def test_execute_samples_verdicts(toy: dict, tmp_path: Path) -> None:
         assert isinstance(r["time_elapsed"], float) and r["isolation"] in ex.ISOLATION_LEVELS
     assert ex.pass_at_1(res) == pytest.approx((0.5 + 0 + 0) / 3)
     assert [ex.result_class(r["result"]) for r in res] == [
-        "passed", "AssertionError", "SyntaxError", "timed out", "early exit", "NameError"
+        "passed",
+        "AssertionError",
+        "SyntaxError",
+        "timed out",
+        "early exit",
+        "NameError",
     ]
     # the results file holds the same records, one JSON line each
     lines = (tmp_path / "r.jsonl").read_text().splitlines()
@@ -165,7 +175,9 @@ def test_canonical_mode(toy: dict) -> None:
 
 def test_unknown_task_and_bad_samples_are_errors(toy: dict) -> None:
     with pytest.raises(ValueError, match="sample 1: unknown task_id 'T/99'"):
-        ex.execute_samples(toy, [{"task_id": "T/0", "completion": ""}, {"task_id": "T/99", "completion": ""}], config=FAST)
+        ex.execute_samples(
+            toy, [{"task_id": "T/0", "completion": ""}, {"task_id": "T/99", "completion": ""}], config=FAST
+        )
     with pytest.raises(ValueError, match="sample 0: 'completion' missing"):
         ex.execute_samples(toy, [{"task_id": "T/0"}], config=FAST)
 
@@ -222,9 +234,18 @@ def test_resume_rejects_different_completion_and_malformed_lines(toy: dict, tmp_
 
 def test_resume_drops_a_torn_last_line(toy: dict, tmp_path: Path) -> None:
     out = tmp_path / "r.jsonl"
-    good = {"task_id": "T/1", "completion": "    return 2 * x\n", "completion_id": 0, "passed": True, "result": "passed"}
+    good = {
+        "task_id": "T/1",
+        "completion": "    return 2 * x\n",
+        "completion_id": 0,
+        "passed": True,
+        "result": "passed",
+    }
     out.write_text(json.dumps(good) + "\n" + '{"task_id": "T/0", "compl')  # crash mid-write
-    samples = [{"task_id": "T/0", "completion": "\treturn a + b\n"}, {"task_id": "T/1", "completion": good["completion"]}]
+    samples = [
+        {"task_id": "T/0", "completion": "\treturn a + b\n"},
+        {"task_id": "T/1", "completion": good["completion"]},
+    ]
     with pytest.warns(RuntimeWarning, match="incomplete last line"):
         res = ex.execute_samples(toy, samples, out_path=out, config=FAST, progress=False)
     assert [r["passed"] for r in res] == [True, True]
@@ -246,13 +267,21 @@ def _cli(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
 def test_killed_run_resumes_without_reexecuting(tmp_path: Path) -> None:
     n = 12
     problems = [
-        _problem(f"S/{i}", "f", "\n\ndef f():\n", "\n\ndef check(c):\n    assert c() == 1\n", "    import time; time.sleep(0.4); return 1\n")
+        _problem(
+            f"S/{i}",
+            "f",
+            "\n\ndef f():\n",
+            "\n\ndef check(c):\n    assert c() == 1\n",
+            "    import time; time.sleep(0.4); return 1\n",
+        )
         for i in range(n)
     ]
     pfile = tmp_path / "p.jsonl"
     pfile.write_text("".join(json.dumps(p) + "\n" for p in problems))
     out = tmp_path / "r.jsonl"
-    proc = _cli("--problems", str(pfile), "--canonical", "--out", str(out), "--workers", "1", "--no-progress", "--timeout", "10")
+    proc = _cli(
+        "--problems", str(pfile), "--canonical", "--out", str(out), "--workers", "1", "--no-progress", "--timeout", "10"
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 3):
         time.sleep(0.05)
@@ -276,8 +305,13 @@ def test_ctrl_c_stops_running_programs_and_keeps_finished_results(tmp_path: Path
     marker = f"0.{os.getpid():08d}{int(time.time() * 1000) % 10**6:06d}3"  # a unique `sleep` argument
     problems = {
         f"L/{i}": _problem(
-            f"L/{i}", "f", "\n\ndef f():\n", "\n\ndef check(c):\n    assert c() == 1\n",
-            "    return 1\n" if i == 0 else f"    import subprocess; subprocess.run(['sleep', '300', '{marker}']); return 1\n",
+            f"L/{i}",
+            "f",
+            "\n\ndef f():\n",
+            "\n\ndef check(c):\n    assert c() == 1\n",
+            "    return 1\n"
+            if i == 0
+            else f"    import subprocess; subprocess.run(['sleep', '300', '{marker}']); return 1\n",
         )
         for i in range(6)
     }
@@ -286,8 +320,13 @@ def test_ctrl_c_stops_running_programs_and_keeps_finished_results(tmp_path: Path
     timer.start()
     t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        ex.execute_samples(problems, canonical=True, out_path=out, progress=False,
-                           config=ex.ExecutionConfig(timeout=60.0, workers=2, memory_bytes=1 << 30))
+        ex.execute_samples(
+            problems,
+            canonical=True,
+            out_path=out,
+            progress=False,
+            config=ex.ExecutionConfig(timeout=60.0, workers=2, memory_bytes=1 << 30),
+        )
     assert time.monotonic() - t0 < 10.0  # not the 60 s timeout: the running programs were killed
     done = [json.loads(x) for x in out.read_text().splitlines()]
     assert [r["task_id"] for r in done] == ["L/0"]
@@ -313,12 +352,29 @@ def test_cli_reports_pass_rate_classes_missing_tasks_and_isolation(
 ) -> None:
     samples = tmp_path / "s.jsonl"
     samples.write_text(
-        json.dumps({"task_id": "T/0", "completion": "\treturn a + b\n"}) + "\n"
-        + json.dumps({"task_id": "T/1", "completion": "    return 3 * x\n"}) + "\n"
+        json.dumps({"task_id": "T/0", "completion": "\treturn a + b\n"})
+        + "\n"
+        + json.dumps({"task_id": "T/1", "completion": "    return 3 * x\n"})
+        + "\n"
     )
     summary = tmp_path / "summary.json"
-    code = ex.main(["--problems", str(toy_file), "--samples", str(samples), "--out", str(tmp_path / "r.jsonl"),
-                    "--workers", "2", "--timeout", "5", "--summary", str(summary), "--no-progress"])
+    code = ex.main(
+        [
+            "--problems",
+            str(toy_file),
+            "--samples",
+            str(samples),
+            "--out",
+            str(tmp_path / "r.jsonl"),
+            "--workers",
+            "2",
+            "--timeout",
+            "5",
+            "--summary",
+            str(summary),
+            "--no-progress",
+        ]
+    )
     stdout, stderr = capsys.readouterr()
     assert code == 0, stderr
     assert "pass@1 = 0.5000" in stdout
@@ -331,7 +387,12 @@ def test_cli_reports_pass_rate_classes_missing_tasks_and_isolation(
 
 def test_cli_input_errors_name_the_line(toy_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     samples = tmp_path / "s.jsonl"
-    samples.write_text(json.dumps({"task_id": "T/0", "completion": ""}) + "\n" + json.dumps({"task_id": "Z/9", "completion": ""}) + "\n")
+    samples.write_text(
+        json.dumps({"task_id": "T/0", "completion": ""})
+        + "\n"
+        + json.dumps({"task_id": "Z/9", "completion": ""})
+        + "\n"
+    )
     assert ex.main(["--problems", str(toy_file), "--samples", str(samples), "--out", str(tmp_path / "r.jsonl")]) == 2
     assert "s.jsonl:2: unknown task_id 'Z/9'" in capsys.readouterr().err
     samples.write_text(json.dumps({"task_id": "T/0", "completion": ""}) + "\n{oops\n")

@@ -306,7 +306,9 @@ def test_memory_of_the_whole_tree_is_bounded(clean: str) -> None:
 def test_output_flood_is_capped_and_killed(clean: str) -> None:
     limits = sb.SandboxLimits(timeout=10.0, memory_bytes=1 << 30, max_output_bytes=2 << 20, tail_bytes=1000)
     t0 = time.monotonic()
-    res = run("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n    sys.stderr.write('y' * 100)", clean, limits)
+    res = run(
+        "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n    sys.stderr.write('y' * 100)", clean, limits
+    )
     assert res.output_exceeded and not res.passed
     assert len(res.stdout_tail) <= 1000 and len(res.stderr_tail) <= 1000
     assert time.monotonic() - t0 < 8.0
@@ -369,8 +371,9 @@ def test_writes_outside_the_directory_are_blocked(clean: str, tmp_path: Path, is
 def test_work_directory_with_odd_characters_stays_writable(tmp_path: Path, iso: sb.Isolation) -> None:
     root = tmp_path / "dir with space\tand tab é"
     root.mkdir()
-    res = sb.run_program("open('f.txt', 'w').write('x' * 10)\nimport os\nassert os.path.getsize('f.txt') == 10",
-                         FAST, tmp_root=str(root))
+    res = sb.run_program(
+        "open('f.txt', 'w').write('x' * 10)\nimport os\nassert os.path.getsize('f.txt') == 10", FAST, tmp_root=str(root)
+    )
     assert res.passed, res.stderr_tail
     assert list(root.iterdir()) == []
 
@@ -445,8 +448,12 @@ def test_cancel_kills_a_running_program(clean: str, marker: str) -> None:
     threading.Timer(0.5, cancel.set).start()
     t0 = time.monotonic()
     with pytest.raises(sb.Cancelled):
-        run(f"import subprocess\nsubprocess.Popen(['sleep', '300', '{marker}'])\nwhile True: pass", clean,
-            sb.SandboxLimits(timeout=20.0), cancel=cancel)
+        run(
+            f"import subprocess\nsubprocess.Popen(['sleep', '300', '{marker}'])\nwhile True: pass",
+            clean,
+            sb.SandboxLimits(timeout=20.0),
+            cancel=cancel,
+        )
     assert time.monotonic() - t0 < 5.0
     with pytest.raises(sb.Cancelled):
         run("pass", clean, cancel=cancel)  # already set: nothing starts
