@@ -217,6 +217,8 @@ class Trainer:
         self.resumed_from: Path | None = None
         self.evals: list[dict[str, Any]] = []
         self._pipeline_group: Any = None
+        self._dp_size = 1
+        self.num_params = 0
 
     # ---------------------------------------------------------------------------------------------
     # setup
@@ -286,9 +288,10 @@ class Trainer:
             self.untrained = fix_untrained_tokens(self.model, self.tokenizer, used, seed=cfg.train.seed)
         if cfg.model.activation_checkpointing:
             enable_activation_checkpointing(self.model)
-        from ida_trainer.precision import apply_recipe, build_optimizer
+        from ida_trainer.precision import apply_recipe, build_optimizer, count_parameters
 
         apply_recipe(self.model, cfg.precision)
+        self.num_params = count_parameters(self.model)  # before a pipeline prunes the model to its stage
         dp_rank, dp_size = 0, 1
         if cfg.parallel.pipeline_stages > 1 or cfg.parallel.data_parallel == "fsdp":
             self.engine, dp_rank, dp_size = self._distributed_engine()
@@ -303,7 +306,12 @@ class Trainer:
                                      microbatches=cfg.parallel.microbatches, seed=cfg.train.seed, pad_id=pad,
                                      dp_rank=dp_rank, dp_size=dp_size)
         self.data_stats.num_rows = len(self.batcher.rows)
+        self._dp_size = dp_size
         if resume_dir is not None:
+            if dp_size > 1:
+                raise ValueError(f"--resume with --data-parallel fsdp is not supported yet: the optimizer state in "
+                                 f"{resume_dir} holds only rank 0's shard. Resume FSDP runs from the exported "
+                                 "weights with --base instead, or train single-process / pipelined.")
             self._resume(resume_dir)
         self.logger = RunLogger(self.out, total_steps=cfg.train.steps, start_step=self.start_step,
                                 log_every=cfg.train.log_every, progress=cfg.train.progress, enabled=self.is_main)
@@ -387,9 +395,7 @@ class Trainer:
             ml.start("run_start")
         else:
             ml.event("resume", str(self.resumed_from), {"step_num": self.start_step})
-        from ida_trainer.precision import count_parameters
-
-        self._say(f"ida_trainer: {count_parameters(self.model) / 1e6:.2f}M parameters, recipe {cfg.precision.recipe} "
+        self._say(f"ida_trainer: {self.num_params / 1e6:.2f}M parameters, recipe {cfg.precision.recipe} "
                   f"(weights {weight_p}, compute {compute_p}"
                   f"{', write-back ' + cfg.precision.writeback if cfg.precision.recipe == 'nvfp4' else ''}), "
                   f"optimizer {cfg.optim.name}, backend {self._backend()}")
@@ -425,6 +431,12 @@ class Trainer:
             group["lr"] = lr
         t0 = time.perf_counter()
         loss = self.engine.forward_backward(batch.microbatches, batch.global_valid_tokens)
+        if self._dp_size > 1:  # each data-parallel rank returned its share of the step's token-mean loss
+            import torch.distributed as dist
+
+            total = torch.tensor(loss, dtype=torch.float64, device=self.device)
+            dist.all_reduce(total)
+            loss = float(total)
         if not math.isfinite(loss):
             raise NonFiniteError(f"loss is {loss} at step {step + 1}; the batch held {len(batch.sources)} examples: "
                                  f"{', '.join(batch.sources[:8])}{' ...' if len(batch.sources) > 8 else ''}")
