@@ -20,8 +20,8 @@ and its amax covers only the real elements):
 
 Policy choices (the OCP spec leaves them open; tested in tests/mxfp8_codec/test_numerics*.py):
 
-* **Tiny blocks** (amax < 2^-118): the clamp e = -127 still lets every element be scaled exactly by
-  2^127, so they round correctly instead of flushing to zero (TE / torchao RCEIL) or being off by a
+* **Tiny blocks** (amax <= 1.75 * 2^-119 ~ 2.6e-36, where RCEIL asks for e < -127): the clamp
+  e = -127 still lets every element be scaled exactly by 2^127, so they round correctly instead of flushing to zero (TE / torchao RCEIL) or being off by a
   factor 2 (torchao FLOOR, pytorch/ao#1104).
 * **Top of the range**: with RCEIL an amax >= 1.9375 * 2^127 (the top 8 bfloat16 magnitudes) would
   give e = 120 (byte 247) and an element that rounds to 2^8, decoding to 2^128 = inf. A finite weight
@@ -49,7 +49,6 @@ Three implementations, identical bits (tests/mxfp8_codec/test_numerics*.py prove
   rounding on the bit pattern -- with the table / exact float path for the rare blocks outside
   that fast path (E4M3 subnormals, extreme scales, partial blocks). About memory speed.
 """
-
 
 from __future__ import annotations
 
@@ -111,7 +110,7 @@ ArrayLike = Union[np.ndarray, "torch.Tensor"]
 
 
 # ---------------------------------------------------------------------------------------------
-# Native dispatch (numpy arrays and CPU torch tensors; identical bits to the pure paths above)
+# Dispatch: numpy arrays and CPU tensors -> native kernel (else pure numpy); other devices -> torch
 # ---------------------------------------------------------------------------------------------
 def _native_kernel() -> Any:
     from . import _native  # lazy: building the kernel is the loader's business
