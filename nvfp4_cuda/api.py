@@ -13,12 +13,13 @@ available, the pure-PyTorch reference otherwise.  Backend selection for CUDA ten
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
 import torch
 
-from nvfp4_cuda import cpu_native, reference
+from nvfp4_cuda import cpu_native, reference, reference_master
 from nvfp4_cuda.tensor import NVFP4Tensor
 
 BACKEND_ENV = "NVFP4_CUDA_BACKEND"  # "reference" forces the PyTorch path for CUDA tensors
@@ -118,6 +119,12 @@ def mxfp8_encode(x: torch.Tensor, *, rounding: str = "rne", seed: int = 0, step:
     """MXFP8 encode with the RCEIL rule; ``rounding="rne"`` is bit-identical to ``mxfp8_codec``."""
     if _use_cuda(x):
         return _cuda().mxfp8_encode(x, rounding=rounding, seed=seed, step=step, tensor_id=tensor_id)
+    if isinstance(x, torch.Tensor) and x.device.type == "cpu" and cpu_native.available():
+        if not x.is_floating_point() or x.dim() < 1:
+            raise ValueError("mxfp8_encode: expected a floating torch tensor of rank >= 1")
+        if rounding not in ("rne", "stochastic"):
+            raise ValueError(f"mxfp8_encode: rounding must be 'rne' or 'stochastic', got {rounding!r}")
+        return cpu_native.mxfp8_encode(x, rounding=rounding, seed=seed, step=step, tensor_id=tensor_id)
     return reference.mxfp8_encode(x, rounding=rounding, seed=seed, step=step, tensor_id=tensor_id)
 
 
@@ -125,6 +132,14 @@ def mxfp8_decode(payload: torch.Tensor, scales: torch.Tensor, *, dtype: torch.dt
     """MXFP8 decode ``e4m3(q) * 2**(s - 127)`` (exact in float32), cast to ``dtype``."""
     if _use_cuda(payload):
         return _cuda().mxfp8_decode(payload, scales, dtype=dtype)
+    if payload.device.type == "cpu" and cpu_native.available():
+        c = payload.shape[-1]
+        if payload.dtype != torch.uint8 or scales.dtype != torch.uint8:
+            raise ValueError(f"mxfp8_decode: payload and scales must be uint8, got {payload.dtype} and {scales.dtype}")
+        if tuple(scales.shape) != (*payload.shape[:-1], -(-c // 32)):
+            raise ValueError(f"mxfp8_decode: scales shape {list(scales.shape)} does not match payload "
+                             f"{list(payload.shape)} (expected {[*payload.shape[:-1], -(-c // 32)]})")
+        return cpu_native.mxfp8_decode(payload, scales).to(dtype)
     return reference.mxfp8_decode(payload, scales, dtype=dtype)
 
 
@@ -162,6 +177,24 @@ def lion_step_mxfp8_(payload: torch.Tensor, scales: torch.Tensor, grad: torch.Te
                               compensation=compensation, seed=seed, step=step, tensor_id=tensor_id)
     if _use_cuda(payload):
         return _cuda().lion_step_mxfp8_(payload, scales, grad, momentum, **kw)
+    in_place = (payload, scales, momentum) + ((compensation,) if compensation is not None else ())
+    if payload.device.type == "cpu" and cpu_native.available() and all(t.is_contiguous() for t in in_place):
+        reference_master.check_lion_args(payload, scales, grad, momentum, writeback, compensation)
+        consts = reference_master.lion_constants(lr, beta1, beta2, weight_decay)
+        if not all(math.isfinite(v) for v in consts):
+            raise ValueError(f"lion_step_mxfp8_ (tensor_id {tensor_id}): non-finite hyper-parameter "
+                             f"(lr={lr}, weight_decay={weight_decay}); nothing was updated")
+        bad = cpu_native.lion_step_mxfp8_(payload, scales, grad, momentum, consts=consts,
+                                          writeback_code=reference_master.WRITEBACK_MODES.index(writeback),
+                                          compensation=compensation if writeback == "compensated" else None,
+                                          seed=seed, step=step, tensor_id=tensor_id)
+        if bad <= -2:
+            raise ValueError(f"lion_step_mxfp8_ (tensor_id {tensor_id}): non-finite gradient at flat index "
+                             f"{-2 - bad}; nothing was updated")
+        if bad >= 0:
+            raise ValueError(f"lion_step_mxfp8_ (tensor_id {tensor_id}): non-finite updated weight in the block "
+                             f"starting at flat index {bad} (corrupt master or compensation buffer)")
+        return None
     return reference.lion_step_mxfp8_(payload, scales, grad, momentum, **kw)
 
 
@@ -170,6 +203,12 @@ def stochastic_round_to_bf16_(dst_bf16: torch.Tensor, src_fp32: torch.Tensor, *,
     """Unbiased float32 -> bfloat16 rounding into ``dst_bf16`` (for plain BF16 params under the nvfp4 recipe)."""
     if _use_cuda(src_fp32):
         return _cuda().stochastic_round_to_bf16_(dst_bf16, src_fp32, seed=seed, step=step, tensor_id=tensor_id)
+    if src_fp32.device.type == "cpu" and cpu_native.available():
+        if dst_bf16.dtype != torch.bfloat16 or tuple(dst_bf16.shape) != tuple(src_fp32.shape):
+            raise ValueError(f"stochastic_round_to_bf16_: dst must be bfloat16 of shape {list(src_fp32.shape)}, got "
+                             f"{dst_bf16.dtype} {list(dst_bf16.shape)}")
+        dst_bf16.copy_(cpu_native.stochastic_round_to_bf16(src_fp32, seed=seed, step=step, tensor_id=tensor_id))
+        return dst_bf16
     return reference.stochastic_round_to_bf16_(dst_bf16, src_fp32, seed=seed, step=step, tensor_id=tensor_id)
 
 

@@ -1,8 +1,10 @@
-"""Native CPU fast path (``cpu/nvfp4_cpu.c``) for NVFP4 quantize / decode / Hadamard, same bits as the reference.
+"""Native CPU fast path (``cpu/nvfp4_cpu.c``) for the hot reference ops, same bits as the PyTorch reference.
 
 Why: the pure-PyTorch reference needs ~8 elementwise passes to quantize (each a separate tensor),
 which on a 2-core machine costs several times a float32 GEMM of trainer-sized shapes.  A 100-line C
-loop does block amax and encode in two passes, decode in one, and the Hadamard transform in one.  The pure-PyTorch module
+loop does block amax and encode in two passes, decode in one, and the Hadamard transform in one;
+the MXFP8 master ops (encode, decode, fused Lion, bfloat16 stochastic rounding) are one pass each,
+where the PyTorch versions need dozens of int64 passes for the RNG and the grid rounding.  The pure-PyTorch module
 :mod:`nvfp4_cuda.reference` stays the oracle: tests check that this path gives the same bits, and
 ``NVFP4_CPU_NATIVE=0`` switches it off.
 
@@ -45,6 +47,14 @@ void nvfp4_cpu_encode(const float *x, int64_t rows, int64_t cols, const float *b
 void nvfp4_cpu_decode(const uint8_t *codes, const uint8_t *scales, const float *e4m3_table, int64_t rows,
                       int64_t cols, float *out);
 void nvfp4_cpu_hadamard16(const float *x, int64_t n_groups, float *out);
+int64_t nvfp4_cpu_mxfp8_encode(const float *x, int64_t rows, int64_t cols, int sr, uint32_t k2, uint32_t k3,
+                               uint8_t *payload, uint8_t *scales);
+void nvfp4_cpu_mxfp8_decode(const uint8_t *payload, const uint8_t *scales, const float *e4m3_table, int64_t rows,
+                            int64_t cols, float *out);
+int64_t nvfp4_cpu_lion(uint8_t *payload, uint8_t *scales, const float *grad, uint16_t *momentum, float *comp,
+                       int64_t rows, int64_t cols, float neg_lr, float decay, float b1, float omb1, float b2,
+                       float omb2, int writeback, uint32_t k2, uint32_t k3);
+void nvfp4_cpu_sr_bf16(const float *src, int64_t n, uint32_t k2, uint32_t k3, uint16_t *dst);
 """
 
 
@@ -176,4 +186,75 @@ def hadamard16(x: torch.Tensor) -> torch.Tensor:
     x32 = x.to(torch.float32).contiguous()
     out = torch.empty_like(x32)
     lib.nvfp4_cpu_hadamard16(_ptr(ffi, "float *", x32), x32.numel() // NVFP4_BLOCK, _ptr(ffi, "float *", out))
+    return out
+
+
+def _index(flat: int, shape: tuple[int, ...]) -> list[int]:
+    idx = []
+    for dim in reversed(shape):
+        idx.append(flat % dim)
+        flat //= dim
+    return idx[::-1]
+
+
+def mxfp8_encode(x: torch.Tensor, *, rounding: str, seed: int, step: int, tensor_id: int,
+                 name: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP8 encode of a CPU float tensor (rank >= 1), same bits as the reference."""
+    loaded = _load()
+    assert loaded is not None
+    ffi, lib = loaded
+    c = x.shape[-1]
+    x32 = x.to(torch.float32).contiguous()
+    rows = x32.numel() // c if c else 0
+    payload = torch.empty(x32.shape, dtype=torch.uint8)
+    scales = torch.empty(*x32.shape[:-1], -(-c // 32), dtype=torch.uint8)
+    k2, k3 = stream_keys(seed, step, tensor_id)
+    bad = lib.nvfp4_cpu_mxfp8_encode(_ptr(ffi, "float *", x32), rows, c, 1 if rounding == "stochastic" else 0, k2, k3,
+                                     _ptr(ffi, "uint8_t *", payload), _ptr(ffi, "uint8_t *", scales))
+    if bad >= 0:
+        idx = _index(int(bad), tuple(x32.shape))
+        label = f" (tensor {name!r})" if name else ""
+        raise ValueError(f"mxfp8_encode{label}: non-finite value {x32.reshape(-1)[bad].item()} at index {idx}")
+    return payload, scales
+
+
+def mxfp8_decode(payload: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """MXFP8 decode to float32 (exact), same bits as the reference."""
+    loaded = _load()
+    assert loaded is not None
+    ffi, lib = loaded
+    c = payload.shape[-1]
+    p, s = payload.contiguous(), scales.contiguous()
+    out = torch.empty(p.shape, dtype=torch.float32)
+    lib.nvfp4_cpu_mxfp8_decode(_ptr(ffi, "uint8_t *", p), _ptr(ffi, "uint8_t *", s),
+                               _ptr(ffi, "float *", e4m3_decode_table("cpu")), p.numel() // c if c else 0, c,
+                               _ptr(ffi, "float *", out))
+    return out
+
+
+def lion_step_mxfp8_(payload: torch.Tensor, scales: torch.Tensor, grad: torch.Tensor, momentum: torch.Tensor, *,
+                     consts: tuple[float, float, float, float, float, float], writeback_code: int,
+                     compensation: torch.Tensor | None, seed: int, step: int, tensor_id: int) -> int:
+    """In-place fused Lion on contiguous CPU tensors; returns -1 or the flat index of a non-finite update."""
+    loaded = _load()
+    assert loaded is not None
+    ffi, lib = loaded
+    c = payload.shape[-1]
+    g = grad.to(torch.float32).contiguous()
+    k2, k3 = stream_keys(seed, step, tensor_id)
+    comp_ptr = _ptr(ffi, "float *", compensation) if compensation is not None else ffi.NULL
+    return int(lib.nvfp4_cpu_lion(_ptr(ffi, "uint8_t *", payload), _ptr(ffi, "uint8_t *", scales),
+                                  _ptr(ffi, "float *", g), _ptr(ffi, "uint16_t *", momentum), comp_ptr,
+                                  payload.numel() // c if c else 0, c, *consts, writeback_code, k2, k3))
+
+
+def stochastic_round_to_bf16(src: torch.Tensor, *, seed: int, step: int, tensor_id: int) -> torch.Tensor:
+    """float32 -> bfloat16 stochastic rounding of a CPU tensor, same bits as the reference (new tensor)."""
+    loaded = _load()
+    assert loaded is not None
+    ffi, lib = loaded
+    s = src.to(torch.float32).contiguous()
+    out = torch.empty(s.shape, dtype=torch.bfloat16)
+    k2, k3 = stream_keys(seed, step, tensor_id)
+    lib.nvfp4_cpu_sr_bf16(_ptr(ffi, "float *", s), s.numel(), k2, k3, _ptr(ffi, "uint16_t *", out))
     return out

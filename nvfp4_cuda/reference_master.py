@@ -166,6 +166,33 @@ def _check_same_shape(t: torch.Tensor, shape: torch.Size, what: str) -> None:
         raise ValueError(f"lion_step_mxfp8_: {what} has shape {list(t.shape)}, expected {list(shape)}")
 
 
+def check_lion_args(payload: torch.Tensor, scales: torch.Tensor, grad: torch.Tensor, momentum: torch.Tensor,
+                    writeback: str, compensation: torch.Tensor | None) -> None:
+    """Validate the Lion step's arguments (shapes, dtypes, mode); raises ValueError naming the problem."""
+    if writeback not in WRITEBACK_MODES:
+        raise ValueError(f"lion_step_mxfp8_: writeback must be one of {WRITEBACK_MODES}, got {writeback!r}")
+    if payload.dtype != torch.uint8 or scales.dtype != torch.uint8:
+        raise ValueError(f"lion_step_mxfp8_: payload and scales must be uint8, got {payload.dtype}, {scales.dtype}")
+    shape = payload.shape
+    _check_same_shape(scales, torch.Size((*shape[:-1], -(-shape[-1] // MX_BLOCK))), "scales")
+    _check_same_shape(grad, shape, "grad")
+    _check_same_shape(momentum, shape, "momentum")
+    if momentum.dtype != torch.bfloat16:
+        raise ValueError(f"lion_step_mxfp8_: momentum must be bfloat16, got {momentum.dtype}")
+    if writeback == "compensated":
+        if compensation is None:
+            raise ValueError("lion_step_mxfp8_: writeback='compensated' needs a float32 compensation= buffer")
+        _check_same_shape(compensation, shape, "compensation")
+        if compensation.dtype != torch.float32:
+            raise ValueError(f"lion_step_mxfp8_: compensation must be float32, got {compensation.dtype}")
+
+
+def lion_constants(lr: float, beta1: float, beta2: float, weight_decay: float) -> tuple[float, ...]:
+    """``(-lr, 1 - lr*wd, beta1, 1 - beta1, beta2, 1 - beta2)``, each rounded once to float32 (host side)."""
+    return (f32_const(-lr), f32_const(1.0 - lr * weight_decay), f32_const(beta1), f32_const(1.0 - beta1),
+            f32_const(beta2), f32_const(1.0 - beta2))
+
+
 def lion_step_mxfp8_(payload: torch.Tensor, scales: torch.Tensor, grad: torch.Tensor, momentum: torch.Tensor, *,
                      lr: float, beta1: float = 0.9, beta2: float = 0.99, weight_decay: float = 0.0,
                      writeback: str = "stochastic", compensation: torch.Tensor | None = None, seed: int = 0,
@@ -188,25 +215,12 @@ def lion_step_mxfp8_(payload: torch.Tensor, scales: torch.Tensor, grad: torch.Te
         >>> round(float(mxfp8_decode(p, s).mean()), 4) < 0.02
         True
     """
-    if writeback not in WRITEBACK_MODES:
-        raise ValueError(f"lion_step_mxfp8_: writeback must be one of {WRITEBACK_MODES}, got {writeback!r}")
+    check_lion_args(payload, scales, grad, momentum, writeback, compensation)
     shape = payload.shape
-    _check_same_shape(grad, shape, "grad")
-    _check_same_shape(momentum, shape, "momentum")
-    if momentum.dtype != torch.bfloat16:
-        raise ValueError(f"lion_step_mxfp8_: momentum must be bfloat16, got {momentum.dtype}")
-    if writeback == "compensated":
-        if compensation is None:
-            raise ValueError("lion_step_mxfp8_: writeback='compensated' needs a float32 compensation= buffer")
-        _check_same_shape(compensation, shape, "compensation")
-        if compensation.dtype != torch.float32:
-            raise ValueError(f"lion_step_mxfp8_: compensation must be float32, got {compensation.dtype}")
     w = mxfp8_decode(payload, scales)
     g = grad.to(torch.float32)
     m = momentum.to(torch.float32)
-    b1, omb1 = f32_const(beta1), f32_const(1.0 - beta1)
-    b2, omb2 = f32_const(beta2), f32_const(1.0 - beta2)
-    neg_lr, decay = f32_const(-lr), f32_const(1.0 - lr * weight_decay)
+    neg_lr, decay, b1, omb1, b2, omb2 = lion_constants(lr, beta1, beta2, weight_decay)
     c = (m * b1) + (g * omb1)
     if writeback == "compensated":
         w = w + compensation

@@ -138,3 +138,143 @@ void nvfp4_cpu_hadamard16(const float *x, int64_t n_groups, float *out) {
     for (int i = 0; i < 16; ++i) out[gi * 16 + i] = y[i] * 0.25f;
   }
 }
+
+/* ---- MXFP8 master (reference_master.py) -------------------------------------------------------------- */
+
+static inline float e4m3_round_mode(float a, int sr, uint32_t r24) { /* a >= 0 */
+  int e = (int)((f2u(a) >> 23) & 0xFF) - 127;
+  int ue = a >= 0.015625f ? e - 3 : -9;
+  float n = round_grid(a * pow2f_exact(-ue), sr, r24);
+  float q = n * pow2f_exact(ue);
+  return q < 448.0f ? q : 448.0f;
+}
+
+static inline int rceil_exponent(float amax) {
+  if (!(amax > 0.0f)) return -127;
+  uint32_t b = f2u(amax);
+  int e = (int)((b >> 23) & 0xFF) - 127 - 8 + ((b & 0x7FFFFF) > 0x600000 ? 1 : 0);
+  return e < -127 ? -127 : (e > 127 ? 127 : e);
+}
+
+static inline float e8m0_value(uint8_t s) {
+  if (s == 0xFF) return u2f(0x7FC00000u);
+  return s == 0 ? u2f(0x00400000u) : u2f((uint32_t)s << 23);
+}
+
+/* Encode one block v[0..len) whose flat start index is base; returns 0, or 1 if non-finite. */
+static inline int mx_encode_block(const float *v, int len, uint64_t base, int sr, uint32_t k2, uint32_t k3,
+                                  uint8_t *payload, uint8_t *scale) {
+  float amax = 0.0f;
+  for (int i = 0; i < len; ++i) {
+    float a = fabsf(v[i]);
+    if (!(a <= FLT_MAX_F)) return 1;
+    amax = a > amax ? a : amax;
+  }
+  int e = rceil_exponent(amax);
+  float mul = pow2f_exact(-e);
+  int top = e == 120;
+  for (int i = 0; i < len; ++i) {
+    float s = v[i] * mul;
+    if (top) s = s > 240.0f ? 240.0f : (s < -240.0f ? -240.0f : s);
+    float q = e4m3_round_mode(fabsf(s), sr, sr ? rand24(base + (uint64_t)i, k2, k3) : 0u);
+    payload[i] = (uint8_t)(e4m3_bits(q) | (signbit(s) ? 0x80u : 0u));
+  }
+  *scale = (uint8_t)(e + 127);
+  return 0;
+}
+
+/* MXFP8 encode of a [rows, cols] float32 matrix; returns the flat index of a non-finite value or -1. */
+int64_t nvfp4_cpu_mxfp8_encode(const float *x, int64_t rows, int64_t cols, int sr, uint32_t k2, uint32_t k3,
+                               uint8_t *payload, uint8_t *scales) {
+  const int64_t nb = (cols + 31) / 32;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < nb; ++j) {
+      const int64_t base = r * cols + j * 32;
+      const int len = (int)(cols - j * 32 < 32 ? cols - j * 32 : 32);
+      if (mx_encode_block(x + base, len, (uint64_t)base, sr, k2, k3, payload + base, scales + r * nb + j)) {
+        for (int i = 0; i < len; ++i)
+          if (!(fabsf(x[base + i]) <= FLT_MAX_F)) return base + i;
+      }
+    }
+  return -1;
+}
+
+void nvfp4_cpu_mxfp8_decode(const uint8_t *payload, const uint8_t *scales, const float *e4m3_table, int64_t rows,
+                            int64_t cols, float *out) {
+  const int64_t nb = (cols + 31) / 32;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      out[r * cols + c] = e4m3_table[payload[r * cols + c]] * e8m0_value(scales[r * nb + c / 32]);
+}
+
+static inline float bf16_to_f32(uint16_t h) { return u2f((uint32_t)h << 16); }
+
+static inline uint16_t f32_to_bf16_rne(float f) {
+  uint32_t b = f2u(f);
+  if (f != f) return (uint16_t)0x7FC0;  /* torch's canonical NaN */
+  return (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}
+
+/* Fused Lion step; writeback 0 stochastic, 1 rne, 2 compensated.  Returns -1 on success; -2 - i when grad[i] is
+   non-finite (nothing written); or the flat index of the first element of a block whose updated weight is
+   non-finite (a corrupt master / compensation buffer; blocks before it are already updated). */
+int64_t nvfp4_cpu_lion(uint8_t *payload, uint8_t *scales, const float *grad, uint16_t *momentum, float *comp,
+                       int64_t rows, int64_t cols, float neg_lr, float decay, float b1, float omb1, float b2,
+                       float omb2, int writeback, uint32_t k2, uint32_t k3) {
+  const int64_t nb = (cols + 31) / 32;
+  float v[32];
+  for (int64_t i = 0; i < rows * cols; ++i) /* reject a non-finite gradient before touching anything */
+    if (!(fabsf(grad[i]) <= FLT_MAX_F)) return -2 - i;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < nb; ++j) {
+      const int64_t base = r * cols + j * 32;
+      const int len = (int)(cols - j * 32 < 32 ? cols - j * 32 : 32);
+      const float sdec = e8m0_value(scales[r * nb + j]);
+      for (int i = 0; i < len; ++i) {
+        const int64_t idx = base + i;
+        uint8_t q = payload[idx];
+        float w = ((q & 0x7F) == 0x7F ? u2f(0x7FC00000u) : 0.0f);
+        if ((q & 0x7F) != 0x7F) {
+          uint32_t ex = (q >> 3) & 0xF, man = q & 7;
+          float mag = ex == 0 ? (float)man * 0.001953125f : (float)(8 + man) * pow2f_exact((int)ex - 10);
+          w = (q & 0x80) ? -mag : mag;
+        }
+        w = w * sdec;
+        const float g = grad[idx], m = bf16_to_f32(momentum[idx]);
+        const float c = (m * b1) + (g * omb1);
+        const float upd = c > 0.0f ? neg_lr : (c < 0.0f ? -neg_lr : 0.0f);
+        if (writeback == 2) w = w + comp[idx];
+        v[i] = (w * decay) + upd;
+        if (!(fabsf(v[i]) <= FLT_MAX_F)) return base;
+      }
+      for (int i = 0; i < len; ++i) {
+        const int64_t idx = base + i;
+        momentum[idx] = f32_to_bf16_rne((bf16_to_f32(momentum[idx]) * b2) + (grad[idx] * omb2));
+      }
+      mx_encode_block(v, len, (uint64_t)base, writeback == 0, k2, k3, payload + base, scales + r * nb + j);
+      if (writeback == 2) {
+        const float snew = e8m0_value(scales[r * nb + j]);
+        for (int i = 0; i < len; ++i) {
+          uint8_t q = payload[base + i];
+          uint32_t ex = (q >> 3) & 0xF, man = q & 7;
+          float mag = ex == 0 ? (float)man * 0.001953125f : (float)(8 + man) * pow2f_exact((int)ex - 10);
+          comp[base + i] = v[i] - ((q & 0x80) ? -mag : mag) * snew;
+        }
+      }
+    }
+  return -1;
+}
+
+/* float32 -> bfloat16 stochastic rounding (16 random bits added to the dropped half). */
+void nvfp4_cpu_sr_bf16(const float *src, int64_t n, uint32_t k2, uint32_t k3, uint16_t *dst) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t b = f2u(src[i]);
+    float a = fabsf(src[i]);
+    if (a <= FLT_MAX_F) {
+      uint32_t r16 = mix32(mix32((uint32_t)i ^ k2) ^ (uint32_t)((uint64_t)i >> 32) ^ k3) >> 16;
+      dst[i] = (uint16_t)((b + r16) >> 16);
+    } else {
+      dst[i] = (uint16_t)((b >> 16) | (src[i] != src[i] ? 0x40u : 0u));
+    }
+  }
+}

@@ -100,3 +100,13 @@ def test_compile_all_arches_load_with_cffi_and_error_paths() -> None:
         status = lib.nvfp4_amax(256, 0, 0, 16, 32, 0, 0, 256, 0)
         with pytest.raises(cuda_ops.NVFP4CudaError, match=r"nvfp4_amax: CUDA error \d+"):
             cuda_ops.check(status, "nvfp4_amax", lib, ffi)
+
+
+def test_docs_quick_start_runs() -> None:
+    """The first python block of docs/nvfp4.md executes as written (on CPU)."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "nvfp4.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    ns: dict[str, object] = {}
+    exec(compile(code, "docs/nvfp4.md", "exec"), ns)  # noqa: S102 - our own documentation
+    assert ns["y"].shape == (512, 2048) and ns["gw"].shape == (2048, 1024)
+    assert ns["qw_next"].shape == (2048, 1024) and ns["qw_next"].block_2d

@@ -71,3 +71,51 @@ def test_nonfinite_error_and_env_switch(monkeypatch: pytest.MonkeyPatch) -> None
     assert nvfp4_cuda.backend_info()["cpu_native"] is False
     with pytest.raises(ValueError, match=r"\[1, 17\]"):
         nvfp4_cuda.quantize_nvfp4(x)
+
+
+@pytest.mark.parametrize("rounding", ["rne", "stochastic"])
+def test_mxfp8_encode_decode_match_reference(rounding: str) -> None:
+    x = torch.randn(37, 100) * torch.exp(4 * torch.randn(37, 1))
+    x[0, :32] = 0.0
+    x[1, 5] = -0.0
+    x[2] = 3e38 * torch.rand(100)
+    x[3] = 1e-40
+    kw = dict(rounding=rounding, seed=1, step=2, tensor_id=3)
+    p, s = nvfp4_cuda.mxfp8_encode(x, **kw)
+    rp, rs = R.mxfp8_encode(x, **kw)
+    assert torch.equal(p, rp) and torch.equal(s, rs)
+    for dt in (torch.float32, torch.bfloat16):
+        assert torch.equal(nvfp4_cuda.mxfp8_decode(p, s, dtype=dt), R.mxfp8_decode(p, s, dtype=dt))
+    x[4, 7] = float("nan")
+    with pytest.raises(ValueError, match=r"\[4, 7\]"):
+        nvfp4_cuda.mxfp8_encode(x)
+
+
+@pytest.mark.parametrize("writeback", ["stochastic", "rne", "compensated"])
+def test_lion_matches_reference_over_steps(writeback: str) -> None:
+    w = 0.02 * torch.randn(48, 70)
+    p, s = R.mxfp8_encode(w)
+    m = torch.zeros(48, 70, dtype=torch.bfloat16)
+    comp = torch.zeros(48, 70)
+    p2, s2, m2, c2 = p.clone(), s.clone(), m.clone(), comp.clone()
+    for step in range(4):
+        g = torch.randn(48, 70).to(torch.bfloat16)
+        kw = dict(lr=1e-3, weight_decay=0.1, writeback=writeback, seed=9, step=step, tensor_id=2)
+        R.lion_step_mxfp8_(p, s, g, m, compensation=comp, **kw)
+        nvfp4_cuda.lion_step_mxfp8_(p2, s2, g, m2, compensation=c2, **kw)
+    assert torch.equal(p, p2) and torch.equal(s, s2) and torch.equal(m, m2) and torch.equal(comp, c2)
+    g = torch.randn(48, 70)
+    g[5, 6] = float("nan")
+    before = p2.clone()
+    with pytest.raises(ValueError, match="non-finite gradient"):
+        nvfp4_cuda.lion_step_mxfp8_(p2, s2, g, m2, lr=1e-3, writeback=writeback, compensation=c2)
+    assert torch.equal(p2, before)
+
+
+def test_sr_bf16_matches_reference() -> None:
+    src = torch.randn(1000, 33) * 100
+    src[0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    a, b = torch.empty(1000, 33, dtype=torch.bfloat16), torch.empty(1000, 33, dtype=torch.bfloat16)
+    R.stochastic_round_to_bf16_(a, src, seed=1, step=2, tensor_id=3)
+    nvfp4_cuda.stochastic_round_to_bf16_(b, src, seed=1, step=2, tensor_id=3)
+    assert torch.equal(a.view(torch.int16), b.view(torch.int16))
