@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -44,7 +45,8 @@ WEIGHTS_DTYPE_KEY = "weights_dtype"  # metadata key that marks an MXFP8 file
 MXFP8_WEIGHTS_DTYPE = "MXFP8_E4M3_UE8M0_K32"
 ORIENTATIONS: tuple[str, ...] = ("in_out", "out_in")
 NORM_CONVENTIONS: tuple[str, ...] = ("zero_centered", "folded")
-REMAP_BYTES = 64 << 20  # 64 MiB: re-open the memory map after this much data was read
+REMAP_BYTES = 16 << 20  # 16 MiB: re-open the memory map after this much data was read
+PREFETCH_MAX_BYTES = 32 << 20  # 32 MiB: larger tensors are not decoded ahead (bounds peak memory)
 HASH_CHUNK = 8 << 20  # 8 MiB read size for sha256
 MAX_LISTED_KEYS = 20  # key names shown in a missing/unexpected error
 
@@ -102,26 +104,66 @@ def _weight_files(checkpoint_dir: Path) -> list[WeightFile]:
     return [inspect_weight_file(f) for f in files]
 
 
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
 def _stream(wf: WeightFile, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(name, tensor)`` decoded to ``dtype`` (floats), re-opening the map every REMAP_BYTES."""
+    """Yield ``(name, tensor)`` decoded to ``dtype`` (floats), one tensor at a time.
+
+    The next tensor is decoded on a worker thread while the caller transposes and places the current
+    one (the codec's decoder and torch's copies release the GIL), unless it is larger than
+    :data:`PREFETCH_MAX_BYTES` (then it is decoded afterwards, so the peak stays one model plus one
+    large tensor). The memory map is re-opened every :data:`REMAP_BYTES` of data read, between
+    decodes, so touched file pages leave the resident set.
+    """
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    item = torch.empty((), dtype=dtype).element_size()
     reader = open_mxfp8(wf.path)
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ida-decode")
+
+    def decode(r: Any, name: str) -> torch.Tensor:
+        is_float = r.is_quantized(name) or r.dtype(name) in ("BF16", "F16", "F32", "F64")
+        return r.get(name, framework="pt", dtype=dtype if is_float else None)
+
     try:
         names = reader.keys()
+        stored = {n: _numel(reader.shape(n)) * (1 if reader.is_quantized(n) else 2) for n in names}
+        decoded = {n: _numel(reader.shape(n)) * item for n in names}
         mapped = 0
-        for name in names:
-            if mapped >= REMAP_BYTES:  # drop the mapped pages we touched from our resident set
+        pending: Future[torch.Tensor] | None = pool.submit(decode, reader, names[0]) if names else None
+        for i, name in enumerate(names):
+            assert pending is not None
+            tensor = pending.result()
+            mapped += stored[name]
+            pending = None
+            nxt = names[i + 1] if i + 1 < len(names) else None
+            if nxt is not None and mapped >= REMAP_BYTES:  # no decode in flight: safe to re-open
                 reader.close()
                 reader = open_mxfp8(wf.path)
                 mapped = 0
-            numel = 1
-            for s in reader.shape(name):
-                numel *= s
-            mapped += numel * (1 if reader.is_quantized(name) else 2)
-            is_float = reader.is_quantized(name) or reader.dtype(name) in ("BF16", "F16", "F32", "F64")
-            tensor = reader.get(name, framework="pt", dtype=dtype if is_float else None)
+            if nxt is not None and decoded[nxt] <= PREFETCH_MAX_BYTES:
+                pending = pool.submit(decode, reader, nxt)
             yield name, tensor
+            del tensor
+            if nxt is not None and pending is None:
+                pending = pool.submit(decode, reader, nxt)
     finally:
+        pool.shutdown(wait=True, cancel_futures=True)
         reader.close()
+
+
+_LAYER_RE = re.compile(r"^(.*?\blayers\.\d+)\.")
+
+
+def _chunk_key(name: str) -> str:
+    """Tensors of one decoder layer are placed together (one ``load_state_dict`` per layer)."""
+    m = _LAYER_RE.match(name)
+    return m.group(1) if m else ""
 
 
 def _tied_keys(model: Any) -> dict[str, str]:
@@ -228,13 +270,14 @@ def load_model(
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     dm = _resolve_device_map(model, device_map, dtype)
 
-    params = dict(model.named_parameters(remove_duplicate=False))
-    persistent = set(model.state_dict().keys())
+    shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
+    persistent = set(shapes)
     non_persistent = {n for n, _ in model.named_buffers()} - persistent
     tied = _tied_keys(model)
     expected = persistent - set(tied)
     loaded: set[str] = set()
     unexpected: list[str] = []
+    chunk: dict[str, torch.Tensor] = {}
     for wf in files:
         for name, tensor in _stream(wf, dtype):
             if name in tied or name in non_persistent:
@@ -245,17 +288,20 @@ def load_model(
             if name in loaded:
                 raise CheckpointLoadError(f"{wf.path}: tensor {name!r} appears twice in the checkpoint")
             tensor = _to_model_layout(model, wf, name, tensor)
-            target = params.get(name)
-            want = tuple(target.shape) if target is not None else tuple(model.state_dict()[name].shape)
-            if tuple(tensor.shape) != want:
+            if tuple(tensor.shape) != shapes[name]:
                 raise CheckpointLoadError(
                     f"{wf.path}: tensor {name!r}: shape {tuple(tensor.shape)} after loading "
-                    f"(orientation={wf.orientation}) does not match the model's {want}"
+                    f"(orientation={wf.orientation}) does not match the model's {shapes[name]}"
                 )
-            tensor = tensor.to(_device_for(name, dm))
-            model.load_state_dict({name: tensor}, strict=False, assign=True)
+            if chunk and _chunk_key(name) != _chunk_key(next(iter(chunk))):
+                model.load_state_dict(chunk, strict=False, assign=True)  # assign: the tensor becomes the parameter
+                chunk = {}
+            chunk[name] = tensor.to(_device_for(name, dm))
             loaded.add(name)
             del tensor
+    if chunk:
+        model.load_state_dict(chunk, strict=False, assign=True)
+        chunk = {}
     missing = sorted(expected - loaded)
     if missing or unexpected:
         parts = []
