@@ -20,7 +20,7 @@ Example:
 from mxfp8_codec.constants import WEIGHTS_DTYPE, ScaleRule
 from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.header import Header, TensorEntry, read_header
-from mxfp8_codec.numerics import decode_mxfp8, encode_mxfp8
+from mxfp8_codec.numerics import backend_info, decode_mxfp8, encode_mxfp8, scales_shape
 from mxfp8_codec.reader import (
     MXFP8Reader,
     checkpoint_files,
@@ -41,6 +41,7 @@ __all__ = [
     "ScaleRule",
     "TensorEntry",
     "WEIGHTS_DTYPE",
+    "backend_info",
     "checkpoint_files",
     "decode_mxfp8",
     "encode_mxfp8",
@@ -51,6 +52,7 @@ __all__ = [
     "read_header",
     "read_mxfp8_safetensors",
     "rename_tensors",
+    "scales_shape",
     "validate",
     "verify_renamed",
     "write_mxfp8_safetensors",
