@@ -21,6 +21,7 @@ from ida_trainer.trainer import (
     enable_activation_checkpointing,
     grad_norm_and_clip,
     lr_at,
+    run,
 )
 
 TINY = ModelConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2)
@@ -146,3 +147,33 @@ def test_step_batch_sources_are_named():
     ex = Example((1, 2, 3), (True, True, True), "data.jsonl:7")
     step = StepBatcher([(ex,)], global_batch_size=1, microbatches=1, seed=0, pad_id=0).next_step()
     assert step.sources == ["data.jsonl:7"] and not math.isnan(step.global_valid_tokens)
+
+
+@pytest.mark.slow
+def test_fine_tune_a_base_directory_with_chat_data_and_broken_marker_rows(tok, tmp_path):
+    """A transformers BF16 base dir whose ChatML marker rows are identical: the run re-initialises them,
+    makes <|im_end|> the EOS, and its exported MXFP8 checkpoint is itself usable as a base."""
+    import json as _json
+
+    base = tmp_path / "base"
+    model = build_demo_model(TINY, tok, seed=0)
+    start, end = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+    with torch.no_grad():
+        for w in (model.get_input_embeddings().weight, model.get_output_embeddings().weight):
+            w[start] = w[end] = w[-1]
+    model.to(torch.bfloat16).save_pretrained(base)
+    tok.save_pretrained(base)
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(_json.dumps({"messages": [{"role": "user", "content": f"square {i}"},
+                                                       {"role": "assistant", "content": f"<think>x</think>\n{i * i}"}]})
+                            + "\n" for i in range(6)))
+    common = ["--data", str(data), "--data.format", "chat", "--steps", "2", "--train.global_batch_size", "2",
+              "--train.progress", "false", "--eval.final", "false"]
+    report = run(parse_args([*common, "--base", str(base), "--out", str(tmp_path / "r1")]))
+    assert sorted(report["untrained_tokens"]["reinitialised"]) == sorted([start, end])
+    gen = _json.loads((tmp_path / "r1" / "export" / "generation_config.json").read_text())
+    assert gen["eos_token_id"][0] == end
+    # the exported MXFP8 directory is a valid base for the next run
+    report2 = run(parse_args([*common, "--base", str(tmp_path / "r1" / "export"), "--out", str(tmp_path / "r2"),
+                              "--recipe", "bf16"]))
+    assert report2["untrained_tokens"]["reinitialised"] == [] and math.isfinite(report2["final_loss"])
