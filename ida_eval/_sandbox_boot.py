@@ -6,7 +6,9 @@ program. Standard library only and no ``json``/``re`` imports: it runs 974 times
 1. As the first process of the new PID namespace ("PID 1"; still privileged) it joins the run's
    cgroups (``0`` written to each ``cgroup.procs``) and, with namespaces, makes the file system
    read-only except the work directory: bind-mount the work directory onto itself, mount a fresh
-   ``/proc`` for the new PID namespace, then remount every mount point read-only with
+   ``/proc`` for the new PID namespace, cover the caller's home directory and ``/run`` (sockets of
+   local daemons) with empty file systems, keeping the interpreter's own directory visible, then
+   remount every mount point read-only with
    ``MS_REMOUNT | MS_BIND | MS_RDONLY`` (per-mount flags: the host's mounts are untouched; locked
    flags such as ``nosuid`` are carried over so a user namespace may remount them).
 2. It forks. PID 1 stays privileged, reaps every child and reports the program's raw wait status
@@ -26,13 +28,27 @@ import sys
 
 # Linux constants (uapi/linux/mount.h, prctl.h, capability.h, securebits.h)
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REMOUNT, MS_BIND = 32, 4096
+MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC = 32, 4096, 8192, 16384
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
 PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS = 24, 28, 38
 SECURE_ALL_NOROOT_LOCKED = 0x2F  # NOROOT | NOROOT_LOCKED | NO_SETUID_FIXUP | its LOCKED | KEEP_CAPS_LOCKED
 CAP_VERSION_3 = 0x20080522  # _LINUX_CAPABILITY_VERSION_3
-SETUP_FAILED_EXIT = 125  # must match ida_eval.sandbox.SETUP_FAILED_EXIT
-ARGS = ("workdir", "program", "mounts", "privilege", "uid", "gid", "rlimits", "status_fd", "sentinel_fd", "cgroups")
+SETUP_FAILED_EXIT = 125  # exit code when the sandbox itself could not be set up
+# positional argv (plain strings: importing json here would cost ~10 ms per program)
+ARGS = (
+    "workdir",
+    "program",
+    "mounts",
+    "privilege",
+    "uid",
+    "gid",
+    "rlimits",
+    "status_fd",
+    "sentinel_fd",
+    "cgroups",
+    "hide",
+    "keep",
+)
 _OPTION_FLAGS = {
     b"nosuid": MS_NOSUID,
     b"nodev": MS_NODEV,
@@ -56,8 +72,18 @@ def _unescape(field):
     return field
 
 
-def make_filesystem_read_only(work):
-    """Everything read-only except ``work`` (bytes path), plus a fresh /proc for this PID namespace."""
+def make_filesystem_read_only(work, hide=(), keep=()):
+    """Everything read-only except ``work``; ``hide`` dirs replaced by empty ones; a fresh /proc.
+
+    Args:
+        work: the work directory (bytes path); stays writable.
+        hide: directories covered by an empty tmpfs (the caller's home, /run with its sockets, a
+            non-searchable ancestor of the work directory).
+        keep: paths under hidden directories that must stay visible at the same place (the
+            interpreter's prefix, the work directory): each is opened (``O_PATH``) before the
+            hiding and bind-mounted back from ``/proc/self/fd/N`` on top of the empty tmpfs,
+            whose new parent directories are world-searchable (so a per-worker uid gets through).
+    """
     ctypes, libc = _libc()
 
     def mount(src, dst, fstype, flags):
@@ -66,6 +92,13 @@ def make_filesystem_read_only(work):
             raise OSError(err, f"mount {dst!r}: {os.strerror(err)}")
 
     mount(work, work, None, MS_BIND)
+    held = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in keep]
+    for path in hide:
+        mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV)
+    for path, fd in held:
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        mount(b"/proc/self/fd/%d" % fd, path, None, MS_BIND | MS_REC)
+        os.close(fd)
     mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     with open("/proc/self/mountinfo", "rb") as f:
         rows = [line.split() for line in f.read().splitlines()]
@@ -139,7 +172,9 @@ def main():
             with open(group + "/cgroup.procs", "w") as f:
                 f.write("0")
         if cfg["mounts"]:
-            make_filesystem_read_only(os.fsencode(cfg["workdir"]))
+            hide = [os.fsencode(h) for h in filter(None, cfg["hide"].split(":"))]
+            keep = [os.fsencode(k) for k in filter(None, cfg["keep"].split(":"))]
+            make_filesystem_read_only(os.fsencode(cfg["workdir"]), hide, keep)
         pid = os.fork()
     except BaseException as exc:  # noqa: BLE001 - everything here is a sandbox failure
         _setup_failed(status_fd, exc)

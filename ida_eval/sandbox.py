@@ -58,6 +58,9 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+from ida_eval._sandbox_boot import (
+    ARGS as _BOOT_ARGS,  # the bootstrap's positional argv (plain strings)
+)
 from ida_eval.cgroups import SandboxCgroups, cgroup_support
 
 GiB = 1 << 30  # bytes
@@ -68,7 +71,6 @@ UID_BASE = 1_000_000  # first uid handed to sandboxed programs (per-process offs
 UID_SLOTS_PER_PROCESS = 256  # at most this many concurrent sandboxes per executing process
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"  # the only PATH a sandboxed program sees
 KILL_GRACE_S = 0.5  # after the program's main process exits, wait this long for pipes to close
-SETUP_FAILED_EXIT = 125  # bootstrap's exit code when the sandbox itself could not be set up
 
 ISOLATION_LEVELS = ("namespaces", "setuid", "rlimits")
 """Strongest first. ``auto`` picks the first that works here."""
@@ -165,19 +167,6 @@ class SandboxResult:
 # ---------------------------------------------------------------------------------------------
 BOOT_SCRIPT = str(Path(__file__).with_name("_sandbox_boot.py"))
 """The in-sandbox bootstrap (run as a script; see its docstring for the steps)."""
-_BOOT_ARGS = (
-    "workdir",
-    "program",
-    "mounts",
-    "privilege",
-    "uid",
-    "gid",
-    "rlimits",
-    "status_fd",
-    "sentinel_fd",
-    "cgroups",
-)
-"""Its positional argv, as plain strings (importing json there would cost ~10 ms per program)."""
 
 # Probing what works here
 
@@ -225,7 +214,7 @@ def _candidates() -> list[Isolation]:
         prefix = [unshare, "--net", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private"]
         if not root:
             prefix += ["--user", "--map-root-user"]
-        ns = "unshare(net,pid,mount" + ("" if root else ",user") + ")+read-only fs"
+        ns = "unshare(net,pid,mount" + ("" if root else ",user") + ")+read-only fs (home, temp, /run hidden)"
         if root:
             out.append(
                 Isolation("namespaces", "setuid", tuple(prefix), ns + "+per-worker uid+no_new_privs+rlimits" + procs)
@@ -466,6 +455,46 @@ def run_program(
         _rmtree(root)
 
 
+HIDDEN_DIRS = ("/run",)  # covered by an empty tmpfs inside namespaces (daemons' unix sockets), with home and temp
+
+
+def _hidden_paths(workdir: str) -> tuple[list[str], list[str]]:
+    """(directories to cover with an empty tmpfs, paths under them to keep visible).
+
+    Hidden: the caller's home, the system temp dir (other programs' files), ``/run`` (daemons'
+    sockets) and the highest ancestor of the work directory that others cannot search (e.g. a
+    0700 pytest dir, which would lock the per-worker uid out of its own directory). Kept: the
+    interpreter's directories and the work directory, when they lie under a hidden one. Paths
+    with ``:`` are skipped (the bootstrap's argv uses it as separator).
+    """
+    hidden: list[str] = []
+    for d in (os.path.expanduser("~"), tempfile.gettempdir(), *HIDDEN_DIRS):
+        d = os.path.realpath(d)
+        if d != "/" and ":" not in d and os.path.isdir(d):
+            hidden.append(d)
+    parts = Path(workdir).parent.parts
+    for i in range(2, len(parts) + 1):
+        ancestor = str(Path(*parts[:i]))
+        try:
+            searchable = os.stat(ancestor).st_mode & 0o001
+        except OSError:
+            break
+        if not searchable:
+            if ":" not in ancestor:
+                hidden.append(ancestor)
+            break
+    hidden = [h for h in hidden if not any(h != o and os.path.commonpath([h, o]) == o for o in hidden)]
+    needed = {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix, os.path.dirname(sys.executable))}
+    needed.add(workdir)
+    kept: list[str] = []
+    for path in sorted(needed):
+        if ":" in path or not any(os.path.commonpath([h, path]) == h for h in hidden):
+            continue
+        if not any(os.path.commonpath([k, path]) == k for k in kept):  # else visible through a kept ancestor
+            kept.append(path)
+    return sorted(set(hidden)), kept
+
+
 def _spawn_and_wait(
     program: str,
     workdir: str,
@@ -476,6 +505,7 @@ def _spawn_and_wait(
     groups: SandboxCgroups,
     cancel: threading.Event | None,
 ) -> SandboxResult:
+    hidden, kept = _hidden_paths(workdir) if iso.uses_namespaces else ([], [])
     sent_r, sent_w = os.pipe()
     stat_r, stat_w = os.pipe()
     cfg = {
@@ -489,6 +519,8 @@ def _spawn_and_wait(
         "status_fd": stat_w,
         "sentinel_fd": sent_w,
         "cgroups": ":".join(groups.paths),
+        "hide": ":".join(hidden) if iso.uses_namespaces else "",
+        "keep": ":".join(kept) if iso.uses_namespaces else "",
     }
     args = [str(cfg[k]) if cfg[k] is not None else "" for k in _BOOT_ARGS]
     cmd: Sequence[str] = [*iso.unshare, *_interpreter_args(limits), BOOT_SCRIPT, *args]

@@ -11,6 +11,8 @@ import errno
 import os
 import secrets
 import socket
+import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -435,6 +437,43 @@ def test_environment_is_minimal_and_deterministic(clean: str) -> None:
     b = run(src, clean)
     assert a.passed and a.stdout_tail == b.stdout_tail  # PYTHONHASHSEED=0: same string hashes
     assert "HOME" in a.stdout_tail and "PYTHONHASHSEED" in a.stdout_tail
+
+
+def test_namespaces_are_used_whenever_the_kernel_allows_them(iso: sb.Isolation) -> None:
+    # independent oracle: can plain unshare(1) create these namespaces here?
+    cmd = ["unshare", "--net", "--pid", "--fork", "--mount", "true"]
+    if os.geteuid() != 0:
+        cmd[1:1] = ["--user", "--map-root-user"]
+    try:
+        works = subprocess.run(cmd, capture_output=True, timeout=30, check=False).returncode == 0
+    except FileNotFoundError:
+        works = False
+    if not works:
+        pytest.skip("unshare cannot create namespaces on this machine")
+    assert iso.uses_namespaces, iso.description
+
+
+def test_callers_home_and_run_are_hidden(clean: str, iso: sb.Isolation) -> None:
+    needs_namespaces(iso)
+    home = Path.home().resolve()
+    outside = sorted(p.name for p in home.iterdir()) if home.is_dir() else []
+    src = f"""
+    import os, sys
+    print(sorted(os.listdir({str(home)!r})) if os.path.isdir({str(home)!r}) else [])
+    print(sorted(os.listdir('/run')))
+    """
+    res = run(src, clean)
+    assert res.passed, res.stderr_tail
+    inside_home, inside_run = (eval(line) for line in res.stdout_tail.splitlines())
+    interpreter_parts = {
+        Path(p).resolve().relative_to(home).parts[0]
+        for p in (sys.base_prefix, sys.executable)
+        if Path(p).resolve().is_relative_to(home)
+    }
+    assert set(inside_home) <= interpreter_parts  # only the way to the interpreter, if it lives there
+    assert inside_run == []
+    if len(outside) > len(interpreter_parts):
+        assert set(outside) - set(inside_home)  # something that exists outside is not visible inside
 
 
 def test_auto_picks_the_strongest_mode_that_works(iso: sb.Isolation) -> None:
