@@ -41,7 +41,7 @@ ENV_SWITCH = "NVFP4_CPU_NATIVE"  # "0" disables the native CPU path
 SOURCE = Path(__file__).resolve().parent / "cpu" / "nvfp4_cpu.c"
 CFLAGS: tuple[str, ...] = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC")
 CDEF = """
-int64_t nvfp4_cpu_block_amax(const float *x, int64_t rows, int64_t cols, float *bam);
+int64_t nvfp4_cpu_block_amax(const float *x, int64_t rows, int64_t cols, int block_2d, float *bam, float *amax);
 void nvfp4_cpu_encode(const float *x, int64_t rows, int64_t cols, const float *bam, float s_enc, float s_dec, int sr,
                       uint32_t k2, uint32_t k3, uint8_t *codes, uint8_t *scales);
 void nvfp4_cpu_decode(const uint8_t *codes, const uint8_t *scales, const float *e4m3_table, int64_t rows,
@@ -141,16 +141,12 @@ def quantize_nvfp4(x32: torch.Tensor, *, block_2d: bool, rounding: str, seed: in
     ffi, lib = loaded
     r, c = x32.shape
     bam = torch.empty(r, c // NVFP4_BLOCK, dtype=torch.float32)
-    bad = lib.nvfp4_cpu_block_amax(_ptr(ffi, "float *", x32), r, c, _ptr(ffi, "float *", bam))
+    amax = torch.zeros((), dtype=torch.float32)
+    bad = lib.nvfp4_cpu_block_amax(_ptr(ffi, "float *", x32), r, c, int(block_2d), _ptr(ffi, "float *", bam),
+                                   _ptr(ffi, "float *", amax))
     if bad >= 0:
         idx = [bad // c, bad % c]
         raise ValueError(f"quantize_nvfp4: non-finite input at index {idx} (value {x32[idx[0], idx[1]].item()})")
-    if block_2d and r:
-        pad = (-r) % NVFP4_BLOCK
-        full = torch.cat((bam, bam.new_zeros(pad, bam.shape[1]))) if pad else bam
-        tiles = full.view(-1, NVFP4_BLOCK, bam.shape[1]).amax(dim=1)
-        bam = tiles.repeat_interleave(NVFP4_BLOCK, dim=0)[:r].contiguous()
-    amax = bam.max() if bam.numel() else torch.zeros((), dtype=torch.float32)
     s_enc, s_dec = nvfp4_scales(amax)
     codes = torch.empty(r, c // 2, dtype=torch.uint8)
     scales = torch.empty(r, c // NVFP4_BLOCK, dtype=torch.uint8)

@@ -11,6 +11,10 @@
 #define FLT_MAX_F 3.402823466e+38f
 #define ONE_SIXTH 0.16666667163372040f
 
+/* max/min without libm calls (fmaxf/fminf are not inlined without -ffinite-math-only); NaN is checked apart */
+static inline float max_f(float a, float b) { return a > b ? a : b; }
+static inline float min_f(float a, float b) { return a < b ? a : b; }
+
 static inline uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
@@ -50,34 +54,50 @@ static inline uint32_t e4m3_bits(float q) {
   return (uint32_t)(q * 512.0f);
 }
 
+static const float kInvU[3] = {2.0f, 1.0f, 0.5f};
+
+/* Branch-free on purpose: random data would mispredict every data-dependent branch. */
 static inline uint32_t e2m1_encode(float v, int sr, uint32_t r24) {
   float a = fabsf(v);
   int region = (a >= 2.0f) + (a >= 4.0f);
-  float inv_u = a < 2.0f ? 2.0f : (a < 4.0f ? 1.0f : 0.5f);
-  float n = round_grid(a * inv_u, sr, r24);
-  if (n > 8.0f) n = 8.0f;
+  float n = round_grid(a * kInvU[region], sr, r24);
+  n = min_f(n, 8.0f);
   int code = (int)n + 2 * region;
-  if (code > 7) code = 7;
-  return (uint32_t)code | (signbit(v) ? 8u : 0u);
+  code = code < 7 ? code : 7;
+  return (uint32_t)code | ((f2u(v) >> 28) & 8u);
 }
 
-/* Block amax of |x| for 1x16 blocks; returns the flat index of the first non-finite element or -1. */
-int64_t nvfp4_cpu_block_amax(const float *x, int64_t rows, int64_t cols, float *bam) {
-  const int64_t nb = rows * (cols / 16);
+/* Block amax of |x| for 1x16 blocks (and the global amax); returns the flat index of the first non-finite
+   element or -1.  With block_2d, each 16x16 tile's max is then written to all 16 rows of the tile. */
+int64_t nvfp4_cpu_block_amax(const float *x, int64_t rows, int64_t cols, int block_2d, float *bam, float *amax) {
+  const int64_t nbc = cols / 16, nb = rows * nbc;
+  float g = 0.0f;
   for (int64_t b = 0; b < nb; ++b) {
     const float *p = x + b * 16;
     float m = 0.0f;
     int bad = 0;
     for (int i = 0; i < 16; ++i) {
-      float a = fabsf(p[i]);
-      bad |= !(a <= FLT_MAX_F);
-      m = a > m ? a : m;
+      const float a = fabsf(p[i]);
+      bad |= !(a <= FLT_MAX_F); /* inf or NaN */
+      m = max_f(m, a);
     }
     if (bad) {
       for (int i = 0; i < 16; ++i)
         if (!(fabsf(p[i]) <= FLT_MAX_F)) return b * 16 + i;
     }
     bam[b] = m;
+    g = max_f(g, m);
+  }
+  *amax = g;
+  if (block_2d) {
+    for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+      const int64_t r1 = r0 + 16 < rows ? r0 + 16 : rows;
+      for (int64_t c = 0; c < nbc; ++c) {
+        float t = 0.0f;
+        for (int64_t r = r0; r < r1; ++r) t = max_f(t, bam[r * nbc + c]);
+        for (int64_t r = r0; r < r1; ++r) bam[r * nbc + c] = t;
+      }
+    }
   }
   return -1;
 }
