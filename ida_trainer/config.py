@@ -168,10 +168,10 @@ class ModelConfig:
     """
 
     base: str = ""
-    hidden_size: int = 128
+    hidden_size: int = 64
     num_layers: int = 2
     num_heads: int = 4
-    intermediate_size: int = 256
+    intermediate_size: int = 128
     activation_checkpointing: bool = False
 
     def __post_init__(self) -> None:
@@ -226,7 +226,7 @@ class TrainConfig:
     """
 
     steps: int = 300
-    global_batch_size: int = 8
+    global_batch_size: int = 4
     seed: int = 1234
     log_every: int = 10
     progress: bool = True

@@ -13,7 +13,9 @@ Files shipped with the package:
 - ``problems.jsonl``: the same 48 functions as mxeval problems (``task_id``, ``prompt``,
   ``canonical_solution``, ``entry_point``, ``test``); every canonical solution passes its test.
 
-The tokenizer is a byte-level BPE (lossless on tabs, spaces and newlines, which code needs) with the
+The tokenizer is a byte-level BPE (lossless on tabs, spaces and newlines, which code needs; newlines are
+never merged with the indentation that follows, so a prompt ending in a newline is a clean token
+boundary) with the
 ChatML markers ``<|im_start|>`` / ``<|im_end|>`` and ``<think>`` / ``</think>`` as single tokens, so the
 ``chat`` data format and the untrained-token check run on it too.
 """
@@ -76,11 +78,16 @@ def train_demo_tokenizer(texts: Iterable[str], *, vocab_size: int = DEMO_VOCAB_S
         >>> tok.decode(tok("def f(x):\\n\\treturn x\\n")["input_ids"])
         'def f(x):\\n\\treturn x\\n'
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # "\n" is always a token of its own: an MBXP prompt ends in "\n" and the completion starts with the
+    # indentation, so prompt + completion must tokenize as tokens(prompt) + tokens(completion); a BPE
+    # merge of "\n" with the following spaces would give the model, at generation time, a token boundary
+    # it never saw in training (it then predicts EOS right away).
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r"\n"), behavior="isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)

@@ -52,6 +52,15 @@ def test_tokenizer_is_lossless_and_has_the_markers():
     assert tok.eos_token == "<|endoftext|>" and tok.chat_template
 
 
+def test_prompts_end_on_a_token_boundary():
+    """tokens(prompt) + tokens(solution) == tokens(prompt + solution) for every demo problem: generation
+    continues from exactly the token sequence the model was trained on."""
+    tok = train_demo_tokenizer(corpus_texts())
+    for p in _problems():
+        joint = tok(p["prompt"] + p["canonical_solution"])["input_ids"]
+        assert tok(p["prompt"])["input_ids"] + tok(p["canonical_solution"])["input_ids"] == joint, p["task_id"]
+
+
 def test_demo_model_is_a_nemotron_and_seeded():
     tok = train_demo_tokenizer(corpus_texts())
     cfg = ModelConfig(hidden_size=32, intermediate_size=64, num_heads=2)
