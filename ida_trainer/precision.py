@@ -49,14 +49,14 @@ from __future__ import annotations
 import fnmatch
 import functools
 import warnings
-import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
 
 import nvfp4_cuda
+from ida_trainer.nvfp4_linear import NVFP4_BLOCK, NVFP4Linear, NVFP4LinearFunction, nvfp4_modules, tensor_id
 from mxfp8_codec import MXFP8Tensor, is_projection_weight
 
 if TYPE_CHECKING:
@@ -79,223 +79,18 @@ __all__ = [
 ]
 
 PROJECTION_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-NVFP4_BLOCK = 16  # elements per NVFP4 block (and side of a 2-D weight tile)
-MXFP8_BLOCK = 32  # elements per MXFP8 block along the last (out) axis of the master
 ADAMW_BETAS = (0.9, 0.95)  # bf16 recipe (the second seed's AdamW)
-TENSOR_ID_MASK = 0x7FFF_FFFF  # tensor ids are 31-bit crc32 values of "name#use"
 RECIPE_ATTR = "ida_recipe"  # attribute set on the model by apply_recipe ("nvfp4" | "bf16")
 PIPELINE_ATTR = "ida_pipeline_stage"  # set by the pipeline engine on a model pruned to one stage
 PIPELINE_STATES_KEY = "ida_pipeline_stages"  # optimizer state gathered from all stages (list of state_dicts)
-
-
-def tensor_id(name: str, use: str) -> int:
-    """Stable stochastic-rounding stream id of one use of one tensor (same in every process).
-
-    Example:
-        >>> tensor_id("model.layers.0.self_attn.q_proj.weight", "lion") == tensor_id(
-        ...     "model.layers.0.self_attn.q_proj.weight", "lion")
-        True
-    """
-    return zlib.crc32(f"{name}#{use}".encode()) & TENSOR_ID_MASK
 
 
 def _as_bf16(g: torch.Tensor) -> torch.Tensor:
     return g if g.dtype == torch.bfloat16 else g.to(torch.bfloat16)
 
 
-def _transpose_padded(a: torch.Tensor) -> torch.Tensor:
-    """``a.T`` as a contiguous [C, R'] tensor, R' = R rounded up to 16 with zero columns (one copy)."""
-    r, c = a.shape
-    rp = -(-r // NVFP4_BLOCK) * NVFP4_BLOCK
-    if rp == r:
-        return a.t().contiguous()
-    out = a.new_zeros(c, rp)
-    out[:, :r] = a.t()
-    return out
-
-
-class NVFP4LinearFunction(torch.autograd.Function):
-    """``Y = X W^T`` with all three GEMMs in NVFP4 (float32 accumulation, BF16 results).
-
-    Shapes: ``X`` [M, in] (M = tokens), master ``W_n`` = ``W^T`` [in, out] in MXFP8, ``Y`` [M, out].
-    Every GEMM is ``nvfp4_matmul(A, B) = A[M', K] @ B[N', K]^T``, blocks of 16 along K.
-
-    Weight, once per forward: ``Wq_n = quantize_nvfp4_from_mxfp8(payload, scales, block_2d=True)``
-    ([in, out], 16x16 tiles, RNE) and ``Wq = Wq_n.t()`` ([out, in]); with 2-D tiles the transpose is an
-    exact re-layout of the same codes and scales, so forward and dgrad see the *same* quantized weight.
-
-    1. forward (fprop), K = in:  ``Y[M, out] = nvfp4_matmul(Xq, Wq)``
-       ``A = Xq = quantize_nvfp4(X)`` [M, in], 1x16 blocks along ``in``, RNE;
-       ``B = Wq`` [out, in].
-    2. dgrad, K = out:  ``dX[M, in] = dY W = nvfp4_matmul(dYq, Wq_n)``
-       ``A = dYq = quantize_nvfp4(dY, rounding="stochastic")`` [M, out], 1x16 along ``out``;
-       ``B = Wq_n`` [in, out] (the transposed codes of the forward weight).
-    3. wgrad, K = M (tokens):  ``dW_n[in, out] = X^T dY = nvfp4_matmul(XTq, dYTq)``
-       ``A = XTq = quantize_nvfp4(X^T, hadamard=True)`` [in, M], RNE;
-       ``B = dYTq = quantize_nvfp4(dY^T, hadamard=True, rounding="stochastic")`` [out, M].
-       Both operands are rotated by the same 16-point Hadamard transform along the token axis, so
-       ``(X^T H)(dY^T H)^T = X^T dY`` in exact arithmetic while outliers are spread before quantizing.
-       M is zero-padded to a multiple of 16 (zero tokens add nothing to the sum).  The result is the
-       gradient in the master's native ``[in, out]`` orientation, as BF16.
-
-    Stochastic rounding (gradients only) is keyed by ``(seed, optimizer step, tensor id)`` where the
-    tensor id encodes the layer's global name, the use (``dgrad``/``wgrad``) and the backward call index
-    within the step, so every micro-batch draws fresh bits and every process draws the same ones.
-    ``stochastic_grad=False`` uses RNE; ``hadamard_wgrad=False`` skips the rotation.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, x2: torch.Tensor, anchor: torch.Tensor, payload: torch.Tensor,
-                scales: torch.Tensor, layer: NVFP4Linear) -> torch.Tensor:  # type: ignore[override]
-        wq_n = nvfp4_cuda.quantize_nvfp4_from_mxfp8(payload, scales, block_2d=True)  # [in, out], RNE
-        wq = wq_n.t()  # [out, in]
-        xq = nvfp4_cuda.quantize_nvfp4(x2, rounding="rne")  # [M, in], 1x16 along in
-        y = nvfp4_cuda.nvfp4_matmul(xq, wq, out_dtype=torch.bfloat16)  # [M, out]
-        ctx.save_for_backward(x2)
-        ctx.wq_n = wq_n
-        ctx.layer = layer
-        return y
-
-    @staticmethod
-    def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
-        (x2,) = ctx.saved_tensors
-        layer: NVFP4Linear = ctx.layer
-        gy = gy.contiguous()
-        call = layer.next_backward_call()
-        rounding = "stochastic" if layer.stochastic_grad else "rne"
-        step, seed = layer.sr_step, layer.seed
-        dx = dw = None
-        if ctx.needs_input_grad[0]:
-            gq = nvfp4_cuda.quantize_nvfp4(gy, rounding=rounding, seed=seed, step=step,
-                                           tensor_id=tensor_id(layer.global_name, f"dgrad:{call}"))
-            dx = nvfp4_cuda.nvfp4_matmul(gq, ctx.wq_n, out_dtype=torch.bfloat16)  # [M, in]
-        if ctx.needs_input_grad[1]:
-            xt = _transpose_padded(x2)  # [in, M'] with M' = M rounded up to 16 (zero tokens)
-            gt = _transpose_padded(gy)  # [out, M']
-            hadamard = layer.hadamard_wgrad
-            xtq = nvfp4_cuda.quantize_nvfp4(xt, rounding="rne", hadamard=hadamard)
-            gtq = nvfp4_cuda.quantize_nvfp4(gt, rounding=rounding, hadamard=hadamard, seed=seed,
-                                            step=step, tensor_id=tensor_id(layer.global_name, f"wgrad:{call}"))
-            dw = nvfp4_cuda.nvfp4_matmul(xtq, gtq, out_dtype=torch.bfloat16)  # [in, out]
-        ctx.wq_n = None
-        return dx, dw, None, None, None
-
-
-class NVFP4Linear(nn.Module):
-    """A projection whose master is MXFP8 ([in, out]) and whose GEMMs are NVFP4.
-
-    Buffers ``weight_payload`` (uint8 E4M3 bits [in, out]) and ``weight_scales`` (uint8 UE8M0
-    [in, ceil(out/32)]) are the master, exactly what the checkpoint stores.  ``weight`` is not a weight:
-    autograd cannot deliver a gradient to uint8 buffers, so ``weight`` is a zero-stride BF16 view
-    (one element of storage) of shape [in, out] whose ``.grad`` receives the BF16 weight gradient.  It
-    makes the gradient visible to gradient clipping, norms and the optimizer like any other parameter;
-    the optimizer's Lion step then updates the master in place.
-
-    Attributes:
-        global_name: the module's name in the full transformers model (stream ids, export names).
-        sr_step: optimizer step used as the stochastic-rounding key (set by the optimizer).
-    """
-
-    def __init__(self, in_features: int, out_features: int, *, bias: bool = False, global_name: str = "",
-                 seed: int = 0, hadamard_wgrad: bool = True, stochastic_grad: bool = True,
-                 device: torch.device | str | None = None) -> None:
-        super().__init__()
-        if in_features % NVFP4_BLOCK or out_features % NVFP4_BLOCK:
-            raise ValueError(f"NVFP4Linear {global_name or '?'}: in_features={in_features} and "
-                             f"out_features={out_features} must be multiples of {NVFP4_BLOCK}")
-        self.in_features = in_features
-        self.out_features = out_features
-        self.global_name = global_name
-        self.seed = seed
-        self.hadamard_wgrad = hadamard_wgrad
-        self.stochastic_grad = stochastic_grad
-        self.sr_step = 0
-        self._backward_calls = 0
-        n_scale = -(-out_features // MXFP8_BLOCK)
-        self.register_buffer("weight_payload", torch.zeros(in_features, out_features, dtype=torch.uint8,
-                                                           device=device))
-        self.register_buffer("weight_scales", torch.zeros(in_features, n_scale, dtype=torch.uint8, device=device))
-        self.weight = nn.Parameter(self._anchor(self.weight_payload.device))
-        self.bias = (nn.Parameter(torch.zeros(out_features, dtype=torch.bfloat16, device=device))
-                     if bias else None)
-
-    def _anchor(self, device: torch.device) -> torch.Tensor:
-        return torch.zeros((), dtype=torch.bfloat16, device=device).expand(self.in_features, self.out_features)
-
-    @classmethod
-    def from_linear(cls, linear: nn.Linear, *, global_name: str, precision: PrecisionConfig) -> NVFP4Linear:
-        """Build from an ``nn.Linear``: its weight is transposed and encoded to the MXFP8 master (RNE)."""
-        w = linear.weight
-        layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                    global_name=global_name, seed=precision.seed, hadamard_wgrad=precision.hadamard_wgrad,
-                    stochastic_grad=precision.stochastic_grad, device=w.device)
-        if w.device.type != "meta":
-            layer.set_weight_(w.detach())
-            if linear.bias is not None:
-                with torch.no_grad():
-                    layer.bias.copy_(linear.bias.detach().to(torch.bfloat16))  # type: ignore[union-attr]
-        return layer
-
-    @torch.no_grad()
-    def set_weight_(self, weight_out_in: torch.Tensor) -> None:
-        """Encode a float weight in ``nn.Linear`` orientation [out, in] into the master (RNE)."""
-        if tuple(weight_out_in.shape) != (self.out_features, self.in_features):
-            raise ValueError(f"{self.global_name}: weight shape {list(weight_out_in.shape)}, expected "
-                             f"{[self.out_features, self.in_features]}")
-        payload, scales = nvfp4_cuda.mxfp8_encode(weight_out_in.to(torch.float32).t().contiguous())
-        self.weight_payload.copy_(payload)
-        self.weight_scales.copy_(scales)
-
-    @torch.no_grad()
-    def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The master decoded, in ``nn.Linear`` orientation [out, in] (exact in float32)."""
-        return nvfp4_cuda.mxfp8_decode(self.weight_payload, self.weight_scales, dtype=torch.float32).t().to(dtype)
-
-    def next_backward_call(self) -> int:
-        """Index of this backward within the optimizer step (fresh SR bits per micro-batch)."""
-        call = self._backward_calls
-        self._backward_calls += 1
-        return call
-
-    def set_sr_step(self, step: int) -> None:
-        """Start a new optimizer step: SR key step = ``step``, backward call counter reset."""
-        self.sr_step = int(step)
-        self._backward_calls = 0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        y = NVFP4LinearFunction.apply(x2, self.weight, self.weight_payload, self.weight_scales, self)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*lead, self.out_features)
-
-    def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> NVFP4Linear:
-        # Device moves and dtype casts apply to the master buffers and the bias; the gradient anchor
-        # stays a BF16 zero-stride view (a plain .to() would materialize it) on the buffers' device.
-        anchor = self._parameters.pop("weight")
-        try:
-            super()._apply(fn, recurse)
-        finally:
-            self._parameters["weight"] = anchor
-        if anchor.device != self.weight_payload.device:
-            self._parameters["weight"] = nn.Parameter(self._anchor(self.weight_payload.device))
-        return self
-
-    def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, master=MXFP8[in,out], compute=NVFP4")
-
-
 def _is_projection(name: str, module: nn.Module) -> bool:
     return isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in PROJECTION_NAMES
-
-
-def nvfp4_modules(model: nn.Module) -> Iterator[tuple[str, NVFP4Linear]]:
-    """``(name, module)`` of every :class:`NVFP4Linear` in ``model``."""
-    for name, mod in model.named_modules():
-        if isinstance(mod, NVFP4Linear):
-            yield name, mod
 
 
 def model_recipe(model: nn.Module) -> str:
@@ -449,8 +244,10 @@ def load_state(model: nn.Module, tensors: Mapping[str, MXFP8Tensor | torch.Tenso
     # A pipeline stage holds only its layers: the other stages' tensors are not errors there.
     extra = [] if getattr(model, PIPELINE_ATTR, None) is not None else sorted(set(tensors) - expected)
     if missing or extra:
-        raise ValueError(f"load_state: checkpoint does not match the model: missing {missing[:8]}"
-                         f"{' ...' if len(missing) > 8 else ''}, unexpected {extra[:8]}{' ...' if len(extra) > 8 else ''}")
+        more_m = " ..." if len(missing) > 8 else ""
+        more_e = " ..." if len(extra) > 8 else ""
+        raise ValueError(f"load_state: checkpoint does not match the model: missing {missing[:8]}{more_m}, "
+                         f"unexpected {extra[:8]}{more_e}")
     for name, mod in modules.items():
         key = f"{name}.weight"
         value = tensors[key]
@@ -614,7 +411,8 @@ class MXFP8Lion(_ExactStateMixin, torch.optim.Optimizer):
                 if self.writeback == "rne":
                     p.copy_(w)
                 else:
-                    nvfp4_cuda.stochastic_round_to_bf16_(p, w, seed=self.seed, step=t, tensor_id=tensor_id(name, "lion"))
+                    nvfp4_cuda.stochastic_round_to_bf16_(p, w, seed=self.seed, step=t,
+                                                         tensor_id=tensor_id(name, "lion"))
         self.sr_step = t + 1
         self._sync_modules()
         return loss
@@ -705,7 +503,8 @@ def build_optimizer(model: nn.Module, optim: OptimConfig, precision: PrecisionCo
         return MXFP8Lion(model, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay,
                          writeback=precision.writeback, seed=precision.seed)
     if optim.name != "adamw":
-        raise ValueError(f"build_optimizer: the bf16 recipe trains with AdamW (FP32 master); got optim.name={optim.name!r}")
+        raise ValueError("build_optimizer: the bf16 recipe trains with AdamW (FP32 master); "
+                         f"got optim.name={optim.name!r}")
     return MasterAdamW(model, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
 
 

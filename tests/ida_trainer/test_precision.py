@@ -367,3 +367,13 @@ def test_nvfp4_modules_lists_replaced_layers() -> None:
         warnings.simplefilter("error")
         apply_recipe(m, PrecisionConfig(recipe="nvfp4"))
     assert [n for n, _ in nvfp4_modules(m)] == ["q_proj"]
+
+
+@pytest.mark.parametrize("module", ["ida_trainer.precision", "ida_trainer.nvfp4_linear", "ida_trainer.memory",
+                                    "ida_trainer.distributed"])
+def test_docstring_examples_run(module: str) -> None:
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0
