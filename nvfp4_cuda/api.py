@@ -147,8 +147,8 @@ def quantize_nvfp4_from_mxfp8(payload: torch.Tensor, scales: torch.Tensor, *, bl
                               rounding: str = "rne", seed: int = 0, step: int = 0, tensor_id: int = 0,
                               hadamard: bool = False, transpose: bool = False) -> NVFP4Tensor:
     """NVFP4 of an MXFP8 master (``transpose=True``: of its transpose, e.g. [in, out] master -> W [out, in])."""
-    kw: dict[str, Any] = dict(block_2d=block_2d, rounding=rounding, seed=seed, step=step, tensor_id=tensor_id,
-                              hadamard=hadamard, transpose=transpose)
+    kw: dict[str, Any] = {"block_2d": block_2d, "rounding": rounding, "seed": seed, "step": step, "tensor_id": tensor_id,
+                              "hadamard": hadamard, "transpose": transpose}
     if _use_cuda(payload):
         return _cuda().quantize_nvfp4_from_mxfp8(payload, scales, **kw)
     if payload.device.type == "cpu" and cpu_native.available():
@@ -173,8 +173,8 @@ def lion_step_mxfp8_(payload: torch.Tensor, scales: torch.Tensor, grad: torch.Te
         >>> m = torch.zeros(1, 32, dtype=torch.bfloat16)
         >>> nvfp4_cuda.lion_step_mxfp8_(p, s, torch.ones(1, 32), m, lr=1e-5, step=1)
     """
-    kw: dict[str, Any] = dict(lr=lr, beta1=beta1, beta2=beta2, weight_decay=weight_decay, writeback=writeback,
-                              compensation=compensation, seed=seed, step=step, tensor_id=tensor_id)
+    kw: dict[str, Any] = {"lr": lr, "beta1": beta1, "beta2": beta2, "weight_decay": weight_decay, "writeback": writeback,
+                              "compensation": compensation, "seed": seed, "step": step, "tensor_id": tensor_id}
     if _use_cuda(payload):
         return _cuda().lion_step_mxfp8_(payload, scales, grad, momentum, **kw)
     in_place = (payload, scales, momentum) + ((compensation,) if compensation is not None else ())

@@ -38,7 +38,7 @@ class NVFP4CudaError(RuntimeError):
 def header_cdef() -> str:
     """The header text cffi can parse: comments and ``#define``-free lines kept as is."""
     text = _build.HEADER.read_text()
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.DOTALL)
     return text
 
 
@@ -51,7 +51,7 @@ def make_ffi() -> cffi.FFI:
 
 def header_functions() -> list[str]:
     """Names of all functions declared in the header."""
-    return re.findall(r"^\s*(?:const\s+)?\w+\s*\*?\s*(nvfp4_\w+)\s*\(", header_cdef(), flags=re.M)
+    return re.findall(r"^\s*(?:const\s+)?\w+\s*\*?\s*(nvfp4_\w+)\s*\(", header_cdef(), flags=re.MULTILINE)
 
 
 _FFI: cffi.FFI | None = None
@@ -247,9 +247,9 @@ def lion_step_mxfp8_(payload: torch.Tensor, scales: torch.Tensor, grad: torch.Te
         raise ValueError("lion_step_mxfp8_: momentum must be bfloat16 with payload's shape")
     if tuple(grad.shape) != tuple(payload.shape):
         raise ValueError(f"lion_step_mxfp8_: grad has shape {list(grad.shape)}, expected {list(payload.shape)}")
-    if writeback == "compensated":
-        if compensation is None or compensation.dtype != torch.float32 or not compensation.is_contiguous():
-            raise ValueError("lion_step_mxfp8_: writeback='compensated' needs a contiguous float32 compensation=")
+    if writeback == "compensated" and (compensation is None or compensation.dtype != torch.float32
+                                       or not compensation.is_contiguous()):
+        raise ValueError("lion_step_mxfp8_: writeback='compensated' needs a contiguous float32 compensation=")
     c = payload.shape[-1]
     g, gdt = _float_input(grad)
     k2, k3 = stream_keys(seed, step, tensor_id)

@@ -63,7 +63,7 @@ class NVFP4Tensor:
         """Device of the codes."""
         return self.codes.device
 
-    def t(self) -> "NVFP4Tensor":
+    def t(self) -> NVFP4Tensor:
         """The quantized transpose ``[C, R]`` of a 2-D-block tensor, exactly (no requantization).
 
         Requires ``block_2d`` and R % 16 == 0 (1x16 blocks run along the wrong axis after a transpose:

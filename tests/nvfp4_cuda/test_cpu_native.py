@@ -33,7 +33,7 @@ def test_quantize_matches_reference(block_2d: bool, rounding: str, hadamard: boo
     x = torch.randn(75, 128, generator=g) * torch.exp(3 * torch.randn(75, 1, generator=g))
     x[3, :16] = -0.0
     x[4, 16:32] = 0.0
-    kw = dict(block_2d=block_2d, rounding=rounding, hadamard=hadamard, seed=4, step=9, tensor_id=2)
+    kw = {"block_2d": block_2d, "rounding": rounding, "hadamard": hadamard, "seed": 4, "step": 9, "tensor_id": 2}
     _same(nvfp4_cuda.quantize_nvfp4(x, **kw), R.quantize_nvfp4(x, **kw))
 
 
@@ -80,7 +80,7 @@ def test_mxfp8_encode_decode_match_reference(rounding: str) -> None:
     x[1, 5] = -0.0
     x[2] = 3e38 * torch.rand(100)
     x[3] = 1e-40
-    kw = dict(rounding=rounding, seed=1, step=2, tensor_id=3)
+    kw = {"rounding": rounding, "seed": 1, "step": 2, "tensor_id": 3}
     p, s = nvfp4_cuda.mxfp8_encode(x, **kw)
     rp, rs = R.mxfp8_encode(x, **kw)
     assert torch.equal(p, rp) and torch.equal(s, rs)
@@ -100,7 +100,7 @@ def test_lion_matches_reference_over_steps(writeback: str) -> None:
     p2, s2, m2, c2 = p.clone(), s.clone(), m.clone(), comp.clone()
     for step in range(4):
         g = torch.randn(48, 70).to(torch.bfloat16)
-        kw = dict(lr=1e-3, weight_decay=0.1, writeback=writeback, seed=9, step=step, tensor_id=2)
+        kw = {"lr": 1e-3, "weight_decay": 0.1, "writeback": writeback, "seed": 9, "step": step, "tensor_id": 2}
         R.lion_step_mxfp8_(p, s, g, m, compensation=comp, **kw)
         nvfp4_cuda.lion_step_mxfp8_(p2, s2, g, m2, compensation=c2, **kw)
     assert torch.equal(p, p2) and torch.equal(s, s2) and torch.equal(m, m2) and torch.equal(comp, c2)

@@ -16,10 +16,10 @@ import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: GPU kernel tests skipped")
 
-import mxfp8_codec  # noqa: E402
-import nvfp4_cuda  # noqa: E402
-from nvfp4_cuda import formats as F  # noqa: E402
-from nvfp4_cuda import reference as R  # noqa: E402
+import mxfp8_codec
+import nvfp4_cuda
+from nvfp4_cuda import formats as F
+from nvfp4_cuda import reference as R
 
 GEMM_RTOL = 1e-5  # relative to max |ref|: float32 accumulation-order differences only
 
@@ -41,7 +41,7 @@ def _data(r: int, c: int, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_quantize_bit_exact(block_2d: bool, rounding: str, hadamard: bool, dtype: torch.dtype) -> None:
     x = _data(67, 96, 1).to(dtype)
-    kw = dict(block_2d=block_2d, rounding=rounding, hadamard=hadamard, seed=3, step=5, tensor_id=7)
+    kw = {"block_2d": block_2d, "rounding": rounding, "hadamard": hadamard, "seed": 3, "step": 5, "tensor_id": 7}
     _same(nvfp4_cuda.quantize_nvfp4(x.cuda(), **kw), R.quantize_nvfp4(x, **kw))
 
 
@@ -57,7 +57,7 @@ def test_dequantize_and_hadamard_bit_exact() -> None:
 @pytest.mark.parametrize("transpose", [False, True])
 def test_quantize_from_mxfp8_bit_exact(transpose: bool) -> None:
     p, s = R.mxfp8_encode(_data(64, 96, 3) * 0.02)
-    kw = dict(transpose=transpose, rounding="rne")
+    kw = {"transpose": transpose, "rounding": "rne"}
     _same(nvfp4_cuda.quantize_nvfp4_from_mxfp8(p.cuda(), s.cuda(), **kw), R.quantize_nvfp4_from_mxfp8(p, s, **kw))
 
 
@@ -86,7 +86,7 @@ def test_lion_bit_exact_over_steps(writeback: str) -> None:
     compg = comp.cuda() if comp is not None else None
     for step in range(5):
         grad = torch.randn(48, 96)
-        kw = dict(lr=1e-3, weight_decay=0.1, writeback=writeback, seed=9, step=step, tensor_id=2)
+        kw = {"lr": 1e-3, "weight_decay": 0.1, "writeback": writeback, "seed": 9, "step": step, "tensor_id": 2}
         R.lion_step_mxfp8_(p, s, grad, m, compensation=comp, **kw)
         nvfp4_cuda.lion_step_mxfp8_(pg, sg, grad.cuda(), mg, compensation=compg, **kw)
     assert torch.equal(pg.cpu(), p) and torch.equal(sg.cpu(), s) and torch.equal(mg.cpu(), m)

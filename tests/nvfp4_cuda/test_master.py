@@ -95,7 +95,7 @@ def test_stochastic_encode_unbiased_reproducible_and_on_neighbours() -> None:
     n = 2**16
     x = torch.full((n,), 0.0213)
     x[::32] = 0.05  # block amax fixes the scale: 2**-12 * ... (element spacing 2**-9 at 0.0213 -> see below)
-    kw = dict(rounding="stochastic", seed=5, step=1, tensor_id=3)
+    kw = {"rounding": "stochastic", "seed": 5, "step": 1, "tensor_id": 3}
     p, s = nvfp4_cuda.mxfp8_encode(x, **kw)
     p2, _ = nvfp4_cuda.mxfp8_encode(x, **kw)
     assert torch.equal(p, p2)

@@ -176,7 +176,7 @@ def test_quantize_with_hadamard_is_quantize_of_transform() -> None:
 
 def test_stochastic_rounding_reproducible_and_keyed() -> None:
     x = torch.randn(32, 64)
-    kw = dict(rounding="stochastic", seed=3, step=10, tensor_id=2)
+    kw = {"rounding": "stochastic", "seed": 3, "step": 10, "tensor_id": 2}
     a, b = nvfp4_cuda.quantize_nvfp4(x, **kw), nvfp4_cuda.quantize_nvfp4(x, **kw)
     assert torch.equal(a.codes, b.codes)
     c = nvfp4_cuda.quantize_nvfp4(x, **{**kw, "step": 11})
