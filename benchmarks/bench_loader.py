@@ -162,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
               f"MXFP8 file {mx_bytes / 2**20:.0f} MiB (built in {time.perf_counter() - t0:.0f} s); "
               f"torch {torch.__version__}, {os.cpu_count()} CPUs")
         results: dict[str, dict[str, float]] = {}
-        for variant in args.variants.split(","):
-            for _ in range(args.repeats):
+        for _ in range(args.repeats):  # interleaved, so machine noise hits every variant alike
+            for variant in args.variants.split(","):
                 subprocess.run(
                     [sys.executable, __file__, "--child", variant, "--info", json.dumps(info), "--out", tmp],
                     check=True,

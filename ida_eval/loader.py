@@ -223,6 +223,17 @@ def _device_for(name: str, dm: dict[str, Any] | None) -> torch.device:
     return torch.device(f"cuda:{best}" if isinstance(best, int) else best)
 
 
+def _no_init() -> Any:
+    """transformers' ``no_init_weights`` (random init of meta parameters is wasted work), if available."""
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # older transformers
+        import contextlib
+
+        return contextlib.nullcontext()
+    return no_init_weights()
+
+
 def _list(keys: list[str]) -> str:
     shown = ", ".join(keys[:MAX_LISTED_KEYS])
     return shown + (f", ... ({len(keys) - MAX_LISTED_KEYS} more)" if len(keys) > MAX_LISTED_KEYS else "")
@@ -265,7 +276,7 @@ def load_model(
     files = _weight_files(ckpt)
     config = AutoConfig.from_pretrained(ckpt)
     tokenizer = AutoTokenizer.from_pretrained(ckpt)
-    with init_empty_weights(include_buffers=False), warnings.catch_warnings():
+    with init_empty_weights(include_buffers=False), _no_init(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     dm = _resolve_device_map(model, device_map, dtype)
