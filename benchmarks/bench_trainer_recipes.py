@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from ida_trainer.config import parse_args
+from ida_trainer.cli import parse_args
 from ida_trainer.data import collate
 from ida_trainer.trainer import Trainer, causal_lm_loss_sum
 

@@ -1,6 +1,7 @@
 """SFT trainer with NVFP4 compute and an MXFP8 master (``python -m ida_trainer``; no arguments = the demo).
 
-Modules: :mod:`ida_trainer.config` (one frozen config tree, TOML, presets, CLI), :mod:`ida_trainer.data`
+Modules: :mod:`ida_trainer.config` (one frozen config tree, validation),
+:mod:`ida_trainer.cli` (presets, TOML, command line), :mod:`ida_trainer.data`
 (JSONL formats, completion-only labels, packing, resumable batches), :mod:`ida_trainer.trainer` (loop,
 ``LocalEngine``, schedule, eval), :mod:`ida_trainer.checkpoint` (atomic checkpoints, resume, export),
 :mod:`ida_trainer.logs`, :mod:`ida_trainer.special_tokens`, :mod:`ida_trainer.precision` (recipes,
@@ -12,6 +13,7 @@ Example:
     'adamw'
 """
 
+from ida_trainer.cli import parse_args
 from ida_trainer.config import (
     CheckpointConfig,
     DataConfig,
@@ -22,7 +24,6 @@ from ida_trainer.config import (
     ParallelConfig,
     PrecisionConfig,
     TrainConfig,
-    parse_args,
 )
 from ida_trainer.data import DataError
 from ida_trainer.trainer import LocalEngine, NonFiniteError, Trainer, run

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments, run training, return the process exit code (0 ok, 2 bad input, 1 numerics failure)."""
-    from ida_trainer.config import parse_args, usage
+    from ida_trainer.cli import parse_args, usage
 
     args = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in args):

@@ -214,7 +214,8 @@ def read_model_tensors(path: str | Path) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     with open_mxfp8(path) as reader:
-        for name in reader.keys():
+        names = reader.keys()  # logical names (payloads without their .scale), header order
+        for name in names:
             if reader.is_quantized(name):
                 raw = reader.get_raw(name)
                 out[name] = MXFP8Tensor(torch.from_numpy(np.ascontiguousarray(raw.payload)),

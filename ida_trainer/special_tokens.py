@@ -116,7 +116,7 @@ def fix_untrained_tokens(model: Any, tokenizer: Any, used_ids: Iterable[int], *,
         >>> fix_untrained_tokens(m, tok, [1, 4, 5], seed=0).reinitialised
         [4, 5]
     """
-    used = sorted(set(int(i) for i in used_ids))
+    used = sorted({int(i) for i in used_ids})
     report = UntrainedReport()
     matrices: list[tuple[str, torch.Tensor]] = [("embed_tokens", model.get_input_embeddings().weight)]
     head = model.get_output_embeddings()

@@ -22,7 +22,7 @@ Resume: the newest complete checkpoint restores weights (``precision.load_state`
 interrupted and resumed run equals the uninterrupted run's step for step.
 
 Example:
-    >>> from ida_trainer.config import parse_args
+    >>> from ida_trainer.cli import parse_args
     >>> cfg = parse_args(["--train.steps", "2", "--out", "/tmp/ida_doctest_run", "--eval.final", "false"])
     >>> report = run(cfg)  # doctest: +SKIP
 """
@@ -44,7 +44,8 @@ import torch
 import torch.nn.functional as F
 
 from ida_trainer import checkpoint as ckpt
-from ida_trainer.config import JobConfig, OptimConfig, to_dict, to_toml, warn_ignored
+from ida_trainer.cli import to_toml
+from ida_trainer.config import JobConfig, OptimConfig, to_dict, warn_ignored
 from ida_trainer.data import (
     IGNORE_INDEX,
     DataStats,
@@ -56,7 +57,11 @@ from ida_trainer.data import (
     record_texts,
 )
 from ida_trainer.logs import RunLogger, atomic_write_text, peak_memory_gib
-from ida_trainer.special_tokens import UntrainedReport, fix_untrained_tokens, set_end_of_turn
+from ida_trainer.special_tokens import (
+    UntrainedReport,
+    fix_untrained_tokens,
+    set_end_of_turn,
+)
 
 DEMO_NOTE = ("NOTE: the demo shows that every stage of the pipeline runs end to end (tokenizer training, NVFP4 "
              "compute with an MXFP8 master, atomic MXFP8 checkpoint, header-only export, sandboxed MBXP-style "
@@ -288,7 +293,11 @@ class Trainer:
             self.untrained = fix_untrained_tokens(self.model, self.tokenizer, used, seed=cfg.train.seed)
         if cfg.model.activation_checkpointing:
             enable_activation_checkpointing(self.model)
-        from ida_trainer.precision import apply_recipe, build_optimizer, count_parameters
+        from ida_trainer.precision import (
+            apply_recipe,
+            build_optimizer,
+            count_parameters,
+        )
 
         apply_recipe(self.model, cfg.precision)
         self.num_params = count_parameters(self.model)  # before a pipeline prunes the model to its stage
@@ -417,7 +426,7 @@ class Trainer:
             import nvfp4_cuda
 
             return str(nvfp4_cuda.backend_info().get("backend"))
-        except Exception as err:  # backend_info is informative only; never fail a run over it
+        except (ImportError, OSError, RuntimeError, ValueError) as err:  # informative only: never fail a run on it
             return f"unknown ({err})"
 
     # ---------------------------------------------------------------------------------------------
@@ -625,7 +634,7 @@ def run(cfg: JobConfig) -> dict[str, Any]:
     """Run one training job end to end and return its report.
 
     Example:
-        >>> from ida_trainer.config import parse_args
+        >>> from ida_trainer.cli import parse_args
         >>> report = run(parse_args(["--steps", "3", "--out", "/tmp/ida_run"]))  # doctest: +SKIP
     """
     trainer = Trainer(cfg)

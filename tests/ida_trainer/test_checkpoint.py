@@ -11,7 +11,12 @@ import torch
 from ida_trainer import checkpoint as ckpt
 from ida_trainer.config import ModelConfig, OptimConfig, PrecisionConfig
 from ida_trainer.demo import build_demo_model, corpus_texts, train_demo_tokenizer
-from ida_trainer.precision import apply_recipe, build_optimizer, export_state, load_state
+from ida_trainer.precision import (
+    apply_recipe,
+    build_optimizer,
+    export_state,
+    load_state,
+)
 
 TINY = ModelConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2)
 
@@ -131,8 +136,9 @@ def test_export_renames_header_only_with_sha256_proof(tok, tmp_path):
     assert json.loads((out / "export_manifest.json").read_text()) == manifest
     assert (out / "config.json").is_file() and (out / "tokenizer.json").is_file()
     with open_mxfp8(path / "model.safetensors") as src, open_mxfp8(out / "model.safetensors") as dst:
-        assert sorted(dst.keys()) == sorted(n.replace("model.", "backbone.", 1) if n.startswith("model.") else n
-                                            for n in src.keys())
+        src_names, dst_names = src.keys(), dst.keys()
+        assert sorted(dst_names) == sorted(n.replace("model.", "backbone.", 1) if n.startswith("model.") else n
+                                           for n in src_names)
         for entry in manifest["tensors"]:
             old, new = entry["old"], entry["new"]
             if old.endswith(".scale"):
@@ -143,4 +149,4 @@ def test_export_renames_header_only_with_sha256_proof(tok, tmp_path):
     # identity export (default) keeps the names
     ckpt.export_checkpoint(path, tmp_path / "same")
     with open_mxfp8(tmp_path / "same" / "model.safetensors") as dst:
-        assert "model.embed_tokens.weight" in dst.keys()
+        assert "model.embed_tokens.weight" in list(dst.keys())

@@ -6,19 +6,15 @@ import warnings
 
 import pytest
 
+from ida_trainer.cli import PRESETS, from_tree, load_toml, parse_args, to_toml
 from ida_trainer.config import (
     ADAMW_BETAS,
-    PRESETS,
     JobConfig,
     OptimConfig,
     ParallelConfig,
     PrecisionConfig,
-    from_tree,
     ignored_settings,
-    load_toml,
-    parse_args,
     to_dict,
-    to_toml,
     warn_ignored,
     with_overrides,
 )

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import json
 
-from ida_trainer.logs import MLLOG_PREFIX, STEP_KEYS, MLLogger, RunLogger, format_step, read_mllog, read_train_log
+from ida_trainer.logs import (
+    MLLOG_PREFIX,
+    STEP_KEYS,
+    MLLogger,
+    RunLogger,
+    format_step,
+    read_mllog,
+    read_train_log,
+)
 
 
 def _rec(step, loss=1.0):

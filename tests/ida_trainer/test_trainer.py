@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -10,9 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ida_trainer.__main__ import main
-from ida_trainer.config import DataConfig, ModelConfig, OptimConfig, parse_args
+from ida_trainer.cli import parse_args
+from ida_trainer.config import DataConfig, ModelConfig, OptimConfig
 from ida_trainer.data import Example, StepBatcher, load_examples
-from ida_trainer.demo import build_demo_model, corpus_path, corpus_texts, train_demo_tokenizer
+from ida_trainer.demo import (
+    build_demo_model,
+    corpus_path,
+    corpus_texts,
+    train_demo_tokenizer,
+)
 from ida_trainer.trainer import (
     LocalEngine,
     NonFiniteError,
@@ -91,7 +98,7 @@ def test_schedule_warmup_then_cosine():
     lrs = [lr_at(s, o, 20) for s in range(20)]
     assert lrs[:4] == pytest.approx([2e-4, 4e-4, 6e-4, 8e-4])
     assert lrs[4] == pytest.approx(1e-3) and lrs[-1] == pytest.approx(1e-4)
-    assert all(a >= b for a, b in zip(lrs[4:], lrs[5:]))
+    assert all(a >= b for a, b in itertools.pairwise(lrs[4:]))
 
 
 @settings(max_examples=40, deadline=None)
