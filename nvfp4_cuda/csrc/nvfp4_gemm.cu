@@ -215,6 +215,7 @@ __global__ void __launch_bounds__(256) nv_gemm_native(const uint8_t *a, const ui
 cudaError_t nv_launch_gemm(const uint8_t *a, const uint8_t *sa, const float *tsa, const uint8_t *b, const uint8_t *sb,
                            const float *tsb, int64_t m, int64_t n, int64_t k, void *out, int out_dtype,
                            int accumulate, int native, cudaStream_t st) {
+  if (m == 0 || n == 0) return cudaSuccess;  // empty output: nothing to launch
   dim3 grid((unsigned int)((n + NV_BN - 1) / NV_BN), (unsigned int)((m + NV_BM - 1) / NV_BM));
   if (native)
     nv_gemm_native<<<grid, 256, 0, st>>>(a, sa, tsa, b, sb, tsb, m, n, k, out, out_dtype, accumulate);

@@ -129,6 +129,7 @@ cudaError_t nv_launch_amax(const void *x, int dtype, const uint8_t *xs, int64_t 
 cudaError_t nv_launch_quantize(const void *x, int dtype, const uint8_t *xs, int64_t rows, int64_t cols, int transpose,
                                int hadamard, int block_2d, int rounding, uint32_t key2, uint32_t key3,
                                const float *amax, uint8_t *codes, uint8_t *scales, float *ts, cudaStream_t st) {
+  if (rows == 0 || cols == 0) return cudaSuccess;  // nothing to launch (a 0-sized grid is a launch error)
   dim3 block(16, 16);
   dim3 grid((unsigned int)((cols / 16 + 15) / 16), (unsigned int)((rows + 15) / 16));
   nv_quantize_kernel<<<grid, block, 0, st>>>(x, dtype, xs, rows, cols, transpose, hadamard, block_2d, rounding, key2,

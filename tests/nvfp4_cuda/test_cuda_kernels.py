@@ -161,3 +161,10 @@ def test_native_backend_refused_off_sm120() -> None:
 def test_backend_info_reports_device() -> None:
     info = nvfp4_cuda.backend_info()
     assert info["backend"] in ("native-sm120a", "emulated-cuda") and "sm_" in info["device"]
+
+
+def test_empty_shapes_do_not_launch_zero_grids() -> None:
+    q = nvfp4_cuda.quantize_nvfp4(torch.zeros(0, 32, device="cuda"))
+    assert q.codes.shape == (0, 16) and float(q.tensor_scale) == 1.0
+    w = nvfp4_cuda.quantize_nvfp4(torch.randn(4, 32, device="cuda"))
+    assert nvfp4_cuda.nvfp4_matmul(q, w).shape == (0, 4)

@@ -235,3 +235,9 @@ def test_property_oracle_and_error_bound(rows: int, blocks: int, log_scale: floa
     bound = sf.repeat_interleave(16, dim=1) * 1.0 * (1 + 1e-5) + 1e-30
     sat = x.abs().double() > 6 * sf.repeat_interleave(16, dim=1)
     assert bool(((err.abs() <= bound) | sat).all())
+
+
+def test_empty_tensor() -> None:
+    q = nvfp4_cuda.quantize_nvfp4(torch.zeros(0, 32))
+    assert q.codes.shape == (0, 16) and float(q.tensor_scale) == 1.0
+    assert nvfp4_cuda.nvfp4_matmul(q, nvfp4_cuda.quantize_nvfp4(torch.randn(4, 32))).shape == (0, 4)
