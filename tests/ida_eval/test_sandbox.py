@@ -385,15 +385,17 @@ def test_no_network_to_a_local_listener(clean: str, iso: sb.Isolation) -> None:
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.bind(("127.0.0.1", 0))
     server.listen(1)
-    server.settimeout(3.0)
+    server.settimeout(0.1)
     port = server.getsockname()[1]
     accepted: list[object] = []
+    stop = threading.Event()
 
     def accept() -> None:
-        try:
-            accepted.append(server.accept())
-        except OSError:
-            pass
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept())
+            except OSError:
+                pass
 
     t = threading.Thread(target=accept)
     t.start()
@@ -405,6 +407,8 @@ def test_no_network_to_a_local_listener(clean: str, iso: sb.Isolation) -> None:
     try:
         res = run(src, clean)
     finally:
+        time.sleep(0.3)  # a connection that got through would be accepted by now
+        stop.set()
         t.join()
         server.close()
     assert not res.passed
