@@ -137,3 +137,13 @@ def test_simulation_detects_a_wrong_scale_lane_mapping() -> None:
     d_good = fragments.simulate_mma(*args, good, sfb, c, table)
     d_bad = fragments.simulate_mma(*args, bad, sfb, c, table)
     assert not np.allclose(d_good, d_bad)
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(37, 19, 80), (130, 136, 64)])
+def test_emulated_kernel_simulation_matches_reference(m: int, n: int, k: int) -> None:
+    """Host replay of nv_gemm_emulated's tile decode, bf16 fragment loads, MMA and epilogue indexing."""
+    a = nvfp4_cuda.quantize_nvfp4(exact_operand(m, k, 6))
+    b = nvfp4_cuda.quantize_nvfp4(exact_operand(n, k, 7))
+    sim = fragments.simulate_emulated_gemm(a, b)
+    assert not torch.isnan(sim).any()  # the epilogue mapping writes every output element
+    assert torch.equal(sim.to(torch.float32), nvfp4_cuda.nvfp4_matmul(a, b, out_dtype=torch.float32))
