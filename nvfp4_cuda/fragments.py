@@ -1,10 +1,11 @@
-"""Register layout of the sm_120a NVFP4 tensor-core MMA, as host code: pack fragments, then simulate.
+"""Register layouts of both GEMM kernels, as host code: pack fragments exactly as the kernels do, then simulate.
 
 The native GEMM kernel (``csrc/nvfp4_gemm.cu``) issues, per warp,
 ``mma.sync.aligned.m16n8k64.row.col.kind::mxf4nvf4.block_scale.scale_vec::4X.f32.e2m1.e2m1.f32.ue4m3``.
 This module writes down *which bytes every lane loads* (exactly the kernel's loads) and a simulator
 that computes the MMA from the per-lane registers using only the PTX ISA's fragment definitions, so
 that a CPU test can check the layout against the reference GEMM before any sm_120 hardware runs it.
+The second half replays the emulated (BF16 mma.sync m16n8k16) kernel the same way.
 
 Fragments (PTX ISA "Matrix Fragments for mma.m16n8k64" with .e2m1; ``g = lane >> 2``, ``t = lane & 3``;
 nibble j of a 32-bit register is element j, low nibble first)::
