@@ -33,7 +33,8 @@ import torch
 
 from ida_trainer.cli import parse_args
 from ida_trainer.data import collate
-from ida_trainer.trainer import Trainer, causal_lm_loss_sum
+from ida_trainer.engine import causal_lm_loss_sum
+from ida_trainer.trainer import Trainer
 
 TARGET_RATIO = 1.10  # nvfp4-sr final loss / bf16 final loss must be <= this (issue 5)
 LAST_K = 10  # steps averaged for the "final training loss"

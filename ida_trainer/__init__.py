@@ -2,8 +2,8 @@
 
 Modules: :mod:`ida_trainer.config` (one frozen config tree, validation),
 :mod:`ida_trainer.cli` (presets, TOML, command line), :mod:`ida_trainer.data`
-(JSONL formats, completion-only labels, packing, resumable batches), :mod:`ida_trainer.trainer` (loop,
-``LocalEngine``, schedule, eval), :mod:`ida_trainer.checkpoint` (atomic checkpoints, resume, export),
+(JSONL formats, completion-only labels, packing, resumable batches), :mod:`ida_trainer.engine` (loss,
+``LocalEngine``, schedule, clipping), :mod:`ida_trainer.trainer` (loop, resume, eval), :mod:`ida_trainer.checkpoint` (atomic checkpoints, resume, export),
 :mod:`ida_trainer.logs`, :mod:`ida_trainer.special_tokens`, :mod:`ida_trainer.precision` (recipes,
 NVFP4 linear, optimizers), :mod:`ida_trainer.distributed` (1F1B pipeline, FSDP2), :mod:`ida_trainer.demo`.
 
@@ -26,7 +26,8 @@ from ida_trainer.config import (
     TrainConfig,
 )
 from ida_trainer.data import DataError
-from ida_trainer.trainer import LocalEngine, NonFiniteError, Trainer, run
+from ida_trainer.engine import LocalEngine, NonFiniteError
+from ida_trainer.trainer import Trainer, run
 
 __all__: list[str] = [
     "CheckpointConfig",

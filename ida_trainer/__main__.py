@@ -22,7 +22,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         print(f"ida_trainer: error: {err}", file=sys.stderr)
         return 2
-    from ida_trainer.trainer import NonFiniteError, run
+    from ida_trainer.engine import NonFiniteError
+    from ida_trainer.trainer import run
 
     try:
         run(cfg)

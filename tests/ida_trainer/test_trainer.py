@@ -20,16 +20,15 @@ from ida_trainer.demo import (
     corpus_texts,
     train_demo_tokenizer,
 )
-from ida_trainer.trainer import (
+from ida_trainer.engine import (
     LocalEngine,
     NonFiniteError,
-    Trainer,
     causal_lm_loss_sum,
     enable_activation_checkpointing,
     grad_norm_and_clip,
     lr_at,
-    run,
 )
+from ida_trainer.trainer import Trainer, run
 
 TINY = ModelConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2)
 
