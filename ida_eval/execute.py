@@ -41,17 +41,15 @@ from typing import Any
 
 from tqdm import tqdm
 
+from ida_eval.isolation import ISOLATION_LEVELS, isolation_description, probe_isolation
 from ida_eval.problems import ProblemsError, find_problems_file, load_problems
 from ida_eval.sandbox import (
-    ISOLATION_LEVELS,
     GiB,
     KiB,
     MiB,
     SandboxError,
     SandboxLimits,
     SandboxResult,
-    isolation_description,
-    probe_isolation,
     run_program,
 )
 

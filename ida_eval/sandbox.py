@@ -12,7 +12,7 @@ at the timeout. Here every program gets:
   from scratch, ``-E`` protects nothing and the remaining parts of ``-I`` (``-s -P``) are kept.
   ``-S`` (no ``site``) gives a standard-library-only interpreter, which is all MBXP needs, and
   saves ~40 ms of ``.pth`` processing per program (``hash_seed=None`` gives a literal ``-I``).
-* **Kernel isolation** when available (probed once, see :func:`probe_isolation`):
+* **Kernel isolation** when available (probed once, see :mod:`ida_eval.isolation`):
   ``unshare --net --pid --fork --kill-child --mount`` (plus ``--user --map-root-user`` when not
   root). Inside, a small bootstrap running as PID 1 of the new PID namespace bind-mounts the work
   directory onto itself, mounts a fresh ``/proc`` and remounts *every* other mount read-only
@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import secrets
 import selectors
@@ -58,10 +57,9 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-from ida_eval._sandbox_boot import (
-    ARGS as _BOOT_ARGS,  # the bootstrap's positional argv (plain strings)
-)
-from ida_eval.cgroups import SandboxCgroups, cgroup_support
+from ida_eval._sandbox_boot import ARGS as _BOOT_ARGS
+from ida_eval.cgroups import SandboxCgroups
+from ida_eval.isolation import Isolation, probe_isolation
 
 GiB = 1 << 30  # bytes
 MiB = 1 << 20  # bytes
@@ -71,9 +69,6 @@ UID_BASE = 1_000_000  # first uid handed to sandboxed programs (per-process offs
 UID_SLOTS_PER_PROCESS = 256  # at most this many concurrent sandboxes per executing process
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"  # the only PATH a sandboxed program sees
 KILL_GRACE_S = 0.5  # after the program's main process exits, wait this long for pipes to close
-
-ISOLATION_LEVELS = ("namespaces", "setuid", "rlimits")
-"""Strongest first. ``auto`` picks the first that works here."""
 
 
 class SandboxError(RuntimeError):
@@ -132,20 +127,6 @@ class SandboxLimits:
 
 
 @dataclasses.dataclass(frozen=True)
-class Isolation:
-    """How programs are isolated on this machine (the outcome of :func:`probe_isolation`)."""
-
-    level: str  # one of ISOLATION_LEVELS
-    privilege: str  # "setuid" (per-worker uid), "capdrop" (caps dropped, uid kept) or "none"
-    unshare: tuple[str, ...]  # command prefix ("" when no namespaces)
-    description: str
-
-    @property
-    def uses_namespaces(self) -> bool:
-        return self.level == "namespaces"
-
-
-@dataclasses.dataclass(frozen=True)
 class SandboxResult:
     """What happened to one program."""
 
@@ -168,137 +149,12 @@ class SandboxResult:
 BOOT_SCRIPT = str(Path(__file__).with_name("_sandbox_boot.py"))
 """The in-sandbox bootstrap (run as a script; see its docstring for the steps)."""
 
-# Probing what works here
-
-
-def _is_root() -> bool:
-    return os.geteuid() == 0
-
 
 @functools.cache
 def _slot_ids() -> tuple[int, int]:
     """(uid, gid) base for this process' sandboxes: distinct per executing process and worker slot."""
     base = UID_BASE + (os.getpid() % 65536) * UID_SLOTS_PER_PROCESS
     return base, base
-
-
-_PROBE_PROGRAM = r"""
-import errno, os, socket, sys
-work = os.getcwd()
-with open(os.path.join(work, "probe.txt"), "w") as f:
-    f.write("ok")
-import re, collections, json
-report = {"uid": os.getuid(), "net": "open", "outside": "writable"}
-s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-s.settimeout(0.5)
-try:
-    s.connect(("127.0.0.1", 9))
-except OSError as e:
-    report["net"] = "unreachable" if e.errno in (errno.ENETUNREACH, errno.EADDRNOTAVAIL) else "open"
-try:
-    open(os.path.join(os.path.dirname(work), "ida-probe-outside.txt"), "w").close()
-except OSError:
-    report["outside"] = "blocked"
-print(json.dumps(report))
-"""
-
-
-def _candidates() -> list[Isolation]:
-    root = _is_root()
-    out: list[Isolation] = []
-    cg = cgroup_support()
-    procs = "+" + cg.describe()
-    uncapped = "" if cg.pids_parent else " (NO process cap for uid 0: no pids cgroup)"
-    unshare = shutil.which("unshare")
-    if unshare:
-        prefix = [unshare, "--net", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private"]
-        if not root:
-            prefix += ["--user", "--map-root-user"]
-        ns = "unshare(net,pid,mount" + ("" if root else ",user") + ")+read-only fs (home, temp, /run hidden)"
-        if root:
-            out.append(
-                Isolation("namespaces", "setuid", tuple(prefix), ns + "+per-worker uid+no_new_privs+rlimits" + procs)
-            )
-        out.append(
-            Isolation(
-                "namespaces",
-                "capdrop",
-                tuple(prefix),
-                ns + "+capabilities dropped+no_new_privs+rlimits" + procs + (uncapped if root else ""),
-            )
-        )
-    if root:
-        out.append(
-            Isolation("setuid", "setuid", (), "per-worker uid+no_new_privs+rlimits+uid-wide kill (NO namespaces)")
-        )
-    out.append(
-        Isolation(
-            "rlimits",
-            "none",
-            (),
-            "rlimits+process-group kill only (NO namespaces, NO uid drop)" + procs + (uncapped if root else ""),
-        )
-    )
-    return out
-
-
-def _probe_one(iso: Isolation) -> str | None:
-    """Run the probe program under ``iso``; None when it behaves as promised, else why not."""
-    try:
-        res = run_program(_PROBE_PROGRAM, SandboxLimits(timeout=20.0), isolation=iso, slot=0)
-    except (SandboxError, OSError) as e:
-        return str(e)
-    if not res.passed:
-        last = (res.stderr_tail.strip().splitlines() or ["(no stderr)"])[-1]
-        hint = " (can the per-worker uid read the interpreter?)" if iso.privilege == "setuid" else ""
-        return f"probe program failed (exit {res.exit_status}): {last}{hint}"
-    try:
-        report = json.loads(res.stdout_tail.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return f"probe printed no report: {res.stdout_tail[-200:]!r}"
-    if iso.uses_namespaces and (report["net"] != "unreachable" or report["outside"] != "blocked"):
-        return f"namespaces did not isolate: {report}"
-    if iso.privilege == "setuid" and report["uid"] == 0:
-        return "uid was not dropped"
-    return None
-
-
-_PROBE_LOCK = threading.Lock()
-
-
-@functools.cache
-def _probe_cached(requested: str) -> Isolation:
-    reasons: list[str] = []
-    for iso in _candidates():
-        if requested != "auto" and iso.level != requested:
-            continue
-        why = _probe_one(iso)
-        if why is None:
-            if iso.level != "namespaces":
-                warnings.warn(
-                    f"ida_eval sandbox: kernel namespaces unavailable here ({'; '.join(reasons) or 'no unshare'}); "
-                    f"falling back to weaker isolation: {iso.description}",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-            return iso
-        reasons.append(f"{iso.level}/{iso.privilege}: {why}")
-    raise SandboxError(f"no sandbox isolation level {requested!r} works on this machine: {'; '.join(reasons)}")
-
-
-def probe_isolation(requested: str = "auto") -> Isolation:
-    """Find the strongest isolation that works here (cached per process).
-
-    Args:
-        requested: ``"auto"`` or one of :data:`ISOLATION_LEVELS` to insist on a level.
-
-    Raises:
-        ValueError: unknown level. SandboxError: the requested level does not work here.
-    """
-    if requested != "auto" and requested not in ISOLATION_LEVELS:
-        raise ValueError(f"isolation must be 'auto' or one of {ISOLATION_LEVELS}, got {requested!r}")
-    with _PROBE_LOCK:
-        return _probe_cached(requested)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -638,14 +494,3 @@ def _reap_escapees(
     groups.kill()
     if uid is not None and gid is not None:
         _kill_uid(uid, gid)
-
-
-def isolation_description(isolation: Isolation | None = None) -> str:
-    """``"<level>: <description>"`` of the given (default: probed) isolation."""
-    iso = isolation if isolation is not None else probe_isolation()
-    return f"{iso.level}: {iso.description}"
-
-
-def default_tmp_root() -> Path:
-    """Where work directories go by default (the system temporary directory)."""
-    return Path(tempfile.gettempdir())

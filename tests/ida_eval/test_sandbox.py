@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from ida_eval import isolation
 from ida_eval import sandbox as sb
 from ida_eval.cgroups import cgroup_support, leftover_groups
 
@@ -27,8 +28,8 @@ FAST = sb.SandboxLimits(timeout=3.0, memory_bytes=1 << 30)
 
 
 @pytest.fixture(scope="module")
-def iso() -> sb.Isolation:
-    return sb.probe_isolation()
+def iso() -> isolation.Isolation:
+    return isolation.probe_isolation()
 
 
 @pytest.fixture
@@ -83,7 +84,7 @@ def clean(tmp_path: Path, marker: str):
     assert leftover_groups() == [], "cgroups left behind"
 
 
-def needs_namespaces(iso: sb.Isolation) -> None:
+def needs_namespaces(iso: isolation.Isolation) -> None:
     if not iso.uses_namespaces:
         pytest.skip(f"kernel namespaces unavailable here (isolation in force: {iso.description})")
 
@@ -95,7 +96,7 @@ def run(src: str, root: str, limits: sb.SandboxLimits = FAST, **kw) -> sb.Sandbo
 # ------------------------------------------------------------------ the basic contract
 
 
-def test_plain_program_passes_and_reports(clean: str, iso: sb.Isolation) -> None:
+def test_plain_program_passes_and_reports(clean: str, iso: isolation.Isolation) -> None:
     res = run("print('hello'); assert sum(range(10)) == 45", clean)
     assert res.passed and res.finished and res.exit_status == 0 and not res.timed_out
     assert res.stdout_tail == "hello\n"
@@ -210,7 +211,7 @@ def test_timeout_kills_whole_tree(clean: str, marker: str) -> None:
     assert _processes_with(marker) == []  # checked again (with a grace period) by `clean`
 
 
-def test_daemonized_grandchild_does_not_survive(clean: str, marker: str, iso: sb.Isolation) -> None:
+def test_daemonized_grandchild_does_not_survive(clean: str, marker: str, iso: isolation.Isolation) -> None:
     src = f"""
     import os
     if os.fork() == 0:
@@ -249,7 +250,7 @@ def test_killing_the_parent_does_not_hurt_the_runner(clean: str) -> None:
 # ------------------------------------------------------------------ resources
 
 
-def test_fork_bomb_is_contained(clean: str, marker: str, iso: sb.Isolation) -> None:
+def test_fork_bomb_is_contained(clean: str, marker: str, iso: isolation.Isolation) -> None:
     if os.geteuid() == 0 and iso.privilege != "setuid" and cgroup_support().pids_parent is None:
         pytest.skip("uid 0 without a pids cgroup: no process cap exists here (RLIMIT_NPROC exempts root)")
     src = f"""
@@ -332,7 +333,7 @@ def test_open_files_limit(clean: str) -> None:
 # ------------------------------------------------------------------ file system, network, secrets
 
 
-def test_writes_outside_the_directory_are_blocked(clean: str, tmp_path: Path, iso: sb.Isolation) -> None:
+def test_writes_outside_the_directory_are_blocked(clean: str, tmp_path: Path, iso: isolation.Isolation) -> None:
     needs_namespaces(iso)
     victim = tmp_path / "victim.txt"
     victim.write_text("original")
@@ -370,7 +371,7 @@ def test_writes_outside_the_directory_are_blocked(clean: str, tmp_path: Path, is
     assert not shm.exists()
 
 
-def test_work_directory_with_odd_characters_stays_writable(tmp_path: Path, iso: sb.Isolation) -> None:
+def test_work_directory_with_odd_characters_stays_writable(tmp_path: Path, iso: isolation.Isolation) -> None:
     root = tmp_path / "dir with space\tand tab é"
     root.mkdir()
     res = sb.run_program(
@@ -380,7 +381,7 @@ def test_work_directory_with_odd_characters_stays_writable(tmp_path: Path, iso: 
     assert list(root.iterdir()) == []
 
 
-def test_no_network_to_a_local_listener(clean: str, iso: sb.Isolation) -> None:
+def test_no_network_to_a_local_listener(clean: str, iso: isolation.Isolation) -> None:
     needs_namespaces(iso)
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.bind(("127.0.0.1", 0))
@@ -443,7 +444,7 @@ def test_environment_is_minimal_and_deterministic(clean: str) -> None:
     assert "HOME" in a.stdout_tail and "PYTHONHASHSEED" in a.stdout_tail
 
 
-def test_namespaces_are_used_whenever_the_kernel_allows_them(iso: sb.Isolation) -> None:
+def test_namespaces_are_used_whenever_the_kernel_allows_them(iso: isolation.Isolation) -> None:
     # independent oracle: can plain unshare(1) create these namespaces here?
     cmd = ["unshare", "--net", "--pid", "--fork", "--mount", "true"]
     if os.geteuid() != 0:
@@ -457,7 +458,7 @@ def test_namespaces_are_used_whenever_the_kernel_allows_them(iso: sb.Isolation) 
     assert iso.uses_namespaces, iso.description
 
 
-def test_callers_home_and_run_are_hidden(clean: str, iso: sb.Isolation) -> None:
+def test_callers_home_and_run_are_hidden(clean: str, iso: isolation.Isolation) -> None:
     needs_namespaces(iso)
     home = Path.home().resolve()
     outside = sorted(p.name for p in home.iterdir()) if home.is_dir() else []
@@ -480,10 +481,10 @@ def test_callers_home_and_run_are_hidden(clean: str, iso: sb.Isolation) -> None:
         assert set(outside) - set(inside_home)  # something that exists outside is not visible inside
 
 
-def test_auto_picks_the_strongest_mode_that_works(iso: sb.Isolation) -> None:
-    first_working = next(c for c in sb._candidates() if sb._probe_one(c) is None)
+def test_auto_picks_the_strongest_mode_that_works(iso: isolation.Isolation) -> None:
+    first_working = next(c for c in isolation.candidates() if isolation.probe_one(c) is None)
     assert iso == first_working
-    assert sb.isolation_description(iso).startswith(iso.level + ": ")
+    assert isolation.isolation_description(iso).startswith(iso.level + ": ")
 
 
 def test_cancel_kills_a_running_program(clean: str, marker: str) -> None:
@@ -502,13 +503,13 @@ def test_cancel_kills_a_running_program(clean: str, marker: str) -> None:
         run("pass", clean, cancel=cancel)  # already set: nothing starts
 
 
-def _working_modes() -> list[sb.Isolation]:
-    return list(sb._candidates())
+def _working_modes() -> list[isolation.Isolation]:
+    return list(isolation.candidates())
 
 
 @pytest.mark.parametrize("mode", _working_modes(), ids=lambda i: f"{i.level}-{i.privilege}")
-def test_every_mode_that_works_here_contains_the_basics(mode: sb.Isolation, clean: str, marker: str) -> None:
-    why = sb._probe_one(mode)
+def test_every_mode_that_works_here_contains_the_basics(mode: isolation.Isolation, clean: str, marker: str) -> None:
+    why = isolation.probe_one(mode)
     if why is not None:
         pytest.skip(f"{mode.level}/{mode.privilege} does not work on this machine: {why[:200]}")
     assert run("assert 1 == 1", clean, isolation=mode).passed
@@ -542,7 +543,7 @@ def test_every_mode_that_works_here_contains_the_basics(mode: sb.Isolation, clea
 
 
 def test_weakest_fallback_still_detects_early_exit(clean: str) -> None:
-    weak = next(i for i in sb._candidates() if i.level == "rlimits")
+    weak = next(i for i in isolation.candidates() if i.level == "rlimits")
     assert run("assert 1 == 1", clean, isolation=weak).passed
     assert not run("import os\nos._exit(0)", clean, isolation=weak).passed
     assert run("while True: pass", clean, sb.SandboxLimits(timeout=1.0), isolation=weak).timed_out
@@ -554,5 +555,5 @@ def test_limits_are_validated() -> None:
     with pytest.raises(ValueError, match="memory_bytes"):
         sb.SandboxLimits(memory_bytes=1000)
     with pytest.raises(ValueError, match="isolation"):
-        sb.probe_isolation("docker")
+        isolation.probe_isolation("docker")
     assert errno.ENETUNREACH  # (errno imported for readers of the network test)
