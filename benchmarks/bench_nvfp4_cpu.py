@@ -6,7 +6,9 @@ For each shape C[M,N] = A[M,K] B[N,K]^T, measured in the same run with the same 
 * ours: ``quantize_nvfp4(a)`` (1x16, RNE) + ``quantize_nvfp4(b, block_2d=True)`` + ``nvfp4_matmul``
   (decode both operands to float32 ``e2m1 * e4m3`` and one float32 matmul, alpha in the epilogue);
 * ours with the stochastic-rounding + Hadamard quantizer on A (the gradient operand of the weight-
-  gradient GEMM), for information.
+  gradient GEMM), for information;
+* for information: the fused Lion step on an MXFP8 master (SR write-back) vs ``torch.optim.AdamW`` on a
+  float32 parameter of the same size.
 
 Target (issue 4): ours / baseline <= 3.0.
 
@@ -68,6 +70,22 @@ def bench_shape(m: int, n: int, k: int, repeats: int) -> dict[str, float]:
     return res
 
 
+def bench_optimizer(rows: int, cols: int, repeats: int) -> dict[str, float]:
+    """Fused Lion on an MXFP8 master (SR write-back) vs torch.optim.AdamW on a float32 parameter, same size."""
+    g = torch.Generator().manual_seed(1)
+    w = 0.02 * torch.randn(rows, cols, generator=g)
+    grad = torch.randn(rows, cols, generator=g).to(torch.bfloat16)
+    payload, scales = nvfp4_cuda.mxfp8_encode(w)
+    mom = torch.zeros(rows, cols, dtype=torch.bfloat16)
+    step = iter(range(10**9))
+    lion = _time(lambda: nvfp4_cuda.lion_step_mxfp8_(payload, scales, grad, mom, lr=1e-5, step=next(step)), repeats)
+    p = torch.nn.Parameter(w.clone())
+    p.grad = grad.float()
+    opt = torch.optim.AdamW([p], lr=1e-5)
+    adamw = _time(opt.step, repeats)
+    return {"lion_mxfp8_s": lion, "adamw_fp32_s": adamw, "ratio": lion / adamw}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print a table, optionally write JSON; exit 1 if a shape misses the target."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -88,9 +106,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{s:>18} {r['fp32_matmul_s'] * 1e3:8.1f}m {r['nvfp4_s'] * 1e3:8.1f}m {r['ratio']:6.2f} "
               f"{r['nvfp4_sr_rht_s'] * 1e3:8.1f}m {r['ratio_sr_rht']:6.2f} {r['quantize_a_s'] * 1e3:8.1f}m "
               f"{r['gemm_only_s'] * 1e3:8.1f}m")
+    opt = bench_optimizer(4096, 1024, args.repeats)
+    print(f"optimizer, 4096 x 1024 params: Lion on MXFP8 master (SR) {opt['lion_mxfp8_s'] * 1e3:.1f} ms, "
+          f"torch AdamW float32 {opt['adamw_fp32_s'] * 1e3:.1f} ms, ratio {opt['ratio']:.2f} (information)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"torch": torch.__version__, "threads": torch.get_num_threads(), "results": results}, f, indent=2)
+            json.dump({"torch": torch.__version__, "threads": torch.get_num_threads(), "results": results,
+                       "optimizer": opt}, f, indent=2)
     print("target met" if ok else "TARGET MISSED on at least one shape")
     return 0 if ok else 1
 
