@@ -22,6 +22,7 @@ import functools
 import json
 import os
 import shutil
+import tempfile
 import threading
 import warnings
 
@@ -62,15 +63,21 @@ try:
     s.connect(("127.0.0.1", 9))
 except OSError as e:
     report["net"] = "unreachable" if e.errno in (errno.ENETUNREACH, errno.EADDRNOTAVAIL) else "open"
-try:
-    open(os.path.join(os.path.dirname(work), "ida-probe-outside.txt"), "w").close()
-except OSError:
-    report["outside"] = "blocked"
+blocked = 0
+for d in (os.path.dirname(work), TEMP_DIR):  # beside the work dir; the (world-writable) temp dir
+    target = os.path.join(d, "ida-probe-outside-%d.txt" % os.getpid())
+    try:
+        open(target, "w").close()
+        os.unlink(target)
+    except OSError:
+        blocked += 1
+report["outside"] = "blocked" if blocked == 2 else "writable"
 print(json.dumps(report))
 """
 
 
 def candidates() -> list[Isolation]:
+    """Every isolation this machine might support, strongest first (not yet probed)."""
     root = _is_root()
     out: list[Isolation] = []
     cg = cgroup_support()
@@ -118,7 +125,8 @@ def probe_one(iso: Isolation) -> str | None:
     )
 
     try:
-        res = run_program(_PROBE_PROGRAM, SandboxLimits(timeout=20.0), isolation=iso, slot=0)
+        program = f"TEMP_DIR = {tempfile.gettempdir()!r}\n" + _PROBE_PROGRAM
+        res = run_program(program, SandboxLimits(timeout=20.0), isolation=iso, slot=0)
     except (SandboxError, OSError) as e:
         return str(e)
     if not res.passed:
