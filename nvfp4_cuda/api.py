@@ -232,7 +232,12 @@ def backend_info() -> dict[str, Any]:
 
     major, minor = torch.cuda.get_device_capability()
     info["device"] = f"{torch.cuda.get_device_name()} (sm_{major}{minor})"
-    info["library"] = str(build.library_path())
+    try:
+        info["library"] = str(build.library_path())
+    except build.BuildError as e:  # no nvcc: CUDA tensors cannot run (NVFP4_CUDA_BACKEND=reference can)
+        info["library"] = None
+        info["reason"] = str(e)
+        return info
     info["backend"] = "native-sm120a" if major == 12 else "emulated-cuda"
     info["reason"] = "compute capability 12.x has FP4 mma.sync" if major == 12 else "no FP4 tensor cores: BF16 emulation"
     return info

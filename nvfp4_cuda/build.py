@@ -72,7 +72,8 @@ def find_nvcc() -> str:
             return c
     raise BuildError("nvfp4_cuda: nvcc not found (looked at $NVFP4_CUDA_NVCC, $CUDA_HOME/bin/nvcc and PATH). "
                      "Install the CUDA toolkit (12.8+ for sm_120a) or point NVFP4_CUDA_NVCC at nvcc; "
-                     "CPU tensors do not need it (they use nvfp4_cuda.reference).")
+                     "CPU tensors do not need it (they use nvfp4_cuda.reference); NVFP4_CUDA_BACKEND=reference "
+                     "runs CUDA tensors through the PyTorch reference as well.")
 
 
 def nvcc_version(nvcc: str) -> str:
