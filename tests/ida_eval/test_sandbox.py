@@ -557,3 +557,12 @@ def test_limits_are_validated() -> None:
     with pytest.raises(ValueError, match="isolation"):
         isolation.probe_isolation("docker")
     assert errno.ENETUNREACH  # (errno imported for readers of the network test)
+
+
+def test_docstring_examples_run() -> None:
+    import doctest
+
+    for module in (sb, isolation):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0, module.__name__
+    assert doctest.testmod(sb).attempted >= 2  # run_program's examples really ran
