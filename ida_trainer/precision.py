@@ -47,7 +47,7 @@ Example:
 from __future__ import annotations
 
 import fnmatch
-import functools
+import types
 import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -101,14 +101,15 @@ def model_recipe(model: nn.Module) -> str:
     return str(recipe)
 
 
-def _autocast_forward(forward: Callable[..., Any], device_type: str) -> Callable[..., Any]:
-    @functools.wraps(forward)
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        with torch.autocast(device_type=device_type, dtype=torch.bfloat16):
-            return forward(*args, **kwargs)
+def _autocast_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """The model class's forward under BF16 autocast (bound to the instance by the bf16 recipe).
 
-    wrapped.ida_autocast = True  # type: ignore[attr-defined]
-    return wrapped
+    A bound method (not a closure over the original model) so that ``copy.deepcopy`` rebinds it to the
+    copy; the device type is read from the instance at call time (it follows ``model.to``).
+    """
+    device_type = next((p.device.type for p in self.parameters()), "cpu")
+    with torch.autocast(device_type=device_type, dtype=torch.bfloat16):
+        return type(self).forward(self, *args, **kwargs)
 
 
 def apply_recipe(model: nn.Module, precision: PrecisionConfig) -> None:
@@ -140,10 +141,7 @@ def apply_recipe(model: nn.Module, precision: PrecisionConfig) -> None:
     if precision.recipe == "bf16":
         for p in model.parameters():
             p.data = p.data.to(torch.float32)
-        device_type = next((p.device.type for p in model.parameters()), "cpu")
-        if device_type == "meta":
-            device_type = "cuda" if torch.cuda.is_available() else "cpu"
-        model.forward = _autocast_forward(model.forward, device_type)  # type: ignore[method-assign]
+        model.forward = types.MethodType(_autocast_forward, model)  # type: ignore[method-assign]
         setattr(model, RECIPE_ATTR, "bf16")
         return
     if precision.recipe != "nvfp4":

@@ -12,6 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ida_trainer.config import OptimConfig, ParallelConfig, PrecisionConfig
 from ida_trainer.distributed import DistInfo, PipelineEngine, apply_fsdp, init_distributed, split_layers
@@ -211,6 +213,28 @@ def test_init_distributed_checks_the_process_count(monkeypatch: pytest.MonkeyPat
         init_distributed(ParallelConfig())
     monkeypatch.delenv("WORLD_SIZE")
     assert init_distributed(ParallelConfig()) == DistInfo()
+
+
+def test_pipeline_engine_rejects_bad_setups() -> None:
+    m = tiny_model("nvfp4")
+    with pytest.raises(ValueError, match="2 stages configured but the process group has 1 ranks"):
+        PipelineEngine(m, ParallelConfig(pipeline_stages=2, microbatches=2), DistInfo())
+    with pytest.raises(ValueError, match="needs a transformers causal LM"):
+        PipelineEngine(torch.nn.Linear(2, 2), ParallelConfig(pipeline_stages=2, microbatches=2),
+                       DistInfo(world_size=2, pipeline_stages=2))
+
+
+@settings(max_examples=40, deadline=None)
+@given(layers=st.integers(1, 64), stages=st.integers(1, 8))
+def test_split_layers_covers_every_layer_once_balanced(layers: int, stages: int) -> None:
+    if layers < stages:
+        with pytest.raises(ValueError):
+            split_layers(layers, stages)
+        return
+    parts = split_layers(layers, stages)
+    assert [i for r in parts for i in r] == list(range(layers))
+    sizes = [len(r) for r in parts]
+    assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
 
 
 def test_split_layers() -> None:

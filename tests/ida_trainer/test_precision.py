@@ -212,6 +212,12 @@ def test_bf16_recipe_fp32_master_bf16_compute() -> None:
     m.q_proj.register_forward_hook(lambda mod, inp, out: seen.append(out.dtype))
     m(torch.tensor([[1, 2, 3]])).sum().backward()
     assert seen == [torch.bfloat16] and m.q_proj.weight.grad.dtype == torch.float32
+    clone = copy.deepcopy(m)  # the autocast forward is rebound to the copy, not the original
+    with torch.no_grad():
+        clone.norm.bias.add_(1.0)
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        assert float((clone(ids).float() - m(ids).float() - 1.0).abs().max()) < 0.02  # BF16 output rounding
     opt = build_optimizer(m, OptimConfig(name="adamw", lr=1e-3, betas=(0.9, 0.95)), PrecisionConfig(recipe="bf16"))
     assert isinstance(opt, MasterAdamW) and opt.param_groups[0]["betas"] == (0.9, 0.95)
     with pytest.raises(ValueError, match="model has recipe 'bf16'"):
