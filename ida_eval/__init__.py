@@ -12,12 +12,26 @@ Example:
     'whitespace flood (80 chars)'
 """
 
+from typing import Any
+
 from ida_eval.analysis import FAILURE_CLASSES, classify_failure, compare_runs, format_comparison, is_degenerate
 from ida_eval.generate import STOP_STRINGS, DecodingConfig, Generation, generate_completions, truncate_completion
 from ida_eval.execute import ExecutionConfig, execute_samples, isolation_in_force, load_problems
 from ida_eval.loader import CheckpointLoadError, describe_checkpoint, load_model
-from ida_eval.mbxp import evaluate_checkpoint, evaluate_model
 from ida_eval.problems import find_problems_file
+
+_LAZY = {"evaluate_checkpoint": "ida_eval.mbxp", "evaluate_model": "ida_eval.mbxp"}
+
+
+def __getattr__(name: str) -> Any:
+    # ida_eval.mbxp is imported on first use, not here: ``python -m ida_eval.mbxp`` runs that module as
+    # __main__, and importing it from the package first would load it twice (runpy warns about that).
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'ida_eval' has no attribute {name!r}")
+
 
 __all__ = [
     "CheckpointLoadError",

@@ -77,3 +77,16 @@ def test_cli_errors(tmp_path, capsys):
     assert "error:" in capsys.readouterr().err
     assert main(["--compare", str(tmp_path), str(tmp_path)]) == 2
     assert "no summary.json" in capsys.readouterr().err
+
+
+def test_public_api_and_docstring_examples():
+    import doctest
+
+    import ida_eval
+    from ida_eval import analysis, generate
+
+    assert ida_eval.__all__ == sorted(ida_eval.__all__)
+    assert all(hasattr(ida_eval, n) for n in ida_eval.__all__)
+    for module in (ida_eval, analysis, generate):
+        failed, attempted = doctest.testmod(module)
+        assert failed == 0 and attempted > 0, module.__name__
