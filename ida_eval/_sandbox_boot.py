@@ -12,7 +12,9 @@ program. Standard library only and no ``json``/``re`` imports: it runs 974 times
    ``MS_REMOUNT | MS_BIND | MS_RDONLY`` (per-mount flags: the host's mounts are untouched; locked
    flags such as ``nosuid`` are carried over so a user namespace may remount them).
 2. It forks. PID 1 stays privileged, reaps every child and reports the program's raw wait status
-   on the status pipe (``exit <status>``); the program cannot signal or ptrace it.
+   on the status pipe (``exit <status>``); the program cannot signal or ptrace it. It also kills
+   the whole run by itself past ``deadline_s`` or as soon as the caller dies (the caller holds
+   the write end of a "lifeline" pipe; its EOF means the caller is gone).
 3. The child applies rlimits, drops privileges (per-worker uid, or every capability plus the
    ``SECBIT_NOROOT`` lock when it stays uid 0), sets ``no_new_privs``, reads the nonce from stdin
    until EOF, replaces stdin with ``/dev/null``, compiles ``prog.py`` (bytes: encoding errors become
@@ -48,6 +50,8 @@ ARGS = (
     "cgroups",
     "hide",
     "keep",
+    "lifeline_fd",
+    "deadline_s",
 )
 _OPTION_FLAGS = {
     b"nosuid": MS_NOSUID,
@@ -152,10 +156,69 @@ def enter_program_context(cfg):
 
 def _parse(argv):
     cfg = dict(zip(ARGS, argv))
-    for key in ("uid", "gid", "status_fd", "sentinel_fd"):
+    for key in ("uid", "gid", "status_fd", "sentinel_fd", "lifeline_fd"):
         cfg[key] = int(cfg[key]) if cfg[key] else None
+    cfg["deadline_s"] = float(cfg["deadline_s"])
     cfg["rlimits"] = [(n, int(a), int(b)) for n, a, b in (r.split(":") for r in cfg["rlimits"].split(","))]
     return cfg
+
+
+def _kill_everything(pid, cfg):
+    """SIGKILL the program, everything in the run's cgroups and our process group, then exit."""
+    import signal
+
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    for group in filter(None, cfg["cgroups"].split(":")):
+        try:
+            with open(group + "/cgroup.procs") as f:
+                members = [int(x) for x in f.read().split()]
+        except OSError:
+            continue
+        for member in members:
+            if member != os.getpid():
+                try:
+                    os.kill(member, signal.SIGKILL)
+                except OSError:
+                    pass
+    os.killpg(0, signal.SIGKILL)  # includes this process: in a PID namespace that ends it all
+
+
+def _supervise(pid, cfg):
+    """Wait for the program; kill the whole run at its own deadline or when the caller goes away.
+
+    The caller normally enforces the timeout itself. This is the second line: if the caller is
+    killed (its end of the lifeline pipe closes) or stalls past ``deadline_s``, nothing of the run
+    outlives it. Waits on a pidfd and the lifeline with ``select`` (no polling). Returns the raw
+    wait status.
+    """
+    import select
+    import time
+
+    deadline = time.monotonic() + cfg["deadline_s"]
+    lifeline = cfg["lifeline_fd"]
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # kernel < 5.3: plain wait, the caller's timeout still applies
+        pidfd = None
+    while pidfd is not None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            _kill_everything(pid, cfg)
+        ready, _, _ = select.select([pidfd, lifeline], [], [], remaining)
+        if pidfd in ready:
+            break
+        if lifeline in ready:  # the caller never writes: readable means EOF, i.e. it is gone or done
+            _kill_everything(pid, cfg)
+    while True:
+        try:
+            got, status = os.waitpid(-1, 0)  # as PID 1 of a namespace, also reaps orphans
+        except ChildProcessError:
+            os._exit(SETUP_FAILED_EXIT)
+        if got == pid:
+            return status
 
 
 def _setup_failed(status_fd, exc):
@@ -178,18 +241,13 @@ def main():
         pid = os.fork()
     except BaseException as exc:  # noqa: BLE001 - everything here is a sandbox failure
         _setup_failed(status_fd, exc)
-    if pid:  # PID 1: reap everything, report the program's status
+    if pid:  # PID 1: watch the program, the deadline and the caller; report the program's status
         os.close(sentinel_fd)
         os.close(0)
-        while True:
-            try:
-                got, status = os.waitpid(-1, 0)
-            except ChildProcessError:
-                os._exit(SETUP_FAILED_EXIT)
-            if got == pid:
-                break
+        status = _supervise(pid, cfg)
         os.write(status_fd, b"exit %d" % status)
         os._exit(0)
+    os.close(cfg["lifeline_fd"])
     try:
         nonce = enter_program_context(cfg)
         with open(cfg["program"], "rb") as f:

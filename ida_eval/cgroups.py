@@ -181,6 +181,17 @@ class SandboxCgroups:
                 pass
 
 
+def cgroup_parents() -> list[str]:
+    """The directories our groups are created in (empty without cgroup support)."""
+    sup = cgroup_support()
+    return sorted({p for p in (sup.pids_parent, sup.memory_parent) if p})
+
+
+def remove_group(path: str) -> None:
+    """Remove one group (killing what is left in it), e.g. one left behind by a dead runner."""
+    SandboxCgroups([path], cgroup_support().version).remove()
+
+
 def leftover_groups() -> list[str]:
     """Groups this process created and did not remove (for tests: should always be empty)."""
     sup = cgroup_support()

@@ -51,6 +51,7 @@ from ida_eval.sandbox import (
     SandboxLimits,
     SandboxResult,
     run_program,
+    sweep_stale,
 )
 
 __all__ = [
@@ -428,6 +429,7 @@ def execute_samples(
         return [r for r in results if r is not None]
 
     probe_isolation(config.isolation)  # probe (and warn) once, before the workers start
+    sweep_stale(config.tmp_root)  # work dirs / cgroups of runners that were killed
     slots: queue.SimpleQueue[int] = queue.SimpleQueue()
     for slot in range(config.workers):
         slots.put(slot)

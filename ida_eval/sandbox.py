@@ -36,7 +36,10 @@ at the timeout. Here every program gets:
 * **Output**: stdout and stderr are drained concurrently, only the last ``tail_bytes`` of each
   are kept, and a program that writes more than ``max_output_bytes`` in total is killed.
 * **Timeout**: wall clock; the whole process tree is killed (``SIGKILL`` to the process group,
-  which takes down PID 1 and with it the namespace).
+  which takes down PID 1 and with it the namespace). PID 1 also enforces the timeout (plus
+  ``SUPERVISOR_GRACE_S``) by itself and kills the run when the caller dies (EOF on a lifeline
+  pipe), so a SIGKILLed harness leaves no program running; :func:`sweep_stale` removes the work
+  directories and cgroups such a harness left behind (``execute_samples`` calls it).
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ida_eval._sandbox_boot import ARGS as _BOOT_ARGS
-from ida_eval.cgroups import SandboxCgroups
+from ida_eval.cgroups import SandboxCgroups, cgroup_parents, remove_group
 from ida_eval.isolation import Isolation, probe_isolation
 
 GiB = 1 << 30  # bytes
@@ -68,6 +71,8 @@ KiB = 1 << 10  # bytes
 UID_BASE = 1_000_000  # first uid handed to sandboxed programs (per-process offset added, see _slot_ids)
 UID_SLOTS_PER_PROCESS = 256  # at most this many concurrent sandboxes per executing process
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"  # the only PATH a sandboxed program sees
+WORK_PREFIX = "ida-exec-"  # work dirs are <tmp>/ida-exec-<runner pid>-<random>/w
+SUPERVISOR_GRACE_S = 5.0  # PID 1 kills the run by itself this long after the timeout (if we did not)
 KILL_GRACE_S = 0.5  # after the program's main process exits, wait this long for pipes to close
 
 
@@ -207,6 +212,46 @@ class _Tail:
         return self.buf.decode("utf-8", errors="replace")
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale(tmp_root: str | None = None) -> list[str]:
+    """Remove work directories and cgroups left by runners that died (SIGKILL, power loss).
+
+    Only entries named ``ida-exec-<pid>-...`` whose ``<pid>`` no longer exists are touched (a
+    recycled pid keeps its entries: conservative). Their processes are already gone: PID 1 of each
+    run kills everything when its runner's lifeline closes. Returns what was removed.
+    """
+    removed: list[str] = []
+    places = [tmp_root or tempfile.gettempdir(), *cgroup_parents()]
+    for parent in places:
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        for name in names:
+            pid_text = name[len(WORK_PREFIX) :].split("-", 1)[0]
+            if not name.startswith(WORK_PREFIX) or not pid_text.isdigit() or _pid_alive(int(pid_text)):
+                continue
+            path = os.path.join(parent, name)
+            try:
+                if parent in places[1:]:
+                    remove_group(path)
+                else:
+                    _rmtree(path)
+                removed.append(path)
+            except OSError:
+                pass
+    return removed
+
+
 def _kill_uid(uid: int, gid: int) -> None:
     """SIGKILL every process of ``uid``: ``kill -9 -1`` run *as that uid* reaches exactly its processes
     (whatever session they escaped to) and nothing else."""
@@ -291,7 +336,7 @@ def run_program(
     if iso.privilege == "setuid":
         uid_base, gid_base = _slot_ids()
         uid, gid = uid_base + slot, gid_base + slot
-    root = os.path.realpath(tempfile.mkdtemp(prefix="ida-exec-", dir=tmp_root))
+    root = os.path.realpath(tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-", dir=tmp_root))
     try:
         os.chmod(root, 0o711)
         workdir = os.path.join(root, "w")
@@ -364,6 +409,7 @@ def _spawn_and_wait(
     hidden, kept = _hidden_paths(workdir) if iso.uses_namespaces else ([], [])
     sent_r, sent_w = os.pipe()
     stat_r, stat_w = os.pipe()
+    life_r, life_w = os.pipe()  # we hold life_w until the end: its EOF tells PID 1 that we are gone
     cfg = {
         "workdir": workdir,
         "program": program,
@@ -377,6 +423,8 @@ def _spawn_and_wait(
         "cgroups": ":".join(groups.paths),
         "hide": ":".join(hidden) if iso.uses_namespaces else "",
         "keep": ":".join(kept) if iso.uses_namespaces else "",
+        "lifeline_fd": life_r,
+        "deadline_s": limits.timeout + SUPERVISOR_GRACE_S,
     }
     args = [str(cfg[k]) if cfg[k] is not None else "" for k in _BOOT_ARGS]
     cmd: Sequence[str] = [*iso.unshare, *_interpreter_args(limits), BOOT_SCRIPT, *args]
@@ -388,17 +436,18 @@ def _spawn_and_wait(
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            pass_fds=(sent_w, stat_w),
+            pass_fds=(sent_w, stat_w, life_r),
             env=_environment(workdir, limits),
             cwd=workdir,
             start_new_session=True,
         )
     except OSError as e:
-        for fd in (sent_r, sent_w, stat_r, stat_w):
+        for fd in (sent_r, sent_w, stat_r, stat_w, life_r, life_w):
             os.close(fd)
         raise SandboxError(f"cannot start sandbox {cmd[0]!r}: {e}") from e
     os.close(sent_w)
     os.close(stat_w)
+    os.close(life_r)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     try:
         proc.stdin.write(nonce)
@@ -452,7 +501,7 @@ def _spawn_and_wait(
         proc.wait()
         if not iso.uses_namespaces:
             _reap_escapees(proc, iso, uid, gid, groups)
-        for fd in (sent_r, stat_r):
+        for fd in (sent_r, stat_r, life_w):
             os.close(fd)
         proc.stdout.close()
         proc.stderr.close()

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -287,6 +288,7 @@ def test_killed_run_resumes_without_reexecuting(tmp_path: Path) -> None:
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
+    killed_pid = proc.pid
     before = out.read_text()
     k = len(before.splitlines())
     assert 3 <= k < n, "the run was not interrupted midway"
@@ -299,6 +301,8 @@ def test_killed_run_resumes_without_reexecuting(tmp_path: Path) -> None:
     assert sorted(r["task_id"] for r in recs) == sorted(p["task_id"] for p in problems)  # each exactly once
     assert all(r["passed"] for r in recs)
     assert "pass@1 = 1.0000" in stdout
+    tag = f"ida-exec-{killed_pid}-"  # the killed run's work dir was swept by the rerun
+    assert not [n for n in os.listdir(tempfile.gettempdir()) if n.startswith(tag)]
 
 
 def test_ctrl_c_stops_running_programs_and_keeps_finished_results(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import secrets
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -22,7 +23,7 @@ import pytest
 
 from ida_eval import isolation
 from ida_eval import sandbox as sb
-from ida_eval.cgroups import cgroup_support, leftover_groups
+from ida_eval.cgroups import cgroup_parents, cgroup_support, leftover_groups
 
 FAST = sb.SandboxLimits(timeout=3.0, memory_bytes=1 << 30)
 
@@ -229,6 +230,38 @@ def test_daemonized_grandchild_does_not_survive(clean: str, marker: str, iso: is
     while _processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _processes_with(marker) == []  # ... and its daemon is gone
+
+
+RUNNER = """
+import sys, types
+pkg = types.ModuleType("ida_eval")  # import the sandbox without the package's heavy __init__
+pkg.__path__ = [{pkg_dir!r}]
+sys.modules["ida_eval"] = pkg
+from ida_eval import sandbox
+sandbox.run_program({src!r}, sandbox.SandboxLimits(timeout=120.0))
+"""
+
+
+def test_a_killed_runner_takes_its_programs_with_it(marker: str) -> None:
+    src = f"import subprocess\nsubprocess.Popen(['sleep', '300', '{marker}'])\nwhile True: pass"
+    code = RUNNER.format(pkg_dir=str(Path(sb.__file__).parent), src=src)
+    runner = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not _processes_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _processes_with(marker), "the program never started"
+    finally:
+        runner.kill()  # SIGKILL: no cleanup code of the runner runs
+        runner.wait()
+    deadline = time.monotonic() + 5
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _processes_with(marker) == []  # PID 1 saw the lifeline close and killed the run
+    sb.sweep_stale()  # (another runner on this machine may have swept them already: same effect)
+    tag = f"ida-exec-{runner.pid}-"
+    assert not [n for n in os.listdir(tempfile.gettempdir()) if n.startswith(tag)], "work dir left behind"
+    assert not [g for parent in cgroup_parents() for g in os.listdir(parent) if g.startswith(tag)]
 
 
 def test_killing_the_parent_does_not_hurt_the_runner(clean: str) -> None:
