@@ -20,7 +20,8 @@ transpose with ``.T.copy()``, ``load_state_dict`` — peaked at ~4.6x the model'
 3. Strict key check: missing and unexpected names are listed in one error (a LayerNorm1P weight
    left at its init value of ones would silently double every activation scale). Tied weights
    (``tie_word_embeddings``) are tied after loading and verified to share storage.
-4. With ``device_map`` each tensor is decoded and placed directly on its device and accelerate's
+4. With ``device_map`` each tensor is placed directly on its device (MXFP8 tensors bound for a GPU
+   travel as payload + scales and are decoded and transposed there) and accelerate's
    ``dispatch_model`` adds the hooks (``"auto"`` splits whole decoder layers over GPUs).
 
 Plain transformers safetensors checkpoints (no MXFP8 metadata, HF orientation) load through the
@@ -33,13 +34,13 @@ import hashlib
 import json
 import re
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from mxfp8_codec import MXFP8Error, checkpoint_files, is_projection_weight, open_mxfp8
+from mxfp8_codec import MXFP8Error, checkpoint_files, decode_mxfp8, is_projection_weight, open_mxfp8
 
 WEIGHTS_DTYPE_KEY = "weights_dtype"  # metadata key that marks an MXFP8 file
 MXFP8_WEIGHTS_DTYPE = "MXFP8_E4M3_UE8M0_K32"
@@ -111,8 +112,14 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def _stream(wf: WeightFile, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+def _stream(
+    wf: WeightFile, dtype: torch.dtype, device_for: Callable[[str], torch.device]
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(name, tensor)`` decoded to ``dtype`` (floats), one tensor at a time.
+
+    An MXFP8 tensor bound for a CUDA device is copied there as payload + scales (1.03 bytes per
+    value) and decoded on the GPU by the codec (same rules, torch path); everything else is
+    decoded on the host.
 
     The next tensor is decoded on a worker thread while the caller transposes and places the current
     one (the codec's decoder and torch's copies release the GIL), unless it is larger than
@@ -127,6 +134,12 @@ def _stream(wf: WeightFile, dtype: torch.dtype) -> Iterator[tuple[str, torch.Ten
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ida-decode")
 
     def decode(r: Any, name: str) -> torch.Tensor:
+        device = device_for(name)
+        if device.type == "cuda" and r.is_quantized(name):
+            raw = r.get_raw(name)
+            payload = torch.from_numpy(raw.payload).to(device)
+            scales = torch.from_numpy(raw.scales).to(device)
+            return decode_mxfp8(payload, scales, dtype=dtype, name=name)
         is_float = r.is_quantized(name) or r.dtype(name) in ("BF16", "F16", "F32", "F64")
         return r.get(name, framework="pt", dtype=dtype if is_float else None)
 
@@ -289,8 +302,9 @@ def load_model(
     loaded: set[str] = set()
     unexpected: list[str] = []
     chunk: dict[str, torch.Tensor] = {}
+    cpu = torch.device("cpu")
     for wf in files:
-        for name, tensor in _stream(wf, dtype):
+        for name, tensor in _stream(wf, dtype, lambda n: _device_for(n, dm) if n in expected else cpu):
             if name in tied or name in non_persistent:
                 continue  # tied copies (re-tied below) and stale buffers such as old rotary inv_freq
             if name not in expected:

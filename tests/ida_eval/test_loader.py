@@ -186,3 +186,19 @@ def test_not_a_checkpoint(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(CheckpointLoadError, match="no loadable safetensors"):
         load_model(tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (GPU decode path)")
+def test_gpu_device_map_decodes_on_device_bit_identically(tok, ids, tmp_path):
+    model = tiny_model("nemotron", len(tok))
+    ckpt = save_mxfp8_checkpoint(model, tok, tmp_path / "c")
+    on_cpu, _ = load_model(ckpt)
+    on_gpu, _ = load_model(ckpt, device_map="cuda")
+    gpu_params = dict(on_gpu.named_parameters())
+    for name, p in on_cpu.named_parameters():
+        assert gpu_params[name].device.type == "cuda"
+        assert torch.equal(gpu_params[name].cpu(), p), name
+    assert on_gpu.model.rotary_emb.inv_freq.dtype == torch.float32
+    with torch.no_grad():
+        assert on_gpu(ids.cuda()).logits.isfinite().all()
