@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
+
 from mxfp8_codec import MXFP8Error, checkpoint_files, decode_mxfp8, is_projection_weight, open_mxfp8
 
 WEIGHTS_DTYPE_KEY = "weights_dtype"  # metadata key that marks an MXFP8 file
@@ -66,6 +68,7 @@ class WeightFile:
         orientation: ``"in_out"`` (trainer native, transposed at load) or ``"out_in"`` (HF).
         norm_convention: ``"zero_centered"`` or ``"folded"``.
         metadata: the file's ``__metadata__``.
+        n_tensors: logical tensors in the file (payload + scale count once).
     """
 
     path: Path
@@ -73,6 +76,7 @@ class WeightFile:
     orientation: str
     norm_convention: str
     metadata: dict[str, str]
+    n_tensors: int = 0
 
 
 def inspect_weight_file(path: str | Path) -> WeightFile:
@@ -84,6 +88,7 @@ def inspect_weight_file(path: str | Path) -> WeightFile:
     path = Path(path)
     with open_mxfp8(path) as reader:
         meta = dict(reader.metadata)
+        n_tensors = len(reader.keys())
     wd = meta.get(WEIGHTS_DTYPE_KEY)
     if wd is not None and wd != MXFP8_WEIGHTS_DTYPE:
         raise CheckpointLoadError(f"{path}: metadata weights_dtype={wd!r} is not {MXFP8_WEIGHTS_DTYPE!r}")
@@ -94,7 +99,9 @@ def inspect_weight_file(path: str | Path) -> WeightFile:
         raise CheckpointLoadError(f"{path}: metadata orientation={orientation!r}, expected one of {ORIENTATIONS}")
     if norm not in NORM_CONVENTIONS:
         raise CheckpointLoadError(f"{path}: metadata norm_convention={norm!r}, expected one of {NORM_CONVENTIONS}")
-    return WeightFile(path=path, mxfp8=mxfp8, orientation=orientation, norm_convention=norm, metadata=meta)
+    return WeightFile(
+        path=path, mxfp8=mxfp8, orientation=orientation, norm_convention=norm, metadata=meta, n_tensors=n_tensors
+    )
 
 
 def _weight_files(checkpoint_dir: Path) -> list[WeightFile]:
@@ -257,6 +264,7 @@ def load_model(
     *,
     dtype: torch.dtype = torch.bfloat16,
     device_map: Any = None,
+    progress: bool = False,
 ) -> tuple[Any, Any]:
     """Load a checkpoint directory (our MXFP8 format or plain transformers safetensors).
 
@@ -303,8 +311,10 @@ def load_model(
     unexpected: list[str] = []
     chunk: dict[str, torch.Tensor] = {}
     cpu = torch.device("cpu")
+    bar = tqdm(total=sum(f.n_tensors for f in files), desc="load", unit="tensor", disable=not progress)
     for wf in files:
         for name, tensor in _stream(wf, dtype, lambda n: _device_for(n, dm) if n in expected else cpu):
+            bar.update()
             if name in tied or name in non_persistent:
                 continue  # tied copies (re-tied below) and stale buffers such as old rotary inv_freq
             if name not in expected:
@@ -327,6 +337,7 @@ def load_model(
     if chunk:
         model.load_state_dict(chunk, strict=False, assign=True)
         chunk = {}
+    bar.close()
     missing = sorted(expected - loaded)
     if missing or unexpected:
         parts = []

@@ -307,7 +307,9 @@ def evaluate_checkpoint(
     have = read_samples(Path(out_dir) / SAMPLES_FILE)
     model = tokenizer = None
     if any(t not in have for t in problems):
-        model, tokenizer = load_model(checkpoint_dir, dtype=dtype, device_map=_device_map_for(device, device_map))
+        model, tokenizer = load_model(
+            checkpoint_dir, dtype=dtype, device_map=_device_map_for(device, device_map), progress=progress
+        )
     return evaluate_model(
         model,
         tokenizer,
