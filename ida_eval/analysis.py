@@ -46,6 +46,14 @@ WHITESPACE_RUN_TABS = 16  # ... or this many tabs (canonical max: 9)
 WHITESPACE_RUN_CHARS = 256  # ... or this many characters of any whitespace (canonical max: 206 spaces)
 WHITESPACE_FRACTION_MIN = 0.75  # ... or this share of a completion of at least WHITESPACE_MIN_LEN chars
 WHITESPACE_MIN_LEN = 40
+# MBXP Python tasks no completion can pass with the tests as shipped (reference note mbxp_eval.md §2):
+# entry_point == "check" shadows the solution (56, 349, 899, 967); tests use undefined globals
+# (367, 927: root*; 601: Pair, passable only by defining it); the test contradicts the docstring (160).
+UNPASSABLE_TASKS: frozenset[str] = frozenset(
+    f"MBPP/{i}" for i in (56, 160, 349, 367, 601, 899, 927, 967)
+)
+# expected outputs that depend on the Python version or set iteration order
+VERSION_DEPENDENT_TASKS: frozenset[str] = frozenset(f"MBPP/{i}" for i in (341, 596, 642))
 MAX_EXAMPLES = 5  # degenerate examples kept in summary.json
 EXAMPLE_CHARS = 160  # characters of each example kept
 
@@ -201,6 +209,24 @@ def failure_counts(
         counts[cls] += 1
         per_task[tid] = cls
     return counts, per_task
+
+
+def ceiling_report(per_task: Mapping[str, str]) -> dict[str, Any]:
+    """pass@1 next to the achievable ceiling: the raw score stays the headline (comparable with
+    mxeval); this adds the score over tasks that can be passed at all.
+
+    Example:
+        >>> ceiling_report({"MBPP/1": "passed", "MBPP/56": "runtime_error"})["pass_at_1_excluding_unpassable"]
+        1.0
+    """
+    unpassable = sorted((t for t in per_task if t in UNPASSABLE_TASKS), key=_task_key)
+    rest = [c for t, c in per_task.items() if t not in UNPASSABLE_TASKS]
+    return {
+        "unpassable_tasks_in_run": unpassable,
+        "version_dependent_tasks_in_run": sorted((t for t in per_task if t in VERSION_DEPENDENT_TASKS), key=_task_key),
+        "max_pass_at_1": (len(per_task) - len(unpassable)) / len(per_task) if per_task else 0.0,
+        "pass_at_1_excluding_unpassable": sum(c == "passed" for c in rest) / len(rest) if rest else 0.0,
+    }
 
 
 # ---------------------------------------------------------------- comparison of two runs

@@ -9,7 +9,7 @@
 * ``results.jsonl``: the executor's mxeval results (:func:`ida_eval.execute.execute_samples`, which
   resumes its own file and never re-executes a finished task).
 * ``summary.json`` (written atomically): pass@1 over the evaluated tasks, counts per failure class
-  (:mod:`ida_eval.analysis`), the class of every task, degenerate-output count with examples,
+  (:mod:`ida_eval.analysis`), the achievable ceiling (8 MBXP tasks cannot be passed as shipped), the class of every task, degenerate-output count with examples,
   timings and tokens/s, the sandbox isolation in force, the decoding and truncation rules, and the
   checkpoint's provenance (sha256 of every weight file, its precision metadata).
 
@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ida_eval.analysis import compare_runs, degenerate_report, failure_counts, format_comparison
+from ida_eval.analysis import ceiling_report, compare_runs, degenerate_report, failure_counts, format_comparison
 from ida_eval.execute import ExecutionConfig, execute_samples, isolation_in_force, summarize
 from ida_eval.generate import (
     DEFAULT_BATCH_SIZE,
@@ -230,6 +230,7 @@ def evaluate_model(
         "passed": counts["passed"],
         "counts": counts,
         "degenerate": degenerate_report(samples),
+        "ceiling": ceiling_report(per_task),
         "timings": {
             "generation_s": round(gen_seconds, 3),
             "execution_s": round(exec_seconds, 3),

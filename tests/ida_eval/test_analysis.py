@@ -124,3 +124,24 @@ def test_load_run_errors(tmp_path):
     (tmp_path / "summary.json").write_text("{not json")
     with pytest.raises(ValueError, match="summary.json: not valid JSON"):
         load_run(tmp_path)
+
+
+def test_ceiling_report():
+    from ida_eval.analysis import UNPASSABLE_TASKS, ceiling_report
+
+    per_task = {"MBPP/1": "passed", "MBPP/2": "wrong_answer", "MBPP/56": "runtime_error", "MBPP/596": "passed"}
+    rep = ceiling_report(per_task)
+    assert rep["unpassable_tasks_in_run"] == ["MBPP/56"] and rep["version_dependent_tasks_in_run"] == ["MBPP/596"]
+    assert rep["max_pass_at_1"] == 0.75 and rep["pass_at_1_excluding_unpassable"] == pytest.approx(2 / 3)
+    assert len(UNPASSABLE_TASKS) == 8
+
+
+def test_unpassable_tasks_fail_with_their_canonical_solutions(mbxp_problems_file):
+    """The ceiling's task list agrees with the data: those canonical programs fail in the executor."""
+    from ida_eval import ExecutionConfig, execute_samples, load_problems
+    from ida_eval.analysis import UNPASSABLE_TASKS
+
+    problems = load_problems(mbxp_problems_file)
+    chosen = {t: problems[t] for t in sorted(UNPASSABLE_TASKS)}
+    results = execute_samples(chosen, canonical=True, config=ExecutionConfig(workers=2, timeout=20), progress=False)
+    assert [r["task_id"] for r in results if r["passed"]] == []
