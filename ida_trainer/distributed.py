@@ -19,7 +19,11 @@ Pipeline (``--pipeline-stages S``, one process per stage, launched with ``torchr
   built per micro-batch shape (the data pads every micro-batch of a step to one length).
 * Loss: each micro-batch's ``cross_entropy(logits.float(), labels, reduction="sum", ignore_index=-100)
   / global_valid_tokens`` on the last stage, exactly as the single-process engine computes it; the step
-  loss is broadcast to every rank.
+  loss is broadcast to every rank.  When a micro-batch's logits would exceed ``LOGITS_CHUNK_ENTRIES``
+  (2**27 tokens x vocabulary entries: 1.75 GiB at 14 B each; 1024 tokens of a 256000-word vocabulary
+  is 2x that), the last stage returns the final-norm hidden states and the loss runs lm_head + cross-
+  entropy over token chunks, each recomputed in backward, so only one chunk's logits are alive (same
+  math; float32 sums in another order, so not bit-identical to the single-process loss).
 * Backends: gloo on CPU (and for host-staged transfers), NCCL when CUDA is available.
 
 FSDP2 (``--data-parallel fsdp``): :func:`apply_fsdp` calls ``fully_shard`` on every decoder layer and
@@ -48,9 +52,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mxfp8_codec import MXFP8Tensor
-
 from ida_trainer.precision import PIPELINE_ATTR, PIPELINE_STATES_KEY, export_state, model_recipe
+from mxfp8_codec import MXFP8Tensor
 
 if TYPE_CHECKING:
     from ida_trainer.config import ParallelConfig
@@ -67,6 +70,7 @@ __all__ = [
 IGNORE_INDEX = -100  # labels the loss skips
 BACKEND_ENV = "IDA_DIST_BACKEND"  # override the process-group backend ("gloo" | "nccl")
 MAX_SCHEDULES = 4  # cached (shape -> PipelineStage + schedule) entries per engine
+LOGITS_CHUNK_ENTRIES = 2**27  # above this many tokens x vocab logits per micro-batch, the last stage chunks
 
 
 @dataclass(frozen=True)
@@ -192,6 +196,7 @@ class _StageModule(nn.Module):
         self.autocast_device = autocast_device
         self.side: Sequence[Mapping[str, torch.Tensor]] = ()
         self.calls = 0
+        self.return_hidden = False  # last stage: return the final-norm hidden states (chunked loss)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from transformers.masking_utils import create_causal_mask
@@ -216,7 +221,10 @@ class _StageModule(nn.Module):
                 h = base.layers[i](h, attention_mask=mask, position_ids=pos, cache=None, use_cache=False,
                                    position_embeddings=pe)
             if self.is_last:
-                return self.lm.lm_head(base.norm(h)).float()
+                h = base.norm(h)
+                if self.return_hidden:
+                    return h.to(self.boundary_dtype)
+                return self.lm.lm_head(h).float()
         return h.to(self.boundary_dtype)
 
 
@@ -304,8 +312,9 @@ class PipelineEngine:
         dev = self.info.device
         hid = torch.zeros(b, t, self.hidden_size, dtype=self.boundary_dtype, device=dev, requires_grad=True)
         inp = torch.zeros(b, t, dtype=torch.long, device=dev) if self.is_first else hid
+        chunked = self._chunked(b, t)
         out = torch.zeros(b, t, self.vocab_size, dtype=torch.float32, device=dev, requires_grad=True) \
-            if self.is_last else hid
+            if self.is_last and not chunked else hid
         stage = PipelineStage(self.module, self.stage_index, self.num_stages, dev, input_args=(inp,),
                               output_args=(out,))
         sched = Schedule1F1B(stage, n_microbatches=self.microbatches, loss_fn=self._loss, scale_grads=False)
@@ -314,8 +323,39 @@ class PipelineEngine:
         self._schedules[key] = sched
         return sched
 
-    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return token_loss(logits, labels, self._gvt)
+    def _chunked(self, b: int, t: int) -> bool:
+        """Whether the last stage returns hidden states and chunks lm_head + loss for this shape."""
+        return self.is_last and b * t * self.vocab_size > LOGITS_CHUNK_ENTRIES
+
+    def _loss(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if not self.module.return_hidden:
+            return token_loss(output, labels, self._gvt)
+        return self._chunked_loss(output, labels)
+
+    def _chunked_loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """lm_head + cross-entropy over token chunks, each recomputed in backward (bounded logits memory).
+
+        Same math as :func:`token_loss`; the float32 sums run in another order (not bit-identical).
+        """
+        from torch.utils.checkpoint import checkpoint
+
+        h = hidden.flatten(0, 1)
+        y = labels.flatten()
+        chunk = max(1, LOGITS_CHUNK_ENTRIES // self.vocab_size)
+        lm_head = self.model.lm_head
+        device_type = self.module.autocast_device
+
+        def piece(hc: torch.Tensor, yc: torch.Tensor) -> torch.Tensor:
+            ctx = (torch.autocast(device_type=device_type, dtype=torch.bfloat16) if device_type
+                   else _nullcontext())
+            with ctx:
+                logits = lm_head(hc)
+            return F.cross_entropy(logits.float(), yc, reduction="sum", ignore_index=IGNORE_INDEX)
+
+        total = hidden.new_zeros((), dtype=torch.float32)
+        for start in range(0, h.shape[0], chunk):
+            total = total + checkpoint(piece, h[start:start + chunk], y[start:start + chunk], use_reentrant=False)
+        return total / self._gvt
 
     def forward_backward(self, microbatches: list[dict[str, torch.Tensor]], global_valid_tokens: int) -> float:
         """Run one optimizer step's micro-batches through the 1F1B schedule; gradients accumulate.
@@ -334,6 +374,7 @@ class PipelineEngine:
         sched = self._schedule(b, t)
         self.module.side = microbatches
         self.module.calls = 0
+        self.module.return_hidden = self._chunked(b, t)
         dev = self.info.device
         losses: list[torch.Tensor] = []
         if self.is_first:

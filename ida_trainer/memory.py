@@ -27,7 +27,10 @@ rules, stated here:
   MLP up/activation/down inputs), doubled for the gradients flowing through it (attention itself is
   SDPA/flash: no [tokens x tokens] matrix).
 * **Logits** (last stage): ``tokens x vocab x 14 B``: BF16 lm_head output (2), the FP32 copy the stage
-  returns (4), cross-entropy's FP32 log-softmax (4) and FP32 gradient (4).
+  returns (4), cross-entropy's FP32 log-softmax (4) and FP32 gradient (4).  Above
+  ``LOGITS_CHUNK_ENTRIES`` (2**27) the pipeline's last stage computes lm_head + loss in token chunks
+  recomputed in backward (see :mod:`ida_trainer.distributed`): then only one chunk's logits count,
+  plus the final hidden states and their gradient (``tokens x hidden x 2 x boundary bytes``).
 * **NVFP4 transients** (nvfp4, the largest layer): its MXFP8 master decoded to FP32 while quantizing
   (4 B/param) and the two quantized weight layouts (2 x 0.5625 B/param).
 * **Runtime**: 0.75 GiB for the CUDA context, cuBLAS workspace and allocator fragmentation.
@@ -55,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn as nn
 
-from ida_trainer.distributed import split_layers
+from ida_trainer.distributed import LOGITS_CHUNK_ENTRIES, split_layers
 from ida_trainer.precision import apply_recipe, nvfp4_modules
 
 if TYPE_CHECKING:
@@ -153,6 +156,14 @@ def _stage_of(name: str, bounds: list[range]) -> int:
     return len(bounds) - 1  # final norm, lm_head
 
 
+def _logits_bytes(tokens: int, vocab: int, hidden: int, boundary: int) -> int:
+    """Last-stage logits memory: whole micro-batch, or one chunk (+ hidden states) when chunked."""
+    if tokens * vocab <= LOGITS_CHUNK_ENTRIES:
+        return tokens * vocab * LOGIT_BYTES
+    chunk = max(1, LOGITS_CHUNK_ENTRIES // vocab)
+    return chunk * vocab * LOGIT_BYTES + tokens * hidden * 2 * boundary
+
+
 def _bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -228,7 +239,7 @@ def stage_memory(config: Any, precision: PrecisionConfig, *, stages: int = 2,
             act = in_flight * len(layers) * tokens * hidden * boundary + layer_working
         else:
             act = in_flight * len(layers) * layer_working
-        logits = tokens * int(config.vocab_size) * LOGIT_BYTES if s == stages - 1 else 0
+        logits = _logits_bytes(tokens, int(config.vocab_size), hidden, boundary) if s == stages - 1 else 0
         transient = int(largest[s] * NVFP4_TRANSIENT_BYTES) if recipe == "nvfp4" else 0
         out.append(StageMemory(stage=s, layers=layers, params=params[s], weights_bytes=weights[s],
                                grads_bytes=grads[s], optimizer_bytes=optim[s], transient_bytes=transient,

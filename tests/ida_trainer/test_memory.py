@@ -81,3 +81,18 @@ def test_cli_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--stages", "2", "--tokens", "512"]) == 0
     out = capsys.readouterr().out
     assert "| 1 | 16-31 |" in out and "Minitron-4B" in out
+
+
+def test_the_minitron_4b_preset_as_configured_fits_two_16gb_stages() -> None:
+    # The preset's own settings: keep_bf16 layers, 2 stages, checkpointing, tokens per micro-batch.
+    from ida_trainer.cli import parse_args
+
+    cfg = parse_args(["--preset", "minitron-4b", "--base", "/models/minitron-4b", "--data", "/data/sft.jsonl"])
+    assert cfg.parallel.pipeline_stages == 2 and cfg.model.activation_checkpointing
+    tokens = cfg.train.global_batch_size // cfg.parallel.microbatches * cfg.data.max_len
+    report = stage_memory(minitron_4b_config(), cfg.precision, stages=cfg.parallel.pipeline_stages,
+                          activations=ActivationSpec(tokens_per_microbatch=tokens, checkpointing=True))
+    for s in report:
+        assert s.total_bytes < 16 * GIB, s.row()
+    # the last stage only fits because lm_head + loss run in token chunks (whole logits: 27 GiB)
+    assert tokens * minitron_4b_config().vocab_size * 14 > 16 * GIB
