@@ -24,8 +24,8 @@ import torch
 from ida_trainer.config import DataConfig, ModelConfig, OptimConfig, PrecisionConfig
 from ida_trainer.data import build_batcher, load_examples
 from ida_trainer.demo import build_demo_model, corpus_path, corpus_texts, train_demo_tokenizer
+from ida_trainer.engine import LocalEngine
 from ida_trainer.precision import apply_recipe, build_optimizer
-from ida_trainer.trainer import LocalEngine
 
 TARGET_RATIO = 3.0  # nvfp4 step / bf16 step, at most
 

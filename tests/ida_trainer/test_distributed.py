@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from ida_trainer.config import OptimConfig, ParallelConfig, PrecisionConfig
 from ida_trainer.distributed import DistInfo, PipelineEngine, apply_fsdp, init_distributed, split_layers
+from ida_trainer.engine import LocalEngine
 from ida_trainer.precision import apply_recipe, build_optimizer, export_state
-from ida_trainer.trainer import LocalEngine
 from mxfp8_codec import MXFP8Tensor, write_mxfp8_safetensors
 
 STEPS = 2
