@@ -41,6 +41,7 @@ NVFP4_BLOCK = 16  # elements per NVFP4 block (and side of a 2-D weight tile)
 MXFP8_BLOCK = 32  # elements per MXFP8 block along the last (out) axis of the master
 TENSOR_ID_MASK = 0x7FFF_FFFF  # tensor ids are 31-bit crc32 values of "name#use"
 
+
 def tensor_id(name: str, use: str) -> int:
     """Stable stochastic-rounding stream id of one use of one tensor (same in every process).
 
@@ -101,14 +102,17 @@ class NVFP4LinearFunction(torch.autograd.Function):
         wq = wq_n.t()  # [out, in]
         xq = nvfp4_cuda.quantize_nvfp4(x2, rounding="rne")  # [M, in], 1x16 along in
         y = nvfp4_cuda.nvfp4_matmul(xq, wq, out_dtype=torch.bfloat16)  # [M, out]
-        ctx.save_for_backward(x2)
-        ctx.wq_n = wq_n
+        # Saved as tensors (not ctx attributes) so activation checkpointing drops and recomputes them too.
+        ctx.save_for_backward(x2, wq_n.codes, wq_n.block_scales, wq_n.tensor_scale)
+        ctx.w_shape = wq_n.shape
         ctx.layer = layer
         return y
 
     @staticmethod
     def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
-        (x2,) = ctx.saved_tensors
+        x2, codes, block_scales, tensor_scale = ctx.saved_tensors
+        wq_n = nvfp4_cuda.NVFP4Tensor(codes=codes, block_scales=block_scales, tensor_scale=tensor_scale,
+                                      shape=ctx.w_shape, block_2d=True)
         layer: NVFP4Linear = ctx.layer
         gy = gy.contiguous()
         call = layer.next_backward_call()
@@ -118,7 +122,7 @@ class NVFP4LinearFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             gq = nvfp4_cuda.quantize_nvfp4(gy, rounding=rounding, seed=seed, step=step,
                                            tensor_id=tensor_id(layer.global_name, f"dgrad:{call}"))
-            dx = nvfp4_cuda.nvfp4_matmul(gq, ctx.wq_n, out_dtype=torch.bfloat16)  # [M, in]
+            dx = nvfp4_cuda.nvfp4_matmul(gq, wq_n, out_dtype=torch.bfloat16)  # [M, in]
         if ctx.needs_input_grad[1]:
             xt = _transpose_padded(x2)  # [in, M'] with M' = M rounded up to 16 (zero tokens)
             gt = _transpose_padded(gy)  # [out, M']
@@ -127,7 +131,6 @@ class NVFP4LinearFunction(torch.autograd.Function):
             gtq = nvfp4_cuda.quantize_nvfp4(gt, rounding=rounding, hadamard=hadamard, seed=seed,
                                             step=step, tensor_id=tensor_id(layer.global_name, f"wgrad:{call}"))
             dw = nvfp4_cuda.nvfp4_matmul(xtq, gtq, out_dtype=torch.bfloat16)  # [in, out]
-        ctx.wq_n = None
         return dx, dw, None, None, None
 
 
