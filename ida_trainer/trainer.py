@@ -505,6 +505,11 @@ class Trainer:
         closer = getattr(self.engine, "close", None)
         if closer is not None:
             closer()
+        if self.dist is not None and getattr(self.dist, "world_size", 1) > 1:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
 
 
 def _num_degenerate(summary: dict[str, Any]) -> int | None:
