@@ -19,8 +19,12 @@ Variants:
 The logits of ``ours`` and ``users_recipe`` must be bit-identical (both round the exact decoded value
 to bf16 once); the script checks it.
 
+``--cold`` evicts the checkpoint files from the page cache before every run (posix_fadvise), so
+loading includes reading from disk -- the situation of a freshly written or copied checkpoint.
+
 Usage:
-    python benchmarks/bench_loader.py                       # ~400 M params, all variants
+    python benchmarks/bench_loader.py                       # ~400 M params, all variants, warm cache
+    python benchmarks/bench_loader.py --cold                # the same, files read from disk each run
     python benchmarks/bench_loader.py --layers 4 --hidden 512 --vocab 8000   # quick smoke run
 """
 
@@ -47,6 +51,18 @@ def _status_kib(field: str) -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _evict(root: Path) -> None:
+    """Drop every file under ``root`` from the page cache (only these files; needs no privileges)."""
+    for path in root.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
 
 
 def _build(args: argparse.Namespace, root: Path) -> dict[str, Any]:
@@ -142,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--repeats", type=int, default=1, help="runs per variant (best time, max memory reported)")
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--cold", action="store_true",
+                    help="evict the checkpoint files from the page cache (posix_fadvise DONTNEED) before each run")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--info", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -158,12 +176,14 @@ def main(argv: list[str] | None = None) -> int:
         info = _build(args, root)
         info["vocab"] = args.vocab
         mx_bytes = (root / "mxfp8" / "model.safetensors").stat().st_size
-        print(f"random Nemotron: {info['n_params'] / 1e6:.1f} M params, BF16 {info['bf16_bytes'] / 2**20:.0f} MiB, "
+        print(("cold page cache; " if args.cold else "warm page cache; ") + f"random Nemotron: {info['n_params'] / 1e6:.1f} M params, BF16 {info['bf16_bytes'] / 2**20:.0f} MiB, "
               f"MXFP8 file {mx_bytes / 2**20:.0f} MiB (built in {time.perf_counter() - t0:.0f} s); "
               f"torch {torch.__version__}, {os.cpu_count()} CPUs")
         results: dict[str, dict[str, float]] = {}
         for _ in range(args.repeats):  # interleaved, so machine noise hits every variant alike
             for variant in args.variants.split(","):
+                if args.cold:
+                    _evict(root)
                 subprocess.run(
                     [sys.executable, __file__, "--child", variant, "--info", json.dumps(info), "--out", tmp],
                     check=True,
