@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import random
 import time
 import warnings
@@ -89,7 +90,8 @@ class Trainer:
     def __init__(self, cfg: JobConfig, *, dist: Any = None):
         self.cfg = cfg
         self.dist = dist
-        self.rank = int(getattr(dist, "rank", 0)) if dist is not None else 0
+        # torchrun's RANK is known before the process group exists: only rank 0 writes files during setup
+        self.rank = int(getattr(dist, "rank", 0)) if dist is not None else int(os.environ.get("RANK", "0"))
         self.is_main = self.rank == 0
         self.out = Path(cfg.out)
         self.ckpt_root = self.out / "checkpoints"
