@@ -26,6 +26,13 @@
  * SIMD: with AVX-512 (F + BW, i.e. -march=native on such a CPU) the fast paths use intrinsics;
  * otherwise portable C written with selects only, which compilers auto-vectorize.
  *
+ * Transposed decode (mx_decode_*_t): payload [rows, k] -> out[c * ld + r], i.e. the [k, rows]
+ * transpose written directly (the trainer stores projections [in, out], nn.Linear wants
+ * [out, in]). Each 32-row x 32-column tile (one scale block per row) is decoded into a small
+ * buffer with the same block routines as above -- hence the same bits -- then written out
+ * column by column; the buffer stays in L1 and each output row gets 32 contiguous values.
+ * ld >= rows lets a caller decode a row range of the payload into a column range of the output.
+ *
  * Floating-point environment: the subnormal arithmetic above must not be flushed, so on x86 each
  * entry point clears FTZ/DAZ and selects round-to-nearest in MXCSR and restores it on exit
  * (torch.set_flush_denormal(True) sets them process-wide).
@@ -49,7 +56,8 @@
 #endif
 
 #define MX_BLOCK 32
-#define MX_KERNEL_VERSION 4
+#define MX_KERNEL_VERSION 5
+#define MX_TILE 32 /* transposed decode: 32 x 32 tiles (2 KiB bf16, 4 KiB f32: stay in L1) */
 
 static inline float mx_as_float(uint32_t u) { float f; memcpy(&f, &u, sizeof f); return f; }
 static inline uint32_t mx_as_u32(float f) { uint32_t u; memcpy(&u, &f, sizeof u); return u; }
@@ -187,6 +195,49 @@ void mx_decode_f32(const uint8_t *q, const uint8_t *s, int64_t rows, int64_t k,
     }
     MX_FP_EXIT();
 }
+
+/* Transposed decode, one output type: decode a 32-row x 32-col tile (one scale block per row)
+ * into buf with the row kernels' exact rules, then scatter it column-wise to out[c * ld + r]. */
+#define MX_DEFINE_DECODE_T(NAME, T, FAST)                                                          \
+void NAME(const uint8_t *q, const uint8_t *s, int64_t rows, int64_t k, T *out, int64_t ld,      \
+          const T *lut) {                                                                       \
+    MX_FP_ENTER();                                                                              \
+    const int64_t nb = (k + MX_BLOCK - 1) / MX_BLOCK;                                           \
+    T buf[MX_TILE * MX_TILE] __attribute__((aligned(64)));                                      \
+    for (int64_t r0 = 0; r0 < rows; r0 += MX_TILE) {                                            \
+        const int64_t tr = (rows - r0) < MX_TILE ? (rows - r0) : MX_TILE;                       \
+        for (int64_t b = 0; b < nb; b++) {                                                      \
+            const int64_t c0 = b * MX_BLOCK;                                                    \
+            const int64_t n = (k - c0) < MX_BLOCK ? (k - c0) : MX_BLOCK;                        \
+            for (int64_t r = 0; r < tr; r++) {                                                  \
+                const uint8_t *qr = q + (r0 + r) * k + c0;                                      \
+                const uint32_t sb = s[(r0 + r) * nb + b];                                       \
+                T *o = buf + r * MX_TILE;                                                       \
+                if (n == MX_BLOCK && sb >= 10u && sb <= 246u && !FAST(qr, sb, o)) continue;     \
+                const T *row = lut + ((size_t)sb << 8);                                         \
+                for (int64_t i = 0; i < n; i++) o[i] = row[qr[i]];                              \
+            }                                                                                   \
+            if (tr == MX_TILE) {                                                                \
+                for (int64_t c = 0; c < n; c++) {                                               \
+                    T *restrict dst = out + (c0 + c) * ld + r0;                                 \
+                    for (int r = 0; r < MX_TILE; r++) dst[r] = buf[r * MX_TILE + c];            \
+                }                                                                               \
+            } else {                                                                            \
+                for (int64_t c = 0; c < n; c++) {                                               \
+                    T *restrict dst = out + (c0 + c) * ld + r0;                                 \
+                    for (int64_t r = 0; r < tr; r++) dst[r] = buf[r * MX_TILE + c];             \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+    }                                                                                           \
+    MX_FP_EXIT();                                                                               \
+}
+
+/* payload q [rows, k], scales s [rows, ceil(k/32)] -> out[c * ld + r] bfloat16 bits ([k, rows]) */
+MX_DEFINE_DECODE_T(mx_decode_bf16_t, uint16_t, mx_decode_block_bf16_fast)
+
+/* payload q [rows, k], scales s [rows, ceil(k/32)] -> out[c * ld + r] float32 bits ([k, rows]) */
+MX_DEFINE_DECODE_T(mx_decode_f32_t, uint32_t, mx_decode_block_f32_fast)
 
 /* ========================================================================================== */
 /* encode                                                                                     */

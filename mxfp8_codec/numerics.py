@@ -72,6 +72,7 @@ from .numerics_numpy import (
     _rule,
     decode_mxfp8_numpy,
     decode_table,
+    decoded_shape,
     e4m3_values,
     encode_mxfp8_numpy,
     scale_exponent,
@@ -166,18 +167,26 @@ def _encode_numpy_dispatch(
 
 
 def _decode_numpy_dispatch(
-    payload: np.ndarray, scales: np.ndarray, dtype: Any, name: str | None, out: np.ndarray | None = None
+    payload: np.ndarray,
+    scales: np.ndarray,
+    dtype: Any,
+    name: str | None,
+    out: np.ndarray | None = None,
+    transpose: bool = False,
 ) -> np.ndarray:
     kernel = _native_kernel()
     if kernel is None:
-        return decode_mxfp8_numpy(payload, scales, dtype=dtype, name=name, out=out)
+        return decode_mxfp8_numpy(payload, scales, dtype=dtype, name=name, out=out, transpose=transpose)
     kind = _out_kind(dtype)
     p, s = _check_decode_input_numpy(payload, scales, name)
     table = decode_table(kind)
-    out_bits = _out_bits(out, p.shape, kind, name)
+    out_bits = _out_bits(out, decoded_shape(p.shape, transpose, name), kind, name)
     if p.size:
         p2, s2 = np.ascontiguousarray(_as_2d(p)), np.ascontiguousarray(_as_2d(s))
-        kernel.decode(p2, s2, _as_2d(out_bits), table)
+        if transpose:
+            kernel.decode_transposed(p2, s2, out_bits, table)
+        else:
+            kernel.decode(p2, s2, _as_2d(out_bits), table)
     if out is not None:
         return out
     return out_bits.view(np.float32 if kind == "f32" else ml_dtypes.bfloat16)
@@ -247,6 +256,7 @@ def decode_mxfp8(
     dtype: Any = np.float32,
     name: str | None = None,
     out: ArrayLike | None = None,
+    transpose: bool = False,
 ) -> ArrayLike:
     """Dequantize MXFP8: ``e4m3(payload) * 2^(scales - 127)`` per 32-element block.
 
@@ -261,6 +271,14 @@ def decode_mxfp8(
         out: optional C-contiguous destination of the payload's shape and the requested dtype
             (numpy array, or torch tensor for torch input, e.g. a parameter's storage); it is
             filled and returned, saving the allocation (and page faults) of a new array.
+            With ``transpose=True`` it has the transposed shape ``(C, R)``.
+        transpose: False (default) keeps the payload's layout. True (2-D ``[R, C]`` payload only)
+            returns the decoded values in ``[C, R]`` layout, C-contiguous -- bit for bit
+            ``decode_mxfp8(...).T`` copied, without the intermediate array or the separate
+            transpose pass (the native kernel decodes 32 x 32 tiles and writes them transposed;
+            the numpy and torch paths decode then copy ``.T``). Use it to turn a projection
+            stored ``[in, out]`` into nn.Linear's ``[out, in]`` weight, e.g. into the
+            parameter's storage via ``out``.
 
     Returns:
         The decoded array (``out`` when given), same type (numpy / torch, same device) as the
@@ -268,24 +286,30 @@ def decode_mxfp8(
         gives a NaN block, codes 0x7F / 0xFF give NaN, very large products give +-inf.
 
     Raises:
-        MXFP8Error: wrong dtypes, mismatched shapes, or an unsupported ``dtype``.
+        MXFP8Error: wrong dtypes, mismatched shapes, an unsupported ``dtype``, or
+            ``transpose=True`` with a payload that is not 2-D.
 
     Example:
         >>> import numpy as np, ml_dtypes
         >>> decode_mxfp8(np.array([0x7E, 0x01], np.uint8), np.array([127], np.uint8),
         ...              dtype=ml_dtypes.bfloat16).tolist()
         [448.0, 0.001953125]
+        >>> p, s = encode_mxfp8(np.array([[1.0, 2.0], [3.0, 4.0]], np.float32))
+        >>> decode_mxfp8(p, s, transpose=True).tolist()
+        [[1.0, 3.0], [2.0, 4.0]]
     """
     if _is_torch(payload):
         p, s = _check_decode_input_torch(payload, scales, name)
         if out is not None and not _is_torch(out):
             raise MXFP8Error(f"tensor {name!r}: out must be a torch tensor for torch input")
         if p.device.type != "cpu" or (out is not None and out.device.type != "cpu"):
-            result = decode_mxfp8_torch(p, s, dtype=dtype, name=name)
+            result = decode_mxfp8_torch(p, s, dtype=dtype, name=name, transpose=transpose)
             return result if out is None else _copy_into(out, result, name)
         np_out = None if out is None else _torch_out_view(out, name)
-        decoded = _decode_numpy_dispatch(_torch_cpu_to_numpy(p), _torch_cpu_to_numpy(s), dtype, name, np_out)
+        decoded = _decode_numpy_dispatch(
+            _torch_cpu_to_numpy(p), _torch_cpu_to_numpy(s), dtype, name, np_out, transpose
+        )
         return out if out is not None else _numpy_to_torch(decoded)
     if out is not None and not isinstance(out, np.ndarray):
         raise MXFP8Error(f"tensor {name!r}: out must be a numpy array for numpy input")
-    return _decode_numpy_dispatch(payload, scales, dtype, name, out)
+    return _decode_numpy_dispatch(payload, scales, dtype, name, out, transpose)

@@ -41,6 +41,7 @@ __all__ = [
     "CHUNK_ELEMENTS",
     "decode_mxfp8_numpy",
     "decode_table",
+    "decoded_shape",
     "e4m3_values",
     "encode_mxfp8_numpy",
     "scale_exponent",
@@ -360,10 +361,13 @@ def decode_mxfp8_numpy(
     dtype: Any = np.float32,
     name: str | None = None,
     out: np.ndarray | None = None,
+    transpose: bool = False,
 ) -> np.ndarray:
     """Pure-numpy MXFP8 decode (the fallback and the oracle for the native kernel).
 
-    Chunked 2-D table gather ``table[(s << 8) | q]``; same contract as :func:`decode_mxfp8`.
+    Chunked 2-D table gather ``table[(s << 8) | q]``; same contract as :func:`decode_mxfp8`
+    (``transpose=True``: a 2-D ``[R, C]`` payload decodes to ``[C, R]``, chunk by chunk of rows:
+    decode, then copy the chunk's ``.T`` into its columns of the output).
 
     Example:
         >>> decode_mxfp8_numpy(np.array([112, 248], np.uint8), np.array([120], np.uint8)).tolist()
@@ -372,12 +376,35 @@ def decode_mxfp8_numpy(
     kind = _out_kind(dtype)
     p, s = _check_decode_input_numpy(payload, scales, name)
     table = decode_table(kind)
-    out_bits = _out_bits(out, p.shape, kind, name)
-    if p.size:
+    out_bits = _out_bits(out, decoded_shape(p.shape, transpose, name), kind, name)
+    if p.size and transpose:
+        rows, k = p.shape
+        step = max(1, CHUNK_ELEMENTS // max(k, 1))
+        tmp = np.empty((min(step, rows), k), out_bits.dtype)
+        for r0 in range(0, rows, step):
+            r1 = min(rows, r0 + step)
+            _decode_rows_numpy(p[r0:r1], s[r0:r1], table, tmp[: r1 - r0])
+            out_bits[:, r0:r1] = tmp[: r1 - r0].T
+    elif p.size:
         _decode_rows_numpy(_as_2d(p), _as_2d(s), table, _as_2d(out_bits))
     if out is not None:
         return out
     return out_bits.view(np.float32 if kind == "f32" else ml_dtypes.bfloat16)
+
+
+def decoded_shape(shape: tuple[int, ...], transpose: bool, name: str | None = None) -> tuple[int, ...]:
+    """Shape of the decoded array: ``shape``, or ``(C, R)`` for a 2-D ``(R, C)`` with ``transpose``.
+
+    Example:
+        >>> decoded_shape((4096, 1024), True)
+        (1024, 4096)
+    """
+    if not transpose:
+        return tuple(shape)
+    if len(shape) != 2:
+        who = f"tensor {name!r}" if name else "tensor"
+        raise MXFP8Error(f"{who}: transpose=True needs a 2-D payload, got shape {tuple(shape)}")
+    return (shape[1], shape[0])
 
 
 def _out_bits(out: np.ndarray | None, shape: tuple[int, ...], kind: OutKind, name: str | None) -> np.ndarray:

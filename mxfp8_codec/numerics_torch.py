@@ -38,6 +38,7 @@ from .numerics_numpy import (
     _out_kind,
     _rule,
     decode_table,
+    decoded_shape,
     scales_shape,
 )
 
@@ -171,8 +172,12 @@ def decode_mxfp8_torch(
     *,
     dtype: Any = None,
     name: str | None = None,
+    transpose: bool = False,
 ) -> torch.Tensor:
     """MXFP8 decode with torch ops on the payload's device; same bits as the numpy path.
+
+    ``transpose=True`` (2-D ``[R, C]`` payload only) returns the contiguous ``[C, R]`` transpose:
+    decode, then one ``.t().contiguous()`` copy on the device.
 
     Example:
         >>> import torch
@@ -185,6 +190,9 @@ def decode_mxfp8_torch(
     p, s = _check_decode_input_torch(payload, scales, name)
     shape = tuple(p.shape)
     out_dtype = torch.float32 if kind == "f32" else torch.bfloat16
+    if transpose:
+        decoded_shape(shape, True, name)  # 2-D check
+        return decode_mxfp8_torch(p, s, dtype=out_dtype, name=name).t().contiguous()
     if p.numel() == 0:
         return torch.empty(shape, dtype=out_dtype, device=p.device)
     k, nb = shape[-1], s.shape[-1]
