@@ -31,7 +31,9 @@
  * [out, in]). Each 32-row x 32-column tile (one scale block per row) is decoded into a small
  * buffer with the same block routines as above -- hence the same bits -- then written out
  * column by column; the buffer stays in L1 and each output row gets 32 contiguous values.
- * ld >= rows lets a caller decode a row range of the payload into a column range of the output.
+ * Row strides ldq / lds / ld let a caller decode a column range of the payload (a multiple of 32
+ * wide) into a row range of the output, or a row range into a column range (splitting work over
+ * threads without copies).
  *
  * Floating-point environment: the subnormal arithmetic above must not be flushed, so on x86 each
  * entry point clears FTZ/DAZ and selects round-to-nearest in MXCSR and restores it on exit
@@ -199,8 +201,8 @@ void mx_decode_f32(const uint8_t *q, const uint8_t *s, int64_t rows, int64_t k,
 /* Transposed decode, one output type: decode a 32-row x 32-col tile (one scale block per row)
  * into buf with the row kernels' exact rules, then scatter it column-wise to out[c * ld + r]. */
 #define MX_DEFINE_DECODE_T(NAME, T, FAST)                                                          \
-void NAME(const uint8_t *q, const uint8_t *s, int64_t rows, int64_t k, T *out, int64_t ld,      \
-          const T *lut) {                                                                       \
+void NAME(const uint8_t *q, int64_t ldq, const uint8_t *s, int64_t lds, int64_t rows, int64_t k, \
+          T *out, int64_t ld, const T *lut) {                                                   \
     MX_FP_ENTER();                                                                              \
     const int64_t nb = (k + MX_BLOCK - 1) / MX_BLOCK;                                           \
     T buf[MX_TILE * MX_TILE] __attribute__((aligned(64)));                                      \
@@ -210,8 +212,8 @@ void NAME(const uint8_t *q, const uint8_t *s, int64_t rows, int64_t k, T *out, i
             const int64_t c0 = b * MX_BLOCK;                                                    \
             const int64_t n = (k - c0) < MX_BLOCK ? (k - c0) : MX_BLOCK;                        \
             for (int64_t r = 0; r < tr; r++) {                                                  \
-                const uint8_t *qr = q + (r0 + r) * k + c0;                                      \
-                const uint32_t sb = s[(r0 + r) * nb + b];                                       \
+                const uint8_t *qr = q + (r0 + r) * ldq + c0;                                    \
+                const uint32_t sb = s[(r0 + r) * lds + b];                                      \
                 T *o = buf + r * MX_TILE;                                                       \
                 if (n == MX_BLOCK && sb >= 10u && sb <= 246u && !FAST(qr, sb, o)) continue;     \
                 const T *row = lut + ((size_t)sb << 8);                                         \
@@ -233,10 +235,11 @@ void NAME(const uint8_t *q, const uint8_t *s, int64_t rows, int64_t k, T *out, i
     MX_FP_EXIT();                                                                               \
 }
 
-/* payload q [rows, k], scales s [rows, ceil(k/32)] -> out[c * ld + r] bfloat16 bits ([k, rows]) */
+/* payload q [rows, k] (row stride ldq), scales s [rows, ceil(k/32)] (row stride lds)
+ * -> out[c * ld + r] bfloat16 bits ([k, rows]) */
 MX_DEFINE_DECODE_T(mx_decode_bf16_t, uint16_t, mx_decode_block_bf16_fast)
 
-/* payload q [rows, k], scales s [rows, ceil(k/32)] -> out[c * ld + r] float32 bits ([k, rows]) */
+/* the same, float32 bits */
 MX_DEFINE_DECODE_T(mx_decode_f32_t, uint32_t, mx_decode_block_f32_fast)
 
 /* ========================================================================================== */

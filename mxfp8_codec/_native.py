@@ -67,10 +67,10 @@ void mx_decode_bf16(const uint8_t *q, const uint8_t *s, int64_t rows, int64_t k,
                     uint16_t *out, const uint16_t *lut);
 void mx_decode_f32(const uint8_t *q, const uint8_t *s, int64_t rows, int64_t k,
                    uint32_t *out, const uint32_t *lut);
-void mx_decode_bf16_t(const uint8_t *q, const uint8_t *s, int64_t rows, int64_t k,
-                      uint16_t *out, int64_t ld, const uint16_t *lut);
-void mx_decode_f32_t(const uint8_t *q, const uint8_t *s, int64_t rows, int64_t k,
-                     uint32_t *out, int64_t ld, const uint32_t *lut);
+void mx_decode_bf16_t(const uint8_t *q, int64_t ldq, const uint8_t *s, int64_t lds, int64_t rows,
+                      int64_t k, uint16_t *out, int64_t ld, const uint16_t *lut);
+void mx_decode_f32_t(const uint8_t *q, int64_t ldq, const uint8_t *s, int64_t lds, int64_t rows,
+                     int64_t k, uint32_t *out, int64_t ld, const uint32_t *lut);
 """
 _EXPECTED_VERSION = 5  # MX_KERNEL_VERSION in _kernel.c
 _lock = threading.Lock()
@@ -222,21 +222,23 @@ class NativeKernel:
     def decode_transposed(self, q: np.ndarray, s: np.ndarray, out: np.ndarray, table: np.ndarray) -> None:
         """Decode ``q [rows, k]`` into ``out [k, rows]`` (the transpose), tile by tile in C.
 
-        ``out`` may be a column range ``out2d[:, r0:r1]`` of a larger C-contiguous ``[k, ld]``
-        array (unit stride along its last axis), so callers can split the rows over threads.
+        Each of ``q``, ``s`` and ``out`` needs unit stride along its last axis only: ``q`` / ``s``
+        may be a column range of larger arrays (block-aligned, a multiple of 32 wide) and ``out``
+        a row or column range of a larger C-contiguous array, so callers can split work over
+        threads without copies.
         """
         rows, k = q.shape
-        assert q.flags.c_contiguous and s.flags.c_contiguous and table.size == 65536
-        assert out.shape == (k, rows) and table.dtype == out.dtype
-        assert out.strides[1] == out.itemsize and (k <= 1 or out.strides[0] >= rows * out.itemsize)
-        ld = out.strides[0] // out.itemsize if k > 1 else rows
+        assert table.size == 65536 and table.dtype == out.dtype and out.shape == (k, rows)
+        for a in (q, s, out):
+            assert a.ndim == 2 and (a.shape[1] <= 1 or a.strides[1] == a.itemsize) and a.strides[0] >= 0
+        ldq, lds = q.strides[0], s.strides[0]  # uint8: bytes == elements
+        ld = out.strides[0] // out.itemsize
+        args = (self._ptr("const uint8_t *", q), ldq, self._ptr("const uint8_t *", s), lds, rows, k)
         if out.dtype == np.uint16:
-            self.lib.mx_decode_bf16_t(self._ptr("const uint8_t *", q), self._ptr("const uint8_t *", s),
-                                      rows, k, self._ptr("uint16_t *", out), ld,
+            self.lib.mx_decode_bf16_t(*args, self._ptr("uint16_t *", out), ld,
                                       self._ptr("const uint16_t *", table))
         else:
-            self.lib.mx_decode_f32_t(self._ptr("const uint8_t *", q), self._ptr("const uint8_t *", s),
-                                     rows, k, self._ptr("uint32_t *", out), ld,
+            self.lib.mx_decode_f32_t(*args, self._ptr("uint32_t *", out), ld,
                                      self._ptr("const uint32_t *", table))
 
 

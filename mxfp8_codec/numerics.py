@@ -166,6 +166,12 @@ def _encode_numpy_dispatch(
     return payload, scales
 
 
+def _unit_last_stride(a: np.ndarray) -> np.ndarray:
+    """``a`` if its last axis is contiguous and its row stride non-negative, else a C copy."""
+    ok = (a.shape[-1] <= 1 or a.strides[-1] == a.itemsize) and a.strides[0] >= 0
+    return a if ok else np.ascontiguousarray(a)
+
+
 def _decode_numpy_dispatch(
     payload: np.ndarray,
     scales: np.ndarray,
@@ -181,12 +187,11 @@ def _decode_numpy_dispatch(
     p, s = _check_decode_input_numpy(payload, scales, name)
     table = decode_table(kind)
     out_bits = _out_bits(out, decoded_shape(p.shape, transpose, name), kind, name)
-    if p.size:
+    if p.size and transpose:  # strided 2-D views (e.g. a column range of a payload) need no copy
+        kernel.decode_transposed(_unit_last_stride(p), _unit_last_stride(s), out_bits, table)
+    elif p.size:
         p2, s2 = np.ascontiguousarray(_as_2d(p)), np.ascontiguousarray(_as_2d(s))
-        if transpose:
-            kernel.decode_transposed(p2, s2, out_bits, table)
-        else:
-            kernel.decode(p2, s2, _as_2d(out_bits), table)
+        kernel.decode(p2, s2, _as_2d(out_bits), table)
     if out is not None:
         return out
     return out_bits.view(np.float32 if kind == "f32" else ml_dtypes.bfloat16)

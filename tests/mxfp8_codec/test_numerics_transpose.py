@@ -120,8 +120,8 @@ def test_empty_shapes() -> None:
 
 
 @needs_native
-def test_native_column_range_of_a_larger_output() -> None:
-    """``decode_transposed`` into ``out[:, r0:r1]`` (row stride ld > rows): how callers split rows."""
+def test_native_row_range_into_column_range() -> None:
+    """``decode_transposed`` of a row range into ``out[:, r0:r1]`` (output row stride > rows)."""
     assert KERNEL is not None
     q, s = _case((130, 77), seed=3, realistic=True)
     for kind, view in (("bf16", np.uint16), ("f32", np.uint32)):
@@ -158,3 +158,23 @@ def test_transpose_property(rows: int, k: int, seed: int, realistic: bool) -> No
         ref = _oracle(q, s, view)
         assert np.array_equal(decode_mxfp8(q, s, dtype=dtype, transpose=True).view(view), ref)
         assert np.array_equal(decode_mxfp8_numpy(q, s, dtype=dtype, transpose=True).view(view), ref)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_column_ranges_and_strided_inputs(native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Block-aligned column ranges of a payload decode into row ranges of one output (how the
+    loader splits a tensor over two threads); strided views give the bits of their copies."""
+    if not native:
+        monkeypatch.setenv(_native.ENV_SWITCH, "0")
+    q, s = _case((130, 200), seed=5, realistic=True)
+    for dtype, view, _ in DTYPES:
+        ref = _oracle(q, s, view)
+        out = np.zeros((200, 130), dtype)
+        for c0, c1 in ((0, 64), (64, 192), (192, 200)):
+            res = decode_mxfp8(q[:, c0:c1], s[:, c0 // 32 : -(-c1 // 32)], dtype=dtype, out=out[c0:c1], transpose=True)
+            assert np.shares_memory(res, out)
+        assert np.array_equal(out.view(view), ref)
+        for qq in (q[::2], q[:, ::2], q[::-1]):
+            ss = s[: qq.shape[0], : -(-qq.shape[1] // 32)]
+            want = _oracle(np.ascontiguousarray(qq), np.ascontiguousarray(ss), view)
+            assert np.array_equal(decode_mxfp8(qq, ss, dtype=dtype, transpose=True).view(view), want)
