@@ -4,6 +4,7 @@ Runs, on the embedded demo (tiny Nemotron, shipped code corpus, same seed and da
 
 * ``bf16``          BF16 compute, FP32 master, AdamW (the comparison recipe), its demo learning rate;
 * ``nvfp4-sr``      NVFP4 compute, MXFP8 master, Lion, stochastic-rounding write-back (the default);
+* ``nvfp4-comp``    the same with the ``compensated`` write-back (residual buffer);
 * ``nvfp4-rne-low`` the same at a small learning rate (default 1e-5) with round-to-nearest write-back:
   the original engine's failure, where every update is smaller than half an MXFP8/BF16 spacing;
 * ``nvfp4-sr-low``  the same small learning rate with stochastic rounding (the fix).
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = {
         "bf16": [*common, "--recipe", "bf16"],
         "nvfp4-sr": [*common, "--recipe", "nvfp4", "--writeback", "stochastic"],
+        "nvfp4-comp": [*common, "--recipe", "nvfp4", "--writeback", "compensated"],
         "nvfp4-rne-low": [*common, "--recipe", "nvfp4", "--writeback", "rne", "--optim.lr", str(args.low_lr),
                           "--optim.warmup_steps", "0", "--optim.min_lr_ratio", "1.0"],
         "nvfp4-sr-low": [*common, "--recipe", "nvfp4", "--writeback", "stochastic", "--optim.lr", str(args.low_lr),
@@ -152,6 +154,10 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> int:
     # weight matrix cannot move, and the loss shows it.
     ok2 = sr_drop > 0 and rne_drop < RNE_MAX_FRACTION * sr_drop
     print(f"{'PASS' if ok1 else 'MISS'}: nvfp4-sr / bf16 final training loss = {ratio:.3f} (target <= {TARGET_RATIO})")
+    if "nvfp4-comp" in results:
+        ratio_c = results["nvfp4-comp"]["final_train_loss"] / results["bf16"]["final_train_loss"]
+        print(f"{'PASS' if ratio_c <= TARGET_RATIO else 'MISS'}: nvfp4-comp / bf16 final training loss = "
+              f"{ratio_c:.3f} (target <= {TARGET_RATIO})")
     print(f"{'PASS' if ok2 else 'MISS'}: at lr {args.low_lr:g}, rne write-back changed "
           f"{100 * rne['bytes_changed']:.3f} % of master bytes and moved the corpus loss by {rne_drop:+.4f}; "
           f"stochastic rounding changed {100 * sr['bytes_changed']:.2f} % and moved it by {sr_drop:+.4f}")
