@@ -1,8 +1,8 @@
 """Resume: a run killed with SIGKILL mid-training and resumed has exactly the uninterrupted run's losses.
 
 The uninterrupted and the interrupted run are real ``python -m ida_trainer`` subprocesses (tiny nvfp4
-demo model). The interrupted one is killed with SIGKILL as soon as its step-4 checkpoint exists (it is
-then somewhere in steps 5-10, possibly mid-save), resumed with ``--resume``, and its ``train_log.jsonl``
+demo model). The interrupted one is killed with SIGKILL as soon as its step-2 checkpoint exists (it is
+then somewhere in steps 3-10, possibly mid-save), resumed with ``--resume``, and its ``train_log.jsonl``
 (loss, grad norm, lr per step) and final checkpoint bytes must equal the uninterrupted run's.
 """
 
@@ -51,10 +51,10 @@ def test_sigkill_then_resume_reproduces_the_loss_curve(tmp_path):
     ref = subprocess.Popen(_cmd(full), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     victim = subprocess.Popen(_cmd(killed), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
-    while not (killed / "checkpoints" / "ckpt-000004").is_dir():
+    while not (killed / "checkpoints" / "ckpt-000002").is_dir():
         assert victim.poll() is None, "the run ended before it could be killed"
-        assert time.monotonic() < deadline, "no step-4 checkpoint within 300 s"
-        time.sleep(0.02)
+        assert time.monotonic() < deadline, "no step-2 checkpoint within 300 s"
+        time.sleep(0.01)
     victim.send_signal(signal.SIGKILL)
     assert victim.wait() == -signal.SIGKILL
     done_before_kill = [s for s, *_ in _steps(killed)]
