@@ -30,7 +30,9 @@
  * transpose written directly (the trainer stores projections [in, out], nn.Linear wants
  * [out, in]). Each 32-row x 32-column tile (one scale block per row) is decoded into a small
  * buffer with the same block routines as above -- hence the same bits -- then written out
- * column by column; the buffer stays in L1 and each output row gets 32 contiguous values.
+ * column by column; the buffer stays in L1 and each output row gets 32 contiguous values. With
+ * AVX-512 the bf16 tile is transposed in registers and, when every tile row is a whole aligned
+ * cache line, written with streaming stores (no read-for-ownership of the large output).
  * Row strides ldq / lds / ld let a caller decode a column range of the payload (a multiple of 32
  * wide) into a row range of the output, or a row range into a column range (splitting work over
  * threads without copies).
@@ -198,9 +200,55 @@ void mx_decode_f32(const uint8_t *q, const uint8_t *s, int64_t rows, int64_t k,
     MX_FP_EXIT();
 }
 
+/* Full 32 x 32 tile transpose: row c of the result (column c of buf) goes to out + c * ld, for
+ * c < n. With AVX-512 BW (bf16 only) the tile lives in 32 registers and is transposed in 5
+ * butterfly stages of vpermt2w: at stage s, rows i and i + s (bit s of i clear) exchange the
+ * elements whose column has bit s set with those of the partner, i.e. a[i][j] <-> a[i+s][j-s]
+ * for bit s of j set -- after the 5 stages every row/column bit pair is swapped. */
+#if MX_AVX512
+#define MX_SFENCE() _mm_sfence() /* order the streaming stores before returning */
+static inline void mx_tile_store_t_bf16(const uint16_t *restrict buf, uint16_t *restrict out,
+                                        int64_t ld, int64_t n) {
+    __m512i a[MX_TILE];
+    for (int i = 0; i < MX_TILE; i++) a[i] = _mm512_load_si512((const void *)(buf + i * MX_TILE));
+    for (int s = 16; s >= 1; s >>= 1) {
+        uint16_t ia[MX_TILE], ib[MX_TILE];
+        for (int j = 0; j < MX_TILE; j++) {
+            ia[j] = (uint16_t)((j & s) ? 32 + (j - s) : j);
+            ib[j] = (uint16_t)((j & s) ? 32 + j : j + s);
+        }
+        const __m512i xa = _mm512_loadu_si512((const void *)ia), xb = _mm512_loadu_si512((const void *)ib);
+        for (int i = 0; i < MX_TILE; i++) {
+            if (i & s) continue;
+            const __m512i lo = a[i], hi = a[i + s];
+            a[i] = _mm512_permutex2var_epi16(lo, xa, hi);
+            a[i + s] = _mm512_permutex2var_epi16(lo, xb, hi);
+        }
+    }
+    if ((((uintptr_t)out | (uintptr_t)(ld * 2)) & 63u) == 0) { /* full aligned lines: no RFO */
+        for (int64_t c = 0; c < n; c++) _mm512_stream_si512((void *)(out + c * ld), a[c]);
+    } else {
+        for (int64_t c = 0; c < n; c++) _mm512_storeu_si512((void *)(out + c * ld), a[c]);
+    }
+}
+#else
+#define MX_SFENCE() do { } while (0)
+static inline void mx_tile_store_t_bf16(const uint16_t *restrict buf, uint16_t *restrict out,
+                                        int64_t ld, int64_t n) {
+    for (int64_t c = 0; c < n; c++)
+        for (int r = 0; r < MX_TILE; r++) out[c * ld + r] = buf[r * MX_TILE + c];
+}
+#endif
+
+static inline void mx_tile_store_t_f32(const uint32_t *restrict buf, uint32_t *restrict out,
+                                       int64_t ld, int64_t n) {
+    for (int64_t c = 0; c < n; c++)
+        for (int r = 0; r < MX_TILE; r++) out[c * ld + r] = buf[r * MX_TILE + c];
+}
+
 /* Transposed decode, one output type: decode a 32-row x 32-col tile (one scale block per row)
  * into buf with the row kernels' exact rules, then scatter it column-wise to out[c * ld + r]. */
-#define MX_DEFINE_DECODE_T(NAME, T, FAST)                                                          \
+#define MX_DEFINE_DECODE_T(NAME, T, FAST, STORE_T)                                                          \
 void NAME(const uint8_t *q, int64_t ldq, const uint8_t *s, int64_t lds, int64_t rows, int64_t k, \
           T *out, int64_t ld, const T *lut) {                                                   \
     MX_FP_ENTER();                                                                              \
@@ -220,10 +268,7 @@ void NAME(const uint8_t *q, int64_t ldq, const uint8_t *s, int64_t lds, int64_t 
                 for (int64_t i = 0; i < n; i++) o[i] = row[qr[i]];                              \
             }                                                                                   \
             if (tr == MX_TILE) {                                                                \
-                for (int64_t c = 0; c < n; c++) {                                               \
-                    T *restrict dst = out + (c0 + c) * ld + r0;                                 \
-                    for (int r = 0; r < MX_TILE; r++) dst[r] = buf[r * MX_TILE + c];            \
-                }                                                                               \
+                STORE_T(buf, out + c0 * ld + r0, ld, n);                                        \
             } else {                                                                            \
                 for (int64_t c = 0; c < n; c++) {                                               \
                     T *restrict dst = out + (c0 + c) * ld + r0;                                 \
@@ -232,15 +277,16 @@ void NAME(const uint8_t *q, int64_t ldq, const uint8_t *s, int64_t lds, int64_t 
             }                                                                                   \
         }                                                                                       \
     }                                                                                           \
+    MX_SFENCE();                                                                                \
     MX_FP_EXIT();                                                                               \
 }
 
 /* payload q [rows, k] (row stride ldq), scales s [rows, ceil(k/32)] (row stride lds)
  * -> out[c * ld + r] bfloat16 bits ([k, rows]) */
-MX_DEFINE_DECODE_T(mx_decode_bf16_t, uint16_t, mx_decode_block_bf16_fast)
+MX_DEFINE_DECODE_T(mx_decode_bf16_t, uint16_t, mx_decode_block_bf16_fast, mx_tile_store_t_bf16)
 
 /* the same, float32 bits */
-MX_DEFINE_DECODE_T(mx_decode_f32_t, uint32_t, mx_decode_block_f32_fast)
+MX_DEFINE_DECODE_T(mx_decode_f32_t, uint32_t, mx_decode_block_f32_fast, mx_tile_store_t_f32)
 
 /* ========================================================================================== */
 /* encode                                                                                     */

@@ -133,7 +133,8 @@ def _run_probe(env: dict[str, str]) -> dict[str, str]:
         "info['sum'] = str(float(decode_mxfp8(q, s).sum()))\n"
         "print(json.dumps(info))\n"
     )
-    full_env = {**os.environ, **env}
+    # the caller's MXFP8_CODEC_NATIVE (e.g. =0 for a fallback run of the suite) must not leak in
+    full_env = {**{k: v for k, v in os.environ.items() if k != _native.ENV_SWITCH}, **env}
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=300,
         check=False,

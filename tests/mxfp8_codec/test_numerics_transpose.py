@@ -178,3 +178,18 @@ def test_column_ranges_and_strided_inputs(native: bool, monkeypatch: pytest.Monk
             ss = s[: qq.shape[0], : -(-qq.shape[1] // 32)]
             want = _oracle(np.ascontiguousarray(qq), np.ascontiguousarray(ss), view)
             assert np.array_equal(decode_mxfp8(qq, ss, dtype=dtype, transpose=True).view(view), want)
+
+
+@pytest.mark.parametrize("misalign", [0, 1, 8])
+def test_aligned_and_unaligned_outputs(misalign: int) -> None:
+    """Outputs at a 64-byte boundary (whole-cache-line tile rows: the native kernel's streaming
+    stores) and off it by ``misalign`` elements (unaligned stores) give the same bits."""
+    q, s = _case((96, 128), seed=13, realistic=True)
+    for dtype, view, _ in DTYPES:
+        ref = _oracle(q, s, view)
+        raw = np.zeros(ref.size + 64, view)
+        start = (-raw.ctypes.data % 64) // raw.itemsize + misalign
+        out = raw[start : start + ref.size].view(dtype).reshape(ref.shape)
+        assert (out.ctypes.data - misalign * raw.itemsize) % 64 == 0
+        decode_mxfp8(q, s, dtype=dtype, out=out, transpose=True)
+        assert np.array_equal(out.view(view), ref)
