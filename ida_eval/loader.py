@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -39,10 +40,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from mxfp8_codec import MXFP8Error, checkpoint_files, decode_mxfp8, is_projection_weight, open_mxfp8
+from mxfp8_codec import MXFP8Error, checkpoint_files, decode_mxfp8, is_projection_weight, open_mxfp8, scales_shape
+from mxfp8_codec.header import SCALE_SUFFIX
 
 WEIGHTS_DTYPE_KEY = "weights_dtype"  # metadata key that marks an MXFP8 file
 MXFP8_WEIGHTS_DTYPE = "MXFP8_E4M3_UE8M0_K32"
@@ -50,6 +54,8 @@ ORIENTATIONS: tuple[str, ...] = ("in_out", "out_in")
 NORM_CONVENTIONS: tuple[str, ...] = ("zero_centered", "folded")
 REMAP_BYTES = 16 << 20  # 16 MiB: re-open the memory map after this much data was read
 PREFETCH_MAX_BYTES = 32 << 20  # 32 MiB: larger tensors are not decoded ahead (bounds peak memory)
+SPLIT_MIN_VALUES = 1 << 20  # 1 Mi values: larger MXFP8 tensors are decoded in parts on several threads
+MAX_DECODE_THREADS = 4  # threads sharing one tensor's decode (at most the CPUs this process may use)
 HASH_CHUNK = 8 << 20  # 8 MiB read size for sha256
 MAX_LISTED_KEYS = 20  # key names shown in a missing/unexpected error
 
@@ -119,46 +125,122 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
+def _mapped_uint8(reader: Any, entry: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Zero-copy read-only uint8 view of one stored entry (payload or ``.scale``) of the map."""
+    return np.frombuffer(reader.tensor_bytes(entry), dtype=np.uint8).reshape(shape)
+
+
+def _host_out_view(t: torch.Tensor) -> np.ndarray:
+    """numpy view of a CPU float32 / bfloat16 tensor's storage (for the codec's ``out=``)."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def _decode_threads() -> int:
+    """Threads that share one tensor's decode: the usable CPUs, at most :data:`MAX_DECODE_THREADS`."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(MAX_DECODE_THREADS, cpus))
+
+
+def _split_decode(
+    payload: np.ndarray, scales: np.ndarray, out: np.ndarray, flip: bool, name: str, helpers: Any, parts: int
+) -> None:
+    """Decode ``payload`` into ``out`` in ``parts`` disjoint pieces, all but one on ``helpers``.
+
+    Transposed: block-aligned column ranges of the payload -> row ranges of ``out``; otherwise row
+    ranges -> row ranges. Each piece is a plain ``decode_mxfp8`` call (same bits as one call: every
+    value depends only on its own code and block scale); the codec's C kernel releases the GIL.
+    """
+    rows = payload.shape[1] if flip else payload.shape[0]
+    unit = 32 if flip else 1  # split columns only at block boundaries
+    step = -(-rows // (parts * unit)) * unit
+    pieces = []
+    for a in range(0, rows, step):
+        b = min(rows, a + step)
+        if flip:
+            pieces.append((payload[:, a:b], scales[:, a // 32 : -(-b // 32)], out[a:b]))
+        else:
+            pieces.append((payload[a:b], scales[a:b], out[a:b]))
+    futures = [
+        helpers.submit(decode_mxfp8, p, sc, dtype=o.dtype, name=name, out=o, transpose=flip) for p, sc, o in pieces[1:]
+    ]
+    try:
+        p, sc, o = pieces[0]
+        decode_mxfp8(p, sc, dtype=o.dtype, name=name, out=o, transpose=flip)
+    finally:
+        for f in futures:
+            f.result()
+
+
 def _stream(
-    wf: WeightFile, dtype: torch.dtype, device_for: Callable[[str], torch.device]
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(name, tensor)`` decoded to ``dtype`` (floats), one tensor at a time.
+    wf: WeightFile,
+    dtype: torch.dtype,
+    device_for: Callable[[str], torch.device],
+    transpose_for: Callable[[str], bool] = lambda name: False,
+) -> Iterator[tuple[str, torch.Tensor, bool]]:
+    """Yield ``(name, tensor, transposed)`` decoded to ``dtype`` (floats), one tensor at a time.
 
-    An MXFP8 tensor bound for a CUDA device is copied there as payload + scales (1.03 bytes per
-    value) and decoded on the GPU by the codec (same rules, torch path); everything else is
-    decoded on the host.
+    MXFP8 tensors bound for the host are decoded by the codec straight from the memory map into
+    a new tensor that becomes the parameter (``out=``); for 2-D tensors where ``transpose_for``
+    says so (native ``[in, out]`` projections) the codec writes the transposed ``[out, in]``
+    layout directly (``transpose=True``: one tiled pass, no intermediate array, no separate
+    transpose) and ``transposed`` is True. An MXFP8 tensor bound for a CUDA device is copied
+    there as payload + scales (1.03 bytes per value) and decoded (and transposed) on the GPU by
+    the codec's torch path. Other tensors come from the reader, untransposed.
 
-    The next tensor is decoded on a worker thread while the caller transposes and places the current
-    one (the codec's decoder and torch's copies release the GIL), unless it is larger than
-    :data:`PREFETCH_MAX_BYTES` (then it is decoded afterwards, so the peak stays one model plus one
-    large tensor). The memory map is re-opened every :data:`REMAP_BYTES` of data read, between
-    decodes, so touched file pages leave the resident set.
+    Tensors of :data:`SPLIT_MIN_VALUES` or more are decoded in parts on up to
+    :data:`MAX_DECODE_THREADS` threads (the usable CPUs): disjoint slices of one output, so the
+    bits are those of one call. The next tensor is decoded on a worker thread while the caller
+    places the current one (the codec's decoder releases the GIL), unless it is larger than :data:`PREFETCH_MAX_BYTES` (then
+    it is decoded afterwards, so at most one large tensor's file pages are mapped at a time).
+    The memory map is re-opened every :data:`REMAP_BYTES` of data read, between decodes, so
+    touched file pages leave the resident set.
     """
     from concurrent.futures import Future, ThreadPoolExecutor
 
     item = torch.empty((), dtype=dtype).element_size()
     reader = open_mxfp8(wf.path)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ida-decode")
+    parts = _decode_threads()
+    helpers = ThreadPoolExecutor(max_workers=max(1, parts - 1), thread_name_prefix="ida-decode-part")
 
-    def decode(r: Any, name: str) -> torch.Tensor:
+    def decode(r: Any, name: str) -> tuple[torch.Tensor, bool]:
         device = device_for(name)
-        if device.type == "cuda" and r.is_quantized(name):
+        shape = tuple(r.shape(name))
+        if not r.is_quantized(name):
+            is_float = r.dtype(name) in ("BF16", "F16", "F32", "F64")
+            return r.get(name, framework="pt", dtype=dtype if is_float else None), False
+        flip = len(shape) == 2 and transpose_for(name)
+        if device.type == "cuda":
             raw = r.get_raw(name)
             payload = torch.from_numpy(raw.payload).to(device)
             scales = torch.from_numpy(raw.scales).to(device)
-            return decode_mxfp8(payload, scales, dtype=dtype, name=name)
-        is_float = r.is_quantized(name) or r.dtype(name) in ("BF16", "F16", "F32", "F64")
-        return r.get(name, framework="pt", dtype=dtype if is_float else None)
+            return decode_mxfp8(payload, scales, dtype=dtype, name=name, transpose=flip), flip
+        if dtype not in (torch.bfloat16, torch.float32):  # e.g. float16: the reader rounds once from float32
+            return r.get(name, framework="pt", dtype=dtype), False
+        payload = _mapped_uint8(r, name, shape)
+        scales = _mapped_uint8(r, name + SCALE_SUFFIX, scales_shape(shape))
+        out = torch.empty((shape[1], shape[0]) if flip else shape, dtype=dtype)
+        out_np = _host_out_view(out)
+        if parts > 1 and payload.ndim == 2 and payload.size >= SPLIT_MIN_VALUES:
+            _split_decode(payload, scales, out_np, flip, name, helpers, parts)
+        else:
+            decode_mxfp8(payload, scales, dtype=out_np.dtype, name=name, out=out_np, transpose=flip)
+        return out, flip
 
     try:
         names = reader.keys()
         stored = {n: _numel(reader.shape(n)) * (1 if reader.is_quantized(n) else 2) for n in names}
         decoded = {n: _numel(reader.shape(n)) * item for n in names}
         mapped = 0
-        pending: Future[torch.Tensor] | None = pool.submit(decode, reader, names[0]) if names else None
+        pending: Future[tuple[torch.Tensor, bool]] | None = pool.submit(decode, reader, names[0]) if names else None
         for i, name in enumerate(names):
             assert pending is not None
-            tensor = pending.result()
+            tensor, transposed = pending.result()
             mapped += stored[name]
             pending = None
             nxt = names[i + 1] if i + 1 < len(names) else None
@@ -168,12 +250,13 @@ def _stream(
                 mapped = 0
             if nxt is not None and decoded[nxt] <= PREFETCH_MAX_BYTES:
                 pending = pool.submit(decode, reader, nxt)
-            yield name, tensor
+            yield name, tensor, transposed
             del tensor
             if nxt is not None and pending is None:
                 pending = pool.submit(decode, reader, nxt)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+        helpers.shutdown(wait=True)
         reader.close()
 
 
@@ -313,7 +396,13 @@ def load_model(
     cpu = torch.device("cpu")
     bar = tqdm(total=sum(f.n_tensors for f in files), desc="load", unit="tensor", disable=not progress)
     for wf in files:
-        for name, tensor in _stream(wf, dtype, lambda n: _device_for(n, dm) if n in expected else cpu):
+        stream = _stream(
+            wf,
+            dtype,
+            lambda n: _device_for(n, dm) if n in expected else cpu,
+            lambda n: n in expected and _needs_transpose(wf, n),
+        )
+        for name, tensor, transposed in stream:
             bar.update()
             if name in tied or name in non_persistent:
                 continue  # tied copies (re-tied below) and stale buffers such as old rotary inv_freq
@@ -322,7 +411,7 @@ def load_model(
                 continue
             if name in loaded:
                 raise CheckpointLoadError(f"{wf.path}: tensor {name!r} appears twice in the checkpoint")
-            tensor = _to_model_layout(model, wf, name, tensor)
+            tensor = _to_model_layout(model, wf, name, tensor, transposed=transposed)
             if tuple(tensor.shape) != shapes[name]:
                 raise CheckpointLoadError(
                     f"{wf.path}: tensor {name!r}: shape {tuple(tensor.shape)} after loading "
@@ -362,9 +451,16 @@ def load_model(
     return model, tokenizer
 
 
-def _to_model_layout(model: Any, wf: WeightFile, name: str, tensor: torch.Tensor) -> torch.Tensor:
-    """Transpose native projections and unfold folded norm weights."""
-    if wf.orientation == "in_out" and tensor.dim() == 2 and is_projection_weight(name):
+def _needs_transpose(wf: WeightFile, name: str) -> bool:
+    """True for projection weights stored in the trainer's native ``[in, out]`` orientation."""
+    return wf.orientation == "in_out" and is_projection_weight(name)
+
+
+def _to_model_layout(
+    model: Any, wf: WeightFile, name: str, tensor: torch.Tensor, *, transposed: bool = False
+) -> torch.Tensor:
+    """Transpose native projections (unless the decoder already did) and unfold folded norm weights."""
+    if not transposed and tensor.dim() == 2 and _needs_transpose(wf, name):
         tensor = tensor.t().contiguous()
     if wf.norm_convention == "folded" and name.endswith(".weight"):
         module = model.get_submodule(name.rsplit(".", 1)[0])
