@@ -118,23 +118,29 @@ class LocalEngine:
 def grad_norm_and_clip(params: Iterable[torch.nn.Parameter], max_norm: float, *, group: Any = None) -> float:
     """Global L2 norm of the gradients (before clipping); scales them down to ``max_norm`` when > 0.
 
-    ``group``: a process group whose ranks hold *disjoint* parameters (pipeline stages); their squared
-    norms are summed with ``all_reduce``. FSDP gradients (DTensors) are handled by
+    The norm is computed in float32 from per-parameter squared norms summed in the model's parameter
+    order, whatever the gradients' dtype (BF16 for the nvfp4 recipe). ``group``: a process group whose
+    ranks hold *disjoint*, consecutive slices of that order (pipeline stages, rank 0 first); the
+    per-parameter values are all-gathered and summed in the same order, so a pipelined run computes the
+    same norm and clip factor, bit for bit, as a single process. FSDP gradients (DTensors) are handled by
     ``torch.nn.utils.clip_grad_norm_``.
     """
     params = [p for p in params if p.grad is not None]
     if not params:
         return 0.0
-    if group is None:
+    if any(hasattr(p.grad, "full_tensor") for p in params):
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"), foreach=True)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         return float(norm)
-    import torch.distributed as dist
+    per_param = torch.stack([p.grad.detach().float().pow(2).sum() for p in params])
+    if group is not None:
+        import torch.distributed as dist
 
-    sq = torch.stack([p.grad.detach().float().pow(2).sum() for p in params]).sum()
-    dist.all_reduce(sq, group=group)
-    norm = sq.sqrt()
+        parts: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(parts, per_param, group=group)
+        per_param = torch.cat([t.to(per_param.device) for t in parts])
+    norm = per_param.sum().sqrt()
     if max_norm > 0:
         coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
         for p in params:

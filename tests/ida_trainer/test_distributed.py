@@ -17,12 +17,13 @@ from hypothesis import strategies as st
 
 from ida_trainer.config import OptimConfig, ParallelConfig, PrecisionConfig
 from ida_trainer.distributed import DistInfo, PipelineEngine, apply_fsdp, init_distributed, split_layers
-from ida_trainer.engine import LocalEngine
+from ida_trainer.engine import LocalEngine, grad_norm_and_clip
 from ida_trainer.precision import apply_recipe, build_optimizer, export_state
 from mxfp8_codec import MXFP8Tensor, write_mxfp8_safetensors
 
 STEPS = 2
 MICROBATCHES = 4
+CLIP = 0.25  # below the tiny model's gradient norms: every step is clipped
 
 
 def tiny_model(recipe: str, *, checkpointing: bool = False) -> torch.nn.Module:
@@ -85,12 +86,14 @@ def _single_process_run(recipe: str) -> tuple[list[float], dict[str, Any]]:
     m = tiny_model(recipe)
     opt = build_optimizer(m, optim_cfg(recipe), PrecisionConfig(recipe=recipe))
     engine = LocalEngine(m)
-    losses = []
+    losses, norms = [], []
     for s in range(STEPS):
         mbs, gvt = step_data(s)
         losses.append(engine.forward_backward(mbs, gvt))
+        norms.append(grad_norm_and_clip(engine.parameters(), CLIP))
         opt.step()
         opt.zero_grad(set_to_none=True)
+    assert min(norms) > CLIP  # clipping was active
     return losses, export_state(m)
 
 
@@ -121,6 +124,7 @@ def pipeline_worker(rank: int, port: int, recipe: str, out: str) -> None:
         for s in range(STEPS):
             mbs, gvt = step_data(s)
             losses.append(engine.forward_backward(mbs, gvt))
+            grad_norm_and_clip(engine.parameters(), CLIP, group=engine.group)
             opt.step()
             opt.zero_grad(set_to_none=True)
         state = engine.gather_state()
