@@ -202,3 +202,26 @@ def test_gpu_device_map_decodes_on_device_bit_identically(tok, ids, tmp_path):
     assert on_gpu.model.rotary_emb.inv_freq.dtype == torch.float32
     with torch.no_grad():
         assert on_gpu(ids.cuda()).logits.isfinite().all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_split_decode_over_threads_is_bit_identical(dtype, tok, tmp_path, monkeypatch):
+    """Every MXFP8 tensor decoded in parts on several threads (SPLIT_MIN_VALUES=1) gives the same
+    parameters as the reference decode(encode(w)); each parameter is contiguous, owns its storage."""
+    import ida_eval.loader as loader
+
+    model = tiny_model("nemotron", len(tok), hidden=96)
+    ckpt = save_mxfp8_checkpoint(model, tok, tmp_path / "m")
+    monkeypatch.setattr(loader, "SPLIT_MIN_VALUES", 1)
+    split, _ = load_model(ckpt, dtype=dtype)
+    monkeypatch.setattr(loader, "SPLIT_MIN_VALUES", 1 << 62)
+    whole, _ = load_model(ckpt, dtype=dtype)
+    ref = mxfp8_reference(model).to(dtype).state_dict()
+    bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    storages = set()
+    for name, p in split.named_parameters():
+        assert p.is_contiguous() and p.dtype == dtype, name
+        assert torch.equal(p.view(bits), whole.get_parameter(name).view(bits)), name
+        assert torch.equal(p, ref[name]), name
+        storages.add(p.untyped_storage().data_ptr())
+    assert len(storages) == len(list(split.parameters()))
