@@ -54,6 +54,7 @@ ORIENTATIONS: tuple[str, ...] = ("in_out", "out_in")
 NORM_CONVENTIONS: tuple[str, ...] = ("zero_centered", "folded")
 REMAP_BYTES = 16 << 20  # 16 MiB: re-open the memory map after this much data was read
 PREFETCH_MAX_BYTES = 32 << 20  # 32 MiB: larger tensors are not decoded ahead (bounds peak memory)
+_STORED_TORCH_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}  # copied as bits
 SPLIT_MIN_VALUES = 1 << 20  # 1 Mi values: larger MXFP8 tensors are decoded in parts on several threads
 MAX_DECODE_THREADS = 4  # threads sharing one tensor's decode (at most the CPUs this process may use)
 HASH_CHUNK = 8 << 20  # 8 MiB read size for sha256
@@ -176,6 +177,19 @@ def _split_decode(
             f.result()
 
 
+def _split_copy(src: np.ndarray, dst: np.ndarray, helpers: Any, parts: int) -> None:
+    """``dst[...] = src`` in ``parts`` row ranges, all but one on ``helpers`` (numpy copies of
+    plain integer arrays release the GIL)."""
+    rows = src.shape[0]
+    step = -(-rows // parts)
+    futures = [helpers.submit(np.copyto, dst[a : a + step], src[a : a + step]) for a in range(step, rows, step)]
+    try:
+        np.copyto(dst[:step], src[:step])
+    finally:
+        for f in futures:
+            f.result()
+
+
 def _stream(
     wf: WeightFile,
     dtype: torch.dtype,
@@ -192,7 +206,8 @@ def _stream(
     there as payload + scales (1.03 bytes per value) and decoded (and transposed) on the GPU by
     the codec's torch path. Other tensors come from the reader, untransposed.
 
-    Tensors of :data:`SPLIT_MIN_VALUES` or more are decoded in parts on up to
+    Tensors of :data:`SPLIT_MIN_VALUES` or more are decoded (or, when stored in the target
+    dtype, copied) in parts on up to
     :data:`MAX_DECODE_THREADS` threads (the usable CPUs): disjoint slices of one output, so the
     bits are those of one call. The next tensor is decoded on a worker thread while the caller
     places the current one (the codec's decoder releases the GIL), unless it is larger than :data:`PREFETCH_MAX_BYTES` (then
@@ -212,6 +227,15 @@ def _stream(
         device = device_for(name)
         shape = tuple(r.shape(name))
         if not r.is_quantized(name):
+            stored = _STORED_TORCH_DTYPES.get(r.dtype(name))
+            if stored == dtype and parts > 1 and _numel(shape) >= SPLIT_MIN_VALUES and len(shape) >= 1:
+                # large tensor already in the target dtype (embeddings, lm_head): copy it from
+                # the map in parts on several threads (first touch of new pages is the cost)
+                out = torch.empty(shape, dtype=dtype)
+                bits = np.uint16 if out.element_size() == 2 else np.uint32
+                src = np.frombuffer(r.tensor_bytes(name), dtype=bits).reshape(shape)
+                _split_copy(src, out.view(torch.int16 if bits is np.uint16 else torch.int32).numpy().view(bits), helpers, parts)
+                return out, False
             is_float = r.dtype(name) in ("BF16", "F16", "F32", "F64")
             return r.get(name, framework="pt", dtype=dtype if is_float else None), False
         flip = len(shape) == 2 and transpose_for(name)
