@@ -189,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
                     check=True,
                 )
                 rec = json.loads((root / f"{variant}.json").read_text())
-                best = results.setdefault(variant, {"seconds": float("inf"), "added_peak_bytes": 0})
+                best = results.setdefault(variant, {"seconds": float("inf"), "added_peak_bytes": 0, "runs": []})
+                best["runs"].append(rec["seconds"])
                 best["seconds"] = min(best["seconds"], rec["seconds"])
                 best["added_peak_bytes"] = max(best["added_peak_bytes"], rec["added_peak_bytes"])
         base_t = results.get("from_pretrained", {}).get("seconds")
@@ -197,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         for variant, r in results.items():
             ratio_t = f"{r['seconds'] / base_t:.2f}x" if base_t else "-"
             print(f"{variant:<16} {r['seconds']:>15.2f} {ratio_t:>19} {r['added_peak_bytes'] / 2**20:>11.0f} MiB "
-                  f"{r['added_peak_bytes'] / info['bf16_bytes']:>12.2f}x")
+                  f"{r['added_peak_bytes'] / info['bf16_bytes']:>12.2f}x   runs: "
+                  + " ".join(f"{t:.2f}" for t in r["runs"]))
         ok = True
         if "ours" in results:
             mem = results["ours"]["added_peak_bytes"] / info["bf16_bytes"]
