@@ -10,13 +10,17 @@ transpose with ``.T.copy()``, ``load_state_dict`` — peaked at ~4.6x the model'
    rotary ``inv_freq`` are created for real in float32 — exactly as ``from_pretrained`` keeps them.
    (Building inside ``torch.device("meta")`` would leave ``inv_freq`` on meta, and ``model.to(bf16)``
    would round it to bf16 and move logits by ~4e-3.)
-2. Tensors are streamed one at a time: MXFP8 decoded straight to the target dtype (bf16 is rounded
-   once from the exact value e4m3 x 2^(s-127)), 2-D projection weights transposed when the file's
-   ``orientation`` is ``in_out``, norm weights unfolded (``w = gamma - 1``) when
-   ``norm_convention`` is ``folded`` and the module adds 1 at run time (NemotronLayerNorm1P), then
-   placed with ``load_state_dict(..., assign=True)`` (the tensor becomes the parameter: no copy).
-   The file is re-opened every :data:`REMAP_BYTES` of data so that mapped file pages do not pile up
-   in the resident set: peak host memory is about one model plus one tensor.
+2. Tensors are streamed one at a time: MXFP8 decoded by the codec straight from the memory map
+   into a new tensor in the target dtype (bf16 is rounded once from the exact value
+   e4m3 x 2^(s-127)); 2-D projection weights, when the file's ``orientation`` is ``in_out``, are
+   decoded with ``transpose=True`` so the codec writes nn.Linear's ``[out, in]`` layout directly
+   (one tiled pass: no intermediate array, no separate transpose). Large tensors are split over
+   the usable CPUs (disjoint slices of one output: same bits). Norm weights are unfolded
+   (``w = gamma - 1``) when ``norm_convention`` is ``folded`` and the module adds 1 at run time
+   (NemotronLayerNorm1P), then everything is placed with ``load_state_dict(..., assign=True)``
+   (the tensor becomes the parameter: no copy). The file is re-opened every :data:`REMAP_BYTES` of
+   data so that mapped file pages do not pile up in the resident set: peak host memory is about
+   one model plus the file pages of a few tensors.
 3. Strict key check: missing and unexpected names are listed in one error (a LayerNorm1P weight
    left at its init value of ones would silently double every activation scale). Tied weights
    (``tie_word_embeddings``) are tied after loading and verified to share storage.
