@@ -14,23 +14,33 @@ Example:
 
 from typing import Any
 
-from ida_eval.analysis import FAILURE_CLASSES, classify_failure, compare_runs, format_comparison, is_degenerate
-from ida_eval.generate import STOP_STRINGS, DecodingConfig, Generation, generate_completions, truncate_completion
-from ida_eval.execute import ExecutionConfig, execute_samples, isolation_in_force, load_problems
-from ida_eval.loader import CheckpointLoadError, describe_checkpoint, load_model
-from ida_eval.problems import find_problems_file
-
-_LAZY = {"evaluate_checkpoint": "ida_eval.mbxp", "evaluate_model": "ida_eval.mbxp"}
+# Every public name is imported on first use. ``python -m ida_eval.execute`` / ``python -m ida_eval.mbxp``
+# run those modules as __main__; importing them from the package first would load them twice (runpy
+# warns), and the executor needs neither torch nor transformers, so it should not pay for their import.
+_LAZY = {
+    **dict.fromkeys(["FAILURE_CLASSES", "classify_failure", "compare_runs", "format_comparison", "is_degenerate"],
+                    "ida_eval.analysis"),
+    **dict.fromkeys(["STOP_STRINGS", "DecodingConfig", "Generation", "generate_completions", "truncate_completion"],
+                    "ida_eval.generate"),
+    **dict.fromkeys(["ExecutionConfig", "execute_samples", "isolation_in_force", "load_problems"], "ida_eval.execute"),
+    **dict.fromkeys(["CheckpointLoadError", "describe_checkpoint", "load_model"], "ida_eval.loader"),
+    **dict.fromkeys(["evaluate_checkpoint", "evaluate_model"], "ida_eval.mbxp"),
+    "find_problems_file": "ida_eval.problems",
+}
 
 
 def __getattr__(name: str) -> Any:
-    # ida_eval.mbxp is imported on first use, not here: ``python -m ida_eval.mbxp`` runs that module as
-    # __main__, and importing it from the package first would load it twice (runpy warns about that).
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'ida_eval' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 __all__ = [
