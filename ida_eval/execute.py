@@ -41,6 +41,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from ida_eval.jsonl import iter_jsonl, repair_torn_tail
 from ida_eval.isolation import ISOLATION_LEVELS, isolation_description, probe_isolation
 from ida_eval.problems import ProblemsError, find_problems_file, load_problems
 from ida_eval.sandbox import (
@@ -229,22 +230,13 @@ def load_samples(path: str | Path, problems: Mapping[str, Any]) -> list[dict[str
         raise ResultsFileError(f"{path}: samples file not found")
     samples: list[dict[str, Any]] = []
     with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ResultsFileError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+        for _, where, obj in iter_jsonl(f, path, ResultsFileError):
             _check_sample(obj, problems, where)
             samples.append(obj)
     return samples
 
 
-def _check_sample(obj: Any, problems: Mapping[str, Any], where: str) -> None:
-    if not isinstance(obj, dict):
-        raise ResultsFileError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+def _check_sample(obj: Mapping[str, Any], problems: Mapping[str, Any], where: str) -> None:
     for key in ("task_id", "completion"):
         if not isinstance(obj.get(key), str):
             raise ResultsFileError(f"{where}: {key!r} missing or not a string")
@@ -255,38 +247,8 @@ def _check_sample(obj: Any, problems: Mapping[str, Any], where: str) -> None:
 def _read_results(path: Path) -> dict[tuple[str, int], tuple[int, dict[str, Any]]]:
     """Existing records of a results file, keyed by (task_id, completion_id) -> (line, record)."""
     done: dict[tuple[str, int], tuple[int, dict[str, Any]]] = {}
-    if not path.exists():
-        return done
-    data = path.read_bytes()
-    lines = data.split(b"\n")
-    if lines and lines[-1].strip():  # no newline at the end: possibly a write cut short by a crash
-        try:
-            json.loads(lines[-1])
-            intact = True
-        except ValueError:
-            intact = False
-        with open(path, "r+b") as f:
-            if intact:  # a whole record without its newline: add it so appends start a new line
-                f.seek(0, os.SEEK_END)
-                f.write(b"\n")
-            else:
-                warnings.warn(
-                    f"{path}: dropping an incomplete last line (interrupted write)", RuntimeWarning, stacklevel=3
-                )
-                f.truncate(len(data) - len(lines[-1]))
-                lines = lines[:-1]
-            f.flush()
-            os.fsync(f.fileno())
-    for lineno, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            rec = json.loads(raw)
-        except ValueError as e:
-            raise ResultsFileError(f"{where}: malformed results line ({e}); fix or delete the file") from None
-        if not isinstance(rec, dict):
-            raise ResultsFileError(f"{where}: expected a JSON object")
+    data = repair_torn_tail(path)
+    for lineno, where, rec in iter_jsonl(data.splitlines(), path, ResultsFileError, what="results line"):
         for key, typ in (("task_id", str), ("completion", str), ("passed", bool), ("result", str)):
             if not isinstance(rec.get(key), typ):
                 raise ResultsFileError(f"{where}: {key!r} missing or not a {typ.__name__}")

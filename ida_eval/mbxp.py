@@ -44,6 +44,7 @@ from ida_eval.generate import (
     Generation,
     generate_completions,
 )
+from ida_eval.jsonl import iter_jsonl, repair_torn_tail
 from ida_eval.loader import describe_checkpoint, load_model
 from ida_eval.problems import find_problems_file, load_problems
 
@@ -72,30 +73,16 @@ def _write_json_atomic(path: Path, obj: Any) -> None:
 
 
 def read_samples(path: Path) -> dict[str, dict[str, Any]]:
-    """Read ``samples.jsonl`` (task_id -> record); a torn final line (no newline) is cut off the file.
+    """Read ``samples.jsonl`` (task_id -> record) after :func:`~ida_eval.jsonl.repair_torn_tail`.
 
     Raises:
         RunDirError: a malformed complete line, naming the file and line.
     """
-    if not path.is_file():
-        return {}
-    data = path.read_bytes()
-    end = data.rfind(b"\n") + 1
-    if end < len(data):  # crash mid-append: drop the partial record so appends stay line-aligned
-        with open(path, "r+b") as f:
-            f.truncate(end)
-            f.flush()
-            os.fsync(f.fileno())
+    data = repair_torn_tail(path)
     out: dict[str, dict[str, Any]] = {}
-    for no, line in enumerate(data[:end].decode("utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise RunDirError(f"{path}:{no}: not valid JSON ({e})") from e
-        if not isinstance(rec, dict) or not isinstance(rec.get("task_id"), str) or not isinstance(rec.get("completion"), str):
-            raise RunDirError(f"{path}:{no}: a sample needs string 'task_id' and 'completion'")
+    for _, where, rec in iter_jsonl(data.splitlines(), path, RunDirError):
+        if not isinstance(rec.get("task_id"), str) or not isinstance(rec.get("completion"), str):
+            raise RunDirError(f"{where}: a sample needs string 'task_id' and 'completion'")
         out[rec["task_id"]] = rec
     return out
 

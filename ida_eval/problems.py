@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
-import json
 from pathlib import Path
 from typing import Any
+
+from ida_eval.jsonl import iter_jsonl
 
 MBXP_PYTHON_FILE = "mbpp_release_v1.jsonl"  # MBXP Python problems (974 tasks) in mxeval's data/mbxp/
 MXEVAL_URL = "https://github.com/amazon-science/mxeval"  # upstream of the data (CC BY 4.0)
@@ -78,14 +79,7 @@ def load_problems(path: str | Path) -> dict[str, dict[str, Any]]:
     first_line: dict[str, int] = {}
     try:
         with _open_text(path) as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{lineno}"
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ProblemsError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+            for lineno, where, obj in iter_jsonl(f, path, ProblemsError):
                 problem = _check_problem(obj, where)
                 tid = problem["task_id"]
                 if tid in problems:
