@@ -214,8 +214,9 @@ def _stream(
     dtype, copied) in parts on up to
     :data:`MAX_DECODE_THREADS` threads (the usable CPUs): disjoint slices of one output, so the
     bits are those of one call. The next tensor is decoded on a worker thread while the caller
-    places the current one (the codec's decoder releases the GIL), unless it is larger than :data:`PREFETCH_MAX_BYTES` (then
-    it is decoded afterwards, so at most one large tensor's file pages are mapped at a time).
+    places the current one (the codec's decoder releases the GIL), unless it is larger than
+    :data:`PREFETCH_MAX_BYTES` (then it is decoded afterwards, so at most one large tensor's
+    file pages are mapped at a time).
     The memory map is re-opened every :data:`REMAP_BYTES` of data read, between decodes, so
     touched file pages leave the resident set.
     """
@@ -238,7 +239,8 @@ def _stream(
                 out = torch.empty(shape, dtype=dtype)
                 bits = np.uint16 if out.element_size() == 2 else np.uint32
                 src = np.frombuffer(r.tensor_bytes(name), dtype=bits).reshape(shape)
-                _split_copy(src, out.view(torch.int16 if bits is np.uint16 else torch.int32).numpy().view(bits), helpers, parts)
+                dst = out.view(torch.int16 if bits is np.uint16 else torch.int32).numpy().view(bits)
+                _split_copy(src, dst, helpers, parts)
                 return out, False
             is_float = r.dtype(name) in ("BF16", "F16", "F32", "F64")
             return r.get(name, framework="pt", dtype=dtype if is_float else None), False

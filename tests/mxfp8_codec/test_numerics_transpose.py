@@ -44,7 +44,8 @@ def _case(shape: tuple[int, int], seed: int, *, realistic: bool = False) -> tupl
 
 
 def _oracle(q: np.ndarray, s: np.ndarray, view: type) -> np.ndarray:
-    return np.ascontiguousarray(decode_mxfp8_numpy(q, s, dtype=np.float32 if view is np.uint32 else ml_dtypes.bfloat16).view(view).T)
+    dtype = np.float32 if view is np.uint32 else ml_dtypes.bfloat16
+    return np.ascontiguousarray(decode_mxfp8_numpy(q, s, dtype=dtype).view(view).T)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
