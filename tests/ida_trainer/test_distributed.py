@@ -204,6 +204,7 @@ def fsdp_worker(rank: int, port: int, out: str) -> None:
             t = torch.tensor([loss], dtype=torch.float64)
             dist.all_reduce(t)
             losses.append(float(t))
+            grad_norm_and_clip(engine.parameters(), CLIP)  # DTensor gradients: FSDP's own global norm
             opt.step()
             opt.zero_grad(set_to_none=True)
         state = export_state(m)  # gathers full tensors: every rank calls it
