@@ -41,8 +41,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ida_eval.jsonl import iter_jsonl, repair_torn_tail
 from ida_eval.isolation import ISOLATION_LEVELS, isolation_description, probe_isolation
+from ida_eval.jsonl import iter_jsonl, repair_torn_tail
 from ida_eval.problems import ProblemsError, find_problems_file, load_problems
 from ida_eval.sandbox import (
     GiB,
@@ -54,6 +54,7 @@ from ida_eval.sandbox import (
     run_program,
     sweep_stale,
 )
+from mxfp8_codec import atomic_output
 
 __all__ = [
     "ExecutionConfig",
@@ -534,12 +535,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("results by class: " + ", ".join(f"{k}: {v}" for k, v in summary["result_classes"].items()))
     print(f"timed out: {summary['timed_out']}; isolation: {', '.join(summary['isolation'])}")
     if args.summary:
-        tmp = f"{args.summary}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, args.summary)
+        with atomic_output(args.summary) as f:
+            f.write((json.dumps(summary, indent=2) + "\n").encode("utf-8"))
     return 0
 
 

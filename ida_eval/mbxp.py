@@ -34,8 +34,19 @@ from typing import Any
 
 import torch
 
-from ida_eval.analysis import ceiling_report, compare_runs, degenerate_report, failure_counts, format_comparison
-from ida_eval.execute import ExecutionConfig, execute_samples, isolation_in_force, summarize
+from ida_eval.analysis import (
+    ceiling_report,
+    compare_runs,
+    degenerate_report,
+    failure_counts,
+    format_comparison,
+)
+from ida_eval.execute import (
+    ExecutionConfig,
+    execute_samples,
+    isolation_in_force,
+    summarize,
+)
 from ida_eval.generate import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_NEW_TOKENS,
@@ -47,6 +58,7 @@ from ida_eval.generate import (
 from ida_eval.jsonl import iter_jsonl, repair_torn_tail
 from ida_eval.loader import describe_checkpoint, load_model
 from ida_eval.problems import find_problems_file, load_problems
+from mxfp8_codec import atomic_output
 
 SAMPLES_FILE = "samples.jsonl"
 RESULTS_FILE = "results.jsonl"
@@ -63,13 +75,8 @@ class RunDirError(ValueError):
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, ensure_ascii=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with atomic_output(path) as f:
+        f.write((json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
 
 
 def read_samples(path: Path) -> dict[str, dict[str, Any]]:

@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from mxfp8_codec import atomic_output
+
 MLLOG_PREFIX = ":::MLLOG "
 POINT_IN_TIME = "POINT_IN_TIME"
 INTERVAL_START = "INTERVAL_START"
@@ -40,13 +42,8 @@ STEP_KEYS = ("step", "loss", "grad_norm", "lr", "tokens_per_s", "mem_gib", "step
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically: temp file in the same directory, fsync, ``os.replace``."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with atomic_output(path) as f:
+        f.write(text.encode("utf-8"))
 
 
 def peak_memory_gib() -> float:

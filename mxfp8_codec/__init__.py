@@ -30,7 +30,13 @@ from mxfp8_codec.reader import (
     validate,
 )
 from mxfp8_codec.rename import RenameReport, prefix_mapping, rename_tensors, verify_renamed
-from mxfp8_codec.writer import MXFP8Tensor, is_projection_weight, write_mxfp8_safetensors, write_safetensors
+from mxfp8_codec.writer import (
+    MXFP8Tensor,
+    atomic_output,
+    is_projection_weight,
+    write_mxfp8_safetensors,
+    write_safetensors,
+)
 
 __all__ = [
     "Header",
@@ -41,6 +47,7 @@ __all__ = [
     "ScaleRule",
     "TensorEntry",
     "WEIGHTS_DTYPE",
+    "atomic_output",
     "backend_info",
     "checkpoint_files",
     "decode_mxfp8",
