@@ -97,6 +97,21 @@ def run(src: str, root: str, limits: sb.SandboxLimits = FAST, **kw) -> sb.Sandbo
 # ------------------------------------------------------------------ the basic contract
 
 
+
+def daemon_program(marker: str) -> str:
+    """A program that leaves a daemonized grandchild (double fork + setsid) running ``sleep ... marker``."""
+    return WAIT_FOR_MARKER + textwrap.dedent(f"""
+    import os
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.execvp('sleep', ['sleep', '300', '{marker}'])
+        os._exit(0)
+    os.wait()
+    wait_for('{marker}')
+    """)
+
+
 def test_plain_program_passes_and_reports(clean: str, iso: isolation.Isolation) -> None:
     res = run("print('hello'); assert sum(range(10)) == 45", clean)
     assert res.passed and res.finished and res.exit_status == 0 and not res.timed_out
@@ -213,17 +228,8 @@ def test_timeout_kills_whole_tree(clean: str, marker: str) -> None:
 
 
 def test_daemonized_grandchild_does_not_survive(clean: str, marker: str, iso: isolation.Isolation) -> None:
-    src = f"""
-    import os
-    if os.fork() == 0:
-        os.setsid()
-        if os.fork() == 0:
-            os.execvp('sleep', ['sleep', '300', '{marker}'])
-        os._exit(0)
-    os.wait()
-    wait_for('{marker}')
-    """
-    res = run(WAIT_FOR_MARKER + textwrap.dedent(src), clean)
+    src = daemon_program(marker)
+    res = run(src, clean)
     assert res.passed  # the program itself finished normally, with its daemon running ...
     assert res.stdout_tail.startswith("up")
     deadline = time.monotonic() + 2.0
@@ -549,17 +555,8 @@ def test_every_mode_that_works_here_contains_the_basics(mode: isolation.Isolatio
     assert not run("import os\nos._exit(0)", clean, isolation=mode).passed
     assert not run("import sys\nsys.exit(0)", clean, isolation=mode).passed
     assert run("while True: pass", clean, sb.SandboxLimits(timeout=1.0), isolation=mode).timed_out
-    daemon = f"""
-    import os
-    if os.fork() == 0:
-        os.setsid()
-        if os.fork() == 0:
-            os.execvp('sleep', ['sleep', '300', '{marker}'])
-        os._exit(0)
-    os.wait()
-    wait_for('{marker}')
-    """
-    res = run(WAIT_FOR_MARKER + textwrap.dedent(daemon), clean, isolation=mode)
+    daemon = daemon_program(marker)
+    res = run(daemon, clean, isolation=mode)
     assert res.passed and res.stdout_tail.startswith("up")
     if mode.level != "rlimits" or cgroup_support().pids_parent:  # the weakest level without cgroups cannot
         deadline = time.monotonic() + 2.0

@@ -10,7 +10,7 @@ import torch
 
 from ida_trainer import checkpoint as ckpt
 from ida_trainer.config import ModelConfig, OptimConfig, PrecisionConfig
-from ida_trainer.demo import build_demo_model, corpus_texts, train_demo_tokenizer
+from ida_trainer.demo import build_demo_model, corpus_texts
 from ida_trainer.precision import (
     apply_recipe,
     build_optimizer,
@@ -19,11 +19,6 @@ from ida_trainer.precision import (
 )
 
 TINY = ModelConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return train_demo_tokenizer(corpus_texts())
 
 
 def _trained(tok, recipe="nvfp4"):

@@ -22,12 +22,7 @@ from ida_trainer.data import (
     pack_examples,
     strip_think,
 )
-from ida_trainer.demo import build_demo_model, corpus_texts, train_demo_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return train_demo_tokenizer(corpus_texts())
+from ida_trainer.demo import build_demo_model, corpus_texts
 
 
 def _write(tmp_path, name, records):

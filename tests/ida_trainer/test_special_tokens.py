@@ -20,11 +20,6 @@ from ida_trainer.special_tokens import (
 )
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return train_demo_tokenizer(corpus_texts())
-
-
 def _model(tok):
     return build_demo_model(ModelConfig(hidden_size=32, intermediate_size=64, num_heads=2), tok, seed=0)
 

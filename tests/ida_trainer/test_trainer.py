@@ -17,8 +17,6 @@ from ida_trainer.data import Example, StepBatcher, load_examples
 from ida_trainer.demo import (
     build_demo_model,
     corpus_path,
-    corpus_texts,
-    train_demo_tokenizer,
 )
 from ida_trainer.engine import (
     LocalEngine,
@@ -31,11 +29,6 @@ from ida_trainer.engine import (
 from ida_trainer.trainer import Trainer, run
 
 TINY = ModelConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return train_demo_tokenizer(corpus_texts())
 
 
 @pytest.fixture(scope="module")
