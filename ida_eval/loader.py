@@ -18,9 +18,10 @@ transpose with ``.T.copy()``, ``load_state_dict`` — peaked at ~4.6x the model'
    the usable CPUs (disjoint slices of one output: same bits). Norm weights are unfolded
    (``w = gamma - 1``) when ``norm_convention`` is ``folded`` and the module adds 1 at run time
    (NemotronLayerNorm1P), then everything is placed with ``load_state_dict(..., assign=True)``
-   (the tensor becomes the parameter: no copy). The file is re-opened every :data:`REMAP_BYTES` of
-   data so that mapped file pages do not pile up in the resident set: peak host memory is about
-   one model plus the file pages of a few tensors.
+   (the tensor becomes the parameter: no copy). Each tensor's file pages are unmapped once it is
+   decoded (``MXFP8Reader.release_pages``; they stay in the page cache) so that mapped file pages
+   do not pile up in the resident set: peak host memory is about one model plus the file pages of
+   two tensors.
 3. Strict key check: missing and unexpected names are listed in one error (a LayerNorm1P weight
    left at its init value of ones would silently double every activation scale). Tied weights
    (``tie_word_embeddings``) are tied after loading and verified to share storage.
@@ -56,7 +57,6 @@ WEIGHTS_DTYPE_KEY = "weights_dtype"  # metadata key that marks an MXFP8 file
 MXFP8_WEIGHTS_DTYPE = "MXFP8_E4M3_UE8M0_K32"
 ORIENTATIONS: tuple[str, ...] = ("in_out", "out_in")
 NORM_CONVENTIONS: tuple[str, ...] = ("zero_centered", "folded")
-REMAP_BYTES = 16 << 20  # 16 MiB: re-open the memory map after this much data was read
 PREFETCH_MAX_BYTES = 32 << 20  # 32 MiB: larger tensors are not decoded ahead (bounds peak memory)
 _STORED_TORCH_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}  # copied as bits
 SPLIT_MIN_VALUES = 1 << 18  # 256 Ki values: larger MXFP8 tensors are decoded in parts on several threads
@@ -216,9 +216,8 @@ def _stream(
     bits are those of one call. The next tensor is decoded on a worker thread while the caller
     places the current one (the codec's decoder releases the GIL), unless it is larger than
     :data:`PREFETCH_MAX_BYTES` (then it is decoded afterwards, so at most one large tensor's
-    file pages are mapped at a time).
-    The memory map is re-opened every :data:`REMAP_BYTES` of data read, between decodes, so
-    touched file pages leave the resident set.
+    file pages are mapped at a time). Each tensor's file pages are unmapped after its decode
+    (``release_pages``), so touched file pages leave the resident set.
     """
     from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -229,6 +228,12 @@ def _stream(
     helpers = ThreadPoolExecutor(max_workers=max(1, parts - 1), thread_name_prefix="ida-decode-part")
 
     def decode(r: Any, name: str) -> tuple[torch.Tensor, bool]:
+        try:
+            return decode_mapped(r, name)
+        finally:
+            r.release_pages(name)
+
+    def decode_mapped(r: Any, name: str) -> tuple[torch.Tensor, bool]:
         device = device_for(name)
         shape = tuple(r.shape(name))
         if not r.is_quantized(name):
@@ -264,20 +269,13 @@ def _stream(
 
     try:
         names = reader.keys()
-        stored = {n: _numel(reader.shape(n)) * (1 if reader.is_quantized(n) else 2) for n in names}
         decoded = {n: _numel(reader.shape(n)) * item for n in names}
-        mapped = 0
         pending: Future[tuple[torch.Tensor, bool]] | None = pool.submit(decode, reader, names[0]) if names else None
         for i, name in enumerate(names):
             assert pending is not None
             tensor, transposed = pending.result()
-            mapped += stored[name]
             pending = None
             nxt = names[i + 1] if i + 1 < len(names) else None
-            if nxt is not None and mapped >= REMAP_BYTES:  # no decode in flight: safe to re-open
-                reader.close()
-                reader = open_mxfp8(wf.path)
-                mapped = 0
             if nxt is not None and decoded[nxt] <= PREFETCH_MAX_BYTES:
                 pending = pool.submit(decode, reader, nxt)
             yield name, tensor, transposed

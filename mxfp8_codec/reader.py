@@ -153,6 +153,27 @@ class MXFP8Reader:
         start = self.header.data_start + e.begin
         return memoryview(self._mm)[start : start + e.nbytes]
 
+    def release_pages(self, name: str) -> None:
+        """Unmap one tensor's file pages (payload and scales) from this process's resident set.
+
+        The pages stay in the OS page cache and are read again if touched (the mapping is shared
+        and read-only, so this never loses data); views stay valid. A streaming loader calls this
+        after decoding each tensor so that its peak RSS holds the decoded model, not the file too.
+        A no-op where ``madvise(MADV_DONTNEED)`` is not available.
+        """
+        if self._mm is None:
+            raise MXFP8Error(f"{self.path}: reader is closed")
+        if not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        entries = [self._entry(name)]
+        if name in self._quantized:
+            entries.append(self.header.entries[name + SCALE_SUFFIX])
+        for e in entries:
+            start = self.header.data_start + e.begin
+            first = start - start % mmap.PAGESIZE  # madvise needs a page-aligned start
+            if e.nbytes:
+                self._mm.madvise(mmap.MADV_DONTNEED, first, start + e.nbytes - first)
+
     def get_raw(self, name: str) -> MXFP8Tensor | np.ndarray:
         """Undecoded data: :class:`MXFP8Tensor` (uint8 copies) or a copy in the stored dtype."""
         e = self._entry(name)

@@ -429,3 +429,37 @@ def test_reader_lifetime_and_require_mxfp8(tmp_path: Path) -> None:
     np_save_file({"x": np.zeros(2, np.float32)}, str(plain))
     with pytest.raises(MXFP8Error, match="not an MXFP8 checkpoint"):
         open_mxfp8(plain, require_mxfp8=True)
+
+
+def _mapped_rss_kib(path: Path) -> int:
+    """Resident KiB of this process's mappings of ``path`` (from /proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if fields and "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
+            inside = fields[-1] == str(path)
+        elif inside and fields[0] == "Rss:":
+            total += int(fields[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs /proc/self/smaps (Linux)")
+def test_release_pages_unmaps_a_tensors_file_pages(tmp_path: Path) -> None:
+    """After ``release_pages`` a decoded tensor's payload and scales no longer count in the
+    process's RSS; the data is still readable (pages come back from the page cache)."""
+    path = tmp_path / "m.safetensors"
+    rng = np.random.default_rng(0)
+    tensors = {f"l{i}.o_proj.weight": rng.standard_normal((1024, 1024)).astype(np.float32) for i in range(2)}
+    write_mxfp8_safetensors(path, tensors)
+    with open_mxfp8(path) as r:
+        first = r.get("l0.o_proj.weight")
+        r.get("l1.o_proj.weight")
+        touched = _mapped_rss_kib(path)
+        assert touched >= 2 * 1024  # two 1 MiB payloads were read through the map
+        r.release_pages("l0.o_proj.weight")
+        assert _mapped_rss_kib(path) <= touched - 1024 + 8  # l0's payload + scales left (boundary pages may stay)
+        assert np.array_equal(r.get("l0.o_proj.weight"), first)
+        with pytest.raises(MXFP8Error, match="'nope': no such tensor"):
+            r.release_pages("nope")
+    with pytest.raises(MXFP8Error, match="reader is closed"):
+        r.release_pages("l0.o_proj.weight")
