@@ -62,6 +62,7 @@
 #define MX_BLOCK 32
 #define MX_KERNEL_VERSION 5
 #define MX_TILE 32 /* transposed decode: 32 x 32 tiles (2 KiB bf16, 4 KiB f32: stay in L1) */
+#define MX_GROUP 8 /* transposed decode: tiles per group side (256 x 256 values) */
 
 static inline float mx_as_float(uint32_t u) { float f; memcpy(&f, &u, sizeof f); return f; }
 static inline uint32_t mx_as_u32(float f) { uint32_t u; memcpy(&u, &f, sizeof u); return u; }
@@ -247,18 +248,27 @@ static inline void mx_tile_store_t_f32(const uint32_t *restrict buf, uint32_t *r
 }
 
 /* Transposed decode, one output type: decode a 32-row x 32-col tile (one scale block per row)
- * into buf with the row kernels' exact rules, then scatter it column-wise to out[c * ld + r]. */
+ * into buf with the row kernels' exact rules, then scatter it column-wise to out[c * ld + r].
+ * Tiles are visited in groups of MX_GROUP x MX_GROUP: within a group, for each block column the
+ * tiles go down the rows, so each of the 32 output rows being written grows contiguously and the
+ * pages of one group (MX_GROUP * 32 payload rows, 32 * MX_GROUP output rows) stay in the TLB.
+ * (Sweeping a whole row band first wrote 64 bytes per output row per tile across the entire
+ * output: a TLB miss per store on large matrices.) */
 #define MX_DEFINE_DECODE_T(NAME, T, FAST, STORE_T)                                                          \
 void NAME(const uint8_t *q, int64_t ldq, const uint8_t *s, int64_t lds, int64_t rows, int64_t k, \
           T *out, int64_t ld, const T *lut) {                                                   \
     MX_FP_ENTER();                                                                              \
     const int64_t nb = (k + MX_BLOCK - 1) / MX_BLOCK;                                           \
     T buf[MX_TILE * MX_TILE] __attribute__((aligned(64)));                                      \
-    for (int64_t r0 = 0; r0 < rows; r0 += MX_TILE) {                                            \
-        const int64_t tr = (rows - r0) < MX_TILE ? (rows - r0) : MX_TILE;                       \
-        for (int64_t b = 0; b < nb; b++) {                                                      \
-            const int64_t c0 = b * MX_BLOCK;                                                    \
-            const int64_t n = (k - c0) < MX_BLOCK ? (k - c0) : MX_BLOCK;                        \
+    for (int64_t g0 = 0; g0 < rows; g0 += MX_GROUP * MX_TILE) {                                 \
+      const int64_t g1 = (rows - g0) < MX_GROUP * MX_TILE ? rows : g0 + MX_GROUP * MX_TILE;     \
+      for (int64_t bg = 0; bg < nb; bg += MX_GROUP) {                                           \
+        const int64_t bend = (nb - bg) < MX_GROUP ? nb : bg + MX_GROUP;                         \
+        for (int64_t b = bg; b < bend; b++) {                                                   \
+          const int64_t c0 = b * MX_BLOCK;                                                      \
+          const int64_t n = (k - c0) < MX_BLOCK ? (k - c0) : MX_BLOCK;                          \
+          for (int64_t r0 = g0; r0 < g1; r0 += MX_TILE) {                                       \
+            const int64_t tr = (rows - r0) < MX_TILE ? (rows - r0) : MX_TILE;                   \
             for (int64_t r = 0; r < tr; r++) {                                                  \
                 const uint8_t *qr = q + (r0 + r) * ldq + c0;                                    \
                 const uint32_t sb = s[(r0 + r) * lds + b];                                      \
@@ -275,7 +285,9 @@ void NAME(const uint8_t *q, int64_t ldq, const uint8_t *s, int64_t lds, int64_t 
                     for (int64_t r = 0; r < tr; r++) dst[r] = buf[r * MX_TILE + c];             \
                 }                                                                               \
             }                                                                                   \
+          }                                                                                     \
         }                                                                                       \
+      }                                                                                         \
     }                                                                                           \
     MX_SFENCE();                                                                                \
     MX_FP_EXIT();                                                                               \

@@ -23,8 +23,10 @@ from mxfp8_codec.numerics import decode_mxfp8, decode_mxfp8_numpy, decode_mxfp8_
 KERNEL = _native.get_kernel()
 needs_native = pytest.mark.skipif(KERNEL is None, reason=f"native kernel unavailable: {_native.kernel_info()}")
 DTYPES = ((np.float32, np.uint32, torch.float32), (ml_dtypes.bfloat16, np.uint16, torch.bfloat16))
-# shapes around the 32 x 32 tile: exact tiles, partial row tiles, partial (and tiny) blocks
-SHAPES = [(1, 1), (1, 40), (40, 1), (31, 33), (32, 32), (33, 31), (64, 96), (100, 45), (257, 65), (70, 200)]
+# shapes around the 32 x 32 tile: exact tiles, partial row tiles, partial (and tiny) blocks; the
+# last two cross the native kernel's 256 x 256 tile groups in both directions (partial groups)
+SHAPES = [(1, 1), (1, 40), (40, 1), (31, 33), (32, 32), (33, 31), (64, 96), (100, 45), (257, 65), (70, 200),
+          (300, 530), (512, 512)]
 
 
 def _case(shape: tuple[int, int], seed: int, *, realistic: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -137,7 +139,7 @@ def test_native_row_range_into_column_range() -> None:
 def test_portable_c_transpose_equals_numpy(tmp_path: Path) -> None:
     """The portable-C block routines (no AVX-512) in the tiled transpose give the same bits."""
     kernel = _native.build_variant(tmp_path / "portable.so", _native.PORTABLE_CFLAGS)
-    for shape in ((64, 96), (33, 45)):
+    for shape in ((64, 96), (33, 45), (300, 530)):
         for realistic in (False, True):
             q, s = _case(shape, seed=11, realistic=realistic)
             for kind, view in (("bf16", np.uint16), ("f32", np.uint32)):
