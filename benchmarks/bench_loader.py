@@ -6,8 +6,8 @@ orientation). Each variant then runs in a fresh subprocess that loads the model 
 pass on a fixed 64-token input (transformers maps safetensors lazily, so load time alone would flatter
 it), and reports:
 
-* ``added peak RSS``: the process's peak resident set (``VmHWM``) minus its resident set after the
-  imports, divided by the BF16 model's bytes (2 x parameters);
+* ``added peak RSS``: the process's peak resident set (``VmHWM``, reset after the imports) minus
+  its resident set after the imports, divided by the BF16 model's bytes (2 x parameters);
 * ``time``: wall seconds from the start of loading to the end of the first forward.
 
 Variants:
@@ -119,10 +119,13 @@ def _child(variant: str, info: dict[str, Any], out: Path) -> None:
 
     # every variant pays the same imports before the clock starts (we measure loading, not importing)
     import accelerate  # noqa: F401
+    import ida_eval.loader  # noqa: F401  (ida_eval imports lazily; ml_dtypes 0.7.0 alone takes ~0.5 s here)
     import transformers.models.nemotron.modeling_nemotron  # noqa: F401
 
     AutoConfig.from_pretrained(info["bf16_dir"])
     ids = torch.arange(3, 3 + SEQ_LEN).unsqueeze(0) % info["vocab"]
+    with open("/proc/self/clear_refs", "w") as f:  # reset VmHWM to the current RSS (import peaks do not count)
+        f.write("5")
     base_kib = _status_kib("VmRSS")
     t0 = time.perf_counter()
     if variant == "ours":
