@@ -270,18 +270,26 @@ def _stream(
     try:
         names = reader.keys()
         decoded = {n: _numel(reader.shape(n)) * item for n in names}
-        pending: Future[tuple[torch.Tensor, bool]] | None = pool.submit(decode, reader, names[0]) if names else None
+
+        def submit(i: int) -> Future[tuple[torch.Tensor, bool]]:
+            if i + 1 < len(names):  # a cold file: its next tensor is read while this one decodes
+                reader.prefetch_pages(names[i + 1])
+            return pool.submit(decode, reader, names[i])
+
+        if names:
+            reader.prefetch_pages(names[0])
+        pending: Future[tuple[torch.Tensor, bool]] | None = submit(0) if names else None
         for i, name in enumerate(names):
             assert pending is not None
             tensor, transposed = pending.result()
             pending = None
             nxt = names[i + 1] if i + 1 < len(names) else None
             if nxt is not None and decoded[nxt] <= PREFETCH_MAX_BYTES:
-                pending = pool.submit(decode, reader, nxt)
+                pending = submit(i + 1)
             yield name, tensor, transposed
             del tensor
             if nxt is not None and pending is None:
-                pending = pool.submit(decode, reader, nxt)
+                pending = submit(i + 1)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         helpers.shutdown(wait=True)

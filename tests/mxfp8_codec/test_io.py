@@ -463,3 +463,48 @@ def test_release_pages_unmaps_a_tensors_file_pages(tmp_path: Path) -> None:
             r.release_pages("nope")
     with pytest.raises(MXFP8Error, match="reader is closed"):
         r.release_pages("l0.o_proj.weight")
+
+
+def _resident_pages(view: memoryview) -> tuple[int, int]:
+    """(pages of ``view`` in the page cache, pages ``view`` spans), for a view of a file mapping."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    addr = np.frombuffer(view, dtype=np.uint8).ctypes.data
+    first = addr - addr % mmap.PAGESIZE
+    n = -(-(addr + len(view) - first) // mmap.PAGESIZE)
+    vec = (ctypes.c_ubyte * n)()
+    assert libc.mincore(ctypes.c_void_p(first), ctypes.c_size_t(n * mmap.PAGESIZE), vec) == 0, ctypes.get_errno()
+    return sum(v & 1 for v in vec), n
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise to evict a file")
+def test_prefetch_pages_reads_a_cold_tensor_ahead(tmp_path: Path) -> None:
+    """``prefetch_pages`` starts reading one tensor's pages (payload and scales) into the page
+    cache without touching them; the data read afterwards is unchanged."""
+    import time
+
+    path = tmp_path / "m.safetensors"
+    w = np.random.default_rng(1).standard_normal((1024, 1024)).astype(np.float32)
+    write_mxfp8_safetensors(path, {"l0.o_proj.weight": w})
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    with open_mxfp8(path) as r:
+        payload, scales = r.tensor_bytes("l0.o_proj.weight"), r.tensor_bytes("l0.o_proj.weight.scale")
+        if _resident_pages(payload)[0] > 16:
+            pytest.skip("the file system kept the file cached (eviction not possible here)")
+        r.prefetch_pages("l0.o_proj.weight")
+        deadline = time.monotonic() + 10
+        while len(set(_resident_pages(payload))) > 1 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the reads are asynchronous
+        for view in (payload, scales):
+            resident, spanned = _resident_pages(view)
+            assert resident == spanned, f"{resident} of {spanned} pages read"
+        assert np.array_equal(r.get("l0.o_proj.weight"), decode_mxfp8(*encode_mxfp8(w)))
+        with pytest.raises(MXFP8Error, match="'nope': no such tensor"):
+            r.prefetch_pages("nope")
