@@ -216,8 +216,10 @@ def _stream(
     bits are those of one call. The next tensor is decoded on a worker thread while the caller
     places the current one (the codec's decoder releases the GIL), unless it is larger than
     :data:`PREFETCH_MAX_BYTES` (then it is decoded afterwards, so at most one large tensor's
-    file pages are mapped at a time). Each tensor's file pages are unmapped after its decode
-    (``release_pages``), so touched file pages leave the resident set.
+    file pages are mapped at a time). The next tensor's file pages are requested while the
+    current one decodes (``prefetch_pages``: a cold file is read in large requests) and each
+    tensor's pages are unmapped after its decode (``release_pages``), so touched file pages leave
+    the resident set.
     """
     from concurrent.futures import Future, ThreadPoolExecutor
 
