@@ -278,9 +278,10 @@ def _stream(
                 reader.prefetch_pages(names[i + 1])
             return pool.submit(decode, reader, names[i])
 
+        pending: Future[tuple[torch.Tensor, bool]] | None = None
         if names:
             reader.prefetch_pages(names[0])
-        pending: Future[tuple[torch.Tensor, bool]] | None = submit(0) if names else None
+            pending = submit(0)
         for i, name in enumerate(names):
             assert pending is not None
             tensor, transposed = pending.result()

@@ -176,7 +176,7 @@ class MXFP8Reader:
     def _advise(self, name: str, advice: str) -> None:
         if self._mm is None:
             raise MXFP8Error(f"{self.path}: reader is closed")
-        entries = [self._entry(name)]
+        entries = [self._entry(name)]  # unknown names raise even where madvise is missing
         if not hasattr(mmap, advice):
             return
         if name in self._quantized:
