@@ -74,6 +74,7 @@ __all__ = [
 
 DEFAULT_TIMEOUT_S = 30.0  # MBPP/123 takes up to 18 s on two busy cores
 REASON_CHARS = 300  # longest "failed: <reason>" text kept
+MAX_LISTED_TASKS = 20  # task ids listed in a summary (the rest are only counted)
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
 
 
@@ -455,13 +456,17 @@ def pass_at_1(results: Sequence[Mapping[str, Any]]) -> float:
     return sum(c / n for c, n in per_task.values()) / len(per_task)
 
 
-def summarize(results: Sequence[Mapping[str, Any]], problems: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """pass@1, counts per result class, missing tasks and the isolation used.
+def summarize(
+    results: Sequence[Mapping[str, Any]], problems: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """pass@1, counts per result class, the tasks without a sample and the isolation used.
 
-    ``pass@1_all_problems`` counts tasks of ``problems`` without any sample as failed.
+    ``missing_tasks_count`` counts the tasks of ``problems`` without any sample and
+    ``missing_tasks_first`` lists the first :data:`MAX_LISTED_TASKS` of them in ``problems`` order.
+    ``pass@1_all_problems`` counts those tasks as failed.
     """
     tasks = {r["task_id"] for r in results}
-    missing = sorted(set(problems) - tasks) if problems is not None else []
+    missing = [t for t in problems if t not in tasks] if problems is not None else []
     p1 = pass_at_1(results)
     out: dict[str, Any] = {
         "pass@1": p1,
@@ -471,7 +476,8 @@ def summarize(results: Sequence[Mapping[str, Any]], problems: Mapping[str, Any] 
         "timed_out": sum(r["result"] == "timed out" for r in results),
         "result_classes": dict(Counter(result_class(r["result"]) for r in results).most_common()),
         "isolation": sorted({str(r.get("isolation", "unknown")) for r in results}),
-        "missing_tasks": missing,
+        "missing_tasks_count": len(missing),
+        "missing_tasks_first": missing[:MAX_LISTED_TASKS],
     }
     if problems is not None and problems:
         out["pass@1_all_problems"] = p1 * len(tasks) / len(problems)
@@ -526,10 +532,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"pass@1 = {summary['pass@1']:.4f}  ({summary['passed']}/{summary['samples']} samples passed, {summary['tasks']} tasks)"
     )
-    if summary["missing_tasks"]:
-        m = summary["missing_tasks"]
+    if summary["missing_tasks_count"]:
         print(
-            f"no sample for {len(m)} of {len(problems)} tasks (e.g. {', '.join(m[:5])}); "
+            f"no sample for {summary['missing_tasks_count']} of {len(problems)} tasks "
+            f"(e.g. {', '.join(summary['missing_tasks_first'][:5])}); "
             f"pass@1 over all problems = {summary['pass@1_all_problems']:.4f}"
         )
     print("results by class: " + ", ".join(f"{k}: {v}" for k, v in summary["result_classes"].items()))

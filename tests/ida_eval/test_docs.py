@@ -295,8 +295,10 @@ def test_model_and_execute_summary_keys(harness_run: dict[str, Any]) -> None:
     assert brace_set(items["model"]) == set(info)
     assert harness_run["summary"]["model"] == info  # what the run recorded for its stand-in
     exec_summary = execute.summarize(harness_run["results"], harness_run["problems"])
-    names = brace_set(" ".join(blocks_or_fail("execute-summary-keys")))
+    text = " ".join(blocks_or_fail("execute-summary-keys"))
+    names = brace_set(text)
     assert names == set(exec_summary), f"--summary keys: doc {names} vs code {set(exec_summary)}"
+    assert f"first {execute.MAX_LISTED_TASKS} of them" in text
 
 
 def test_results_and_samples_fields(harness_run: dict[str, Any]) -> None:

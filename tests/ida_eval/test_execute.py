@@ -386,7 +386,19 @@ def test_cli_reports_pass_rate_classes_missing_tasks_and_isolation(
     assert "AssertionError: 1" in stdout and "passed: 1" in stdout
     assert "isolation:" in stderr
     data = json.loads(summary.read_text())
-    assert data["passed"] == 1 and data["missing_tasks"] == ["T/2"]
+    assert data["passed"] == 1 and data["missing_tasks_count"] == 1 and data["missing_tasks_first"] == ["T/2"]
+
+
+def test_summary_counts_missing_tasks_and_lists_the_first_few() -> None:
+    problems = {f"P/{i}": {} for i in range(3 + ex.MAX_LISTED_TASKS + 7)}  # file order, not sorted order
+    results = [{"task_id": f"P/{i}", "passed": i == 0, "result": "passed" if i == 0 else "timed out",
+                "isolation": "rlimits"} for i in range(3)]
+    s = ex.summarize(results, problems)
+    assert s["missing_tasks_count"] == ex.MAX_LISTED_TASKS + 7
+    assert s["missing_tasks_first"] == [f"P/{i}" for i in range(3, 3 + ex.MAX_LISTED_TASKS)]
+    assert s["isolation"] == ["rlimits"] and s["pass@1_all_problems"] == pytest.approx(1 / len(problems))
+    assert ex.summarize([], problems)["missing_tasks_count"] == len(problems)
+    assert ex.summarize([])["missing_tasks_count"] == 0
 
 
 def test_cli_input_errors_name_the_line(toy_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
