@@ -461,6 +461,8 @@ def summarize(
 ) -> dict[str, Any]:
     """pass@1, counts per result class, the tasks without a sample and the isolation used.
 
+    ``isolation`` is always a list: the sorted mode names the results ran under (``"unknown"`` for a
+    record without one), empty when there are no results (no program ran, so none was isolated).
     ``missing_tasks_count`` counts the tasks of ``problems`` without any sample and
     ``missing_tasks_first`` lists the first :data:`MAX_LISTED_TASKS` of them in ``problems`` order.
     ``pass@1_all_problems`` counts those tasks as failed.
@@ -539,7 +541,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"pass@1 over all problems = {summary['pass@1_all_problems']:.4f}"
         )
     print("results by class: " + ", ".join(f"{k}: {v}" for k, v in summary["result_classes"].items()))
-    print(f"timed out: {summary['timed_out']}; isolation: {', '.join(summary['isolation'])}")
+    isolation = ", ".join(summary["isolation"]) or "none (nothing ran)"
+    print(f"timed out: {summary['timed_out']}; isolation: {isolation}")
     if args.summary:
         with atomic_output(args.summary) as f:
             f.write((json.dumps(summary, indent=2) + "\n").encode("utf-8"))

@@ -9,9 +9,11 @@
 * ``results.jsonl``: the executor's mxeval results (:func:`ida_eval.execute.execute_samples`, which
   resumes its own file and never re-executes a finished task).
 * ``summary.json`` (written atomically): pass@1 over the evaluated tasks, counts per failure class
-  (:mod:`ida_eval.analysis`), the achievable ceiling (8 MBXP tasks cannot be passed as shipped), the class of every task, degenerate-output count with examples,
-  timings and tokens/s, the sandbox isolation in force, the decoding and truncation rules, and the
-  checkpoint's provenance (sha256 of every weight file, its precision metadata).
+  (:mod:`ida_eval.analysis`), the achievable ceiling (8 MBXP tasks cannot be passed as shipped), the
+  class of every task, degenerate-output count with examples, timings and tokens/s, the sandbox
+  isolation modes the programs ran under (a list of mode names, empty when no program ran), the
+  decoding and truncation rules, and the checkpoint's provenance (sha256 of every weight file, its
+  precision metadata).
 
 ``run.json`` pins the decoding settings and checkpoint hashes of a run directory: resuming with
 different settings or a different checkpoint is refused rather than mixing two runs' samples.
@@ -44,7 +46,6 @@ from ida_eval.analysis import (
 from ida_eval.execute import (
     ExecutionConfig,
     execute_samples,
-    isolation_in_force,
     summarize,
 )
 from ida_eval.generate import (
@@ -233,7 +234,7 @@ def evaluate_model(
             "generated_tokens": new_tokens,
             "tokens_per_s": round(new_tokens / gen_seconds, 2) if gen_seconds > 0 else None,
         },
-        "isolation": exec_summary["isolation"] or [isolation_in_force(config.isolation)],
+        "isolation": exec_summary["isolation"],
         "executor": {
             "result_classes": exec_summary["result_classes"],
             "timed_out": exec_summary["timed_out"],
@@ -355,7 +356,7 @@ def _print_summary(s: Mapping[str, Any], out: Path) -> None:
     print(f"degenerate completions: {d['count']}" + (f" (e.g. {d['examples'][0]['task_id']}: {d['examples'][0]['reason']})" if d["examples"] else ""))
     t = s["timings"]
     print(f"generation {t['generation_s']} s ({t['tokens_per_s']} tokens/s), execution {t['execution_s']} s; "
-          f"isolation: {', '.join(s['isolation'])}")
+          f"isolation: {', '.join(s['isolation']) or 'none (nothing ran)'}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -397,7 +397,8 @@ def test_summary_counts_missing_tasks_and_lists_the_first_few() -> None:
     assert s["missing_tasks_count"] == ex.MAX_LISTED_TASKS + 7
     assert s["missing_tasks_first"] == [f"P/{i}" for i in range(3, 3 + ex.MAX_LISTED_TASKS)]
     assert s["isolation"] == ["rlimits"] and s["pass@1_all_problems"] == pytest.approx(1 / len(problems))
-    assert ex.summarize([], problems)["missing_tasks_count"] == len(problems)
+    empty = ex.summarize([], problems)
+    assert empty["isolation"] == [] and empty["missing_tasks_count"] == len(problems)
     assert ex.summarize([])["missing_tasks_count"] == 0
 
 

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from ida_eval import ExecutionConfig, evaluate_model
+from ida_eval.isolation import ISOLATION_LEVELS
 from ida_eval.mbxp import RunDirError, main, read_samples, select_problems
 from tests.ida_eval.test_mbxp_support import SMALL_PROBLEMS, tiny_model, train_tokenizer, write_problems
 
@@ -32,6 +33,7 @@ def test_run_files_resume_and_pinning(setup, tmp_path):
     assert s["pass_at_1"] == s["passed"] / 3
     assert s["timings"]["generated_tasks"] == 3 and s["timings"]["generated_tokens"] > 0
     assert s["model"]["class"] == "Qwen3ForCausalLM" and s["checkpoint"] is None
+    assert s["isolation"] and set(s["isolation"]) <= set(ISOLATION_LEVELS)  # mode names, not descriptions
     on_disk = json.loads((out / "summary.json").read_text())
     assert on_disk["per_task"] == s["per_task"]
     samples = read_samples(out / "samples.jsonl")
@@ -60,6 +62,12 @@ def test_run_files_resume_and_pinning(setup, tmp_path):
         assert evaluate_model(None, None, problems, out, **kw)["per_task"] == s["per_task"]
     with pytest.raises(ValueError, match="no model was given"):
         evaluate_model(None, None, problems, out, **{**kw, "limit": 5})
+
+
+def test_isolation_is_a_list_of_modes_even_when_nothing_ran(tmp_path):
+    s = evaluate_model(None, None, {}, tmp_path / "empty", exec_config=EXEC, progress=False)
+    assert s["n_tasks"] == 0 and s["isolation"] == []
+    assert json.loads((tmp_path / "empty" / "summary.json").read_text())["isolation"] == []
 
 
 def test_select_problems(setup):
