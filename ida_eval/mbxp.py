@@ -16,7 +16,9 @@
   precision metadata).
 
 ``run.json`` pins the decoding settings and checkpoint hashes of a run directory: resuming with
-different settings or a different checkpoint is refused rather than mixing two runs' samples.
+different settings or a different checkpoint is refused rather than mixing two runs' samples. It is
+written once the inputs are validated and work starts, so a call that fails before (e.g. no model for
+the tasks left to generate) pins nothing.
 
 pass@1 with one greedy sample per task is the fraction of tasks whose program passed. With
 ``--limit N`` only the first N problems of the file are evaluated and pass@1 is over those N.
@@ -111,8 +113,13 @@ def _append_samples(path: Path, gens: Sequence[Generation]) -> None:
         os.fsync(f.fileno())
 
 
-def _check_run_file(out_dir: Path, run: dict[str, Any]) -> None:
-    """Pin decoding settings and checkpoint identity of a run directory (refuse to mix runs)."""
+def _check_run_file(out_dir: Path, run: dict[str, Any]) -> bool:
+    """Refuse a run directory that holds a different run (decoding settings, checkpoint identity).
+
+    Writes nothing: returns True when the directory is not pinned yet, and the caller writes ``run``
+    to ``run.json`` with :func:`_pin_run` once its inputs are validated and work is about to start,
+    so a call that fails validation leaves a fresh directory free for other settings.
+    """
     path = out_dir / RUN_FILE
     if path.is_file():
         old = json.loads(path.read_text())
@@ -122,10 +129,16 @@ def _check_run_file(out_dir: Path, run: dict[str, Any]) -> None:
                     f"{out_dir}: holds a run with different {key} ({old.get(key)!r} vs now {run.get(key)!r}); "
                     "use a fresh --out directory"
                 )
-        return
+        return False
     if (out_dir / SAMPLES_FILE).is_file():
         raise RunDirError(f"{out_dir}: has {SAMPLES_FILE} but no {RUN_FILE}; use a fresh --out directory")
-    _write_json_atomic(path, run)
+    return True
+
+
+def _pin_run(out_dir: Path, run: dict[str, Any]) -> None:
+    """Create the run directory and write ``run.json``: from now on it holds this run only."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write_json_atomic(out_dir / RUN_FILE, run)
 
 
 def _sha_of(info: Mapping[str, Any] | None) -> list[str] | None:
@@ -189,18 +202,21 @@ def evaluate_model(
     chosen = select_problems(problems, limit)
     decoding = DecodingConfig(batch_size=batch_size, max_new_tokens=max_new_tokens, stop_strings=tuple(stop_strings))
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     describe = decoding.describe()
     describe.pop("batch_size")  # does not change greedy fp32 output; may change between resumes
-    _check_run_file(out, {"decoding": describe, "checkpoint_sha256": _sha_of(checkpoint_info)})
+    run = {"decoding": describe, "checkpoint_sha256": _sha_of(checkpoint_info)}
+    unpinned = _check_run_file(out, run)
 
     samples_path = out / SAMPLES_FILE
     have = read_samples(samples_path)
     todo = {t: p["prompt"] for t, p in chosen.items() if t not in have}
+    if todo and model is None:
+        raise ValueError(f"{out}: {len(todo)} tasks still need generating but no model was given")
+    if unpinned:  # the inputs are valid and work starts: only now is the directory this run's
+        _pin_run(out, run)
+
     gen_seconds, new_tokens = 0.0, 0
     if todo:
-        if model is None:
-            raise ValueError(f"{out}: {len(todo)} tasks still need generating but no model was given")
         t0 = time.perf_counter()
         gens = generate_completions(
             model, tokenizer, todo, decoding, progress=progress, on_batch=lambda b: _append_samples(samples_path, b)

@@ -64,6 +64,21 @@ def test_run_files_resume_and_pinning(setup, tmp_path):
         evaluate_model(None, None, problems, out, **{**kw, "limit": 5})
 
 
+def test_failed_validation_leaves_the_directory_unpinned(setup, tmp_path):
+    model, tok, problems = setup
+    out = tmp_path / "run"
+    kw = dict(limit=1, exec_config=EXEC, progress=False)
+    with pytest.raises(ValueError, match="no model was given"):
+        evaluate_model(None, None, problems, out, max_new_tokens=10, **kw)
+    assert not (out / "run.json").exists()
+    # so the directory is still free for other settings; this run then pins it
+    s = evaluate_model(model, tok, problems, out, max_new_tokens=11, **kw)
+    assert s["n_tasks"] == 1
+    assert json.loads((out / "run.json").read_text())["decoding"]["max_new_tokens"] == 11
+    with pytest.raises(RunDirError, match="different decoding"):  # checked before anything else
+        evaluate_model(None, None, problems, out, max_new_tokens=10, **{**kw, "limit": 2})
+
+
 def test_isolation_is_a_list_of_modes_even_when_nothing_ran(tmp_path):
     s = evaluate_model(None, None, {}, tmp_path / "empty", exec_config=EXEC, progress=False)
     assert s["n_tasks"] == 0 and s["isolation"] == []
