@@ -57,6 +57,7 @@ from ida_eval.sandbox import (
 from mxfp8_codec import atomic_output
 
 __all__ = [
+    "CLI_ERRORS",
     "ExecutionConfig",
     "ProblemsError",
     "ResultsFileError",
@@ -68,6 +69,7 @@ __all__ = [
     "load_samples",
     "main",
     "pass_at_1",
+    "report_cli_error",
     "result_class",
     "summarize",
 ]
@@ -486,6 +488,36 @@ def summarize(
     return out
 
 
+CLI_ERRORS = (ValueError, OSError, SandboxError, KeyboardInterrupt)  # what report_cli_error handles
+
+
+def report_cli_error(exc: BaseException, out: str | Path | None, kept: str = "results") -> int:
+    """Print the one-line message for an error that ends a CLI run; return the exit status.
+
+    Shared by ``python -m ida_eval.execute`` and ``python -m ida_eval.mbxp``:
+
+    * ``KeyboardInterrupt`` (Ctrl-C): ``interrupted; ...`` naming ``out``, where the finished
+      ``kept`` are, and that rerunning the same command resumes (just ``interrupted`` when ``out``
+      is None: nothing to resume); 130.
+    * :class:`~ida_eval.sandbox.SandboxError` (the sandbox cannot run here): ``sandbox error: ...``; 1.
+    * ``ValueError`` / ``OSError`` (bad input: a file, a line, a setting): ``error: ...``; 2.
+
+    Anything else is re-raised (a bug: its traceback is the report). Use it as
+    ``except CLI_ERRORS as e: return report_cli_error(e, args.out)``.
+    """
+    if isinstance(exc, KeyboardInterrupt):
+        hint = f"; finished {kept} are kept in {out}: rerun the same command (same --out) to resume"
+        print("interrupted" + (hint if out is not None else ""), file=sys.stderr)
+        return 130
+    if isinstance(exc, SandboxError):
+        print(f"sandbox error: {exc}", file=sys.stderr)
+        return 1
+    if isinstance(exc, (ValueError, OSError)):
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    raise exc
+
+
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="python -m ida_eval.execute",
@@ -508,7 +540,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; returns the process exit code (0 ok, 2 bad input, 1 sandbox failure)."""
+    """CLI entry point; returns the process exit code (0 ok, 2 bad input, 1 sandbox failure, 130
+    interrupted: see :func:`report_cli_error`)."""
     args = _parse_args(argv)
     try:
         problems = load_problems(find_problems_file(args.problems))
@@ -521,15 +554,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = execute_samples(
             problems, samples, out_path=args.out, config=config, canonical=args.canonical, progress=not args.no_progress
         )
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except SandboxError as e:
-        print(f"sandbox error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"interrupted; finished results are in {args.out}: rerun the same command to resume", file=sys.stderr)
-        return 130
+    except CLI_ERRORS as e:
+        return report_cli_error(e, args.out)
     summary = summarize(results, problems)
     print(
         f"pass@1 = {summary['pass@1']:.4f}  ({summary['passed']}/{summary['samples']} samples passed, {summary['tasks']} tasks)"

@@ -20,6 +20,9 @@ different settings or a different checkpoint is refused rather than mixing two r
 written once the inputs are validated and work starts, so a call that fails before (e.g. no model for
 the tasks left to generate) pins nothing.
 
+The CLI reports errors in one line, like ``python -m ida_eval.execute``: status 2 for bad input, 1 when
+the sandbox cannot run here, 130 on Ctrl-C (rerunning the same command resumes).
+
 pass@1 with one greedy sample per task is the fraction of tasks whose program passed. With
 ``--limit N`` only the first N problems of the file are evaluated and pass@1 is over those N.
 ``--compare DIR_A DIR_B`` prints two finished runs side by side (pass@1, classes, flipped tasks).
@@ -30,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -46,8 +48,10 @@ from ida_eval.analysis import (
     format_comparison,
 )
 from ida_eval.execute import (
+    CLI_ERRORS,
     ExecutionConfig,
     execute_samples,
+    report_cli_error,
     summarize,
 )
 from ida_eval.generate import (
@@ -376,13 +380,15 @@ def _print_summary(s: Mapping[str, Any], out: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; returns the exit code (0 ok, 2 bad input)."""
+    """CLI entry point; returns the exit code (0 ok, 2 bad input, 1 sandbox failure, 130 interrupted:
+    see :func:`ida_eval.execute.report_cli_error`)."""
     args = _parse_args(argv)
+    run_dir: Path | None = None  # named in the Ctrl-C message once there is a run to resume
     try:
         if args.compare:
             print(format_comparison(compare_runs(*args.compare)))
             return 0
-        out = Path(args.out) if args.out else Path(f"mbxp-{Path(args.checkpoint).resolve().name}")
+        out = run_dir = Path(args.out) if args.out else Path(f"mbxp-{Path(args.checkpoint).resolve().name}")
         cfg: dict[str, Any] = {}
         if args.workers is not None:
             cfg["workers"] = args.workers
@@ -401,9 +407,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             exec_config=ExecutionConfig(**cfg),
             progress=not args.no_progress,
         )
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except CLI_ERRORS as e:
+        return report_cli_error(e, run_dir, kept="samples and results")
     _print_summary(summary, out)
     return 0
 

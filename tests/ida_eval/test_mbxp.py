@@ -6,9 +6,11 @@ import json
 
 import pytest
 
-from ida_eval import ExecutionConfig, evaluate_model
+from ida_eval import ExecutionConfig, evaluate_model, mbxp
+from ida_eval import execute as ex
 from ida_eval.isolation import ISOLATION_LEVELS
 from ida_eval.mbxp import RunDirError, main, read_samples, select_problems
+from ida_eval.sandbox import SandboxError
 from tests.ida_eval.test_mbxp_support import SMALL_PROBLEMS, tiny_model, train_tokenizer, write_problems
 
 EXEC = ExecutionConfig(workers=2, timeout=20)
@@ -83,6 +85,49 @@ def test_isolation_is_a_list_of_modes_even_when_nothing_ran(tmp_path):
     s = evaluate_model(None, None, {}, tmp_path / "empty", exec_config=EXEC, progress=False)
     assert s["n_tasks"] == 0 and s["isolation"] == []
     assert json.loads((tmp_path / "empty" / "summary.json").read_text())["isolation"] == []
+
+
+def test_cli_ctrl_c_and_sandbox_failure_end_in_one_line_and_resume(setup, tmp_path, monkeypatch, capsys):
+    """Like ``python -m ida_eval.execute``: 130 with a resume hint that holds, 1 for a sandbox failure."""
+    model, tok, problems = setup
+    loads = []
+    monkeypatch.setattr(mbxp, "describe_checkpoint", lambda d: None)
+    monkeypatch.setattr(mbxp, "load_model", lambda *a, **k: loads.append(a) or (model, tok))
+    generate = mbxp.generate_completions
+
+    def ctrl_c_after_first_batch(*args, on_batch, **kwargs):
+        def append_then_interrupt(gens):
+            on_batch(gens)
+            raise KeyboardInterrupt
+
+        return generate(*args, on_batch=append_then_interrupt, **kwargs)
+
+    out = tmp_path / "run"
+    args = ["--checkpoint", str(tmp_path / "ckpt"), "--problems", str(problems), "--out", str(out),
+            "--limit", "3", "--batch-size", "2", "--max-new-tokens", "10", "--device", "cpu",
+            "--workers", "2", "--no-progress"]
+    monkeypatch.setattr(mbxp, "generate_completions", ctrl_c_after_first_batch)
+    assert main(args) == 130
+    err = capsys.readouterr().err
+    assert err == (f"interrupted; finished samples and results are kept in {out}: "
+                   "rerun the same command (same --out) to resume\n")
+    assert len(read_samples(out / "samples.jsonl")) == 2
+
+    def no_sandbox(level):
+        raise SandboxError("no sandbox here")
+
+    probe = ex.probe_isolation
+    monkeypatch.setattr(mbxp, "generate_completions", generate)
+    monkeypatch.setattr(ex, "probe_isolation", no_sandbox)
+    assert main(args) == 1
+    assert capsys.readouterr().err == "sandbox error: no sandbox here\n"
+    assert len(read_samples(out / "samples.jsonl")) == 3  # the generation before it is kept
+
+    monkeypatch.setattr(ex, "probe_isolation", probe)
+    assert main(args) == 0  # the rerun resumes: nothing generated again, the model not even loaded
+    assert len(loads) == 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["timings"]["generated_tasks"] == 0 and summary["n_tasks"] == 3
 
 
 def test_select_problems(setup):
