@@ -139,6 +139,14 @@ def _check_run_file(out_dir: Path, run: dict[str, Any]) -> bool:
     return True
 
 
+def _run_record(decoding: DecodingConfig, checkpoint_info: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What ``run.json`` pins: the decoding settings (but the batch size, which does not change
+    greedy output and may change between resumes) and the checkpoint's file hashes."""
+    describe = decoding.describe()
+    describe.pop("batch_size")
+    return {"decoding": describe, "checkpoint_sha256": _sha_of(checkpoint_info)}
+
+
 def _pin_run(out_dir: Path, run: dict[str, Any]) -> None:
     """Create the run directory and write ``run.json``: from now on it holds this run only."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -206,9 +214,7 @@ def evaluate_model(
     chosen = select_problems(problems, limit)
     decoding = DecodingConfig(batch_size=batch_size, max_new_tokens=max_new_tokens, stop_strings=tuple(stop_strings))
     out = Path(out_dir)
-    describe = decoding.describe()
-    describe.pop("batch_size")  # does not change greedy fp32 output; may change between resumes
-    run = {"decoding": describe, "checkpoint_sha256": _sha_of(checkpoint_info)}
+    run = _run_record(decoding, checkpoint_info)
     unpinned = _check_run_file(out, run)
 
     samples_path = out / SAMPLES_FILE
@@ -313,13 +319,16 @@ def evaluate_checkpoint(
 ) -> dict[str, Any]:
     """Load a checkpoint directory (MXFP8 or plain) and run :func:`evaluate_model` on it.
 
-    The model is not loaded at all when ``out_dir`` already holds every sample (resume).
+    The model is not loaded at all when ``out_dir`` already holds every sample (resume), nor when
+    ``out_dir`` holds a run with other settings or another checkpoint (:class:`RunDirError` first).
 
     Example:
         >>> evaluate_checkpoint("runs/sft/final", out_dir="runs/sft/final-mbxp", limit=100)  # doctest: +SKIP
     """
     problems = select_problems(load_problems(find_problems_file(problems_path)), limit)
     info = describe_checkpoint(checkpoint_dir)
+    decoding = DecodingConfig(batch_size=batch_size, max_new_tokens=max_new_tokens)
+    _check_run_file(Path(out_dir), _run_record(decoding, info))  # refuse a different run before a long load
     have = read_samples(Path(out_dir) / SAMPLES_FILE)
     model = tokenizer = None
     if any(t not in have for t in problems):

@@ -6,12 +6,18 @@ import json
 
 import pytest
 
-from ida_eval import ExecutionConfig, evaluate_model, mbxp
+from ida_eval import ExecutionConfig, evaluate_checkpoint, evaluate_model, mbxp
 from ida_eval import execute as ex
 from ida_eval.isolation import ISOLATION_LEVELS
 from ida_eval.mbxp import RunDirError, main, read_samples, select_problems
 from ida_eval.sandbox import SandboxError
-from tests.ida_eval.test_mbxp_support import SMALL_PROBLEMS, tiny_model, train_tokenizer, write_problems
+from tests.ida_eval.test_mbxp_support import (
+    SMALL_PROBLEMS,
+    save_mxfp8_checkpoint,
+    tiny_model,
+    train_tokenizer,
+    write_problems,
+)
 
 EXEC = ExecutionConfig(workers=2, timeout=20)
 
@@ -79,6 +85,20 @@ def test_failed_validation_leaves_the_directory_unpinned(setup, tmp_path):
     assert json.loads((out / "run.json").read_text())["decoding"]["max_new_tokens"] == 11
     with pytest.raises(RunDirError, match="different decoding"):  # checked before anything else
         evaluate_model(None, None, problems, out, max_new_tokens=10, **{**kw, "limit": 2})
+
+
+def test_a_different_run_is_refused_before_the_model_is_loaded(setup, tmp_path, monkeypatch):
+    """``evaluate_checkpoint`` checks ``run.json`` before loading (a 4B load takes minutes)."""
+    model, tok, problems = setup
+    ckpt = save_mxfp8_checkpoint(model, tok, tmp_path / "ckpt")
+    out = tmp_path / "run"
+    kw = dict(problems_path=problems, out_dir=out, limit=1, device="cpu", exec_config=EXEC, progress=False)
+    assert evaluate_checkpoint(ckpt, max_new_tokens=10, **kw)["n_tasks"] == 1
+    loads = []
+    monkeypatch.setattr(mbxp, "load_model", lambda *a, **k: loads.append(a))
+    with pytest.raises(RunDirError, match="different decoding"):
+        evaluate_checkpoint(ckpt, max_new_tokens=11, **{**kw, "limit": 2})
+    assert loads == []
 
 
 def test_isolation_is_a_list_of_modes_even_when_nothing_ran(tmp_path):
