@@ -24,7 +24,8 @@ transpose with ``.T.copy()``, ``load_state_dict`` — peaked at ~4.6x the model'
    two tensors.
 3. Strict key check: missing and unexpected names are listed in one error (a LayerNorm1P weight
    left at its init value of ones would silently double every activation scale). Tied weights
-   (``tie_word_embeddings``) are tied after loading and verified to share storage.
+   (``tie_word_embeddings``) are tied after loading and verified to share storage; a stored copy
+   (``lm_head.weight`` in a tied checkpoint) is not decoded but must equal its source.
 4. With ``device_map`` each tensor is placed directly on its device (MXFP8 tensors bound for a GPU
    travel as payload + scales and are decoded and transposed there) and accelerate's
    ``dispatch_model`` adds the hooks (``"auto"`` splits whole decoder layers over GPUs).
@@ -199,8 +200,10 @@ def _stream(
     dtype: torch.dtype,
     device_for: Callable[[str], torch.device],
     transpose_for: Callable[[str], bool] = lambda name: False,
-) -> Iterator[tuple[str, torch.Tensor, bool]]:
-    """Yield ``(name, tensor, transposed)`` decoded to ``dtype`` (floats), one tensor at a time.
+    skip: Callable[[str], bool] = lambda name: False,
+) -> Iterator[tuple[str, torch.Tensor | None, bool]]:
+    """Yield ``(name, tensor, transposed)`` decoded to ``dtype`` (floats), one tensor at a time;
+    ``(name, None, False)`` for names where ``skip`` says so (nothing is decoded for those).
 
     MXFP8 tensors bound for the host are decoded by the codec straight from the memory map into
     a new tensor that becomes the parameter (``out=``); for 2-D tensors where ``transpose_for``
@@ -229,7 +232,9 @@ def _stream(
     parts = _decode_threads()
     helpers = ThreadPoolExecutor(max_workers=max(1, parts - 1), thread_name_prefix="ida-decode-part")
 
-    def decode(r: Any, name: str) -> tuple[torch.Tensor, bool]:
+    def decode(r: Any, name: str) -> tuple[torch.Tensor | None, bool]:
+        if skip(name):
+            return None, False
         try:
             return decode_mapped(r, name)
         finally:
@@ -273,12 +278,12 @@ def _stream(
         names = reader.keys()
         decoded = {n: _numel(reader.shape(n)) * item for n in names}
 
-        def submit(i: int) -> Future[tuple[torch.Tensor, bool]]:
+        def submit(i: int) -> Future[tuple[torch.Tensor | None, bool]]:
             if i + 1 < len(names):  # a cold file: its next tensor is read while this one decodes
                 reader.prefetch_pages(names[i + 1])
             return pool.submit(decode, reader, names[i])
 
-        pending: Future[tuple[torch.Tensor, bool]] | None = None
+        pending: Future[tuple[torch.Tensor | None, bool]] | None = None
         if names:
             reader.prefetch_pages(names[0])
             pending = submit(0)
@@ -319,6 +324,46 @@ def _tied_keys(model: Any) -> dict[str, str]:
     # older list form: every entry is tied to the input embeddings
     emb = next(n for n, p in model.named_parameters() if p is model.get_input_embeddings().weight)
     return {str(k): emb for k in tied}
+
+
+def _check_tied_copies(files: list[WeightFile], tied: Mapping[str, str]) -> None:
+    """A stored copy of a tied tensor (``lm_head.weight`` next to the embedding) must equal its
+    source: the model keeps only the source, so a different copy would be dropped silently.
+
+    Raises:
+        CheckpointLoadError: naming both tensors and their files.
+    """
+    where: dict[str, Path] = {}
+    for wf in files:
+        with open_mxfp8(wf.path) as r:
+            for name in r.keys():
+                where.setdefault(name, wf.path)
+    for dst, src in tied.items():
+        if dst not in where or src not in where:
+            continue  # no copy stored / a missing source is reported by the key check
+        with open_mxfp8(where[dst]) as a, open_mxfp8(where[src]) as b:
+            if _same_stored_values(a, dst, b, src):
+                continue
+        raise CheckpointLoadError(
+            f"{where[dst]}: tensor {dst!r} differs from {src!r} ({where[src].name}), but config.json ties "
+            f"them (tie_word_embeddings): the model would silently use {src!r}; fix the config or drop the copy"
+        )
+
+
+def _same_stored_values(a: Any, a_name: str, b: Any, b_name: str) -> bool:
+    """Equal shapes and values; stored the same way -> compared as bytes, else decoded to float32."""
+    if a.shape(a_name) != b.shape(b_name):
+        return False
+    if a.dtype(a_name) != b.dtype(b_name) or a.is_quantized(a_name) != b.is_quantized(b_name):
+        # rare (stored differently): decode both whole
+        return bool(np.array_equal(a.get(a_name), b.get(b_name)))
+    entries = [(a_name, b_name)]
+    if a.is_quantized(a_name):
+        entries.append((a_name + SCALE_SUFFIX, b_name + SCALE_SUFFIX))
+    return all(
+        np.array_equal(np.frombuffer(a.tensor_bytes(x), np.uint8), np.frombuffer(b.tensor_bytes(y), np.uint8))
+        for x, y in entries
+    )
 
 
 def _adds_one(module: torch.nn.Module) -> bool:
@@ -428,6 +473,7 @@ def load_model(
     persistent = set(shapes)
     non_persistent = {n for n, _ in model.named_buffers()} - persistent
     tied = _tied_keys(model)
+    _check_tied_copies(files, tied)
     expected = persistent - set(tied)
     loaded: set[str] = set()
     unexpected: list[str] = []
@@ -440,11 +486,12 @@ def load_model(
             dtype,
             lambda n: _device_for(n, dm) if n in expected else cpu,
             lambda n: n in expected and _needs_transpose(wf, n),
+            lambda n: n in tied or n in non_persistent,  # not decoded: tied copies, stale buffers
         )
         for name, tensor, transposed in stream:
             bar.update()
-            if name in tied or name in non_persistent:
-                continue  # tied copies (re-tied below) and stale buffers such as old rotary inv_freq
+            if tensor is None:
+                continue  # tied copies (checked above, re-tied below), stale buffers such as old inv_freq
             if name not in expected:
                 unexpected.append(f"{name} ({wf.path.name})")
                 continue

@@ -161,6 +161,35 @@ def test_missing_and_unexpected_keys_are_listed(tok, tmp_path):
     assert "unexpected 1: model.layers.9.extra.weight" in msg
 
 
+def test_stored_copies_of_tied_weights_must_equal_their_source(tok, ids, tmp_path):
+    """A tied checkpoint may also store lm_head: an equal copy loads (and is not decoded), a
+    different one is refused instead of being dropped silently; the same for a quantized copy."""
+    model = tiny_model("qwen3", len(tok), tie=True)
+    ckpt = save_mxfp8_checkpoint(model, tok, tmp_path / "q")
+    want = _logits(load_model(ckpt)[0], ids)
+
+    def copy_embedding(t, m):
+        return {**t, "lm_head.weight": t["model.embed_tokens.weight"]}, m
+
+    loaded, _ = load_model(_rewrite(ckpt, tmp_path / "same", copy_embedding))
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    assert torch.equal(_logits(loaded, ids), want)
+
+    def different_copy(t, m):
+        return {**t, "lm_head.weight": t["model.embed_tokens.weight"] * 2}, m
+
+    with pytest.raises(CheckpointLoadError, match=r"'lm_head.weight' differs from 'model.embed_tokens.weight'"):
+        load_model(_rewrite(ckpt, tmp_path / "diff", different_copy))
+
+    def quantized_copy(t, m):  # stored differently: compared by value (MXFP8 rounding differs)
+        from mxfp8_codec import MXFP8Tensor, encode_mxfp8
+
+        return {**t, "lm_head.weight": MXFP8Tensor(*encode_mxfp8(t["model.embed_tokens.weight"]))}, m
+
+    with pytest.raises(CheckpointLoadError, match="tie_word_embeddings"):
+        load_model(_rewrite(ckpt, tmp_path / "quant", quantized_copy))
+
+
 def test_wrong_orientation_is_a_clear_error(tok, tmp_path):
     model = tiny_model("nemotron", len(tok))
     ckpt = save_mxfp8_checkpoint(model, tok, tmp_path / "ok")
