@@ -45,8 +45,6 @@ from ida_eval.isolation import ISOLATION_LEVELS, isolation_description, probe_is
 from ida_eval.jsonl import iter_jsonl, repair_torn_tail
 from ida_eval.problems import ProblemsError, find_problems_file, load_problems
 from ida_eval.sandbox import (
-    GiB,
-    KiB,
     MiB,
     SandboxError,
     SandboxLimits,
@@ -91,6 +89,9 @@ def _nproc() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+_SANDBOX_DEFAULTS = SandboxLimits()  # the per-program limits' defaults live in one place
+
+
 @dataclasses.dataclass(frozen=True)
 class ExecutionConfig:
     """How samples are executed (validated on construction).
@@ -112,15 +113,15 @@ class ExecutionConfig:
 
     timeout: float = DEFAULT_TIMEOUT_S
     workers: int = dataclasses.field(default_factory=_nproc)
-    memory_bytes: int = 4 * GiB
-    max_processes: int = 64
-    open_files: int = 256
-    file_size_bytes: int = 64 * MiB
-    max_output_bytes: int = 16 * MiB
-    tail_bytes: int = 4 * KiB
+    memory_bytes: int = _SANDBOX_DEFAULTS.memory_bytes
+    max_processes: int = _SANDBOX_DEFAULTS.max_processes
+    open_files: int = _SANDBOX_DEFAULTS.open_files
+    file_size_bytes: int = _SANDBOX_DEFAULTS.file_size_bytes
+    max_output_bytes: int = _SANDBOX_DEFAULTS.max_output_bytes
+    tail_bytes: int = _SANDBOX_DEFAULTS.tail_bytes
     isolation: str = "auto"
-    hash_seed: int | None = 0
-    site_packages: bool = False
+    hash_seed: int | None = _SANDBOX_DEFAULTS.hash_seed
+    site_packages: bool = _SANDBOX_DEFAULTS.site_packages
     tmp_root: str | None = None
 
     def __post_init__(self) -> None:
@@ -134,17 +135,7 @@ class ExecutionConfig:
 
     def limits(self) -> SandboxLimits:
         """The per-program :class:`~ida_eval.sandbox.SandboxLimits` of this config."""
-        return SandboxLimits(
-            timeout=self.timeout,
-            memory_bytes=self.memory_bytes,
-            max_processes=self.max_processes,
-            open_files=self.open_files,
-            file_size_bytes=self.file_size_bytes,
-            max_output_bytes=self.max_output_bytes,
-            tail_bytes=self.tail_bytes,
-            hash_seed=self.hash_seed,
-            site_packages=self.site_packages,
-        )
+        return SandboxLimits(**{f.name: getattr(self, f.name) for f in dataclasses.fields(SandboxLimits)})
 
 
 def isolation_in_force(isolation: str = "auto") -> str:
@@ -529,7 +520,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--canonical", action="store_true", help="execute each problem's canonical_solution")
     ap.add_argument("--workers", type=int, default=None, help="programs at once (default: nproc)")
     ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per program (default 30)")
-    ap.add_argument("--memory-mb", type=int, default=4096, help="address-space limit per process in MiB")
+    ap.add_argument(
+        "--memory-mb",
+        type=int,
+        default=_SANDBOX_DEFAULTS.memory_bytes // MiB,
+        help="address-space limit per process in MiB",
+    )
     ap.add_argument("--isolation", default="auto", choices=("auto", *ISOLATION_LEVELS))
     ap.add_argument("--summary", help="also write the summary as JSON to this path")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
