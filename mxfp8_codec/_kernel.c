@@ -153,53 +153,35 @@ static inline int mx_decode_block_f32_fast(const uint8_t *restrict q, uint32_t s
 }
 #endif
 
-/* payload q [rows, k], scales s [rows, ceil(k/32)] -> out [rows, k] bfloat16 bits */
-void mx_decode_bf16(const uint8_t *q, const uint8_t *s, int64_t rows, int64_t k,
-                    uint16_t *out, const uint16_t *lut) {
-    MX_FP_ENTER();
-    const int64_t nb = (k + MX_BLOCK - 1) / MX_BLOCK;
-    for (int64_t r = 0; r < rows; r++) {
-        const uint8_t *qr = q + r * k;
-        const uint8_t *sr = s + r * nb;
-        uint16_t *orow = out + r * k;
-        for (int64_t b = 0; b < nb; b++) {
-            const int64_t c0 = b * MX_BLOCK;
-            const int64_t n = (k - c0) < MX_BLOCK ? (k - c0) : MX_BLOCK;
-            const uint32_t sb = sr[b];
-            if (n == MX_BLOCK && sb >= 10u && sb <= 246u &&
-                !mx_decode_block_bf16_fast(qr + c0, sb, orow + c0)) {
-                continue;
-            }
-            const uint16_t *row = lut + ((size_t)sb << 8);
-            for (int64_t i = 0; i < n; i++) orow[c0 + i] = row[qr[c0 + i]];
-        }
-    }
-    MX_FP_EXIT();
+/* Row decode, one output type: each block through the fast path when its scale is in range,
+ * else (and for partial blocks) through the per-scale 256-entry table. */
+#define MX_DEFINE_DECODE(NAME, T, FAST)                                                         \
+void NAME(const uint8_t *q, const uint8_t *s, int64_t rows, int64_t k, T *out, const T *lut) {  \
+    MX_FP_ENTER();                                                                              \
+    const int64_t nb = (k + MX_BLOCK - 1) / MX_BLOCK;                                           \
+    for (int64_t r = 0; r < rows; r++) {                                                        \
+        const uint8_t *qr = q + r * k;                                                          \
+        const uint8_t *sr = s + r * nb;                                                         \
+        T *orow = out + r * k;                                                                  \
+        for (int64_t b = 0; b < nb; b++) {                                                      \
+            const int64_t c0 = b * MX_BLOCK;                                                    \
+            const int64_t n = (k - c0) < MX_BLOCK ? (k - c0) : MX_BLOCK;                        \
+            const uint32_t sb = sr[b];                                                          \
+            if (n == MX_BLOCK && sb >= 10u && sb <= 246u && !FAST(qr + c0, sb, orow + c0)) {    \
+                continue;                                                                       \
+            }                                                                                   \
+            const T *row = lut + ((size_t)sb << 8);                                             \
+            for (int64_t i = 0; i < n; i++) orow[c0 + i] = row[qr[c0 + i]];                     \
+        }                                                                                       \
+    }                                                                                           \
+    MX_FP_EXIT();                                                                               \
 }
 
-/* payload q [rows, k], scales s [rows, ceil(k/32)] -> out [rows, k] float32 bits */
-void mx_decode_f32(const uint8_t *q, const uint8_t *s, int64_t rows, int64_t k,
-                   uint32_t *out, const uint32_t *lut) {
-    MX_FP_ENTER();
-    const int64_t nb = (k + MX_BLOCK - 1) / MX_BLOCK;
-    for (int64_t r = 0; r < rows; r++) {
-        const uint8_t *qr = q + r * k;
-        const uint8_t *sr = s + r * nb;
-        uint32_t *orow = out + r * k;
-        for (int64_t b = 0; b < nb; b++) {
-            const int64_t c0 = b * MX_BLOCK;
-            const int64_t n = (k - c0) < MX_BLOCK ? (k - c0) : MX_BLOCK;
-            const uint32_t sb = sr[b];
-            if (n == MX_BLOCK && sb >= 10u && sb <= 246u &&
-                !mx_decode_block_f32_fast(qr + c0, sb, orow + c0)) {
-                continue;
-            }
-            const uint32_t *row = lut + ((size_t)sb << 8);
-            for (int64_t i = 0; i < n; i++) orow[c0 + i] = row[qr[c0 + i]];
-        }
-    }
-    MX_FP_EXIT();
-}
+/* payload q [rows, k], scales s [rows, ceil(k/32)] -> out [rows, k] bfloat16 bits */
+MX_DEFINE_DECODE(mx_decode_bf16, uint16_t, mx_decode_block_bf16_fast)
+
+/* the same, float32 bits */
+MX_DEFINE_DECODE(mx_decode_f32, uint32_t, mx_decode_block_f32_fast)
 
 /* Full 32 x 32 tile transpose: row c of the result (column c of buf) goes to out + c * ld, for
  * c < n. With AVX-512 BW (bf16 only) the tile lives in 32 registers and is transposed in 5
