@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import sys
 import typing
 import warnings
 from collections.abc import Mapping, Sequence
@@ -98,7 +100,8 @@ class OptimConfig:
         betas: (beta1, beta2).
         weight_decay: decoupled weight decay.
         warmup_steps: linear warmup steps from ``lr / (warmup_steps + 1)`` to ``lr``.
-        min_lr_ratio: final lr of the cosine as a fraction of ``lr``.
+        min_lr_ratio: final lr of the cosine as a fraction of ``lr``; 0 decays to zero, and a non-zero
+            ratio must leave ``lr * min_lr_ratio`` a normal positive float (no underflow).
         grad_clip: max global gradient norm; 0 disables clipping (the norm is still logged).
     """
 
@@ -112,8 +115,8 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         _check_choice("optim", "name", self.name, typing.get_args(OptimName))
-        if not self.lr > 0:
-            _fail("optim", "lr", self.lr, "the learning rate must be > 0")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            _fail("optim", "lr", self.lr, "the learning rate must be a finite number > 0")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             _fail("optim", "betas", self.betas, "give two values in [0, 1), e.g. 0.9,0.99")
         if self.weight_decay < 0:
@@ -122,6 +125,11 @@ class OptimConfig:
             _fail("optim", "warmup_steps", self.warmup_steps, "must be >= 0")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             _fail("optim", "min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
+        if 0.0 < self.min_lr_ratio and self.lr * self.min_lr_ratio < sys.float_info.min:
+            # A ratio so small that the final lr is 0.0 or subnormal is not a floor at all: say 0.
+            _fail("optim", "min_lr_ratio", self.min_lr_ratio,
+                  f"the final lr lr * min_lr_ratio = {self.lr * self.min_lr_ratio!r} underflows; "
+                  "use 0 to decay to zero")
         if self.grad_clip < 0:
             _fail("optim", "grad_clip", self.grad_clip, "must be >= 0 (0 disables clipping)")
 

@@ -1,4 +1,14 @@
-"""Shared test fixtures: where the MBXP data lives (../shared/mbxp beside the checkout)."""
+"""Shared test fixtures: where the MBXP data lives (../shared/mbxp beside the checkout), and the
+hypothesis profiles.
+
+Hypothesis profiles: ``ci`` (the default, for CI and README's test command) is derandomized — each
+property test draws the same examples on every run and stores nothing in ``.hypothesis/`` — so a
+submission is never rejected by chance. ``explore`` draws fresh random examples (and honours
+``--hypothesis-seed``); run it locally or on a schedule to keep looking for counterexamples, then pin
+what it finds as an explicit example or test::
+
+    python -m pytest -q --hypothesis-profile explore --hypothesis-seed 7
+"""
 
 from __future__ import annotations
 
@@ -6,8 +16,13 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile("ci")  # ``--hypothesis-profile explore`` on the command line wins
 
 
 def mbxp_dir() -> Path | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 
 import pytest
 import torch
@@ -96,12 +97,30 @@ def test_schedule_warmup_then_cosine():
 @settings(max_examples=40, deadline=None)
 @given(st.integers(1, 500), st.integers(0, 50), st.floats(0.0, 1.0), st.floats(1e-6, 1.0))
 def test_schedule_bounds(total, warmup, ratio, lr):
+    if 0 < ratio and lr * ratio < sys.float_info.min:  # the final lr would underflow: refused
+        with pytest.raises(ValueError, match="min_lr_ratio.*underflows"):
+            OptimConfig(lr=lr, warmup_steps=warmup, min_lr_ratio=ratio)
+        return
     o = OptimConfig(lr=lr, warmup_steps=warmup, min_lr_ratio=ratio)
     for s in range(total):
         v = lr_at(s, o, total)
         assert 0 < v <= lr * (1 + 1e-12) or (ratio == 0 and v >= 0)
         if s >= warmup:
             assert v >= lr * ratio * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("lr, ratio", [(0.5, 5e-324), (1e-6, 1e-303), (1.0, 2.0e-308)])
+def test_min_lr_ratio_that_underflows_is_refused(lr, ratio):
+    # found by hypothesis: ratio 5e-324 made the cosine end at lr 0.0 while claiming a non-zero floor
+    with pytest.raises(ValueError, match=r"optim\.min_lr_ratio.*underflows.*use 0"):
+        OptimConfig(lr=lr, min_lr_ratio=ratio)
+    assert lr_at(9, OptimConfig(lr=lr, min_lr_ratio=0.0, warmup_steps=0), 10) == 0.0
+
+
+@pytest.mark.parametrize("lr", [0.0, -1e-4, float("inf"), float("nan")])
+def test_lr_must_be_finite_and_positive(lr):
+    with pytest.raises(ValueError, match=r"optim\.lr"):
+        OptimConfig(lr=lr)
 
 
 def test_grad_norm_is_reported_before_clipping():
