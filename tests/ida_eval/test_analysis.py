@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from ida_eval import FAILURE_CLASSES, classify_failure, compare_runs, format_comparison, is_degenerate
 from ida_eval.analysis import WORD_REPEAT_MIN, degenerate_report, load_run
-from tests.ida_eval.test_mbxp_support import read_problems
+from tests.ida_eval.support import read_problems
 
 PROMPT = '\n\ndef f(x):\n  """\n  Doc.\n  """\n'
 

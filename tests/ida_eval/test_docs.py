@@ -31,7 +31,7 @@ from ida_eval import analysis, execute, generate
 from ida_eval.isolation import ISOLATION_LEVELS
 from tests.conftest import REPO_ROOT, mbxp_dir
 from tests.ida_eval.test_execute import KNOWN_FAILURES
-from tests.ida_eval.test_mbxp_support import SMALL_PROBLEMS
+from tests.ida_eval.support import SMALL_PROBLEMS
 
 EVAL_MD = REPO_ROOT / "docs" / "eval.md"
 MAX_LINE = 110

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from ida_eval import STOP_STRINGS, DecodingConfig, generate_completions, truncate_completion
 from ida_eval.generate import cut_at_stop
-from tests.ida_eval.test_mbxp_support import ARCHS, SMALL_PROBLEMS, read_problems, tiny_model, train_tokenizer
+from tests.ida_eval.support import ARCHS, SMALL_PROBLEMS, read_problems, tiny_model, train_tokenizer
 
 PROMPT = '\n\ndef f(x):\n\t"""\n\tDoc.\n\t"""\n'
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ida_eval import CheckpointLoadError, describe_checkpoint, load_model
-from tests.ida_eval.test_mbxp_support import (
+from tests.ida_eval.support import (
     ARCHS,
     SMALL_PROBLEMS,
     mxfp8_reference,

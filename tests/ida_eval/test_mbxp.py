@@ -11,7 +11,7 @@ from ida_eval import execute as ex
 from ida_eval.isolation import ISOLATION_LEVELS
 from ida_eval.mbxp import RunDirError, main, read_samples, select_problems
 from ida_eval.sandbox import SandboxError
-from tests.ida_eval.test_mbxp_support import (
+from tests.ida_eval.support import (
     SMALL_PROBLEMS,
     save_mxfp8_checkpoint,
     tiny_model,

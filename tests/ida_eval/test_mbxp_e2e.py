@@ -15,7 +15,7 @@ import torch
 
 from ida_eval import FAILURE_CLASSES, STOP_STRINGS
 from tests.conftest import REPO_ROOT, mbxp_dir
-from tests.ida_eval.test_mbxp_support import (
+from tests.ida_eval.support import (
     SMALL_PROBLEMS,
     memorise,
     read_problems,
