@@ -1,0 +1,697 @@
+"""transformers integration: ``from_pretrained`` loads our MXFP8 checkpoints, weights stay MXFP8.
+
+``import mxfp8_codec.hf`` registers the quantization method ``"mxfp8_codec"`` with transformers'
+own hooks (``transformers.quantizers.auto.register_quantization_config`` / ``register_quantizer``);
+``import mxfp8_codec`` alone never imports transformers. Then::
+
+    import mxfp8_codec.hf
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(d)                       # config.json names the method
+    model = AutoModelForCausalLM.from_pretrained(d, quantization_config=mxfp8_codec.hf.MXFP8Config())
+    model = AutoModelForCausalLM.from_pretrained(d, quantization_config=MXFP8Config(dequantize=True))
+
+The second form is for checkpoints whose config.json has no ``quantization_config`` (the seeds'
+published ones: the same file, a plain config).
+
+How loading works (transformers 5.x, the quantizer hooks every 5.x release has):
+
+1. **Plan and validate before any weight is read** (``_process_model_before_weight_loading``, which
+   receives the checkpoint files): every file header is parsed and validated by the codec; the
+   file metadata must agree with config.json's ``quantization_config`` (orientation, norm
+   convention, format version); every tensor the model expects must be stored, with its shape
+   (in the file's orientation for projections); nothing unexpected may be stored; only projection
+   weights may be quantized. The first problem raises :class:`MXFP8LoadError` naming the file and
+   the tensor -- no weight has been loaded, so there is never a half-loaded model.
+2. Every projection ``nn.Linear`` (``mxfp8_codec.is_projection_weight``) becomes an
+   :class:`MXFP8Linear` without a ``weight`` parameter, so transformers' own loader skips the
+   stored ``X.weight`` / ``X.weight.scale`` entries (listed in ``_keys_to_ignore_on_load_unexpected``)
+   and loads everything else (embeddings, norms, biases, ``lm_head``) as it always does.
+3. After transformers' loader (``_process_model_after_weight_loading``) the projections are read
+   from the memory-mapped files: the E4M3 payload and UE8M0 scale bytes are copied unchanged, in
+   the file's layout, onto the device of the module's decoder layer (1.03 bytes per weight). With
+   ``dequantize=True`` each is decoded once instead into a plain bf16 ``nn.Linear`` (the codec's
+   decode, transposed for ``in_out`` files: the same call ``ida_eval.load_model`` makes). Folded
+   norm gains are re-read and unfolded (``w = gamma - 1`` in float32, rounded once) where the
+   module adds 1 at run time (NemotronLayerNorm1P).
+
+At each forward an :class:`MXFP8Linear` decodes its weight into one scratch buffer shared by all
+projections on that device and dtype (no allocation per call): on CPU the codec's native C kernel
+(``decode_mxfp8(..., out=, transpose=)``, split over torch's intra-op threads: disjoint slices,
+same bits); on other devices torch ops (:func:`decode_into`). The decoded weight is the
+``[out, in]`` contiguous matrix ``ida_eval.load_model`` would hold, bit for bit, and ``F.linear``
+is called with it exactly as ``nn.Linear`` would, so logits are bit-identical to the bf16 model
+``load_model`` builds (tests/mxfp8_codec/test_hf.py checks ``torch.equal`` on logits). When
+autograd would save the weight (grad enabled and the input requires grad), a fresh tensor is used
+instead of the shared scratch.
+
+``model.save_pretrained(out)`` writes our format again: the payload and scale bytes as loaded,
+every other tensor in the file's orientation and norm convention (a folded gain is written as
+its original stored bytes while the parameter still equals its unfolding), the first file's
+``__metadata__`` and config.json's ``quantization_config``.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.quantizers import HfQuantizer
+from transformers.quantizers.auto import register_quantization_config, register_quantizer
+from transformers.utils.quantization_config import QuantizationConfigMixin
+
+from mxfp8_codec.constants import WEIGHTS_DTYPE
+from mxfp8_codec.errors import MXFP8Error
+from mxfp8_codec.header import ORIENTATIONS, SCALE_SUFFIX
+from mxfp8_codec.numerics import decode_mxfp8, scales_shape
+from mxfp8_codec.reader import open_mxfp8
+from mxfp8_codec.writer import is_projection_weight
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MXFP8Config",
+    "MXFP8HfQuantizer",
+    "MXFP8Linear",
+    "MXFP8LoadError",
+    "NORM_CONVENTIONS",
+    "QUANT_METHOD",
+    "decode_into",
+    "quantization_config_dict",
+]
+
+QUANT_METHOD = "mxfp8_codec"  # config.json quantization_config.quant_method ("mxfp8" is transformers' FP8 one)
+FORMAT_VERSION = "1"
+NORM_CONVENTIONS: tuple[str, ...] = ("zero_centered", "folded")
+MIN_SPLIT_VALUES = 1 << 18  # 256 Ki values: smaller weights are decoded on one thread
+
+
+class MXFP8LoadError(MXFP8Error):
+    """A checkpoint cannot be loaded into the model; the message names the file and the tensor."""
+
+
+def quantization_config_dict(
+    *, orientation: str, norm_convention: str, scale_rule: str | None = None
+) -> dict[str, str]:
+    """The ``quantization_config`` our writers put in config.json (plain dict: no transformers needed).
+
+    Example:
+        >>> quantization_config_dict(orientation="in_out", norm_convention="zero_centered")["quant_method"]
+        'mxfp8_codec'
+    """
+    if orientation not in ORIENTATIONS:
+        raise MXFP8Error(f"orientation {orientation!r} is not one of {ORIENTATIONS}")
+    if norm_convention not in NORM_CONVENTIONS:
+        raise MXFP8Error(f"norm_convention {norm_convention!r} is not one of {NORM_CONVENTIONS}")
+    d = {
+        "quant_method": QUANT_METHOD,
+        "weights_dtype": WEIGHTS_DTYPE,
+        "format_version": FORMAT_VERSION,
+        "orientation": orientation,
+        "norm_convention": norm_convention,
+    }
+    if scale_rule is not None:
+        d["scale_rule"] = scale_rule
+    return d
+
+
+@register_quantization_config(QUANT_METHOD)
+class MXFP8Config(QuantizationConfigMixin):
+    """Quantization config of our MXFP8 checkpoints (``quant_method = "mxfp8_codec"``).
+
+    Args:
+        orientation: ``"in_out"`` / ``"out_in"`` as the checkpoint's files must say, or None to
+            take it from the files (checkpoints without a ``quantization_config``).
+        norm_convention: ``"zero_centered"`` / ``"folded"``, or None (from the files).
+        format_version: ``"1"``.
+        weights_dtype: ``"MXFP8_E4M3_UE8M0_K32"``.
+        scale_rule: recorded only (decoding never depends on it).
+        dequantize: False (default) keeps projection weights in MXFP8 (:class:`MXFP8Linear`);
+            True decodes them once into plain ``nn.Linear`` of the model dtype.
+
+    Example:
+        >>> MXFP8Config().to_dict()["quant_method"]
+        'mxfp8_codec'
+    """
+
+    def __init__(
+        self,
+        orientation: str | None = None,
+        norm_convention: str | None = None,
+        format_version: str = FORMAT_VERSION,
+        weights_dtype: str = WEIGHTS_DTYPE,
+        scale_rule: str | None = None,
+        dequantize: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        self.quant_method = QUANT_METHOD
+        self.orientation = orientation
+        self.norm_convention = norm_convention
+        self.format_version = str(format_version)
+        self.weights_dtype = weights_dtype
+        self.scale_rule = scale_rule
+        self.dequantize = bool(dequantize)
+        unknown = sorted(k for k in kwargs if k != "quant_method")
+        if unknown:
+            raise ValueError(f"MXFP8Config: unknown fields {unknown}")
+        self.post_init()
+
+    def post_init(self) -> None:
+        """Validate every field (actionable ``ValueError``)."""
+        if self.orientation is not None and self.orientation not in ORIENTATIONS:
+            raise ValueError(f"MXFP8Config: orientation={self.orientation!r}, expected one of {ORIENTATIONS} or None")
+        if self.norm_convention is not None and self.norm_convention not in NORM_CONVENTIONS:
+            raise ValueError(
+                f"MXFP8Config: norm_convention={self.norm_convention!r}, expected one of {NORM_CONVENTIONS} or None"
+            )
+        if self.format_version != FORMAT_VERSION:
+            raise ValueError(
+                f"MXFP8Config: format_version={self.format_version!r}; this mxfp8_codec reads version {FORMAT_VERSION}"
+            )
+        if self.weights_dtype != WEIGHTS_DTYPE:
+            raise ValueError(f"MXFP8Config: weights_dtype={self.weights_dtype!r}, expected {WEIGHTS_DTYPE!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"quant_method": QUANT_METHOD, "weights_dtype": self.weights_dtype,
+                             "format_version": self.format_version}
+        for key in ("orientation", "norm_convention", "scale_rule"):
+            if getattr(self, key) is not None:
+                d[key] = getattr(self, key)
+        if self.dequantize:
+            d["dequantize"] = True
+        return d
+
+    def to_diff_dict(self) -> dict[str, Any]:
+        return self.to_dict()
+
+    def get_loading_attributes(self) -> dict[str, Any]:
+        """What ``from_pretrained(..., quantization_config=MXFP8Config(dequantize=True))`` may change
+        on a checkpoint whose config.json already names the method."""
+        return {"dequantize": self.dequantize}
+
+
+def _allow_loading_attributes() -> None:
+    """transformers merges loading attributes (``dequantize``) from a passed config into the
+    checkpoint's only for config classes in ``LOADING_ATTRIBUTES_CONFIG_TYPES``; add ours there
+    (otherwise ``MXFP8Config(dequantize=True)`` would be ignored with a warning)."""
+    from transformers.quantizers import auto
+
+    types = getattr(auto, "LOADING_ATTRIBUTES_CONFIG_TYPES", None)
+    if isinstance(types, tuple) and MXFP8Config not in types:
+        auto.LOADING_ATTRIBUTES_CONFIG_TYPES = (*types, MXFP8Config)
+
+
+_allow_loading_attributes()
+
+
+# --------------------------------------------------------------------------- decode
+
+
+def decode_into(payload: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, *, transpose: bool) -> torch.Tensor:
+    """Decode MXFP8 ``payload`` (uint8 ``[R, C]``) into ``out`` with torch ops, no allocation of
+    ``out``'s size: ``out`` is ``[R, C]`` (or ``[C, R]`` with ``transpose``), bfloat16 or float32.
+
+    ``e4m3 -> out dtype`` is exact; the per-block factor ``2^(s - 127)`` comes from the UE8M0 byte
+    as ``float8_e8m0fnu`` (byte 255 -> NaN, byte 0 -> 2^-127, both representable in bf16/f32), and
+    the product is rounded once (torch multiplies bf16 in float32 and rounds): the codec's rule,
+    bit for bit (tests compare with ``decode_mxfp8`` over every code and scale byte). Used on
+    non-CPU devices; partial blocks (``C % 32 != 0``) go through the codec.
+    """
+    rows, cols = payload.shape
+    if cols % 32 or out.dtype not in (torch.bfloat16, torch.float32):
+        decode_mxfp8(payload, scales, dtype=out.dtype, out=out, transpose=transpose)
+        return out
+    factor = scales.view(torch.float8_e8m0fnu).to(out.dtype).unsqueeze(-1)  # [R, C/32, 1]: 1/32 of the size
+    if not transpose:
+        view = out.view(rows, cols // 32, 32)
+        view.copy_(payload.view(torch.float8_e4m3fn).view(rows, cols // 32, 32))
+        view.mul_(factor)
+        return out
+    view = out.t().view(rows, cols // 32, 32)  # out is [C, R]: its transpose is a strided [R, C] view
+    view.copy_(payload.view(torch.float8_e4m3fn).view(rows, cols // 32, 32))
+    view.mul_(factor)
+    return out
+
+
+_pool_lock = threading.Lock()
+_pool: Any = None
+
+
+def _threads() -> Any:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _pool = ThreadPoolExecutor(max_workers=max(1, torch.get_num_threads() - 1), thread_name_prefix="mxfp8-hf")
+        return _pool
+
+
+def _decode_cpu(payload: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, transpose: bool, name: str) -> None:
+    """The codec's C kernel into ``out``, split in disjoint pieces over torch's intra-op threads
+    (the kernel releases the GIL; every value depends only on its own code and block scale, so the
+    bits are those of one call)."""
+    parts = min(torch.get_num_threads(), 8)
+    rows, cols = payload.shape
+    if parts <= 1 or payload.numel() < MIN_SPLIT_VALUES:
+        decode_mxfp8(payload, scales, dtype=out.dtype, out=out, transpose=transpose, name=name)
+        return
+    if transpose:  # column ranges of the payload (block aligned) -> row ranges of out
+        step = -(-cols // (parts * 32)) * 32
+        pieces = [
+            (payload[:, a : a + step], scales[:, a // 32 : -(-(min(cols, a + step)) // 32)], out[a : a + step])
+            for a in range(0, cols, step)
+        ]
+        pieces = [(p.contiguous(), s.contiguous(), o) for p, s, o in pieces]
+    else:
+        step = -(-rows // parts)
+        pieces = [(payload[a : a + step], scales[a : a + step], out[a : a + step]) for a in range(0, rows, step)]
+    pool = _threads()
+    futures = [
+        pool.submit(decode_mxfp8, p, s, dtype=o.dtype, out=o, transpose=transpose, name=name) for p, s, o in pieces[1:]
+    ]
+    try:
+        p, s, o = pieces[0]
+        decode_mxfp8(p, s, dtype=o.dtype, out=o, transpose=transpose, name=name)
+    finally:
+        for f in futures:
+            f.result()
+
+
+class _Scratch:
+    """One decode buffer per (device, dtype), grown to the largest weight: every MXFP8Linear on
+    that device decodes into it (forwards run one layer at a time)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+        self._local = threading.local()
+
+    def get(self, shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        key = (str(device), dtype)
+        n = shape[0] * shape[1]
+        buf = self._buffers.get(key)
+        if buf is None or buf.numel() < n:
+            buf = torch.empty(n, dtype=dtype, device=device)
+            self._buffers[key] = buf
+        return buf[:n].view(shape)
+
+    def clear(self) -> None:
+        self._buffers.clear()
+
+
+SCRATCH = _Scratch()
+
+
+class MXFP8Linear(nn.Module):
+    """A projection whose weight stays MXFP8 in memory and is decoded at each forward.
+
+    Buffers (not in ``state_dict``: ``save_pretrained`` goes through the quantizer):
+    ``payload`` (uint8 E4M3 codes) and ``scales`` (uint8 UE8M0 bytes), both exactly as stored in
+    the file -- ``[in, out]`` / ``[in, ceil(out / 32)]`` for ``orientation="in_out"``, ``[out, in]``
+    / ``[out, ceil(in / 32)]`` for ``"out_in"``. ``bias`` is an ordinary parameter.
+
+    Attributes:
+        in_features, out_features: as ``nn.Linear``.
+        orientation: the file's layout of ``payload``.
+        dtype: the decoded weight's dtype (the model dtype).
+    """
+
+    def __init__(
+        self, in_features: int, out_features: int, *, bias: nn.Parameter | None, orientation: str, dtype: torch.dtype,
+        name: str = "",
+    ) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.orientation = orientation
+        self.dtype = dtype
+        self.name = name
+        self.bias = bias
+        self.register_buffer("payload", None, persistent=False)
+        self.register_buffer("scales", None, persistent=False)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+            f"orientation={self.orientation}, dtype={self.dtype}"
+        )
+
+    @property
+    def stored_shape(self) -> tuple[int, int]:
+        return (
+            (self.in_features, self.out_features) if self.orientation == "in_out" else (self.out_features, self.in_features)
+        )
+
+    def decode_weight(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The weight as ``nn.Linear`` holds it: ``[out, in]``, contiguous, ``self.dtype``; into
+        ``out`` when given (else a new tensor)."""
+        if self.payload is None:
+            raise MXFP8Error(f"{self.name}: MXFP8 weight not loaded")
+        if out is None:
+            out = torch.empty((self.out_features, self.in_features), dtype=self.dtype, device=self.payload.device)
+        flip = self.orientation == "in_out"
+        if self.dtype not in (torch.bfloat16, torch.float32):
+            tmp = torch.empty(out.shape, dtype=torch.float32, device=out.device)
+            self._decode(tmp, flip)
+            out.copy_(tmp)  # float32 holds every decoded value exactly: one rounding
+            return out
+        self._decode(out, flip)
+        return out
+
+    def _decode(self, out: torch.Tensor, flip: bool) -> None:
+        assert self.payload is not None and self.scales is not None
+        if self.payload.device.type == "cpu":
+            _decode_cpu(self.payload, self.scales, out, flip, self.name)
+        else:
+            decode_into(self.payload, self.scales, out, transpose=flip)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """A decoded copy (``[out, in]``, model dtype) -- for inspection; the module keeps MXFP8."""
+        return self.decode_weight()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and x.requires_grad:  # autograd keeps the weight: no shared scratch
+            w = self.decode_weight()
+        else:
+            w = self.decode_weight(SCRATCH.get((self.out_features, self.in_features), self.dtype, self.payload.device))
+        return F.linear(x, w.to(x.dtype) if w.dtype != x.dtype else w, self.bias)
+
+
+# --------------------------------------------------------------------------- plan
+
+
+@dataclass
+class _Stored:
+    """Where and how one tensor is stored."""
+
+    path: str
+    dtype: str
+    shape: tuple[int, ...]
+    quantized: bool
+    orientation: str
+    norm_convention: str
+
+
+@dataclass
+class _Plan:
+    stored: dict[str, _Stored] = field(default_factory=dict)
+    projections: dict[str, tuple[int, int]] = field(default_factory=dict)  # module name -> (out, in)
+    unfold: list[str] = field(default_factory=list)  # norm weight names to unfold after loading
+    metadata: dict[str, str] = field(default_factory=dict)  # first MXFP8 file's __metadata__
+    orientation: str = "in_out"
+    norm_convention: str = "zero_centered"
+    folded_originals: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def _adds_one(module: nn.Module) -> bool:
+    """True for norms whose forward uses ``weight + 1`` (transformers' NemotronLayerNorm1P)."""
+    return type(module).__name__.endswith("LayerNorm1P")
+
+
+def _tied_targets(model: Any) -> set[str]:
+    text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if not getattr(text_config, "tie_word_embeddings", False):
+        return set()
+    tied = getattr(model, "_tied_weights_keys", None) or {}
+    return {str(k) for k in (tied.keys() if isinstance(tied, Mapping) else tied)}
+
+
+def _plan(model: Any, files: Sequence[str], qc: MXFP8Config) -> _Plan:
+    """Read and validate every header against the config and the model; raise on the first problem."""
+    if not files:
+        raise MXFP8LoadError("no checkpoint files to load (mxfp8_codec reads safetensors checkpoints)")
+    plan = _Plan()
+    mxfp8_files = 0
+    for f in files:
+        if not str(f).endswith(".safetensors"):
+            raise MXFP8LoadError(f"{f}: not a safetensors file (mxfp8_codec reads safetensors checkpoints)")
+        with open_mxfp8(f) as r:  # validates V1-V12 (a missing scale, a bad shape): MXFP8Error names file/tensor
+            meta = dict(r.metadata)
+            mx = meta.get("weights_dtype") == WEIGHTS_DTYPE
+            orientation = meta.get("orientation", "in_out") if mx else "out_in"
+            norm = meta.get("norm_convention", "zero_centered") if mx else "zero_centered"
+            if mx:
+                mxfp8_files += 1
+                if not plan.metadata:
+                    plan.metadata = meta
+                    plan.orientation, plan.norm_convention = orientation, norm
+                version = meta.get("format_version", FORMAT_VERSION)
+                first_proj = next((n for n in r.keys() if is_projection_weight(n)), None)
+                where = f"{f}" + (f": tensor {first_proj!r}" if first_proj else "")
+                for key, want, got in (
+                    ("orientation", qc.orientation, orientation),
+                    ("norm_convention", qc.norm_convention, norm),
+                    ("format_version", qc.format_version, version),
+                ):
+                    if want is not None and want != got:
+                        raise MXFP8LoadError(
+                            f"{where}: file metadata says {key}={got!r} but config.json quantization_config says "
+                            f"{key}={want!r}; fix config.json (python -m mxfp8_codec inspect shows the file's metadata)"
+                        )
+            for name in r.keys():
+                if name in plan.stored:
+                    raise MXFP8LoadError(f"{f}: tensor {name!r} is also stored in {plan.stored[name].path}")
+                plan.stored[name] = _Stored(
+                    str(f), r.dtype(name), tuple(r.shape(name)), r.is_quantized(name), orientation, norm
+                )
+    if mxfp8_files == 0:
+        raise MXFP8LoadError(
+            f"{files[0]}: not an MXFP8 checkpoint (no weights_dtype={WEIGHTS_DTYPE} metadata); load it without "
+            "MXFP8Config, or quantize it first with: python -m mxfp8_codec quantize"
+        )
+
+    expected = dict(model.state_dict())  # meta tensors: names and shapes only
+    persistent = set(expected)
+    non_persistent = {n for n, _ in model.named_buffers()} - persistent
+    tied = _tied_targets(model)
+    for name, t in expected.items():
+        module_name, _, leaf = name.rpartition(".")
+        if leaf == "weight" and is_projection_weight(name) and t.dim() == 2:
+            module = model.get_submodule(module_name)
+            if type(module) is not nn.Linear:
+                raise MXFP8LoadError(f"{name}: projection module is {type(module).__name__}, not nn.Linear")
+            plan.projections[module_name] = (module.out_features, module.in_features)
+    for name, t in expected.items():
+        if name in tied and name not in plan.stored:
+            continue
+        s = plan.stored.get(name)
+        if s is None:
+            raise MXFP8LoadError(
+                f"{files[0] if len(files) == 1 else Path(files[0]).parent}: tensor {name!r} is missing "
+                f"(the {type(model).__name__} model needs it)"
+            )
+        want = tuple(t.shape)
+        if name.removesuffix(".weight") in plan.projections and name.endswith(".weight") and s.orientation == "in_out":
+            want = want[::-1]
+        if s.shape != want:
+            raise MXFP8LoadError(
+                f"{s.path}: tensor {name!r} has shape {list(s.shape)} but {type(model).__name__} needs "
+                f"{list(want)} (orientation={s.orientation})"
+            )
+        if s.quantized and not (name.endswith(".weight") and name.removesuffix(".weight") in plan.projections):
+            raise MXFP8LoadError(
+                f"{s.path}: tensor {name!r} is MXFP8 but is not a projection weight; transformers loading keeps "
+                "only projections in MXFP8 (python -m mxfp8_codec dequantize makes a plain copy)"
+            )
+        if (
+            s.norm_convention == "folded"
+            and name.endswith(".weight")
+            and t.dim() == 1
+            and _adds_one(model.get_submodule(name.rpartition(".")[0]))
+        ):
+            plan.unfold.append(name)
+    unexpected = sorted(set(plan.stored) - persistent - non_persistent - tied)
+    if unexpected:
+        s = plan.stored[unexpected[0]]
+        more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
+        raise MXFP8LoadError(
+            f"{s.path}: tensor {unexpected[0]!r}{more} is not a tensor of {type(model).__name__}; "
+            "wrong architecture in config.json?"
+        )
+    return plan
+
+
+def _module_device(model: nn.Module, module_name: str) -> torch.device:
+    """Device of the nearest enclosing module that holds a real (loaded) tensor."""
+    parts = module_name.split(".")
+    for i in range(len(parts) - 1, -1, -1):
+        mod = model.get_submodule(".".join(parts[:i])) if i else model
+        for t in [*mod.parameters(), *mod.buffers()]:
+            if t.device.type != "meta":
+                return t.device
+    return torch.device("cpu")
+
+
+# --------------------------------------------------------------------------- quantizer
+
+
+@register_quantizer(QUANT_METHOD)
+class MXFP8HfQuantizer(HfQuantizer):
+    """Loads (and saves) our MXFP8 checkpoints through ``from_pretrained`` / ``save_pretrained``."""
+
+    requires_calibration = False
+    requires_parameters_quantization = False
+
+    def __init__(self, quantization_config: MXFP8Config, **kwargs: Any) -> None:
+        super().__init__(quantization_config, **kwargs)
+        self._plan: _Plan | None = None
+
+    def validate_environment(self, *args: Any, **kwargs: Any) -> None:
+        device_map = kwargs.get("device_map")
+        if isinstance(device_map, Mapping) and "disk" in device_map.values():
+            raise MXFP8LoadError("device_map offloads to disk; mxfp8_codec does not support that")
+
+    def update_dtype(self, dtype: torch.dtype | None) -> torch.dtype:
+        return torch.bfloat16 if dtype is None else dtype
+
+    def param_needs_quantization(self, model: Any, param_name: str, **kwargs: Any) -> bool:
+        return False
+
+    def check_quantized_param(self, *args: Any, **kwargs: Any) -> bool:  # transformers 4.x name
+        return False
+
+    def _process_model_before_weight_loading(self, model: Any, **kwargs: Any) -> Any:
+        files = kwargs.get("checkpoint_files")
+        if files is None:
+            raise MXFP8LoadError("this transformers version does not pass checkpoint files to quantizers")
+        dtype = kwargs.get("dtype") or getattr(model.config, "dtype", None) or torch.bfloat16
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        plan = _plan(model, [str(f) for f in files], self.quantization_config)
+        ignore: list[str] = []
+        for module_name, (out_f, in_f) in plan.projections.items():
+            old = model.get_submodule(module_name)
+            parent_name, _, leaf = module_name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            new = MXFP8Linear(
+                in_f, out_f, bias=old.bias, orientation=plan.stored[module_name + ".weight"].orientation, dtype=dtype,
+                name=module_name + ".weight",
+            )
+            setattr(parent, leaf, new)
+            ignore += [rf"^{re.escape(module_name)}\.weight$", rf"^{re.escape(module_name)}\.weight{re.escape(SCALE_SUFFIX)}$"]
+        existing = getattr(model, "_keys_to_ignore_on_load_unexpected", None)
+        if isinstance(existing, set):  # transformers >= 5.1 merges a set, 5.0 a list
+            model._keys_to_ignore_on_load_unexpected = existing | set(ignore)
+        else:
+            model._keys_to_ignore_on_load_unexpected = [*(existing or []), *ignore]
+        self._plan = plan
+        self._dtype = dtype
+        return model
+
+    def _process_model_after_weight_loading(self, model: Any, **kwargs: Any) -> Any:
+        plan = self._plan
+        assert plan is not None
+        readers: dict[str, Any] = {}
+        try:
+            for module_name in plan.projections:
+                name = module_name + ".weight"
+                s = plan.stored[name]
+                r = readers.get(s.path) or readers.setdefault(s.path, open_mxfp8(s.path))
+                module = model.get_submodule(module_name)
+                device = _module_device(model, module_name)
+                self._load_projection(model, module_name, module, r, name, s, device)
+                r.release_pages(name)
+            for name in plan.unfold:
+                s = plan.stored[name]
+                r = readers.get(s.path) or readers.setdefault(s.path, open_mxfp8(s.path))
+                stored = r.get(name, framework="pt", dtype=self._dtype)
+                module_name, _, leaf = name.rpartition(".")
+                param = model.get_parameter(name)
+                plan.folded_originals[name] = r.get(name, framework="pt")  # as stored (for save_pretrained)
+                with torch.no_grad():
+                    param.copy_((stored.float() - 1.0).to(param.dtype))
+        finally:
+            for r in readers.values():
+                r.close()
+        if self.quantization_config.dequantize:
+            model.config.quantization_config = self.quantization_config
+        return model
+
+    def _load_projection(self, model: Any, module_name: str, module: MXFP8Linear, r: Any, name: str,
+                         s: _Stored, device: torch.device) -> None:
+        flip = s.orientation == "in_out"
+        if s.quantized and not self.quantization_config.dequantize:
+            raw = r.get_raw(name)
+            module.payload = torch.from_numpy(np.array(raw.payload, dtype=np.uint8)).to(device)
+            module.scales = torch.from_numpy(np.array(raw.scales, dtype=np.uint8)).to(device)
+            return
+        # plain bf16 Linear: decoded once (MXFP8) or read (stored plain), in nn.Linear's layout
+        if s.quantized:
+            shape = (module.out_features, module.in_features)
+            if device.type == "cpu" and self._dtype in (torch.bfloat16, torch.float32):
+                weight = torch.empty(shape, dtype=self._dtype)
+                raw = r.get_raw(name)
+                _decode_cpu(torch.from_numpy(np.asarray(raw.payload)), torch.from_numpy(np.asarray(raw.scales)),
+                            weight, flip, name)
+            else:
+                tmp = MXFP8Linear(module.in_features, module.out_features, bias=None, orientation=s.orientation,
+                                  dtype=self._dtype, name=name)
+                raw = r.get_raw(name)
+                tmp.payload = torch.from_numpy(np.array(raw.payload)).to(device)
+                tmp.scales = torch.from_numpy(np.array(raw.scales)).to(device)
+                weight = tmp.decode_weight()
+        else:
+            weight = r.get(name, framework="pt", dtype=self._dtype)
+            if flip:
+                weight = weight.t().contiguous()
+        linear = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None, device="meta")
+        linear.weight = nn.Parameter(weight.to(device), requires_grad=True)
+        if module.bias is not None:
+            linear.bias = module.bias
+        parent_name, _, leaf = module_name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, leaf, linear)
+
+    # ------------------------------------------------------------------ save
+
+    def is_serializable(self, *args: Any, **kwargs: Any) -> bool:
+        return not self.quantization_config.dequantize
+
+    @property
+    def is_trainable(self) -> bool:
+        return bool(self.quantization_config.dequantize)
+
+    def get_state_dict_and_metadata(self, model: Any, *args: Any, **kwargs: Any) -> tuple[dict[str, torch.Tensor], dict]:
+        """Our format again: payload/scale bytes as loaded, other tensors in the file's orientation
+        and norm convention, the first file's metadata."""
+        plan = self._plan
+        assert plan is not None
+        sd = dict(model.state_dict())
+        for module_name, module in model.named_modules():
+            if isinstance(module, MXFP8Linear):
+                sd[module_name + ".weight"] = module.payload.view(torch.float8_e4m3fn)
+                sd[module_name + ".weight" + SCALE_SUFFIX] = module.scales
+            elif module_name in plan.projections and plan.orientation == "in_out":
+                sd[module_name + ".weight"] = module.weight.detach().t().contiguous()
+        for name in plan.unfold:
+            w = sd[name]
+            original = plan.folded_originals.get(name)
+            if original is not None and torch.equal((original.float() - 1.0).to(w.dtype), w.detach().cpu()):
+                sd[name] = original
+            else:
+                sd[name] = (w.detach().float() + 1.0).to(w.dtype)
+        metadata = dict(plan.metadata)
+        return sd, metadata
+
+    def _dequantize(self, model: Any, dtype: torch.dtype | None = None) -> Any:
+        for module_name, module in list(model.named_modules()):
+            if isinstance(module, MXFP8Linear):
+                weight = module.decode_weight()
+                linear = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None, device="meta")
+                linear.weight = nn.Parameter(weight if dtype is None else weight.to(dtype))
+                if module.bias is not None:
+                    linear.bias = module.bias
+                parent_name, _, leaf = module_name.rpartition(".")
+                setattr(model.get_submodule(parent_name) if parent_name else model, leaf, linear)
+        return model
+
+
+def mxfp8_modules(model: nn.Module) -> Iterable[tuple[str, MXFP8Linear]]:
+    """``(name, module)`` of every MXFP8-resident projection in ``model``."""
+    return ((n, m) for n, m in model.named_modules() if isinstance(m, MXFP8Linear))

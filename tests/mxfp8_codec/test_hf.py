@@ -1,0 +1,242 @@
+"""mxfp8_codec.hf: from_pretrained loads our MXFP8 checkpoints (weights stay MXFP8), bit-identical to
+ida_eval.load_model; save_pretrained writes the same bytes back; bad checkpoints fail in one line."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import mxfp8_codec.hf as mxhf
+from ida_eval import load_model
+from mxfp8_codec import decode_mxfp8, open_mxfp8, write_mxfp8_safetensors
+from tests.ida_eval.test_mbxp_support import (
+    ARCHS,
+    SMALL_PROBLEMS,
+    native_state_dict,
+    save_mxfp8_checkpoint,
+    tiny_model,
+    train_tokenizer,
+)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_tokenizer([p["prompt"] + p["canonical_solution"] for p in SMALL_PROBLEMS] * 2, vocab_size=300)
+
+
+@pytest.fixture(scope="module")
+def ids(tok):
+    return torch.tensor([tok(p["prompt"])["input_ids"][:40] for p in SMALL_PROBLEMS[:2]])
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def _from_pretrained(d, **kw):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(d, **kw)
+
+
+def _save(model, tok, d: Path, *, orientation: str = "in_out", folded: bool = False, with_config: bool = True) -> Path:
+    """An MXFP8 checkpoint in either orientation, with (or without) config.json's quantization_config."""
+    if orientation == "in_out":
+        save_mxfp8_checkpoint(model, tok, d, folded=folded)
+    else:
+        d.mkdir(parents=True)
+        model.config.save_pretrained(d)
+        tok.save_pretrained(d)
+        sd = {n: (t.t().contiguous() if mxhf.is_projection_weight(n) else t)
+              for n, t in native_state_dict(model, folded=folded).items()}
+        write_mxfp8_safetensors(d / "model.safetensors", sd, orientation="out_in",
+                                norm_convention="folded" if folded else "zero_centered")
+    if with_config:
+        cfg = json.loads((d / "config.json").read_text())
+        cfg["quantization_config"] = mxhf.quantization_config_dict(
+            orientation=orientation, norm_convention="folded" if folded else "zero_centered"
+        )
+        (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def _projection_weights(model) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, m in model.named_modules():
+        if isinstance(m, mxhf.MXFP8Linear):
+            out[name] = m.decode_weight()
+        elif isinstance(m, torch.nn.Linear) and mxhf.is_projection_weight(name + ".weight"):
+            out[name] = m.weight.detach()
+    return out
+
+
+CASES = [(a, o, f) for a in ARCHS for o in ("in_out", "out_in") for f in (False, True)
+         if not f or a in ("nemotron", "llama")]
+
+
+@pytest.mark.parametrize("arch,orientation,folded", CASES)
+def test_from_pretrained_equals_load_model(arch, orientation, folded, tok, ids, tmp_path):
+    """Both orientations and norm conventions: every decoded projection weight and every other
+    parameter equals load_model's bit for bit, logits too, greedy tokens too; MXFP8-resident by
+    default, plain nn.Linear with dequantize=True."""
+    model = tiny_model(arch, len(tok), hidden=64)
+    d = _save(model, tok, tmp_path / "c", orientation=orientation, folded=folded)
+    ref, _ = load_model(d)
+    got = _from_pretrained(d)
+    assert isinstance(got.model.layers[0].self_attn.q_proj, mxhf.MXFP8Linear)
+    q = got.model.layers[0].self_attn.q_proj
+    assert q.payload.dtype == torch.uint8 and q.payload.shape == q.stored_shape
+    ref_w = _projection_weights(ref)
+    got_w = _projection_weights(got)
+    assert ref_w.keys() == got_w.keys() and len(ref_w) > 0
+    for name in ref_w:
+        assert torch.equal(got_w[name], ref_w[name]), name
+    got_params = dict(got.named_parameters())
+    for name, p in ref.named_parameters():
+        if name.rpartition(".")[0] not in ref_w or name.endswith("bias"):
+            assert torch.equal(got_params[name], p), name
+    assert torch.equal(_logits(got, ids), _logits(ref, ids))
+    gen = dict(max_new_tokens=12, do_sample=False, pad_token_id=tok.eos_token_id)
+    assert torch.equal(got.generate(ids, **gen), ref.generate(ids, **gen))
+    deq = _from_pretrained(d, quantization_config=mxhf.MXFP8Config(dequantize=True))
+    assert type(deq.model.layers[0].self_attn.q_proj) is torch.nn.Linear
+    assert torch.equal(_logits(deq, ids), _logits(ref, ids))
+
+
+def test_plain_config_needs_mxfp8config(tok, ids, tmp_path):
+    """The seeds' checkpoints (no quantization_config) load with quantization_config=MXFP8Config();
+    the saved-back config names the method, so the copy loads directly."""
+    model = tiny_model("llama", len(tok))
+    d = _save(model, tok, tmp_path / "seed", with_config=False)
+    got = _from_pretrained(d, quantization_config=mxhf.MXFP8Config())
+    ref, _ = load_model(d)
+    assert torch.equal(_logits(got, ids), _logits(ref, ids))
+    assert got.config.quantization_config.to_dict()["quant_method"] == "mxfp8_codec"
+
+
+@pytest.mark.parametrize("kw", [dict(dtype=torch.float32), dict(device_map="cpu"), dict(device_map="auto"),
+                                dict(low_cpu_mem_usage=True, dtype=torch.bfloat16)])
+def test_loading_options(kw, tok, ids, tmp_path):
+    model = tiny_model("nemotron", len(tok))
+    d = _save(model, tok, tmp_path / "c")
+    ref, _ = load_model(d, dtype=kw.get("dtype", torch.bfloat16))
+    got = _from_pretrained(d, **kw)
+    assert got.model.embed_tokens.weight.dtype == kw.get("dtype", torch.bfloat16)
+    assert torch.equal(_logits(got, ids), _logits(ref, ids))
+
+
+def _tensor_sha256(path: Path) -> dict[str, str]:
+    with open_mxfp8(path) as r:
+        out = {}
+        for n in r.keys():
+            out[n] = hashlib.sha256(bytes(r.tensor_bytes(n))).hexdigest()
+            if r.is_quantized(n):
+                out[n + ".scale"] = hashlib.sha256(bytes(r.tensor_bytes(n + ".scale"))).hexdigest()
+        return out
+
+
+@pytest.mark.parametrize("arch,orientation,folded", [("nemotron", "in_out", True), ("qwen3", "out_in", False),
+                                                     ("llama", "in_out", False)])
+def test_save_pretrained_writes_identical_bytes(arch, orientation, folded, tok, ids, tmp_path):
+    model = tiny_model(arch, len(tok), tie=arch == "qwen3")
+    d = _save(model, tok, tmp_path / "src", orientation=orientation, folded=folded)
+    got = _from_pretrained(d)
+    got.save_pretrained(tmp_path / "out")
+    src, out = d / "model.safetensors", tmp_path / "out" / "model.safetensors"
+    assert _tensor_sha256(out) == _tensor_sha256(src)
+    with open_mxfp8(src) as a, open_mxfp8(out) as b:
+        assert {k: v for k, v in b.metadata.items() if k != "format"} == dict(a.metadata)
+    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert cfg["quantization_config"]["orientation"] == orientation
+    again = _from_pretrained(tmp_path / "out")
+    assert torch.equal(_logits(again, ids), _logits(got, ids))
+
+
+def _edit_config(d: Path, **changes) -> None:
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["quantization_config"].update(changes)
+    (d / "config.json").write_text(json.dumps(cfg))
+
+
+def test_bad_checkpoints_fail_with_one_message(tok, tmp_path):
+    model = tiny_model("nemotron", len(tok))
+    d = _save(model, tok, tmp_path / "ok")
+    # config says out_in, file says in_out
+    bad = tmp_path / "orient"
+    shutil.copytree(d, bad)
+    _edit_config(bad, orientation="out_in")
+    with pytest.raises(mxhf.MXFP8LoadError, match=r"model.safetensors: tensor 'model.layers.0.*_proj.weight': file "
+                       r"metadata says orientation='in_out' but config.json quantization_config says orientation='out_in'"):
+        _from_pretrained(bad)
+    # a scale missing: the codec names the file and the tensor
+    from safetensors.torch import load_file, save_file
+
+    noscale = tmp_path / "noscale"
+    shutil.copytree(d, noscale)
+    f = noscale / "model.safetensors"
+    with open_mxfp8(f) as r:
+        meta = dict(r.metadata)
+    tensors = load_file(f)
+    del tensors["model.layers.1.mlp.up_proj.weight.scale"]
+    save_file(tensors, f, metadata=meta)
+    with pytest.raises(ValueError, match=r"model.safetensors.*model.layers.1.mlp.up_proj.weight"):
+        _from_pretrained(noscale)
+    # a shape not matching the architecture
+    wrong = tmp_path / "shape"
+    shutil.copytree(d, wrong)
+    cfg = json.loads((wrong / "config.json").read_text())
+    cfg["intermediate_size"] = 96
+    (wrong / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(mxhf.MXFP8LoadError, match=r"model.safetensors: tensor 'model.layers.0.mlp.(up|down)_proj.weight' "
+                       r"has shape \[\d+, \d+\] but NemotronForCausalLM needs \[\d+, \d+\] \(orientation=in_out\)"):
+        _from_pretrained(wrong)
+    # a plain checkpoint with MXFP8Config
+    plain = tmp_path / "plain"
+    model.save_pretrained(plain)
+    with pytest.raises(mxhf.MXFP8LoadError, match="not an MXFP8 checkpoint"):
+        _from_pretrained(plain, quantization_config=mxhf.MXFP8Config())
+
+
+def test_decode_into_torch_ops_equals_codec():
+    """The torch-op decode (used on GPUs) equals the codec for every (code, scale byte) pair, both layouts."""
+    q = torch.arange(256, dtype=torch.uint8).repeat(256, 1)  # [256 scales, 256 codes]
+    q = q.reshape(256 * 8, 32)  # each row one block
+    s = torch.arange(256, dtype=torch.uint8).repeat_interleave(8).reshape(-1, 1)
+    for dtype in (torch.bfloat16, torch.float32):
+        want = decode_mxfp8(q, s, dtype=dtype)
+        got = mxhf.decode_into(q, s, torch.empty(q.shape, dtype=dtype), transpose=False)
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(torch.nan_to_num(got, nan=0.0), torch.nan_to_num(want, nan=0.0))
+        p = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (64, 96), dtype=np.uint8))
+        sc = torch.from_numpy(np.random.default_rng(1).integers(100, 140, (64, 3), dtype=np.uint8))
+        want_t = decode_mxfp8(p, sc, dtype=dtype, transpose=True)
+        got_t = mxhf.decode_into(p, sc, torch.empty((96, 64), dtype=dtype), transpose=True)
+        assert torch.equal(got_t.nan_to_num(0.0), want_t.nan_to_num(0.0))
+
+
+def test_forward_uses_shared_scratch_but_not_under_autograd(tok, tmp_path):
+    model = tiny_model("llama", len(tok))
+    got = _from_pretrained(_save(model, tok, tmp_path / "c"))
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        got(ids)
+    before = dict(mxhf.SCRATCH._buffers)
+    with torch.no_grad():
+        got(ids)
+    assert all(mxhf.SCRATCH._buffers[k] is v for k, v in before.items())  # reused, not reallocated
+    x = torch.randn(2, 64, requires_grad=True)
+    q = got.model.layers[0].self_attn.q_proj
+    y = q(x.to(torch.bfloat16))
+    w = q.decode_weight()
+    got.model.layers[1].self_attn.q_proj(x.detach().to(torch.bfloat16))  # overwrites the scratch
+    y.float().sum().backward()
+    x2 = x.detach().clone().requires_grad_(True)
+    torch.nn.functional.linear(x2.to(torch.bfloat16), w.clone()).float().sum().backward()
+    assert torch.equal(x.grad, x2.grad)
