@@ -15,7 +15,7 @@ import torch
 import mxfp8_codec.hf as mxhf
 from ida_eval import load_model
 from mxfp8_codec import decode_mxfp8, open_mxfp8, write_mxfp8_safetensors
-from tests.ida_eval.test_mbxp_support import (
+from tests.ida_eval.support import (
     ARCHS,
     SMALL_PROBLEMS,
     native_state_dict,
