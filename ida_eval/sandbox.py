@@ -40,6 +40,10 @@ at the timeout. Here every program gets:
   ``SUPERVISOR_GRACE_S``) by itself and kills the run when the caller dies (EOF on a lifeline
   pipe), so a SIGKILLed harness leaves no program running; :func:`sweep_stale` removes the work
   directories and cgroups such a harness left behind (``execute_samples`` calls it).
+* **Cleanup** never recurses and never turns a verdict into a crash: work directories are removed
+  by :func:`ida_eval.cleanup.remove_tree` (iterative, descriptor-relative: any depth, modes,
+  immutable flags, fifos, sockets); what still cannot be removed is a ``RuntimeWarning``, and
+  :func:`sweep_stale` likewise warns and goes on.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ from pathlib import Path
 
 from ida_eval._sandbox_boot import ARGS as _BOOT_ARGS
 from ida_eval.cgroups import SandboxCgroups, cgroup_parents, remove_group
+from ida_eval.cleanup import remove_tree
 from ida_eval.isolation import Isolation, probe_isolation
 
 GiB = 1 << 30  # bytes
@@ -227,7 +232,9 @@ def sweep_stale(tmp_root: str | None = None) -> list[str]:
 
     Only entries named ``ida-exec-<pid>-...`` whose ``<pid>`` no longer exists are touched (a
     recycled pid keeps its entries: conservative). Their processes are already gone: PID 1 of each
-    run kills everything when its runner's lifeline closes. Returns what was removed.
+    run kills everything when its runner's lifeline closes. Never raises: an entry that cannot be
+    removed is left in place with a ``RuntimeWarning`` naming it and why (the next sweep tries
+    again), so a leftover can never keep a run from starting. Returns what was removed.
     """
     removed: list[str] = []
     places = [tmp_root or tempfile.gettempdir(), *cgroup_parents()]
@@ -245,10 +252,12 @@ def sweep_stale(tmp_root: str | None = None) -> list[str]:
                 if parent in places[1:]:
                     remove_group(path)
                 else:
-                    _rmtree(path)
+                    remove_tree(path)
                 removed.append(path)
-            except OSError:
-                pass
+            except Exception as e:  # noqa: BLE001 - whatever it is, the run must go on
+                warnings.warn(
+                    f"ida_eval sandbox: cannot remove stale {path}: {e}; left in place", RuntimeWarning, stacklevel=2
+                )
     return removed
 
 
@@ -283,16 +292,13 @@ def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
         pass
 
 
-def _rmtree(path: str) -> None:
-    def fix(func, p, _exc):  # type: ignore[no-untyped-def]
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            os.chmod(p, 0o700)
-        except OSError:
-            pass
-        func(p)
-
-    shutil.rmtree(path, onerror=fix)
+def _remove_work_dir(root: str) -> None:
+    """Remove a run's work directory; a failure is a warning, never an exception (the program's
+    verdict stands and the run goes on; :func:`sweep_stale` retries once this process is gone)."""
+    try:
+        remove_tree(root)
+    except Exception as e:  # noqa: BLE001 - whatever the program left, the verdict must survive
+        warnings.warn(f"ida_eval sandbox: cannot remove work directory {root}: {e}", RuntimeWarning, stacklevel=3)
 
 
 def run_program(
@@ -353,7 +359,7 @@ def run_program(
         finally:
             groups.remove()
     finally:
-        _rmtree(root)
+        _remove_work_dir(root)
 
 
 HIDDEN_DIRS = ("/run",)  # covered by an empty tmpfs inside namespaces (daemons' unix sockets), with home and temp

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -21,9 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from ida_eval import isolation
+from ida_eval import cleanup, isolation
 from ida_eval import sandbox as sb
 from ida_eval.cgroups import cgroup_parents, cgroup_support, leftover_groups
+from ida_eval.cleanup import remove_tree
 
 FAST = sb.SandboxLimits(timeout=3.0, memory_bytes=1 << 30)
 
@@ -592,7 +594,150 @@ def test_limits_are_validated() -> None:
 def test_docstring_examples_run() -> None:
     import doctest
 
-    for module in (sb, isolation):
+    for module in (sb, isolation, cleanup):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0, module.__name__
     assert doctest.testmod(sb).attempted >= 2  # run_program's examples really ran
+
+
+# ------------------------------------------------------------------ cleanup (issue 11, item 1)
+
+DEEP_TREE = "import os\nfor i in range(3000):\n    os.mkdir('d')\n    os.chdir('d')\nopen('leaf', 'w').write('x')"
+"""The completion that made shutil.rmtree recurse (RecursionError) and blocked every later run."""
+
+LEFTOVERS = """
+import os, socket, subprocess
+os.mkdir('locked'); os.mkdir('locked/inner'); open('locked/inner/f', 'w').write('x')
+os.chmod('locked/inner', 0); os.chmod('locked', 0)
+os.mkfifo('fifo')
+s = socket.socket(socket.AF_UNIX); s.bind('sock'); s.listen(1)
+os.symlink('/etc/passwd', 'link'); os.symlink('/', 'rootlink')
+os.mkdir('many')
+for i in range(5000):
+    os.close(os.open(f'many/{i}', os.O_CREAT | os.O_WRONLY))
+open('immutable', 'w').write('x'); os.mkdir('immdir'); open('immdir/f', 'w').write('x')
+r = subprocess.run(['chattr', '+i', 'immutable', 'immdir'], capture_output=True)
+r2 = subprocess.run(['chattr', '+a', 'many/1'], capture_output=True)
+print('chattr', r.returncode, r2.returncode)
+os.chmod('.', 0o500)
+"""
+
+
+@pytest.mark.parametrize("mode", _working_modes(), ids=lambda i: f"{i.level}-{i.privilege}")
+def test_cleanup_survives_deep_trees_and_odd_leftovers(mode: isolation.Isolation, clean: str) -> None:
+    why = isolation.probe_one(mode)
+    if why is not None:
+        pytest.skip(f"{mode.level}/{mode.privilege} does not work on this machine: {why[:200]}")
+    res = run(DEEP_TREE, clean, sb.SandboxLimits(timeout=20.0, memory_bytes=1 << 30), isolation=mode)
+    assert res.passed, res.stderr_tail  # and `clean` checks the work directory is gone
+    res = run(LEFTOVERS, clean, sb.SandboxLimits(timeout=20.0, memory_bytes=1 << 30), isolation=mode)
+    assert res.passed, res.stderr_tail
+    if mode.privilege == "none" and os.geteuid() == 0:  # a root program: chattr +i really happened
+        assert "chattr 0 0" in res.stdout_tail
+
+
+def _deep_leftovers(top: Path, depth: int) -> None:
+    """What a hostile program leaves, built on the host: deep dirs, modes, flags, fifo, socket."""
+    fd = os.open(top, os.O_RDONLY)
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        fd, old = os.open("d", os.O_RDONLY, dir_fd=fd), fd
+        os.close(old)
+    os.mkfifo("fifo", dir_fd=fd)
+    os.close(fd)
+    (top / "locked" / "inner").mkdir(parents=True)
+    (top / "locked" / "inner" / "f").write_text("x")
+    os.chmod(top / "locked" / "inner", 0)
+    os.chmod(top / "locked", 0)
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(top / "sock"))
+    s.close()
+    (top / "imm").write_text("x")
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i", str(top / "imm")], check=False, capture_output=True)
+
+
+def test_remove_tree_removes_what_shutil_cannot(tmp_path: Path) -> None:
+    top = tmp_path / "left"
+    top.mkdir()
+    _deep_leftovers(top, 5000)
+    with pytest.raises((RecursionError, OSError)):  # the old cleanup (positive control)
+        shutil.rmtree(top)
+    remove_tree(str(top))
+    assert not top.exists()
+    remove_tree(str(top))  # nothing there: no error
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def test_sweep_stale_removes_deep_leftovers_and_never_blocks(tmp_path: Path) -> None:
+    stale = tmp_path / f"{sb.WORK_PREFIX}{_dead_pid()}-abc"
+    stale.mkdir()
+    _deep_leftovers(stale, 3000)
+    alive = tmp_path / f"{sb.WORK_PREFIX}{os.getpid()}-mine"
+    alive.mkdir()
+    assert sb.sweep_stale(str(tmp_path)) == [str(stale)]
+    assert not stale.exists() and alive.exists()
+
+
+SWEEP_UNREMOVABLE = """
+import os, subprocess, sys, warnings
+sys.path.insert(0, {repo!r})
+from ida_eval import sandbox as sb
+root, pid = {root!r}, {pid}
+bad, good = os.path.join(root, f"ida-exec-{{pid}}-bad"), os.path.join(root, f"ida-exec-{{pid}}-good")
+os.makedirs(bad + "/mnt"); os.makedirs(good + "/x")
+subprocess.run(["mount", "-t", "tmpfs", "tmpfs", bad + "/mnt"], check=True)  # a mount point: EBUSY
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    removed = sb.sweep_stale(root)
+print(removed == [good], os.path.exists(bad), [str(w.message) for w in caught])
+subprocess.run(["umount", bad + "/mnt"], check=True)
+"""
+
+
+def test_sweep_stale_warns_and_goes_on_when_something_cannot_be_removed(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make an unremovable mount point in a private mount namespace")
+    code = SWEEP_UNREMOVABLE.format(repo=str(Path(sb.__file__).parents[1]), root=str(tmp_path), pid=_dead_pid())
+    try:
+        r = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", code],
+            capture_output=True, text=True, timeout=60,
+        )
+    except FileNotFoundError:
+        pytest.skip("no unshare(1)")
+    if "Operation not permitted" in r.stderr:
+        pytest.skip(f"cannot make a private mount namespace here: {r.stderr[-200:]}")
+    assert r.returncode == 0, r.stderr
+    ok, bad_left, messages = r.stdout.strip().split(" ", 2)
+    assert ok == "True" and bad_left == "True"
+    assert "cannot remove stale" in messages and "ida-exec-" in messages
+
+
+def test_a_deep_tree_completion_does_not_stop_the_run(tmp_path: Path) -> None:
+    """The issue's scenario end to end: all records written, nothing left, the next run starts."""
+    from ida_eval import execute as ex
+
+    problem = {
+        "task_id": "T/0", "language": "python", "prompt": "\ndef f():\n", "canonical_solution": "    return 1\n",
+        "test": "\ndef check(c):\n    assert c() == 1\n", "entry_point": "f", "description": "",
+    }
+    problems = {"T/0": problem}
+    deep = "    import os\n    for i in range(3000):\n        os.mkdir('d')\n        os.chdir('d')\n    return 1\n"
+    samples = [{"task_id": "T/0", "completion": c} for c in ["    return 1\n", deep, "    return 2\n", deep]]
+    root = tmp_path / "work"
+    root.mkdir()
+    out = tmp_path / "results.jsonl"
+    cfg = ex.ExecutionConfig(timeout=20.0, workers=2, memory_bytes=1 << 30, tmp_root=str(root))
+    res = ex.execute_samples(problems, samples, out_path=out, config=cfg, progress=False)
+    assert [r["passed"] for r in res] == [True, True, False, True]
+    assert len(out.read_text().splitlines()) == 4
+    assert list(root.iterdir()) == []
+    more = samples + [{"task_id": "T/0", "completion": "    return 1\n"}]
+    res = ex.execute_samples(problems, more, out_path=out, config=cfg, progress=False)  # resume
+    assert len(res) == 5 and res[-1]["passed"]
