@@ -41,6 +41,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from ida_common.cli import ArgumentParser, CannotRunHere, Run, run_main
 from ida_eval.isolation import ISOLATION_LEVELS, isolation_description, probe_isolation
 from ida_eval.jsonl import iter_jsonl, repair_torn_tail
 from ida_eval.problems import ProblemsError, find_problems_file, load_problems
@@ -55,7 +56,6 @@ from ida_eval.sandbox import (
 from mxfp8_codec import atomic_output
 
 __all__ = [
-    "CLI_ERRORS",
     "ExecutionConfig",
     "ProblemsError",
     "ResultsFileError",
@@ -67,7 +67,6 @@ __all__ = [
     "load_samples",
     "main",
     "pass_at_1",
-    "report_cli_error",
     "result_class",
     "summarize",
 ]
@@ -479,40 +478,12 @@ def summarize(
     return out
 
 
-CLI_ERRORS = (ValueError, OSError, SandboxError, KeyboardInterrupt)  # what report_cli_error handles
-
-
-def report_cli_error(exc: BaseException, out: str | Path | None, kept: str = "results") -> int:
-    """Print the one-line message for an error that ends a CLI run; return the exit status.
-
-    Shared by ``python -m ida_eval.execute`` and ``python -m ida_eval.mbxp``:
-
-    * ``KeyboardInterrupt`` (Ctrl-C): ``interrupted; ...`` naming ``out``, where the finished
-      ``kept`` are, and that rerunning the same command resumes (just ``interrupted`` when ``out``
-      is None: nothing to resume); 130.
-    * :class:`~ida_eval.sandbox.SandboxError` (the sandbox cannot run here): ``sandbox error: ...``; 1.
-    * ``ValueError`` / ``OSError`` (bad input: a file, a line, a setting): ``error: ...``; 2.
-
-    Anything else is re-raised (a bug: its traceback is the report). Use it as
-    ``except CLI_ERRORS as e: return report_cli_error(e, args.out)``.
-    """
-    if isinstance(exc, KeyboardInterrupt):
-        hint = f"; finished {kept} are kept in {out}: rerun the same command (same --out) to resume"
-        print("interrupted" + (hint if out is not None else ""), file=sys.stderr)
-        return 130
-    if isinstance(exc, SandboxError):
-        print(f"sandbox error: {exc}", file=sys.stderr)
-        return 1
-    if isinstance(exc, (ValueError, OSError)):
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    raise exc
-
-
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
+    ap = ArgumentParser(
         prog="python -m ida_eval.execute",
-        description="Execute MBXP completions (or canonical solutions) in a sandbox; print pass@1.",
+        short_prog=PROG,
+        description="Execute MBXP completions (or canonical solutions) in a sandbox; print pass@1. "
+        "Exit status: 0 done, 2 bad input, 3 no sandbox here, 130 interrupted (docs/cli.md).",
     )
     ap.add_argument("--problems", help="problems JSONL (default: an installed mxeval's MBXP Python data)")
     ap.add_argument("--samples", help="samples JSONL (task_id, completion)")
@@ -526,7 +497,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=_SANDBOX_DEFAULTS.memory_bytes // MiB,
         help="address-space limit per process in MiB",
     )
-    ap.add_argument("--isolation", default="auto", choices=("auto", *ISOLATION_LEVELS))
+    ap.add_argument("--isolation", default="auto", choices=("auto", *ISOLATION_LEVELS),
+                    help="sandbox isolation (default auto: the strongest this machine allows)")
     ap.add_argument("--summary", help="also write the summary as JSON to this path")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
@@ -535,23 +507,35 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+PROG = "ida_eval.execute"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; returns the process exit code (0 ok, 2 bad input, 1 sandbox failure, 130
-    interrupted: see :func:`report_cli_error`)."""
-    args = _parse_args(argv)
+    """CLI entry point; returns the process exit code (0 ok, 2 bad input, 3 the sandbox cannot run here,
+    130 interrupted: :mod:`ida_common.cli`, docs/cli.md)."""
+    return run_main(PROG, _main, argv)
+
+
+def sandbox_unavailable(err: SandboxError) -> CannotRunHere:
+    """The CLI error for a sandbox that cannot run here (status 3): ``sandbox: <reason>``."""
+    return CannotRunHere(f"sandbox: {err}")
+
+
+def _main(run: Run) -> int:
+    args = _parse_args(run.argv)
+    run.kept = f"finished results are kept in {args.out}: rerun the same command (same --out) to resume"
+    problems = load_problems(find_problems_file(args.problems))
+    samples = None if args.canonical else load_samples(args.samples, problems)
+    cfg_kwargs: dict[str, Any] = {"timeout": args.timeout, "memory_bytes": args.memory_mb * MiB}
+    if args.workers is not None:
+        cfg_kwargs["workers"] = args.workers
+    config = ExecutionConfig(isolation=args.isolation, **cfg_kwargs)
     try:
-        problems = load_problems(find_problems_file(args.problems))
-        samples = None if args.canonical else load_samples(args.samples, problems)
-        cfg_kwargs: dict[str, Any] = {"timeout": args.timeout, "memory_bytes": args.memory_mb * MiB}
-        if args.workers is not None:
-            cfg_kwargs["workers"] = args.workers
-        config = ExecutionConfig(isolation=args.isolation, **cfg_kwargs)
         print(f"isolation: {isolation_in_force(args.isolation)}", file=sys.stderr)
-        results = execute_samples(
-            problems, samples, out_path=args.out, config=config, canonical=args.canonical, progress=not args.no_progress
-        )
-    except CLI_ERRORS as e:
-        return report_cli_error(e, args.out)
+        results = execute_samples(problems, samples, out_path=args.out, config=config, canonical=args.canonical,
+                                  progress=not args.no_progress)
+    except SandboxError as e:
+        raise sandbox_unavailable(e) from None
     summary = summarize(results, problems)
     print(
         f"pass@1 = {summary['pass@1']:.4f}  ({summary['passed']}/{summary['samples']} samples passed, {summary['tasks']} tasks)"

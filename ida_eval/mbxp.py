@@ -47,11 +47,12 @@ from ida_eval.analysis import (
     failure_counts,
     format_comparison,
 )
+from ida_common.cli import ArgumentParser, Run, run_main
 from ida_eval.execute import (
-    CLI_ERRORS,
     ExecutionConfig,
+    SandboxError,
     execute_samples,
-    report_cli_error,
+    sandbox_unavailable,
     summarize,
 )
 from ida_eval.generate import (
@@ -354,19 +355,25 @@ def evaluate_checkpoint(
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
+    ap = ArgumentParser(
         prog="python -m ida_eval.mbxp",
-        description="Score a checkpoint on MBXP Python (greedy pass@1 with failure analysis), or compare two runs.",
+        short_prog=PROG,
+        description="Score a checkpoint on MBXP Python (greedy pass@1 with failure analysis), or compare two runs. "
+        "Exit status: 0 done, 2 bad input, 3 no sandbox here, 130 interrupted (docs/cli.md).",
     )
     ap.add_argument("--checkpoint", help="checkpoint directory (MXFP8 or plain safetensors, config + tokenizer)")
     ap.add_argument("--problems", help="problems JSONL (default: an installed mxeval's MBXP Python data)")
     ap.add_argument("--out", help="output directory (default: ./mbxp-<checkpoint name>)")
     ap.add_argument("--limit", type=int, help="only the first N problems")
-    ap.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help=f"default {DEFAULT_BATCH_SIZE}")
-    ap.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help=f"default {DEFAULT_MAX_NEW_TOKENS}")
-    ap.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
+    ap.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
+                    help=f"prompts generated at once (default {DEFAULT_BATCH_SIZE})")
+    ap.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
+                    help=f"generation budget per problem (default {DEFAULT_MAX_NEW_TOKENS})")
+    ap.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto",
+                    help="where the model runs (default auto: cuda when available)")
     ap.add_argument("--device-map", help="accelerate device map, e.g. 'auto' to split layers over GPUs")
-    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                    help="dtype of the loaded weights (default bfloat16)")
     ap.add_argument("--workers", type=int, help="programs executed at once (default: nproc)")
     ap.add_argument("--timeout", type=float, help="seconds per program (executor default when omitted)")
     ap.add_argument("--compare", nargs=2, metavar=("DIR_A", "DIR_B"), help="print two finished runs side by side")
@@ -388,21 +395,28 @@ def _print_summary(s: Mapping[str, Any], out: Path) -> None:
           f"isolation: {', '.join(s['isolation']) or 'none (nothing ran)'}")
 
 
+PROG = "ida_eval.mbxp"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; returns the exit code (0 ok, 2 bad input, 1 sandbox failure, 130 interrupted:
-    see :func:`ida_eval.execute.report_cli_error`)."""
-    args = _parse_args(argv)
-    run_dir: Path | None = None  # named in the Ctrl-C message once there is a run to resume
+    """CLI entry point; returns the exit code (0 ok, 2 bad input, 3 the sandbox cannot run here, 130
+    interrupted: :mod:`ida_common.cli`, docs/cli.md)."""
+    return run_main(PROG, _main, argv)
+
+
+def _main(run: Run) -> int:
+    args = _parse_args(run.argv)
+    if args.compare:
+        print(format_comparison(compare_runs(*args.compare)))
+        return 0
+    out = Path(args.out) if args.out else Path(f"mbxp-{Path(args.checkpoint).resolve().name}")
+    run.kept = f"finished samples and results are kept in {out}: rerun the same command (same --out) to resume"
+    cfg: dict[str, Any] = {}
+    if args.workers is not None:
+        cfg["workers"] = args.workers
+    if args.timeout is not None:
+        cfg["timeout"] = args.timeout
     try:
-        if args.compare:
-            print(format_comparison(compare_runs(*args.compare)))
-            return 0
-        out = run_dir = Path(args.out) if args.out else Path(f"mbxp-{Path(args.checkpoint).resolve().name}")
-        cfg: dict[str, Any] = {}
-        if args.workers is not None:
-            cfg["workers"] = args.workers
-        if args.timeout is not None:
-            cfg["timeout"] = args.timeout
         summary = evaluate_checkpoint(
             args.checkpoint,
             problems_path=args.problems,
@@ -416,8 +430,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             exec_config=ExecutionConfig(**cfg),
             progress=not args.no_progress,
         )
-    except CLI_ERRORS as e:
-        return report_cli_error(e, run_dir, kept="samples and results")
+    except SandboxError as e:
+        raise sandbox_unavailable(e) from None
     _print_summary(summary, out)
     return 0
 

@@ -1,40 +1,43 @@
 """``python -m ida_trainer [--config FILE.toml] [--preset NAME] [overrides...]`` (no arguments: the demo).
 
-Thin entry point: parse the config, run the job, map user errors to exit code 2 with a one-line message.
+Thin entry point: parse the config, run the job. Errors follow the project's CLI convention
+(:mod:`ida_common.cli`, docs/cli.md): a bad setting or input file is one line ``ida_trainer: error:
+...`` with status 2, a non-finite loss (training diverged) status 1, Ctrl-C status 130; under torchrun
+only rank 0 prints.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
+
+from ida_common.cli import CheckFailed, Run, run_main
+
+PROG = "ida_trainer"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse arguments, run training, return the process exit code (0 ok, 2 bad input, 1 numerics failure)."""
+    """Parse arguments, run training, return the process exit code (docs/cli.md)."""
+    return run_main(PROG, _run, argv)
+
+
+def _run(run: Run) -> int:
     from ida_trainer.cli import parse_args, usage
 
-    args = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in args):
+    if any(a in ("-h", "--help") for a in run.argv):
         print(usage())
         return 0
-    try:
-        cfg = parse_args(args)
-    except ValueError as err:
-        print(f"ida_trainer: error: {err}", file=sys.stderr)
-        return 2
+    cfg = parse_args(run.argv)
     from ida_trainer.engine import NonFiniteError
-    from ida_trainer.trainer import run
+    from ida_trainer.trainer import run as run_job
 
+    run.kept = (f"checkpoints written so far are kept in {cfg.out}/checkpoints: rerun the same command with "
+                "--resume to continue from the newest one")
     try:
-        run(cfg)
+        run_job(cfg)
     except NonFiniteError as err:
-        print(f"ida_trainer: training failed: {err}", file=sys.stderr)
-        return 1
-    except ValueError as err:
-        print(f"ida_trainer: error: {err}", file=sys.stderr)
-        return 2
+        raise CheckFailed(f"training failed: {err}") from None
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

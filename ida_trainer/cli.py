@@ -233,7 +233,7 @@ def parse_args(argv: Sequence[str] | None = None) -> JobConfig:
         elif key in ("-h", "--help"):
             raise SystemExit(usage())
         else:
-            raise ValueError(f"command line: unknown argument {arg!r}\n{usage()}")
+            raise ValueError(f"command line: unknown argument {arg!r} (see python -m ida_trainer --help)")
         i += 1
     if preset not in PRESETS:
         raise ValueError(f"--preset {preset!r} is unknown; choose one of {', '.join(PRESETS)}")
@@ -272,6 +272,8 @@ def usage() -> str:
     lines = ["usage: python -m ida_trainer [--config FILE.toml] [--preset NAME] [--section.key VALUE ...]",
              "  no arguments: the embedded demo (tiny Nemotron, nvfp4, a few minutes on CPU)",
              f"  presets: {', '.join(PRESETS)}",
+             "  --debug: full tracebacks instead of one-line errors (also IDA_DEBUG=1); exit status 0 ok, "
+             "1 training diverged, 2 bad input, 3 cannot run here, 70 internal error, 130 interrupted (docs/cli.md)",
              "  flags: " + " ".join(f"{k} {'' if k == '--resume' else 'V'}".strip() for k in _FRIENDLY)]
     for section, cls in SECTIONS.items():
         defaults = cls()

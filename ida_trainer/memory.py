@@ -49,7 +49,6 @@ Example:
 
 from __future__ import annotations
 
-import argparse
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -58,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn as nn
 
+from ida_common.cli import ArgumentParser, Run, run_main
 from ida_trainer.distributed import LOGITS_CHUNK_ENTRIES, split_layers
 from ida_trainer.precision import apply_recipe, nvfp4_modules
 
@@ -253,15 +253,21 @@ TABLE_HEADER = ("| stage | layers | params | weights | grads | optimizer | trans
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m ida_trainer.memory [--recipe nvfp4] [--stages 2] [--tokens 1024]``: print the 4B table."""
+    return run_main("ida_trainer.memory", _run, argv)
+
+
+def _run(run: Run) -> int:
     from ida_trainer.config import PrecisionConfig
 
-    ap = argparse.ArgumentParser(prog="python -m ida_trainer.memory", description=__doc__.split("\n")[0])
-    ap.add_argument("--recipe", choices=("nvfp4", "bf16"), default="nvfp4")
-    ap.add_argument("--writeback", choices=("stochastic", "rne", "compensated"), default="stochastic")
-    ap.add_argument("--stages", type=int, default=2)
-    ap.add_argument("--tokens", type=int, default=1024, help="tokens per micro-batch")
-    ap.add_argument("--no-checkpointing", action="store_true")
-    args = ap.parse_args(argv)
+    ap = ArgumentParser(prog="python -m ida_trainer.memory", short_prog="ida_trainer.memory",
+                        description=__doc__.split("\n")[0])
+    ap.add_argument("--recipe", choices=("nvfp4", "bf16"), default="nvfp4", help="precision recipe (default nvfp4)")
+    ap.add_argument("--writeback", choices=("stochastic", "rne", "compensated"), default="stochastic",
+                    help="MXFP8 master write-back of the nvfp4 recipe (default stochastic)")
+    ap.add_argument("--stages", type=int, default=2, help="pipeline stages (default 2)")
+    ap.add_argument("--tokens", type=int, default=1024, help="tokens per micro-batch (default 1024)")
+    ap.add_argument("--no-checkpointing", action="store_true", help="activation checkpointing off")
+    args = ap.parse_args(run.argv)
     prec = PrecisionConfig(recipe=args.recipe, writeback=args.writeback)
     report = stage_memory(minitron_4b_config(), prec, stages=args.stages,
                           activations=ActivationSpec(args.tokens, not args.no_checkpointing))

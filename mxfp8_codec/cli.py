@@ -17,8 +17,10 @@
 * ``demo OUT_DIR``: builds a small random Llama checkpoint with transformers, quantizes it,
   inspects and verifies the result, dequantizes it and reports the logits error.
 
-Every command returns an exit status from :func:`main`; errors of the codec (:class:`MXFP8Error`)
-are printed as one line to stderr with exit status 1.
+Every command returns an exit status from :func:`main`, which follows the project's CLI convention
+(:mod:`ida_common.cli`, docs/cli.md): bad input (an :class:`MXFP8Error` naming file, tensor and
+reason; a missing file) is one line ``mxfp8_codec: error: ...`` with status 2; a file that ``verify``
+finds invalid, or a ``demo`` that does not round-trip, is status 1; Ctrl-C is status 130.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from typing import TextIO
 
 import ml_dtypes
 import numpy as np
+
+from ida_common.cli import ArgumentParser, CheckFailed, Run, check_output_dir, run_main
 
 from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.header import (
@@ -59,6 +63,7 @@ from mxfp8_codec.writer import (
     write_safetensors,
 )
 
+PROG = "mxfp8_codec"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".gguf", ".ckpt")  # not copied
 _NORM_RE = re.compile(r"norm\.weight$")  # 1-D norm gains: folded (1 + w) on disk under norm_convention=folded
 
@@ -138,9 +143,14 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     path = Path(args.path)
+    if not path.exists():  # nothing to check is bad input (status 2), not a failed check
+        raise ValueError(f"{path}: no such file or directory")
     files = _files(path)
     for f in files:
-        validate(f, require_mxfp8=not args.allow_plain, check_values=args.values)
+        try:
+            validate(f, require_mxfp8=not args.allow_plain, check_values=args.values)
+        except MXFP8Error as exc:  # the checked thing failed: status 1, not "bad input"
+            raise CheckFailed(str(exc)) from None
         with open_mxfp8(f) as r:
             checks = "structure and values" if args.values else "structure"
             print(
@@ -350,11 +360,11 @@ def _cmd_dequantize(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    root = check_output_dir(args.out_dir, "OUT_DIR")  # before importing transformers or creating anything
+    hf_dir, mx_dir, back_dir = root / "hf", root / "mxfp8", root / "dequantized"
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-    root = Path(args.out_dir)
-    hf_dir, mx_dir, back_dir = root / "hf", root / "mxfp8", root / "dequantized"
     torch.manual_seed(args.seed)
     cfg = LlamaConfig(
         vocab_size=256,
@@ -397,8 +407,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         f"logits relative error vs the unquantized original: {rel:.4f}"
     )
     if mismatched:
-        print(f"error: weights differ from decode(encode(.)): {mismatched[:5]}", file=sys.stderr)
-    return 1 if mismatched else 0
+        raise CheckFailed(f"{back_dir}: weights differ from decode(encode(.)): {mismatched[:5]}")
+    return 0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -406,25 +416,28 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``python -m mxfp8_codec``."""
-    p = argparse.ArgumentParser(
-        prog="python -m mxfp8_codec", description="MXFP8 (E4M3 + UE8M0/32) safetensors checkpoint tool"
+    p = ArgumentParser(
+        prog="python -m mxfp8_codec",
+        short_prog=PROG,
+        description="MXFP8 (E4M3 + UE8M0/32) safetensors checkpoint tool. Exit status: 0 ok, 1 verify/demo "
+        "check failed, 2 bad input, 3 cannot run here, 70 internal error, 130 interrupted (docs/cli.md).",
     )
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("inspect", help="tensor table and metadata of a file or checkpoint directory")
-    s.add_argument("path")
+    s.add_argument("path", help="a .safetensors file or a checkpoint directory")
     s.add_argument("--stats", action="store_true", help="per-tensor scale-byte histogram")
     s.set_defaults(func=_cmd_inspect)
 
     s = sub.add_parser("verify", help="check every validation rule; exit 1 with the reason on failure")
-    s.add_argument("path")
+    s.add_argument("path", help="a .safetensors file or a checkpoint directory")
     s.add_argument("--values", action="store_true", help="also scan for NaN codes/scales and non-finite floats")
     s.add_argument("--allow-plain", action="store_true", help="accept plain safetensors files without MXFP8 metadata")
     s.set_defaults(func=_cmd_verify)
 
-    s = sub.add_parser("rename", help="header-only rename with a sha256 proof")
-    s.add_argument("src")
-    s.add_argument("dst")
+    s = sub.add_parser("rename", help="header-only rename of one file, with a sha256 proof")
+    s.add_argument("src", help="the .safetensors file to read (a file, not a directory)")
+    s.add_argument("dst", help="the .safetensors file to write (a file, not a directory)")
     g = s.add_mutually_exclusive_group(required=True)
     g.add_argument("--map", help="JSON object {old: new} or a path to a JSON file")
     g.add_argument(
@@ -433,20 +446,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_rename)
 
     s = sub.add_parser("quantize", help="transformers checkpoint dir -> MXFP8 checkpoint dir")
-    s.add_argument("hf_dir")
-    s.add_argument("out_dir")
-    s.add_argument("--scale-rule", choices=SCALE_RULES, default="rceil")
-    s.add_argument("--orientation", choices=ORIENTATIONS, default="in_out")
+    s.add_argument("hf_dir", help="transformers checkpoint directory (config.json + *.safetensors)")
+    s.add_argument("out_dir", help="MXFP8 checkpoint directory to write")
+    s.add_argument("--scale-rule", choices=SCALE_RULES, default="rceil", help="UE8M0 scale rule (default rceil)")
+    s.add_argument(
+        "--orientation",
+        choices=ORIENTATIONS,
+        default="in_out",
+        help="stored orientation of projections (default in_out: the trainer's native [in, out])",
+    )
     s.set_defaults(func=_cmd_quantize)
 
     s = sub.add_parser("dequantize", help="MXFP8 file/dir -> plain BF16 safetensors in transformers orientation")
-    s.add_argument("src")
-    s.add_argument("out")
+    s.add_argument("src", help="MXFP8 .safetensors file or checkpoint directory")
+    s.add_argument("out", help="file to write for a file, directory to write for a directory")
     s.set_defaults(func=_cmd_dequantize)
 
     s = sub.add_parser("demo", help="make a tiny random model, quantize, inspect, verify, dequantize")
-    s.add_argument("out_dir")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("out_dir", help="directory to create (hf/, mxfp8/, dequantized/ inside)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the random model (default 0)")
     s.set_defaults(func=_cmd_demo)
     return p
 
@@ -463,9 +481,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         OK ...
         True
     """
-    args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args))
-    except MXFP8Error as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    return run_main(PROG, _run, argv)
+
+
+def _run(run: Run) -> int:
+    args = build_parser().parse_args(run.argv)
+    return int(args.func(args))

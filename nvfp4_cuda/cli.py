@@ -3,13 +3,17 @@
 ``build`` compiles the shared library into the cache (see :mod:`nvfp4_cuda.build`) and prints its
 path; ``info`` reports the backend CUDA tensors would use, the device, the library path, and - when a
 library is already built - whether it loads and what the driver says (no compilation happens).
+
+Errors follow the project's CLI convention (:mod:`ida_common.cli`, docs/cli.md): one line
+``nvfp4_cuda: error: ...``; a build that cannot run here (no nvcc, compiler failure) is status 3.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+from collections.abc import Sequence
 
+from ida_common.cli import EXIT_CANNOT_RUN, ArgumentParser, Run, run_main
 from nvfp4_cuda import build as _build
 from nvfp4_cuda.api import backend_info
 
@@ -36,22 +40,27 @@ def _info() -> dict[str, object]:
     return info
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the process exit code."""
-    parser = argparse.ArgumentParser(prog="python -m nvfp4_cuda", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
+PROG = "nvfp4_cuda"
+DESCRIPTION = ("NVFP4 CUDA kernels: 'build' compiles the shared library into the cache and prints its path; "
+               "'info' reports the backend CUDA tensors would use, the device and the library (compiles nothing).")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the process exit code (docs/cli.md)."""
+    return run_main(PROG, _run, argv, codes={_build.BuildError: EXIT_CANNOT_RUN})
+
+
+def _run(run: Run) -> int:
+    parser = ArgumentParser(prog="python -m nvfp4_cuda", short_prog=PROG, description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{build,info}",
+                                help="the command (python -m nvfp4_cuda COMMAND --help for its options)")
     b = sub.add_parser("build", help="compile libnvfp4_cuda.so into the cache (sm_80, sm_90, sm_120a)")
     b.add_argument("--force", action="store_true", help="rebuild even if a cached library exists")
     i = sub.add_parser("info", help="report backend, device and library path")
     i.add_argument("--json", action="store_true", help="print JSON")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(run.argv)
     if args.cmd == "build":
-        try:
-            path = _build.build(force=args.force)
-        except _build.BuildError as e:
-            print(str(e))
-            return 1
-        print(path)
+        print(_build.build(force=args.force))
         return 0
     info = _info()
     if args.json:

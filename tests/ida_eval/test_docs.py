@@ -133,7 +133,7 @@ def _capture_parser(main: Callable[[list[str]], int]) -> argparse.ArgumentParser
     original = argparse.ArgumentParser.parse_args
     argparse.ArgumentParser.parse_args = intercept  # type: ignore[method-assign]
     try:
-        main([])
+        main(["--debug"])  # --debug: the CLI wrapper lets the interception through
     except _Captured as c:
         return c.parser
     finally:
@@ -143,7 +143,8 @@ def _capture_parser(main: Callable[[list[str]], int]) -> argparse.ArgumentParser
 
 @pytest.fixture(scope="module")
 def options() -> Options:
-    """``{module: {"--flag": action}}`` of both CLIs (``--help`` left out)."""
+    """``{module: {"--flag": action}}`` of both CLIs (``--help`` and ``--debug``, common to every command and
+    documented in docs/cli.md, left out)."""
     from ida_eval import mbxp
 
     out = {}
@@ -153,7 +154,7 @@ def options() -> Options:
             opt: action
             for action in parser._actions
             for opt in action.option_strings
-            if opt.startswith("--") and opt != "--help"
+            if opt.startswith("--") and opt not in ("--help", "--debug")
         }
     return out
 

@@ -108,7 +108,7 @@ def test_isolation_is_a_list_of_modes_even_when_nothing_ran(tmp_path):
 
 
 def test_cli_ctrl_c_and_sandbox_failure_end_in_one_line_and_resume(setup, tmp_path, monkeypatch, capsys):
-    """Like ``python -m ida_eval.execute``: 130 with a resume hint that holds, 1 for a sandbox failure."""
+    """Like ``python -m ida_eval.execute``: 130 with a resume hint that holds, 3 for a sandbox failure."""
     model, tok, problems = setup
     loads = []
     monkeypatch.setattr(mbxp, "describe_checkpoint", lambda d: None)
@@ -129,7 +129,7 @@ def test_cli_ctrl_c_and_sandbox_failure_end_in_one_line_and_resume(setup, tmp_pa
     monkeypatch.setattr(mbxp, "generate_completions", ctrl_c_after_first_batch)
     assert main(args) == 130
     err = capsys.readouterr().err
-    assert err == (f"interrupted; finished samples and results are kept in {out}: "
+    assert err == (f"ida_eval.mbxp: interrupted; finished samples and results are kept in {out}: "
                    "rerun the same command (same --out) to resume\n")
     assert len(read_samples(out / "samples.jsonl")) == 2
 
@@ -139,8 +139,8 @@ def test_cli_ctrl_c_and_sandbox_failure_end_in_one_line_and_resume(setup, tmp_pa
     probe = ex.probe_isolation
     monkeypatch.setattr(mbxp, "generate_completions", generate)
     monkeypatch.setattr(ex, "probe_isolation", no_sandbox)
-    assert main(args) == 1
-    assert capsys.readouterr().err == "sandbox error: no sandbox here\n"
+    assert main(args) == 3
+    assert capsys.readouterr().err == "ida_eval.mbxp: error: sandbox: no sandbox here\n"
     assert len(read_samples(out / "samples.jsonl")) == 3  # the generation before it is kept
 
     monkeypatch.setattr(ex, "probe_isolation", probe)
@@ -159,8 +159,7 @@ def test_select_problems(setup):
 
 
 def test_cli_errors(tmp_path, capsys):
-    with pytest.raises(SystemExit):
-        main([])
+    assert main([]) == 2
     assert main(["--checkpoint", str(tmp_path / "nope"), "--problems", str(tmp_path / "none.jsonl"),
                  "--out", str(tmp_path / "o")]) == 2
     assert "error:" in capsys.readouterr().err

@@ -88,9 +88,9 @@ def test_rename_map_and_prefix(ckpt: Path, tmp_path: Path, capsys: pytest.Captur
     with open_mxfp8(out2) as r:
         assert sorted(r.keys()) == ["b.norm.weight", "b.q_proj.weight"]
     assert main(["rename", str(out2), str(tmp_path / "r3.safetensors"), "--map", str(map_file)]) == 0
-    assert main(["rename", str(out2), str(tmp_path / "r4.safetensors"), "--map", '{"zz": "y"}']) == 1
+    assert main(["rename", str(out2), str(tmp_path / "r4.safetensors"), "--map", '{"zz": "y"}']) == 2  # bad input: status 2
     assert "'zz': not in the file" in capsys.readouterr().err
-    assert main(["rename", str(out2), str(tmp_path / "r5.safetensors"), "--prefix", "novalue"]) == 1
+    assert main(["rename", str(out2), str(tmp_path / "r5.safetensors"), "--prefix", "novalue"]) == 2
 
 
 def _tiny_tokenizer(path: Path) -> None:
@@ -162,7 +162,7 @@ def test_quantize_refuses_an_mxfp8_input_and_out_in_orientation(
     d = tmp_path / "d"
     d.mkdir()
     (d / "model.safetensors").write_bytes(ckpt.read_bytes())
-    assert main(["quantize", str(d), str(tmp_path / "o")]) == 1
+    assert main(["quantize", str(d), str(tmp_path / "o")]) == 2
     assert "already holds MXFP8" in capsys.readouterr().err
 
     hf = tmp_path / "hf"

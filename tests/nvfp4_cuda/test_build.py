@@ -60,7 +60,7 @@ def test_missing_nvcc_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path
     env = {"PATH": str(tmp_path), "NVFP4_CUDA_CACHE_DIR": str(tmp_path / "cache"), "HOME": str(tmp_path)}
     res = subprocess.run([sys.executable, "-m", "nvfp4_cuda", "build"], capture_output=True, text=True, env=env, check=False,
                          cwd=Path(__file__).resolve().parents[2], timeout=120)
-    assert res.returncode == 1 and "nvcc not found" in res.stdout
+    assert res.returncode == 3 and res.stderr.startswith("nvfp4_cuda: error: ") and "nvcc not found" in res.stderr
 
 
 def test_cli_info_reports_backend() -> None:
