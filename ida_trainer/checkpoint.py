@@ -163,6 +163,7 @@ def save_checkpoint(root: str | Path, step: int, *, tensors: Mapping[str, Any], 
         >>> # save_checkpoint(run / "checkpoints", 100, tensors=export_state(model), ...)  # doctest: +SKIP
     """
     from mxfp8_codec import write_mxfp8_safetensors
+    from mxfp8_codec.hf_config import write_config_json
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -172,7 +173,8 @@ def save_checkpoint(root: str | Path, step: int, *, tensors: Mapping[str, Any], 
         shutil.rmtree(tmp)
     tmp.mkdir()
     write_mxfp8_safetensors(tmp / MODEL_FILE, tensors, metadata=dict(metadata), progress=False)
-    atomic_write_text(tmp / "config.json", model_config.to_json_string(use_diff=False))
+    # config.json names our quantization method (orientation, norm convention from the file's metadata)
+    write_config_json(tmp, tmp / MODEL_FILE, config=json.loads(model_config.to_json_string(use_diff=False)))
     atomic_write_text(tmp / "generation_config.json", generation_config.to_json_string(use_diff=True))
     tokenizer.save_pretrained(tmp)
     torch.save(dict(optimizer_state), tmp / OPTIM_FILE)

@@ -41,6 +41,7 @@ import numpy as np
 from ida_common.cli import ArgumentParser, CheckFailed, Run, check_output_dir, run_main
 
 from mxfp8_codec.errors import MXFP8Error
+from mxfp8_codec.hf_config import write_config_json
 from mxfp8_codec.header import (
     DTYPES,
     ORIENTATIONS,
@@ -135,9 +136,18 @@ def inspect_file(path: Path, *, stats: bool, out: TextIO) -> None:
                 print(f"    {_histogram(sc)}", file=out)
 
 
+def _print_how_to_load(path: Path, files: Sequence[Path]) -> None:
+    from mxfp8_codec.hf_config import how_to_load
+
+    if any(read_header(f).is_mxfp8 for f in files):
+        print(how_to_load(path))
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    for f in _files(Path(args.path)):
+    files = _files(Path(args.path))
+    for f in files:
         inspect_file(f, stats=args.stats, out=sys.stdout)
+    _print_how_to_load(Path(args.path), files)
     return 0
 
 
@@ -156,6 +166,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             print(
                 f"OK {f}: {len(r)} tensors ({len(r.header.quantized)} MXFP8), {r.header.file_size} bytes, {checks} valid"
             )
+    _print_how_to_load(path, files)
     return 0
 
 
@@ -298,6 +309,8 @@ def quantize_checkpoint(
         for r in readers:
             r.close()
     _copy_side_files(src, out)
+    if (out / "config.json").is_file():  # record the method, orientation and norm convention
+        write_config_json(out, target)
     return target
 
 
@@ -328,6 +341,8 @@ def dequantize_checkpoint(src: str | os.PathLike[str], out: str | os.PathLike[st
         written.append(target)
     if src_p.is_dir():
         _copy_side_files(src_p, out_p)
+        if (out_p / "config.json").is_file():  # a plain copy: no quantization_config
+            write_config_json(out_p, None)
         if len(pairs) > 1:
             index = json.loads((src_p / INDEX_FILE).read_text())
             weight_map = {}

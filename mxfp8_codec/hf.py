@@ -69,6 +69,7 @@ from transformers.utils.quantization_config import QuantizationConfigMixin
 
 from mxfp8_codec.constants import WEIGHTS_DTYPE
 from mxfp8_codec.errors import MXFP8Error
+from mxfp8_codec.hf_config import FORMAT_VERSION, NORM_CONVENTIONS, QUANT_METHOD, quantization_config_dict
 from mxfp8_codec.header import ORIENTATIONS, SCALE_SUFFIX
 from mxfp8_codec.numerics import decode_mxfp8, scales_shape
 from mxfp8_codec.reader import open_mxfp8
@@ -86,39 +87,11 @@ __all__ = [
     "quantization_config_dict",
 ]
 
-QUANT_METHOD = "mxfp8_codec"  # config.json quantization_config.quant_method ("mxfp8" is transformers' FP8 one)
-FORMAT_VERSION = "1"
-NORM_CONVENTIONS: tuple[str, ...] = ("zero_centered", "folded")
 MIN_SPLIT_VALUES = 1 << 18  # 256 Ki values: smaller weights are decoded on one thread
 
 
 class MXFP8LoadError(MXFP8Error):
     """A checkpoint cannot be loaded into the model; the message names the file and the tensor."""
-
-
-def quantization_config_dict(
-    *, orientation: str, norm_convention: str, scale_rule: str | None = None
-) -> dict[str, str]:
-    """The ``quantization_config`` our writers put in config.json (plain dict: no transformers needed).
-
-    Example:
-        >>> quantization_config_dict(orientation="in_out", norm_convention="zero_centered")["quant_method"]
-        'mxfp8_codec'
-    """
-    if orientation not in ORIENTATIONS:
-        raise MXFP8Error(f"orientation {orientation!r} is not one of {ORIENTATIONS}")
-    if norm_convention not in NORM_CONVENTIONS:
-        raise MXFP8Error(f"norm_convention {norm_convention!r} is not one of {NORM_CONVENTIONS}")
-    d = {
-        "quant_method": QUANT_METHOD,
-        "weights_dtype": WEIGHTS_DTYPE,
-        "format_version": FORMAT_VERSION,
-        "orientation": orientation,
-        "norm_convention": norm_convention,
-    }
-    if scale_rule is not None:
-        d["scale_rule"] = scale_rule
-    return d
 
 
 @register_quantization_config(QUANT_METHOD)
@@ -529,6 +502,20 @@ def _module_device(model: nn.Module, module_name: str) -> torch.device:
     return torch.device("cpu")
 
 
+class _NoFormatKey(dict):
+    """File metadata that keeps our files free of safetensors' ``"format"`` key.
+
+    ``save_pretrained`` sets ``metadata["format"] = "pt"`` after asking the quantizer; our files
+    deliberately have no ``"format"``: transformers < 5 refuses a safetensors file without it,
+    the only version range where that refusal stops a loader without mxfp8_codec.hf from running
+    raw E4M3 codes (docs/format.md §15).
+    """
+
+    def __setitem__(self, key: str, value: str) -> None:
+        if key != "format":
+            super().__setitem__(key, value)
+
+
 # --------------------------------------------------------------------------- quantizer
 
 
@@ -676,8 +663,7 @@ class MXFP8HfQuantizer(HfQuantizer):
                 sd[name] = original
             else:
                 sd[name] = (w.detach().float() + 1.0).to(w.dtype)
-        metadata = dict(plan.metadata)
-        return sd, metadata
+        return sd, _NoFormatKey(plan.metadata)
 
     def _dequantize(self, model: Any, dtype: torch.dtype | None = None) -> Any:
         for module_name, module in list(model.named_modules()):

@@ -81,6 +81,18 @@ def test_round_trip_is_byte_exact_and_loadable_by_ida_eval(tok, tmp_path):
         if key in plain_sd and not any(key.startswith(n + ".") for n in masters):
             assert torch.equal(plain_sd[key], t.float()), key
     assert tok2.decode(ids[0]) == tok.decode(ids[0])
+    # config.json names our quantization method; from_pretrained loads the directory directly
+    import json
+
+    import mxfp8_codec.hf
+    from transformers import AutoModelForCausalLM
+
+    qc = json.loads((path / "config.json").read_text())["quantization_config"]
+    assert qc == {"quant_method": "mxfp8_codec", "weights_dtype": "MXFP8_E4M3_UE8M0_K32", "format_version": "1",
+                  "orientation": "in_out", "norm_convention": "zero_centered", "scale_rule": "rceil"}
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    for name, mod in masters.items():
+        assert torch.equal(hf.get_submodule(name).decode_weight(), mod.dequantized_weight(torch.float32)), name
 
 
 def test_crash_before_rename_keeps_previous_checkpoint(tok, tmp_path):

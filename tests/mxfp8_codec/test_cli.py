@@ -131,9 +131,15 @@ def test_quantize_dequantize_from_pretrained_end_to_end(tmp_path: Path, capsys: 
     assert main(["quantize", str(hf), str(mx)]) == 0
     assert main(["verify", str(mx)]) == 0
     assert main(["dequantize", str(mx), str(back)]) == 0
-    capsys.readouterr()
+    out = capsys.readouterr().out
+    assert f"how to load: import mxfp8_codec.hf; AutoModelForCausalLM.from_pretrained({str(mx)!r})" in out
     for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
         assert (mx / name).is_file() and (back / name).is_file(), name
+    # the MXFP8 copy's config.json names our method (from the file's metadata); the plain copy's does not
+    qc = json.loads((mx / "config.json").read_text())["quantization_config"]
+    assert qc["quant_method"] == "mxfp8_codec" and qc["orientation"] == "in_out"
+    assert qc["norm_convention"] == "zero_centered" and qc["format_version"] == "1"
+    assert "quantization_config" not in json.loads((back / "config.json").read_text())
 
     with open_mxfp8(mx / "model.safetensors") as r:
         assert r.metadata["orientation"] == "in_out"

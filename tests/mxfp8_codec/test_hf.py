@@ -14,7 +14,7 @@ import torch
 
 import mxfp8_codec.hf as mxhf
 from ida_eval import load_model
-from mxfp8_codec import decode_mxfp8, open_mxfp8, write_mxfp8_safetensors
+from mxfp8_codec import decode_mxfp8, is_projection_weight, open_mxfp8, write_mxfp8_safetensors
 from tests.ida_eval.support import (
     ARCHS,
     SMALL_PROBLEMS,
@@ -54,7 +54,7 @@ def _save(model, tok, d: Path, *, orientation: str = "in_out", folded: bool = Fa
         d.mkdir(parents=True)
         model.config.save_pretrained(d)
         tok.save_pretrained(d)
-        sd = {n: (t.t().contiguous() if mxhf.is_projection_weight(n) else t)
+        sd = {n: (t.t().contiguous() if is_projection_weight(n) else t)
               for n, t in native_state_dict(model, folded=folded).items()}
         write_mxfp8_safetensors(d / "model.safetensors", sd, orientation="out_in",
                                 norm_convention="folded" if folded else "zero_centered")
@@ -72,7 +72,7 @@ def _projection_weights(model) -> dict[str, torch.Tensor]:
     for name, m in model.named_modules():
         if isinstance(m, mxhf.MXFP8Linear):
             out[name] = m.decode_weight()
-        elif isinstance(m, torch.nn.Linear) and mxhf.is_projection_weight(name + ".weight"):
+        elif isinstance(m, torch.nn.Linear) and is_projection_weight(name + ".weight"):
             out[name] = m.weight.detach()
     return out
 
@@ -152,7 +152,7 @@ def test_save_pretrained_writes_identical_bytes(arch, orientation, folded, tok, 
     src, out = d / "model.safetensors", tmp_path / "out" / "model.safetensors"
     assert _tensor_sha256(out) == _tensor_sha256(src)
     with open_mxfp8(src) as a, open_mxfp8(out) as b:
-        assert {k: v for k, v in b.metadata.items() if k != "format"} == dict(a.metadata)
+        assert dict(b.metadata) == dict(a.metadata)  # no "format" key added (docs/format.md §15)
     cfg = json.loads((tmp_path / "out" / "config.json").read_text())
     assert cfg["quantization_config"]["orientation"] == orientation
     again = _from_pretrained(tmp_path / "out")
