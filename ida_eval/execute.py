@@ -43,7 +43,7 @@ from tqdm import tqdm
 
 from ida_common.cli import ArgumentParser, CannotRunHere, Run, run_main
 from ida_eval.isolation import ISOLATION_LEVELS, isolation_description, probe_isolation
-from ida_eval.jsonl import iter_jsonl, repair_torn_tail
+from ida_common.jsonl import iter_jsonl, repair_torn_tail
 from ida_eval.problems import ProblemsError, find_problems_file, load_problems
 from ida_eval.sandbox import (
     MiB,

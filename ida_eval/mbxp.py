@@ -63,7 +63,7 @@ from ida_eval.generate import (
     Generation,
     generate_completions,
 )
-from ida_eval.jsonl import iter_jsonl, repair_torn_tail
+from ida_common.jsonl import iter_jsonl, repair_torn_tail
 from ida_eval.loader import describe_checkpoint, load_model
 from ida_eval.problems import find_problems_file, load_problems
 from mxfp8_codec import atomic_output
@@ -88,7 +88,7 @@ def _write_json_atomic(path: Path, obj: Any) -> None:
 
 
 def read_samples(path: Path) -> dict[str, dict[str, Any]]:
-    """Read ``samples.jsonl`` (task_id -> record) after :func:`~ida_eval.jsonl.repair_torn_tail`.
+    """Read ``samples.jsonl`` (task_id -> record) after :func:`~ida_common.jsonl.repair_torn_tail`.
 
     Raises:
         RunDirError: a malformed complete line, naming the file and line.

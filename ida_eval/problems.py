@@ -18,7 +18,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from ida_eval.jsonl import iter_jsonl
+from ida_common.jsonl import iter_jsonl
 
 MBXP_PYTHON_FILE = "mbpp_release_v1.jsonl"  # MBXP Python problems (974 tasks) in mxeval's data/mbxp/
 MXEVAL_URL = "https://github.com/amazon-science/mxeval"  # upstream of the data (CC BY 4.0)

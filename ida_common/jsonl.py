@@ -1,7 +1,10 @@
-"""JSON Lines files of the harness: problems, samples and results, read with errors that name file:line.
+"""JSON Lines files: read with errors that name file:line, and torn-tail repair of append-only logs.
 
-Samples and results files are append-only logs written while work runs, so a crash can leave the last
-line without its newline. :func:`repair_torn_tail` settles that before anything is appended again: a
+One implementation for every JSONL file of the project: ``ida_eval``'s problems, samples and results
+files and ``ida_trainer``'s data files and ``train_log.jsonl``.
+
+Append-only logs (samples, results, the trainer's step log) are written while work runs, so a crash can
+leave the last line without its newline. :func:`repair_torn_tail` settles that before anything is appended again: a
 complete record gets its newline back, a partial one is cut off with a warning (the task it belonged to
 is simply not done yet, and the rerun does it). Every other malformed line is an error: a results file
 is evidence, and guessing around damage in the middle of it would hide a real problem.
@@ -16,7 +19,31 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["iter_jsonl", "repair_torn_tail"]
+__all__ = ["MAX_JSON_DEPTH_MESSAGE", "decode_error_text", "iter_jsonl", "json_error_text", "repair_torn_tail"]
+
+MAX_JSON_DEPTH_MESSAGE = "nested too deeply to parse (more levels of [ or { than the JSON reader allows)"
+
+
+def json_error_text(err: json.JSONDecodeError) -> str:
+    """``Expecting ',' delimiter at column 25`` (json's own message plus where; never "at at").
+
+    Some of json's messages end in "at" already ("Unterminated string starting at").
+
+    Example:
+        >>> try:
+        ...     json.loads('{"a": "x')
+        ... except json.JSONDecodeError as e:
+        ...     json_error_text(e)
+        'Unterminated string starting at column 7'
+    """
+    msg = err.msg[:-3] if err.msg.endswith(" at") else err.msg
+    return f"{msg} at column {err.colno}"
+
+
+def decode_error_text(err: UnicodeDecodeError) -> str:
+    """``invalid UTF-8 (byte 0xff at column 407)``: the bad byte and its 1-based byte column in the line."""
+    bad = err.object[err.start:err.start + 1].hex()
+    return f"invalid UTF-8 (byte 0x{bad} at byte column {err.start + 1})"
 
 
 def iter_jsonl(
@@ -38,23 +65,27 @@ def iter_jsonl(
         if not line.strip():
             continue
         where = f"{path}:{lineno}"
+        reason = "not valid JSON" if what == "line" else f"malformed {what}"
         try:
             obj = json.loads(line)
-        except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
-            detail = f"{e.msg} at column {e.colno}" if isinstance(e, json.JSONDecodeError) else str(e)
-            reason = "not valid JSON" if what == "line" else f"malformed {what}"
-            raise error(f"{where}: {reason} ({detail})") from None
+        except json.JSONDecodeError as e:
+            raise error(f"{where}: {reason} ({json_error_text(e)})") from None
+        except UnicodeDecodeError as e:
+            raise error(f"{where}: {reason} ({decode_error_text(e)})") from None
+        except RecursionError:
+            raise error(f"{where}: {reason} ({MAX_JSON_DEPTH_MESSAGE})") from None
         if not isinstance(obj, dict):
             raise error(f"{where}: expected a JSON object, got {type(obj).__name__}")
         yield lineno, where, obj
 
 
-def repair_torn_tail(path: Path) -> bytes:
+def repair_torn_tail(path: str | Path) -> bytes:
     """Make an append-only JSONL file line-aligned again after a crash; return its (repaired) bytes.
 
     A last line without a newline that still parses as JSON is kept and terminated; one that does not is
     truncated away with a :class:`RuntimeWarning`. Returns ``b""`` for a missing file.
     """
+    path = Path(path)
     if not path.exists():
         return b""
     data = path.read_bytes()
