@@ -1,7 +1,9 @@
 """Training data: JSONL formats, completion-only labels, packing, and a resumable step batcher.
 
 Formats (one JSON object per line, validated line by line *before* training starts; a bad line raises
-:class:`DataError` naming ``file:line`` and what is wrong):
+:class:`DataError` naming ``file:line`` and what is wrong: invalid UTF-8 with the byte and its column,
+invalid or too deeply nested JSON, a missing or mistyped field, a lone surrogate escape that no tokenizer
+can encode):
 
 - ``plain``: ``{"text": str}``. Every token is supervised; EOS is appended (and supervised) so the model
   learns where a document ends.
@@ -27,6 +29,10 @@ Without packing ``attention_mask`` is the usual ``[B, T]`` padding mask. Every m
 optimizer step is padded to the same length ``T`` (the longest row of the step), so pipeline stages and
 FSDP ranks always see one shape per step.
 
+Tokenisation is bounded by ``max_len``: a line is tokenised only as far as its first ``max_len + 1``
+tokens need (:func:`encode_prefix`), with exactly the tokens full tokenisation gives, so time and memory
+do not grow with the length of a line.
+
 The loss of a step is normalised by the number of supervised tokens in the *whole* global batch
 (:attr:`StepBatch.global_valid_tokens`), which every rank computes locally from the same deterministic
 global batch: gradient accumulation over micro-batches then equals one big batch exactly in math.
@@ -34,7 +40,6 @@ global batch: gradient accumulation over micro-batches then equals one big batch
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -43,6 +48,7 @@ from typing import Any
 
 import torch
 
+from ida_common.jsonl import iter_jsonl
 from ida_trainer.config import DataConfig
 
 IGNORE_INDEX = -100  # label value that cross_entropy skips
@@ -51,6 +57,8 @@ ALPACA_INPUT = "### Input:\n"
 ALPACA_RESPONSE = "### Response:\n"
 _THINK_RE = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
 _CHAT_ROLES = ("system", "user", "assistant", "tool")
+PREFIX_CHARS_PER_TOKEN = 8  # first guess of characters per token (real tokenizers: about 3-5 on code and prose)
+PREFIX_MARGIN = 32  # tokens past the limit a text prefix must reach before its first tokens are trusted
 
 
 class DataError(ValueError):
@@ -149,27 +157,42 @@ def _check_record(rec: Any, fmt: str) -> str | None:
     return None
 
 
+def _used_strings(rec: dict[str, Any], fmt: str) -> list[tuple[str, str]]:
+    """``(what, text)`` for every string of a validated record that gets tokenised."""
+    if fmt == "plain":
+        return [('field "text"', rec["text"])]
+    if fmt == "alpaca":
+        return [(f'field "{k}"', rec[k]) for k in ("instruction", "input", "output") if k in rec]
+    return [(f'message {k} "content"', m["content"]) for k, m in enumerate(rec["messages"])]
+
+
+def _check_unicode(rec: dict[str, Any], fmt: str) -> str | None:
+    """Why a validated record's text cannot be tokenised (a lone surrogate from a JSON ``\\udXXX`` escape)."""
+    for what, text in _used_strings(rec, fmt):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            return (f"{what} holds a lone surrogate (\\u{ord(text[err.start]):04x} at character {err.start + 1}), "
+                    "which is not Unicode text")
+    return None
+
+
 def read_jsonl(path: str | Path, fmt: str) -> list[tuple[int, dict[str, Any]]]:
     """Read and validate every line of a JSONL file; returns ``(line_number, record)`` pairs.
 
     Raises:
-        DataError: missing file, invalid JSON or a record that does not fit ``fmt`` (``file:line: why``).
+        DataError: missing file, invalid UTF-8 or JSON (nesting too deep included), or a record that does
+            not fit ``fmt`` or holds text no tokenizer can take (``file:line: why``).
     """
     path = Path(path)
     if not path.is_file():
         raise DataError(f"data file {path} does not exist")
     records: list[tuple[int, dict[str, Any]]] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
-            reason = _check_record(rec, fmt)
+    with open(path, "rb") as f:
+        for lineno, where, rec in iter_jsonl(f, path, DataError):
+            reason = _check_record(rec, fmt) or _check_unicode(rec, fmt)
             if reason:
-                raise DataError(f"{path}:{lineno}: {reason} ({fmt} format)")
+                raise DataError(f"{where}: {reason} ({fmt} format)")
             records.append((lineno, rec))
     if not records:
         raise DataError(f"data file {path} has no records")
@@ -189,8 +212,39 @@ def record_texts(records: Sequence[tuple[int, dict[str, Any]]], fmt: str) -> lis
     return out
 
 
-def _encode(tokenizer: Any, text: str) -> list[int]:
+def _encode_all(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def encode_prefix(tokenizer: Any, text: str, limit: int | None = None) -> list[int]:
+    """``tokens(text)[:limit]``, tokenising only about as much text as ``limit`` tokens need.
+
+    Tokenising a 50 MB line to keep its first 2048 tokens took minutes and many GB. Here a prefix of
+    ``PREFIX_CHARS_PER_TOKEN * (limit + PREFIX_MARGIN)`` characters is tokenised instead. Only the last
+    few tokens of a prefix can differ from the whole text's tokens (the cut splits the last word; a
+    normaliser sees a cut combining sequence), so the prefix must reach ``PREFIX_MARGIN`` tokens past
+    ``limit``, and a second, 1.5x longer prefix must give the same first ``limit`` tokens: a boundary
+    effect that reached back over the margin would have to be identical at two different cuts. When a
+    check fails the prefix doubles; a prefix that covers the whole text is the whole text, so the result
+    always equals ``tokens(text)[:limit]`` and memory and time depend on ``limit``, not on the line.
+    Texts shorter than the first prefix (every normal line) are tokenised whole, exactly as before.
+    """
+    if limit is None:
+        return _encode_all(tokenizer, text)
+    if limit <= 0:
+        return []
+    n = PREFIX_CHARS_PER_TOKEN * (limit + PREFIX_MARGIN)
+    while n < len(text):
+        ids = _encode_all(tokenizer, text[:n])
+        if len(ids) >= limit + PREFIX_MARGIN:
+            longer = n + n // 2
+            check = _encode_all(tokenizer, text[:longer])
+            if check[:limit] == ids[:limit]:
+                return ids[:limit]
+            if longer >= len(text):
+                return check[:limit]
+        n *= 2
+    return _encode_all(tokenizer, text)[:limit]
 
 
 def _bos(tokenizer: Any) -> list[int]:
@@ -204,19 +258,32 @@ def _prompt_target(prompt_ids: list[int], target_ids: list[int], source: str) ->
     return Example(tuple(ids), tuple(sup), source)
 
 
+def _left(limit: int | None, used: int) -> int | None:
+    return None if limit is None else max(0, limit - used)
+
+
 def encode_record(rec: dict[str, Any], fmt: str, tokenizer: Any, *, source: str,
-                  end_marker: str | None = None) -> list[Example]:
-    """Tokenise one validated record into one example (plain, alpaca) or one per assistant turn (chat)."""
+                  end_marker: str | None = None, max_tokens: int | None = None) -> list[Example]:
+    """Tokenise one validated record into one example (plain, alpaca) or one per assistant turn (chat).
+
+    ``max_tokens``: tokenise only as far as the first ``max_tokens`` tokens of each example need
+    (:func:`encode_prefix`); an example longer than that comes back with at least ``max_tokens`` tokens,
+    whose first ``max_tokens`` equal the unbounded result's. None: tokenise everything.
+    """
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     if fmt == "plain":
-        return [_prompt_target([], _bos(tokenizer) + _encode(tokenizer, rec["text"]) + eos, source)]
+        bos = _bos(tokenizer)
+        return [_prompt_target([], bos + encode_prefix(tokenizer, rec["text"], _left(max_tokens, len(bos))) + eos,
+                               source)]
     if fmt == "alpaca":
         prompt = ALPACA_INSTRUCTION + rec["instruction"] + "\n\n"
         if rec.get("input"):
             prompt += ALPACA_INPUT + rec["input"] + "\n\n"
         prompt += ALPACA_RESPONSE
-        return [_prompt_target(_bos(tokenizer) + _encode(tokenizer, prompt),
-                               _encode(tokenizer, rec["output"]) + eos, source)]
+        bos = _bos(tokenizer)
+        prompt_ids = bos + encode_prefix(tokenizer, prompt, _left(max_tokens, len(bos)))
+        return [_prompt_target(prompt_ids, encode_prefix(tokenizer, rec["output"], _left(max_tokens, len(prompt_ids)))
+                               + eos, source)]
     assert end_marker is not None
     msgs = [{"role": m["role"], "content": m["content"]} for m in rec["messages"]]
     out: list[Example] = []
@@ -235,7 +302,9 @@ def encode_record(rec: dict[str, Any], fmt: str, tokenizer: Any, *, source: str,
         if cut < 0:
             raise DataError(f"{where}: the rendered turn lacks the end-of-turn marker {end_marker!r}")
         target = target[:cut + len(end_marker)]
-        out.append(_prompt_target(_encode(tokenizer, prompt), _encode(tokenizer, target), where))
+        prompt_ids = encode_prefix(tokenizer, prompt, max_tokens)
+        out.append(_prompt_target(prompt_ids, encode_prefix(tokenizer, target, _left(max_tokens, len(prompt_ids))),
+                                  where))
     return out
 
 
@@ -250,7 +319,9 @@ def load_examples(data: DataConfig, tokenizer: Any, *, path: str | Path) -> tupl
     stats = DataStats(num_lines=len(records))
     examples: list[Example] = []
     for lineno, rec in records:
-        for ex in encode_record(rec, data.format, tokenizer, source=f"{path}:{lineno}", end_marker=marker):
+        # max_len + 1 tokens tell "fits" from "truncated" without tokenising a huge line whole
+        for ex in encode_record(rec, data.format, tokenizer, source=f"{path}:{lineno}", end_marker=marker,
+                                max_tokens=data.max_len + 1):
             if len(ex.input_ids) > data.max_len:
                 stats.num_truncated += 1
                 ex = Example(ex.input_ids[:data.max_len], ex.supervised[:data.max_len], ex.source)

@@ -22,7 +22,7 @@ from ida_trainer.data import (
     pack_examples,
     strip_think,
 )
-from ida_trainer.demo import build_demo_model, corpus_texts
+from ida_trainer.demo import build_demo_model, corpus_texts, train_demo_tokenizer
 
 
 def _write(tmp_path, name, records):
@@ -195,3 +195,165 @@ def test_build_batcher_packs_when_asked(tok, tmp_path):
     assert len(b.rows) < len(exs)
     mb = b.next_step().microbatches[0]
     assert mb["attention_mask"].dim() == 4 and mb["input_ids"].shape[1] <= 256
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad bytes and hostile lines: one DataError naming file:line (issue 11 items 7 and 9)
+
+@pytest.mark.parametrize("fmt, raw, needle", [
+    ("plain", b'{"text": "caf\xff"}', "invalid UTF-8 (byte 0xff at byte column 14)"),
+    ("plain", b'{"text": "\\ud800 x"}', 'field "text" holds a lone surrogate (\\ud800 at character 1)'),
+    ("alpaca", b'{"instruction": "i", "output": "ok \\udfff"}', 'field "output" holds a lone surrogate'),
+    ("chat", b'{"messages": [{"role": "user", "content": "\\ud83d"}, {"role": "assistant", "content": "a"}]}',
+     'message 0 "content" holds a lone surrogate'),
+    ("plain", b'{"text": "x", "meta": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+    ("plain", b'{"text": "unterminated', "not valid JSON (Unterminated string starting at column 10)"),
+])
+def test_bad_bytes_name_file_and_line(tok, tmp_path, fmt, raw, needle):
+    good = {"plain": {"text": "ok"}, "alpaca": {"instruction": "i", "output": "o"},
+            "chat": {"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}}[fmt]
+    p = tmp_path / "bad.jsonl"
+    p.write_bytes(json.dumps(good).encode() + b"\n" + raw)  # the bad line last, no newline (a torn tail)
+    with pytest.raises(DataError) as info:
+        load_examples(DataConfig(path=str(p), format=fmt), tok, path=p)
+    msg = str(info.value)
+    assert msg.startswith(f"{p}:2: ") and needle in msg and "at at" not in msg, msg
+    assert "\n" not in msg
+
+
+def test_cli_data_errors_are_one_line_with_exit_code_2(tmp_path, capsys):
+    """A deeply nested line used to end in RecursionError (a traceback, exit 1, the code of numerics
+    failures), invalid UTF-8 in a bare codec message without file or line."""
+    from ida_trainer.__main__ import main
+
+    for name, raw in (("nested.jsonl", b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+                      ("bytes.jsonl", b'{"text": "ok"}\n{"text": "\xc3\x28"}')):
+        p = tmp_path / name
+        p.write_bytes(raw + b"\n")
+        rc = main(["--data", str(p), "--out", str(tmp_path / ("run-" + name)), "--train.progress", "false"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and f"{p}:" in err[0], err
+
+
+# --------------------------------------------------------------------------------------------------
+# Tokenisation bounded by max_len (issue 11 item 5)
+
+def _real_tokenizers():
+    """The demo's byte-level BPE plus two other real tokenizer families trained on the same corpus: a
+    SentencePiece-style BPE without pre-tokenisation (merges may span words, like Llama 2) and a Unigram
+    model behind an NFKC normaliser (a cut can split a sequence the normaliser composes)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    texts = corpus_texts()
+    out = {"demo-bytelevel-bpe": train_demo_tokenizer(texts)}
+    sp = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    sp.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first", split=False)
+    sp.decoder = decoders.Metaspace(prepend_scheme="first", split=False)
+    sp.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=1500, special_tokens=["<unk>"], show_progress=False))
+    out["metaspace-bpe-nosplit"] = PreTrainedTokenizerFast(tokenizer_object=sp, unk_token="<unk>")
+    uni = Tokenizer(models.Unigram())
+    uni.normalizer = normalizers.NFKC()
+    uni.pre_tokenizer = pre_tokenizers.Metaspace()
+    uni.train_from_iterator(texts, trainers.UnigramTrainer(vocab_size=800, special_tokens=["<unk>"],
+                                                           unk_token="<unk>", show_progress=False))
+    out["nfkc-unigram"] = PreTrainedTokenizerFast(tokenizer_object=uni, unk_token="<unk>")
+    return out
+
+
+_TOKENIZERS = None
+
+
+def _tokenizers():
+    global _TOKENIZERS
+    if _TOKENIZERS is None:
+        _TOKENIZERS = _real_tokenizers()
+    return _TOKENIZERS
+
+
+def _hard_text():
+    """Code, prose with combining marks and wide characters, and long runs (one huge 'word')."""
+    parts = list(corpus_texts()[:20])
+    parts += ["e\u0301t\u00e9 \ufb01 \u2460 \uff21 ", "\u4e2d\u6587 \U0001f600 " * 20, "a" * 3000, " " * 700,
+              "\t\t\n" * 300, "x=1;" * 500, "==" * 900]
+    return "".join(parts * 2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(["demo-bytelevel-bpe", "metaspace-bpe-nosplit", "nfkc-unigram"]),
+       start=st.integers(0, 60_000), limit=st.integers(1, 400))
+def test_bounded_tokenisation_equals_full_tokenisation(name, start, limit):
+    from ida_trainer.data import encode_prefix
+
+    t = _tokenizers()[name]
+    text = _hard_text()[start:]
+    full = t(text, add_special_tokens=False)["input_ids"]
+    assert encode_prefix(t, text, limit) == full[:limit]
+
+
+@pytest.mark.parametrize("fmt", ["plain", "alpaca", "chat"])
+@pytest.mark.parametrize("max_len", [40, 200, 3000])
+def test_bounded_examples_equal_the_unbounded_path(tok, tmp_path, fmt, max_len):
+    """Every example (ids and completion-only mask), and the truncated/dropped counts, are what tokenising
+    whole lines and then truncating gives."""
+    from ida_trainer.data import encode_record, read_jsonl
+
+    texts = corpus_texts()
+    long = "".join(texts) * 3  # longer than the first prefix encode_prefix tries, even for max_len 3000
+    recs = []
+    for i, body in enumerate([texts[0], long, long[:5000], "short"]):
+        if fmt == "plain":
+            recs.append({"text": body})
+        elif fmt == "alpaca":
+            recs.append({"instruction": body if i % 2 else "write it", "input": "ctx" * i, "output": long if i else body})
+        else:
+            recs.append({"messages": [{"role": "user", "content": body},
+                                      {"role": "assistant", "content": "<think>r</think>" + long[:3000 * i + 10]},
+                                      {"role": "user", "content": "again"}, {"role": "assistant", "content": body}]})
+    p = _write(tmp_path, "d.jsonl", recs)
+    cfg = DataConfig(path=str(p), format=fmt, max_len=max_len)
+    got, stats = load_examples(cfg, tok, path=p)
+    marker = end_of_turn_marker(tok) if fmt == "chat" else None
+    want, truncated, dropped = [], 0, 0
+    for lineno, rec in read_jsonl(p, fmt):
+        for ex in encode_record(rec, fmt, tok, source=f"{p}:{lineno}", end_marker=marker):  # unbounded
+            if len(ex.input_ids) > max_len:
+                truncated += 1
+                ex = Example(ex.input_ids[:max_len], ex.supervised[:max_len], ex.source)
+            if ex.num_targets == 0:
+                dropped += 1
+                continue
+            want.append(ex)
+    assert got == want
+    assert (stats.num_truncated, stats.num_dropped) == (truncated, dropped)
+    assert truncated > 0
+
+
+def test_a_huge_line_costs_what_max_len_needs(tmp_path):
+    """An 8 MB training line with max_len 64: before, the whole line was tokenised (about 2 GB and half a
+    minute for 10 MB); now memory and time do not depend on the line's length."""
+    import subprocess
+    import sys
+
+    p = tmp_path / "huge.jsonl"
+    text = "".join(corpus_texts())
+    p.write_text(json.dumps({"text": (text * (8_000_000 // len(text) + 1))[:8_000_000]}) + "\n")
+    script = f"""
+import resource, time
+from ida_trainer.config import DataConfig
+from ida_trainer.data import load_examples
+from ida_trainer.demo import corpus_texts, train_demo_tokenizer
+tok = train_demo_tokenizer(corpus_texts())
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t0 = time.perf_counter()
+exs, stats = load_examples(DataConfig(path={str(p)!r}, max_len=64), tok, path={str(p)!r})
+dt = time.perf_counter() - t0
+grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+assert len(exs) == 1 and len(exs[0].input_ids) == 64 and stats.num_truncated == 1
+print(grew // 1024, dt)
+"""
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=False)
+    assert res.returncode == 0, res.stderr
+    grew_mib, seconds = res.stdout.split()
+    assert int(grew_mib) < 200, f"peak memory grew {grew_mib} MiB while loading one 8 MB line (max_len 64)"
+    assert float(seconds) < 20, seconds
