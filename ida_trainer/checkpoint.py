@@ -16,7 +16,10 @@ then the directory is renamed to ``ckpt-000120`` (``os.replace``; the parent is 
 any point leaves either the previous complete checkpoints untouched plus a ``.tmp`` directory (removed
 on the next start) or the new complete checkpoint: resume only ever sees complete checkpoints, because
 only a complete directory carries the final name. After a successful save all but the newest
-``keep`` checkpoints are deleted.
+``keep`` checkpoints *of the same run* are deleted: every checkpoint records its run's id
+(``trainer_state.json`` ``run_id``), and a checkpoint of another run is never pruned or resumed.
+Kill points (:mod:`ida_common.killpoint`): ``checkpoint.files_written`` (before the rename) and
+``checkpoint.renamed`` (before pruning).
 
 Export (:func:`export_checkpoint`): the publishable directory is produced with the codec's header-only
 rename (:func:`mxfp8_codec.rename_tensors`: new JSON header, data section copied byte for byte, a
@@ -39,10 +42,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from ida_common.killpoint import kill_point
 from ida_trainer.logs import atomic_write_text
 
 CKPT_PREFIX = "ckpt-"
 TMP_SUFFIX = ".tmp"
+OLD_SUFFIX = ".old" + TMP_SUFFIX  # a complete checkpoint being replaced by a re-save of its step
 MODEL_FILE = "model.safetensors"
 OPTIM_FILE = "optimizer.pt"
 STATE_FILE = "trainer_state.json"
@@ -73,8 +78,23 @@ def _fsync_tree(path: Path) -> None:
         _fsync_dir(d)
 
 
-def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints under ``root`` as ``(step, path)``, oldest first (``.tmp`` ones excluded)."""
+def checkpoint_run_id(path: str | Path) -> str | None:
+    """The run id recorded in a checkpoint's ``trainer_state.json`` (None: none recorded or unreadable)."""
+    try:
+        state = json.loads((Path(path) / STATE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    run_id = state.get("run_id") if isinstance(state, dict) else None
+    return run_id if isinstance(run_id, str) else None
+
+
+def list_checkpoints(root: str | Path, *, run_id: str | None = None) -> list[tuple[int, Path]]:
+    """Complete checkpoints under ``root`` as ``(step, path)``, oldest first (``.tmp`` ones excluded).
+
+    Args:
+        root: the checkpoints directory.
+        run_id: only the checkpoints of this run (see :func:`checkpoint_run_id`); None = all.
+    """
     root = Path(root)
     if not root.is_dir():
         return []
@@ -87,7 +107,8 @@ def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
         except ValueError:
             continue
         if (p / STATE_FILE).is_file() and (p / MODEL_FILE).is_file():
-            out.append((step, p))
+            if run_id is None or checkpoint_run_id(p) == run_id:
+                out.append((step, p))
     return sorted(out)
 
 
@@ -98,9 +119,19 @@ def latest_checkpoint(root: str | Path) -> Path | None:
 
 
 def remove_partial(root: str | Path) -> list[Path]:
-    """Delete ``*.tmp`` checkpoint directories left by a crash; returns what was removed."""
+    """Delete ``*.tmp`` checkpoint directories left by a crash; returns what was removed.
+
+    A ``ckpt-N.old.tmp`` whose ``ckpt-N`` is missing is a complete checkpoint caught between the two
+    renames of a re-save: it is moved back to its name instead.
+    """
     root = Path(root)
-    removed = [p for p in root.glob(f"{CKPT_PREFIX}*{TMP_SUFFIX}") if p.is_dir()] if root.is_dir() else []
+    if not root.is_dir():
+        return []
+    for p in sorted(root.glob(f"{CKPT_PREFIX}*{OLD_SUFFIX}")):
+        final = root / p.name[:-len(OLD_SUFFIX)]
+        if p.is_dir() and not final.exists():
+            os.replace(p, final)
+    removed = [p for p in root.glob(f"{CKPT_PREFIX}*{TMP_SUFFIX}") if p.is_dir()]
     for p in removed:
         shutil.rmtree(p)
     return removed
@@ -182,13 +213,19 @@ def save_checkpoint(root: str | Path, step: int, *, tensors: Mapping[str, Any], 
     _fsync_tree(tmp)
     if before_rename is not None:
         before_rename(tmp)
+    kill_point("checkpoint.files_written")
+    old = root / (checkpoint_name(step) + OLD_SUFFIX)
     if final.exists():  # re-saving a step (e.g. resumed at the final step): replace the old directory
-        old = root / (checkpoint_name(step) + ".old" + TMP_SUFFIX)
-        os.replace(final, old)
-        shutil.rmtree(old)
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(final, old)  # a kill from here to the next rename: remove_partial moves it back
     os.replace(tmp, final)
     _fsync_dir(root)
-    for _, path in list_checkpoints(root)[:-keep]:
+    if old.exists():
+        shutil.rmtree(old)
+    kill_point("checkpoint.renamed")
+    run_id = trainer_state.get("run_id")
+    for _, path in list_checkpoints(root, run_id=run_id)[:-keep]:
         shutil.rmtree(path)
     return final
 

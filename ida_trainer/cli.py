@@ -1,7 +1,8 @@
 """Building a :class:`~ida_trainer.config.JobConfig` from presets, a TOML file and command-line arguments.
 
 Precedence, last wins: the defaults (the embedded demo) < ``--preset NAME`` < ``--config FILE.toml`` <
-friendly flags (``--recipe bf16``, ``--pipeline-stages 2``, ``--eval-every N``, ``--resume``, ``--out``)
+friendly flags (``--recipe bf16``, ``--pipeline-stages 2``, ``--eval-every N``, ``--resume``, ``--overwrite``,
+``--out``)
 and dotted overrides (``--train.steps 20``, ``--optim.lr 1e-4``, ``--precision.keep_bf16 "a.*,b.*"``).
 Every key and value is checked against the dataclass field it sets (unknown sections/keys and values of
 the wrong type raise ``ValueError`` naming the flag or the file); the dataclasses then validate the
@@ -78,11 +79,15 @@ _FRIENDLY: dict[str, tuple[str, str]] = {
     "--microbatches": ("parallel", "microbatches"),
     "--eval-every": ("eval", "every"),
     "--resume": ("checkpoint", "resume"),
+    "--overwrite": ("checkpoint", "overwrite"),
     "--steps": ("train", "steps"),
     "--base": ("model", "base"),
     "--data": ("data", "path"),
     "--lr": ("optim", "lr"),
 }
+
+
+_SWITCHES = ("--resume", "--overwrite")  # friendly flags that take no value
 
 
 def _coerce(section: str, name: str, tp: Any, raw: Any) -> Any:
@@ -210,7 +215,7 @@ def parse_args(argv: Sequence[str] | None = None) -> JobConfig:
     while i < len(args):
         arg = args[i]
         key, eq, inline = arg.partition("=")
-        takes_value = key != "--resume" or bool(eq)
+        takes_value = key not in _SWITCHES or bool(eq)
         raw: Any = True
         if takes_value and key in ("--preset", "--config", *_FRIENDLY) or key.startswith("--") and "." in key:
             if eq:
@@ -274,7 +279,7 @@ def usage() -> str:
              f"  presets: {', '.join(PRESETS)}",
              "  --debug: full tracebacks instead of one-line errors (also IDA_DEBUG=1); exit status 0 ok, "
              "1 training diverged, 2 bad input, 3 cannot run here, 70 internal error, 130 interrupted (docs/cli.md)",
-             "  flags: " + " ".join(f"{k} {'' if k == '--resume' else 'V'}".strip() for k in _FRIENDLY)]
+             "  flags: " + " ".join(f"{k} {'' if k in _SWITCHES else 'V'}".strip() for k in _FRIENDLY)]
     for section, cls in SECTIONS.items():
         defaults = cls()
         lines.append(f"  [{section}] " + " ".join(f"{f.name}={getattr(defaults, f.name)!r}" for f in fields(cls)))

@@ -255,6 +255,8 @@ class CheckpointConfig:
         every: save every N steps (0 = only at the end).
         keep: keep the last K checkpoints.
         resume: continue from the newest complete checkpoint in ``<out>/checkpoints``.
+        overwrite: replace a previous run in ``<out>`` (without it or ``resume`` such a directory is refused;
+            see :mod:`ida_trainer.rundir`).
         export: after training, publish ``<out>/export`` with the codec's header-only rename.
         export_prefix: optional ``old=new`` tensor-name prefix change applied by the export rename.
     """
@@ -262,6 +264,7 @@ class CheckpointConfig:
     every: int = 0
     keep: int = 2
     resume: bool = False
+    overwrite: bool = False
     export: bool = True
     export_prefix: str = ""
 
@@ -270,6 +273,9 @@ class CheckpointConfig:
             _fail("checkpoint", "every", self.every, "must be >= 0 (0 = only at the end)")
         if self.keep < 1:
             _fail("checkpoint", "keep", self.keep, "must be >= 1")
+        if self.resume and self.overwrite:
+            _fail("checkpoint", "overwrite", self.overwrite, "--resume continues the run in --out, --overwrite "
+                  "replaces it: give one of them")
         if self.export_prefix and "=" not in self.export_prefix:
             _fail("checkpoint", "export_prefix", self.export_prefix, "write it as OLD=NEW, e.g. 'model.=backbone.'")
 

@@ -52,6 +52,7 @@ from ida_trainer.engine import (
     lr_at,
 )
 from ida_trainer.logs import RunLogger, atomic_write_text, peak_memory_gib
+from ida_trainer.rundir import new_run_id, prepare_run_dir
 from ida_trainer.special_tokens import (
     UntrainedReport,
     fix_untrained_tokens,
@@ -70,10 +71,11 @@ def _seed_everything(seed: int) -> None:
 
 
 def config_digest(cfg: JobConfig) -> str:
-    """sha256 of the config's TOML form minus run-control fields (resume, out): identifies the run."""
+    """sha256 of the config's TOML form minus run-control fields (resume, overwrite, out): identifies the run."""
     d = to_dict(cfg)
     d.pop("out")
     d["checkpoint"].pop("resume")
+    d["checkpoint"].pop("overwrite")
     d["train"].pop("progress")
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
@@ -97,6 +99,7 @@ class Trainer:
         self.ckpt_root = self.out / "checkpoints"
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         self.start_step = 0
+        self.run_id = new_run_id()  # replaced by the checkpoint's on resume
         self.untrained = UntrainedReport()
         self.data_stats = DataStats()
         self.logger: RunLogger | None = None
@@ -155,6 +158,7 @@ class Trainer:
         """Build everything, resume if asked; all user errors surface here, before step 1."""
         cfg = self.cfg
         if self.is_main:
+            prepare_run_dir(cfg, say=self._say)
             self.out.mkdir(parents=True, exist_ok=True)
             warn_ignored(cfg)
             atomic_write_text(self.out / "config.toml", to_toml(cfg))
@@ -165,6 +169,11 @@ class Trainer:
                 for p in ckpt.remove_partial(self.ckpt_root):
                     print(f"removed incomplete checkpoint {p}", flush=True)
             resume_dir = ckpt.latest_checkpoint(self.ckpt_root)
+            runs = {ckpt.checkpoint_run_id(p) for _, p in ckpt.list_checkpoints(self.ckpt_root)}
+            if len(runs) > 1:
+                raise ValueError(f"--resume: {self.ckpt_root} holds checkpoints of {len(runs)} different runs "
+                                 f"(run ids in trainer_state.json); cannot tell which to continue: start anew with "
+                                 "--overwrite, or move the other run's checkpoints away")
             if resume_dir is None:
                 warnings.warn(f"--resume: no complete checkpoint in {self.ckpt_root}; starting from step 0",
                               UserWarning, stacklevel=2)
@@ -241,6 +250,7 @@ class Trainer:
         self.batcher.load_state_dict(state["data_cursor"])
         ckpt.set_rng_state(state["rng"])
         self.start_step = int(state["step"])
+        self.run_id = state.get("run_id") or self.run_id  # checkpoints of older versions carry none
         self.evals = list(state.get("evals", []))
         self.resumed_from = path
         self._say(f"resumed from {path} at step {self.start_step}")
@@ -400,6 +410,7 @@ class Trainer:
             "note": DEMO_NOTE if cfg.is_demo else "",
             "steps": cfg.train.steps,
             "resumed_from": str(self.resumed_from) if self.resumed_from else None,
+            "run_id": self.run_id,
             "first_loss": losses[0][1] if losses else None,
             "final_loss": losses[-1][1] if losses else None,
             "mean_tokens_per_s": (sum(r["tokens_per_s"] for r in records) / len(records)) if records else None,
@@ -441,7 +452,7 @@ class Trainer:
                     "weight_precision": weight_p, "compute_precision": compute_p, "step": str(step),
                     "base_model": cfg.model.base or "demo", "config_digest": config_digest(cfg)}
         state = {"step": step, "data_cursor": self.batcher.state_dict(), "rng": ckpt.rng_state(),
-                 "config_digest": config_digest(cfg), "evals": self.evals}
+                 "config_digest": config_digest(cfg), "evals": self.evals, "run_id": self.run_id}
         path = ckpt.save_checkpoint(self.ckpt_root, step, tensors=tensors, model_config=self.model.config,
                                     generation_config=self.model.generation_config, tokenizer=self.tokenizer,
                                     optimizer_state=optimizer_state, trainer_state=state, metadata=metadata,

@@ -123,6 +123,42 @@ def test_keep_last_k(tok, tmp_path):
     assert [s for s, _ in ckpt.list_checkpoints(root)] == [3, 4]
 
 
+def test_pruning_keeps_only_the_runs_own_checkpoints(tok, tmp_path):
+    """Checkpoints of another run (here 5 and 6, sorting newer) are never pruned, and never count against
+    ``keep``: before, the new run's ckpt-1 was deleted the moment it was written."""
+    model, opt = _trained(tok)
+    root = tmp_path / "ck"
+
+    def save(step, run_id):
+        return ckpt.save_checkpoint(root, step, tensors=export_state(model), model_config=model.config,
+                                    generation_config=model.generation_config, tokenizer=tok,
+                                    optimizer_state=opt.state_dict(),
+                                    trainer_state={"step": step, "rng": ckpt.rng_state(), "run_id": run_id},
+                                    metadata={"producer": "test"}, keep=2)
+
+    for step in (5, 6):
+        save(step, "old")
+    for step in (1, 2, 3):
+        save(step, "new")
+    assert [s for s, _ in ckpt.list_checkpoints(root)] == [2, 3, 5, 6]
+    assert [s for s, _ in ckpt.list_checkpoints(root, run_id="new")] == [2, 3]
+    assert ckpt.checkpoint_run_id(root / "ckpt-000005") == "old"
+
+
+def test_a_resave_killed_between_its_renames_is_recovered(tok, tmp_path):
+    """Re-saving step N moves the complete ckpt-N aside first; if the process dies before the new one takes
+    its name, the next start moves the old one back instead of deleting it."""
+    model, opt = _trained(tok)
+    root = tmp_path / "ck"
+    path = _save(root, 4, model, opt, tok)
+    digest = hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
+    path.rename(root / ("ckpt-000004" + ckpt.OLD_SUFFIX))  # the state between the two renames
+    (root / ("ckpt-000004" + ckpt.TMP_SUFFIX)).mkdir()  # the new one, not yet renamed
+    ckpt.remove_partial(root)
+    assert [p.name for p in root.iterdir()] == ["ckpt-000004"]
+    assert hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest() == digest
+
+
 def test_incomplete_checkpoint_is_named(tok, tmp_path):
     model, opt = _trained(tok, recipe="bf16")
     path = _save(tmp_path / "ck", 1, model, opt, tok)
