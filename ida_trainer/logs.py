@@ -14,8 +14,11 @@ dependency: ``:::MLLOG {"namespace": "", "time_ms": <int>, "event_type": "POINT_
 ``weight_precision`` / ``compute_precision`` / ``lowest_numerical_precision_in_linear``; ``train_loss``
 carries ``samples_count`` metadata; ``eval_accuracy`` is pass@1.
 
-On resume the JSONL and MLLOG files are kept and the JSONL is cut back to the checkpoint's step, so the
-file always holds one record per step of the (possibly interrupted) run, in order.
+On resume both files are kept and cut back to the checkpoint's step, so they hold each step of the
+(possibly interrupted) run once, in order: a torn last JSONL line left by a kill mid-write is repaired
+first (:func:`ida_common.jsonl.repair_torn_tail`, the same repair the eval files get), JSONL records after
+the step are dropped, and so are MLLOG lines whose ``step_num`` lies after it (and a torn last MLLOG
+line). Kill point (:mod:`ida_common.killpoint`): ``train_log.torn_record``, half a record written.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from typing import Any
 
 import torch
 
+from ida_common.jsonl import iter_jsonl, repair_torn_tail
+from ida_common.killpoint import kill_point
 from mxfp8_codec import atomic_output
 
 MLLOG_PREFIX = ":::MLLOG "
@@ -100,10 +105,49 @@ def read_mllog(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
+class TrainLogError(ValueError):
+    """A damaged run log (the message names the file and line)."""
+
+
 def read_train_log(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a ``train_log.jsonl``."""
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The records of a ``train_log.jsonl``.
+
+    Raises:
+        TrainLogError: a line that is not a JSON object with an integer ``step`` (names file:line).
+    """
+    with open(path, "rb") as f:
+        out = []
+        for _, where, rec in iter_jsonl(f, path, TrainLogError, what="train_log line"):
+            if not isinstance(rec.get("step"), int):
+                raise TrainLogError(f"{where}: a step record needs an integer \"step\"")
+            out.append(rec)
+        return out
+
+
+def cut_mllog(path: str | Path, step: int) -> None:
+    """Drop the ``:::MLLOG`` lines of steps after ``step`` (and a torn last line); atomic rewrite."""
+    path = Path(path)
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    lines = data.splitlines(keepends=True)
+    kept = []
+    for line in lines:
+        if not line.endswith(b"\n"):
+            continue  # torn by a kill mid-write
+        text = line.decode("utf-8", errors="replace")
+        if text.startswith(MLLOG_PREFIX):
+            try:
+                rec = json.loads(text[len(MLLOG_PREFIX):])
+                at = rec.get("metadata", {}).get("step_num")
+            except (ValueError, AttributeError):
+                continue  # a damaged line carries nothing worth keeping
+            if isinstance(at, int) and at > step:
+                continue
+        kept.append(line)
+    if len(kept) != len(lines):
+        with atomic_output(path) as f:
+            f.write(b"".join(kept))
 
 
 def format_step(rec: Mapping[str, Any], total_steps: int) -> str:
@@ -139,9 +183,11 @@ class RunLogger:
             return
         self.out.mkdir(parents=True, exist_ok=True)
         if self.jsonl.exists():
+            repair_torn_tail(self.jsonl)
             kept = [r for r in read_train_log(self.jsonl) if r["step"] <= start_step]
             atomic_write_text(self.jsonl, "".join(json.dumps(r) + "\n" for r in kept))
             self.losses = [(r["step"], r["loss"]) for r in kept]
+        cut_mllog(self.mllog.path, start_step)
         if progress and total_steps > start_step:
             from tqdm.auto import tqdm
 
@@ -163,8 +209,12 @@ class RunLogger:
             return
         samples = rec.get("samples", rec["step"])
         rec = {k: rec[k] for k in STEP_KEYS}
+        line = json.dumps(rec) + "\n"
         with open(self.jsonl, "a", encoding="utf-8") as f:
-            f.write(json.dumps(rec) + "\n")
+            f.write(line[:len(line) // 2])
+            f.flush()
+            kill_point("train_log.torn_record")
+            f.write(line[len(line) // 2:])
         self.losses.append((rec["step"], rec["loss"]))
         self.mllog.event("train_loss", rec["loss"], {"step_num": rec["step"], "samples_count": samples})
         if rec["step"] % self.log_every == 0 or rec["step"] == self.total_steps or rec["step"] == 1:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ida_trainer.logs import (
     MLLOG_PREFIX,
     STEP_KEYS,
     MLLogger,
     RunLogger,
+    TrainLogError,
     format_step,
     read_mllog,
     read_train_log,
@@ -56,6 +59,37 @@ def test_step_records_console_and_resume_truncation(tmp_path, capsys):
     log2 = RunLogger(tmp_path, total_steps=5, start_step=2, progress=False)
     assert [r["step"] for r in read_train_log(tmp_path / "train_log.jsonl")] == [1, 2]
     assert log2.losses == [(1, 4.0), (2, 3.0)]
+
+
+def test_resume_repairs_a_torn_log_and_cuts_the_mllog_back(tmp_path):
+    """A kill mid-write leaves half a record as the last line of train_log.jsonl (and of mlperf_log.txt):
+    resume used to stop on it ("Expecting ',' delimiter: line 1 column 25", no file named); the MLLOG kept
+    the replayed steps' train_loss lines, so they appeared twice."""
+    log = RunLogger(tmp_path, total_steps=6, progress=False)
+    for s in range(1, 5):
+        log.log_step(_rec(s, loss=5.0 - s))
+    log.log_eval(4, {"pass@1": 0.5, "num_degenerate": 0, "num_problems": 2}, samples_count=16)
+    with open(tmp_path / "train_log.jsonl", "a") as f:
+        f.write(json.dumps(_rec(5, loss=0.5))[:30])
+    with open(tmp_path / "mlperf_log.txt", "a") as f:
+        f.write(':::MLLOG {"namespace": "", "time_ms": 1')
+    with pytest.warns(RuntimeWarning, match="dropping an incomplete last line"):
+        log2 = RunLogger(tmp_path, total_steps=6, start_step=2, progress=False)
+    assert [r["step"] for r in read_train_log(tmp_path / "train_log.jsonl")] == [1, 2]
+    for s in range(3, 7):  # the resumed run replays 3 and 4, then goes on
+        log2.log_step(_rec(s, loss=float(s)))
+    assert [r["step"] for r in read_train_log(tmp_path / "train_log.jsonl")] == [1, 2, 3, 4, 5, 6]
+    ml = read_mllog(tmp_path / "mlperf_log.txt")
+    assert [r["metadata"]["step_num"] for r in ml if r["key"] == "train_loss"] == [1, 2, 3, 4, 5, 6]
+    assert not [r for r in ml if r["key"] == "eval_accuracy"]  # the step-4 eval belonged to the lost steps
+    assert (tmp_path / "mlperf_log.txt").read_text().endswith("\n")
+
+
+def test_a_damaged_log_line_in_the_middle_names_file_and_line(tmp_path):
+    p = tmp_path / "train_log.jsonl"
+    p.write_text(json.dumps(_rec(1)) + "\n{broken\n" + json.dumps(_rec(2)) + "\n")
+    with pytest.raises(TrainLogError, match=f"{p}:2: malformed train_log line"):
+        RunLogger(tmp_path, total_steps=3, start_step=1, progress=False)
 
 
 def test_report_and_plot(tmp_path):
