@@ -85,6 +85,7 @@ class MXFP8Reader:
             raise
         self.metadata: dict[str, str] = dict(self.header.metadata)
         self._quantized = frozenset(self.header.quantized)
+        self._scales = frozenset(q + SCALE_SUFFIX for q in self.header.quantized)  # companions, not tensors
         self._names = self.header.logical_names()
 
     # -- context manager / lifetime --
@@ -113,10 +114,10 @@ class MXFP8Reader:
         return len(self._names)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._names
+        return name in self.header.entries and name not in self._scales
 
     def _entry(self, name: str) -> TensorEntry:
-        if name not in self.header.entries or (name.endswith(SCALE_SUFFIX) and name not in self._names):
+        if name not in self.header.entries or name in self._scales:
             raise MXFP8Error(f"{self.path}: tensor {name!r}: no such tensor")
         return self.header.entries[name]
 
@@ -302,7 +303,7 @@ def read_mxfp8_safetensors(path: str | os.PathLike[str], *, dtype: Any = np.floa
     return dict(iter_mxfp8_safetensors(path, framework="np", dtype=dtype))
 
 
-def validate(path: str | os.PathLike[str], *, require_mxfp8: bool = True, check_values: bool = False) -> None:
+def validate(path: str | os.PathLike[str], *, require_mxfp8: bool = True, check_values: bool = False) -> Header:
     """Check a file against every validation rule of the format (docs/format.md).
 
     Args:
@@ -310,14 +311,17 @@ def validate(path: str | os.PathLike[str], *, require_mxfp8: bool = True, check_
         require_mxfp8: require ``weights_dtype`` metadata; False also accepts plain files.
         check_values: also scan the data for NaN codes/scales and non-finite floats.
 
+    Returns:
+        The validated header (so a caller that reports on the file need not parse it again).
+
     Raises:
         MXFP8Error: naming the file, tensor and reason.
     """
     if not check_values:
-        read_header(path, require_mxfp8=require_mxfp8)
-        return
+        return read_header(path, require_mxfp8=require_mxfp8)
     with MXFP8Reader(path, require_mxfp8=require_mxfp8) as reader:
         reader.check_values()
+        return reader.header
 
 
 def _load_index(index: Path) -> dict[str, str]:

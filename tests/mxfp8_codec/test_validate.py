@@ -95,7 +95,7 @@ CORPUS: dict[str, tuple[bytes, str]] = {
     "data not fully covered": (_file(_header(), DATA + b"\x00" * 16), "not fully covered"),
     "end before begin": (_with(lambda h: h["n"].update(data_offsets=[10, 2])), "end 2 < begin 10"),
     "wrong size for shape": (_with(lambda h: h["n"].update(shape=[65])), "size mismatch"),
-    "overflowing shape": (_with(lambda h: h["n"].update(shape=[2**40, 2**40, 2**40])), "size mismatch"),
+    "overflowing shape": (_with(lambda h: h["n"].update(shape=[2**40, 2**40, 2**40])), "size mismatch|too big for numpy"),
     "unknown dtype": (_with(lambda h: h["w"].update(dtype="F8_E4M3FN")), "unknown or unsupported dtype 'F8_E4M3FN'"),
     "sub-byte dtype": (_with(lambda h: h["w"].update(dtype="F4")), "unsupported dtype 'F4'"),
     "negative dim": (_with(lambda h: h["n"].update(shape=[-64])), "non-negative"),
@@ -132,6 +132,23 @@ CORPUS: dict[str, tuple[bytes, str]] = {
     "non-string metadata": (_with(lambda h: h["__metadata__"].update(step=1)), "'step' must be a string"),
     "metadata not an object": (_with(lambda h: h.update(__metadata__="x")), "__metadata__ must be a JSON object"),
     "empty tensor name": (_with(lambda h: h.update({"": h.pop("n")})), "empty tensor name"),
+    # issue 11 item 6: what numpy (so every reader) cannot represent is invalid, so verify OK means readable
+    "empty shape too big for numpy": (
+        _with(lambda h: h.update(e={"dtype": "F32", "shape": [0, 2**62], "data_offsets": [0, 0]})),
+        r"tensor 'e': shape \[0, 4611686018427387904\] is too big for numpy",
+    ),
+    "rank over numpy's 64": (
+        _with(lambda h: h.update(e={"dtype": "U8", "shape": [1] * 64 + [0], "data_offsets": [0, 0]})),
+        r"tensor 'e': rank 65 exceeds the \d+ dimensions numpy can represent",
+    ),
+    "lone surrogate in a name": (
+        _with(lambda h: h.update({"n\ud800": h.pop("n")})),  # json.dumps writes the escape \ud800
+        r"tensor 'n\\ud800': name is not valid Unicode text \(lone surrogate \\ud800",
+    ),
+    "lone surrogate in metadata": (
+        _with(lambda h: h["__metadata__"].update(note="\udfff")),
+        r"metadata '\\udfff': not valid Unicode text",
+    ),
 }
 
 
@@ -224,3 +241,45 @@ def test_random_corruption_never_crashes(tmp_path: Path, data: st.DataObject) ->
         assert str(p) in str(exc)
     else:
         assert header.file_size == len(blob)
+
+
+def _load_bench_big_header():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_big_header.py"
+    spec = importlib.util.spec_from_file_location("bench_big_header", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_rank_of_a_million_is_rejected_in_one_line_without_building_it(tmp_path: Path) -> None:
+    """Issue 11 item 6: rank 1,000,000 used to pass verify and fail in numpy ('maximum supported
+    dimension ... 64'); now verify names the tensor and the reason, with a short message."""
+    h = _header()
+    h["e"] = {"dtype": "U8", "shape": [1] * 1_000_000, "data_offsets": [PAYLOAD + SCALES + NORM] * 2}
+    h["e"]["data_offsets"][1] += 1
+    path = tmp_path / "rank.safetensors"
+    path.write_bytes(_file(h, DATA + b"\0"))
+    with pytest.raises(MXFP8Error, match=r"tensor 'e': rank 1000000 exceeds the \d+ dimensions") as info:
+        validate(path)
+    assert len(str(info.value)) < 500  # the shape is not repeated in the message
+
+
+@pytest.mark.parametrize("n", [10_000, 40_000])
+def test_big_header_parses_in_memory_linear_in_its_size(tmp_path: Path, n: int) -> None:
+    """Issue 11 item 10: a legal header of many zero-size tensors (the 100 MB one has 1.66 M) is parsed
+    with peak memory a small constant times the header bytes, the same at every size (the old parser
+    kept the whole JSON tree as dicts and lists next to the entries: ~15x the header bytes; now ~6x).
+    Time is measured by benchmarks/bench_big_header.py (docs/benchmarks.md)."""
+    path = tmp_path / "big.safetensors"
+    size = _load_bench_big_header().write_big_header_file(path, n)
+    tracemalloc.start()
+    try:
+        header = read_header(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(header.entries) == n
+    assert peak <= 8 * size, f"peak {peak / size:.1f}x the {size}-byte header"
