@@ -12,7 +12,8 @@ Example:
     >>> import mxfp8_codec as mx
     >>> p = os.path.join(tempfile.mkdtemp(), "model.safetensors")
     >>> mx.write_mxfp8_safetensors(p, {"l.q_proj.weight": np.ones((32, 64), np.float32)})
-    >>> mx.validate(p)
+    >>> mx.validate(p).quantized  # the validated header
+    ('l.q_proj.weight',)
     >>> mx.read_mxfp8_safetensors(p)["l.q_proj.weight"].sum()
     np.float32(2048.0)
 """
