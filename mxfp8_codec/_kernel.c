@@ -60,7 +60,7 @@
 #endif
 
 #define MX_BLOCK 32
-#define MX_KERNEL_VERSION 5
+#define MX_KERNEL_VERSION 6
 #define MX_TILE 32 /* transposed decode: 32 x 32 tiles (2 KiB bf16, 4 KiB f32: stay in L1) */
 #define MX_GROUP 8 /* transposed decode: tiles per group side (256 x 256 values) */
 
@@ -76,33 +76,44 @@ int mx_kernel_simd(void) { return MX_AVX512; }
 /* decode                                                                                     */
 /* ========================================================================================== */
 
-/* Fast decode of one full block with scale byte s in [10, 246].
- * A normal code (E >= 1) decodes to the normal bfloat16 with exponent field E + s - 7 and
- * mantissa M << 4, i.e. bits (mag << 4) + ((s - 7) << 7): exact, finite and normal for this s
- * range. Zero and NaN codes are selected in; E4M3-subnormal codes (mag 1..7, rare: an element
- * below 2^-6 of the scale) are only detected -- the caller then redoes the block from the table.
- * float32 output is the same value: bits (mag << 20) + ((s - 7) << 23).
- * Returns nonzero when the block holds a subnormal code. */
+/* Fast decode of one full block with scale byte s in [10, 246], every code, branch-free.
+ * A nonzero finite code of magnitude bits mag has the value v(mag) * 2^(s - 127); for this s range
+ * the product is a finite normal bfloat16 / float32, so its bits are those of v(mag) with s - 127
+ * added to the exponent field: bits(v(mag)) - (127 << 7) + (s << 7) for bfloat16 (<< 23: float32),
+ * exact, no multiply. A normal code (E >= 1) has bits(v(mag)) = (mag << 4) + (120 << 7), i.e.
+ * (mag << 4) + ((s - 7) << 7); an E4M3-subnormal code (mag 1..7, m * 2^-9, normalised in the
+ * output) takes its offset from an 8-entry table (AVX-512: an in-register permute). Zero and NaN
+ * codes are selected in, the sign bit is or-ed in.
+ * float32 output: bits (mag << 20) + ((s - 7) << 23) for normal codes, likewise. */
+#define MX_SUB_BF16(m) ((uint16_t)(((uint32_t)(m) == 1u ? 0x3B00u : (uint32_t)(m) == 2u ? 0x3B80u :      \
+    (uint32_t)(m) == 3u ? 0x3BC0u : (uint32_t)(m) == 4u ? 0x3C00u : (uint32_t)(m) == 5u ? 0x3C20u :        \
+    (uint32_t)(m) == 6u ? 0x3C40u : 0x3C60u) - (127u << 7)))
+/* bits of m * 2^-9 (m = 1..7) as bfloat16, minus the exponent bias: 2^-9 = 0x3B00, 2^-8 = 0x3B80, ... */
+static const uint16_t mx_sub_bf16[8] = {0, MX_SUB_BF16(1), MX_SUB_BF16(2), MX_SUB_BF16(3), MX_SUB_BF16(4),
+                                        MX_SUB_BF16(5), MX_SUB_BF16(6), MX_SUB_BF16(7)};
 #if MX_AVX512
-static inline int mx_decode_block_bf16_fast(const uint8_t *restrict q, uint32_t s,
-                                            uint16_t *restrict o) {
+static inline void mx_decode_block_bf16_fast(const uint8_t *restrict q, uint32_t s,
+                                             uint16_t *restrict o) {
     const __m512i c = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)q));
     const __m512i mag = _mm512_and_si512(c, _mm512_set1_epi16(0x7F));
+    const __m512i off = _mm512_set1_epi16((short)(s << 7));
+    const __m512i sub_tab = _mm512_maskz_loadu_epi16(0xFFu, (const void *)mx_sub_bf16);
     __m512i v = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16((short)((s - 7u) << 7)));
     const __m512i sign = _mm512_and_si512(_mm512_slli_epi16(c, 8), _mm512_set1_epi16((short)0x8000));
     const __mmask32 zero = _mm512_cmpeq_epi16_mask(mag, _mm512_setzero_si512());
     const __mmask32 nan = _mm512_cmpeq_epi16_mask(mag, _mm512_set1_epi16(0x7F));
-    const __mmask32 sub = _mm512_cmplt_epu16_mask(_mm512_sub_epi16(mag, _mm512_set1_epi16(1)),
-                                                  _mm512_set1_epi16(7));
+    const __mmask32 sub = _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8));
+    v = _mm512_mask_add_epi16(v, sub, _mm512_permutexvar_epi16(mag, sub_tab), off);
     v = _mm512_or_si512(_mm512_maskz_mov_epi16(~zero, v), sign);
     v = _mm512_mask_mov_epi16(v, nan, _mm512_set1_epi16(0x7FC0));
     _mm512_storeu_si512((void *)o, v);
-    return sub != 0;
 }
 
-static inline int mx_decode_block_f32_fast(const uint8_t *restrict q, uint32_t s,
-                                           uint32_t *restrict o) {
-    int sub = 0;
+static inline void mx_decode_block_f32_fast(const uint8_t *restrict q, uint32_t s,
+                                            uint32_t *restrict o) {
+    const __m512i sub_tab = _mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)mx_sub_bf16))), 16);
+    const __m512i off = _mm512_set1_epi32((int)(s << 23));
     for (int h = 0; h < 2; h++) {
         const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * h)));
         const __m512i mag = _mm512_and_si512(c, _mm512_set1_epi32(0x7F));
@@ -110,46 +121,40 @@ static inline int mx_decode_block_f32_fast(const uint8_t *restrict q, uint32_t s
         const __m512i sign = _mm512_and_si512(_mm512_slli_epi32(c, 24), _mm512_set1_epi32((int)0x80000000u));
         const __mmask16 zero = _mm512_cmpeq_epi32_mask(mag, _mm512_setzero_si512());
         const __mmask16 nan = _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7F));
-        const __mmask16 sb = _mm512_cmplt_epu32_mask(_mm512_sub_epi32(mag, _mm512_set1_epi32(1)),
-                                                     _mm512_set1_epi32(7));
+        const __mmask16 sub = _mm512_cmplt_epu32_mask(mag, _mm512_set1_epi32(8));
+        v = _mm512_mask_add_epi32(v, sub, _mm512_permutexvar_epi32(mag, sub_tab), off);
         v = _mm512_or_si512(_mm512_maskz_mov_epi32(~zero, v), sign);
         v = _mm512_mask_mov_epi32(v, nan, _mm512_set1_epi32(0x7FC00000));
         _mm512_storeu_si512((void *)(o + 16 * h), v);
-        sub |= sb != 0;
     }
-    return sub;
 }
 #else
-static inline int mx_decode_block_bf16_fast(const uint8_t *restrict q, uint32_t s,
-                                            uint16_t *restrict o) {
-    const uint16_t off = (uint16_t)((s - 7u) << 7);
-    uint16_t sub = 0;
+static inline void mx_decode_block_bf16_fast(const uint8_t *restrict q, uint32_t s,
+                                             uint16_t *restrict o) {
+    const uint16_t off = (uint16_t)((s - 7u) << 7), soff = (uint16_t)(s << 7);
     for (int i = 0; i < MX_BLOCK; i++) {
         uint16_t c = q[i];
         uint16_t mag = c & 0x7Fu;
         uint16_t v = (uint16_t)((uint16_t)(mag << 4) + off);
+        v = mag < 8u ? (uint16_t)(mx_sub_bf16[mag & 7u] + soff) : v;
         v = mag == 0 ? 0 : v;
         v = mag == 0x7Fu ? (uint16_t)0x7FC0u : (uint16_t)(v | ((c << 8) & 0x8000u));
-        sub |= (uint16_t)((uint16_t)(mag - 1u) < 7u);
         o[i] = v;
     }
-    return sub != 0;
 }
 
-static inline int mx_decode_block_f32_fast(const uint8_t *restrict q, uint32_t s,
-                                           uint32_t *restrict o) {
-    const uint32_t off = (s - 7u) << 23;
-    uint32_t sub = 0;
+static inline void mx_decode_block_f32_fast(const uint8_t *restrict q, uint32_t s,
+                                            uint32_t *restrict o) {
+    const uint32_t off = (s - 7u) << 23, soff = s << 23;
     for (int i = 0; i < MX_BLOCK; i++) {
         uint32_t c = q[i];
         uint32_t mag = c & 0x7Fu;
         uint32_t v = (mag << 20) + off;
+        v = mag < 8u ? ((uint32_t)mx_sub_bf16[mag & 7u] << 16) + soff : v;
         v = mag == 0 ? 0 : v;
         v = mag == 0x7Fu ? 0x7FC00000u : (v | ((c << 24) & 0x80000000u));
-        sub |= (uint32_t)((mag - 1u) < 7u);
         o[i] = v;
     }
-    return sub != 0;
 }
 #endif
 
@@ -167,7 +172,8 @@ void NAME(const uint8_t *q, const uint8_t *s, int64_t rows, int64_t k, T *out, c
             const int64_t c0 = b * MX_BLOCK;                                                    \
             const int64_t n = (k - c0) < MX_BLOCK ? (k - c0) : MX_BLOCK;                        \
             const uint32_t sb = sr[b];                                                          \
-            if (n == MX_BLOCK && sb >= 10u && sb <= 246u && !FAST(qr + c0, sb, orow + c0)) {    \
+            if (n == MX_BLOCK && sb >= 10u && sb <= 246u) {                                     \
+                FAST(qr + c0, sb, orow + c0);                                                   \
                 continue;                                                                       \
             }                                                                                   \
             const T *row = lut + ((size_t)sb << 8);                                             \
@@ -255,7 +261,7 @@ void NAME(const uint8_t *q, int64_t ldq, const uint8_t *s, int64_t lds, int64_t 
                 const uint8_t *qr = q + (r0 + r) * ldq + c0;                                    \
                 const uint32_t sb = s[(r0 + r) * lds + b];                                      \
                 T *o = buf + r * MX_TILE;                                                       \
-                if (n == MX_BLOCK && sb >= 10u && sb <= 246u && !FAST(qr, sb, o)) continue;     \
+                if (n == MX_BLOCK && sb >= 10u && sb <= 246u) { FAST(qr, sb, o); continue; }     \
                 const T *row = lut + ((size_t)sb << 8);                                         \
                 for (int64_t i = 0; i < n; i++) o[i] = row[qr[i]];                              \
             }                                                                                   \

@@ -72,7 +72,7 @@ void mx_decode_bf16_t(const uint8_t *q, int64_t ldq, const uint8_t *s, int64_t l
 void mx_decode_f32_t(const uint8_t *q, int64_t ldq, const uint8_t *s, int64_t lds, int64_t rows,
                      int64_t k, uint32_t *out, int64_t ld, const uint32_t *lut);
 """
-_EXPECTED_VERSION = 5  # MX_KERNEL_VERSION in _kernel.c
+_EXPECTED_VERSION = 6  # MX_KERNEL_VERSION in _kernel.c
 _lock = threading.Lock()
 
 
