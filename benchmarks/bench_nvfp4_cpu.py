@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 import torch
 
+import mxfp8_codec
 import nvfp4_cuda
 
 TARGET = 3.0  # max ratio ours / float32 matmul
@@ -75,7 +76,7 @@ def bench_optimizer(rows: int, cols: int, repeats: int) -> dict[str, float]:
     g = torch.Generator().manual_seed(1)
     w = 0.02 * torch.randn(rows, cols, generator=g)
     grad = torch.randn(rows, cols, generator=g).to(torch.bfloat16)
-    payload, scales = nvfp4_cuda.mxfp8_encode(w)
+    payload, scales = mxfp8_codec.encode_mxfp8(w)
     mom = torch.zeros(rows, cols, dtype=torch.bfloat16)
     step = iter(range(10**9))
     lion = _time(lambda: nvfp4_cuda.lion_step_mxfp8_(payload, scales, grad, mom, lr=1e-5, step=next(step)), repeats)

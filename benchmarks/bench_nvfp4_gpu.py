@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import torch
 
+import mxfp8_codec
 import nvfp4_cuda
 
 GEMM_TARGET = 0.50  # emulated NVFP4 / torch bf16 throughput
@@ -75,7 +76,7 @@ def run(size: int, iters: int) -> dict[str, object]:
     q_bytes = 2 * x.numel() * 2 + x.numel() // 2 + x.numel() // 16
     res["quantize"] = {"GBps": q_bytes / t_q / 1e9, "fraction_of_copy": q_bytes / t_q / copy_bw}
 
-    p, s = nvfp4_cuda.mxfp8_encode(0.02 * torch.randn(size, size, device=dev))
+    p, s = mxfp8_codec.encode_mxfp8(0.02 * torch.randn(size, size, device=dev))
     grad = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
     mom = torch.zeros(size, size, device=dev, dtype=torch.bfloat16)
     step = iter(range(10**9))

@@ -31,6 +31,8 @@ import torch
 import torch.nn as nn
 
 import nvfp4_cuda
+from mxfp8_codec import decode_mxfp8, encode_mxfp8
+from mxfp8_codec.constants import BLOCK_SIZE as MXFP8_BLOCK_SIZE  # along the last (out) axis of the master
 
 if TYPE_CHECKING:
     from ida_trainer.config import PrecisionConfig
@@ -38,7 +40,6 @@ if TYPE_CHECKING:
 __all__ = ["NVFP4Linear", "NVFP4LinearFunction", "nvfp4_modules", "tensor_id"]
 
 NVFP4_BLOCK = 16  # elements per NVFP4 block (and side of a 2-D weight tile)
-MXFP8_BLOCK = 32  # elements per MXFP8 block along the last (out) axis of the master
 TENSOR_ID_MASK = 0x7FFF_FFFF  # tensor ids are 31-bit crc32 values of "name#use"
 
 
@@ -164,7 +165,7 @@ class NVFP4Linear(nn.Module):
         self.stochastic_grad = stochastic_grad
         self.sr_step = 0
         self._backward_calls = 0
-        n_scale = -(-out_features // MXFP8_BLOCK)
+        n_scale = -(-out_features // MXFP8_BLOCK_SIZE)
         self.register_buffer("weight_payload", torch.zeros(in_features, out_features, dtype=torch.uint8,
                                                            device=device))
         self.register_buffer("weight_scales", torch.zeros(in_features, n_scale, dtype=torch.uint8, device=device))
@@ -195,14 +196,14 @@ class NVFP4Linear(nn.Module):
         if tuple(weight_out_in.shape) != (self.out_features, self.in_features):
             raise ValueError(f"{self.global_name}: weight shape {list(weight_out_in.shape)}, expected "
                              f"{[self.out_features, self.in_features]}")
-        payload, scales = nvfp4_cuda.mxfp8_encode(weight_out_in.to(torch.float32).t().contiguous())
+        payload, scales = encode_mxfp8(weight_out_in.to(torch.float32).t().contiguous())
         self.weight_payload.copy_(payload)
         self.weight_scales.copy_(scales)
 
     @torch.no_grad()
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The master decoded, in ``nn.Linear`` orientation [out, in] (exact in float32)."""
-        return nvfp4_cuda.mxfp8_decode(self.weight_payload, self.weight_scales, dtype=torch.float32).t().to(dtype)
+        return decode_mxfp8(self.weight_payload, self.weight_scales, dtype=torch.float32).t().to(dtype)
 
     def next_backward_call(self) -> int:
         """Index of this backward within the optimizer step (fresh SR bits per micro-batch)."""

@@ -57,7 +57,7 @@ import torch.nn as nn
 
 import nvfp4_cuda
 from ida_trainer.nvfp4_linear import NVFP4_BLOCK, NVFP4Linear, NVFP4LinearFunction, nvfp4_modules, tensor_id
-from mxfp8_codec import MXFP8Tensor, is_projection_weight
+from mxfp8_codec import MXFP8Tensor, decode_mxfp8, is_projection_weight
 
 if TYPE_CHECKING:
     from ida_trainer.config import OptimConfig, PrecisionConfig
@@ -214,7 +214,7 @@ def export_state(model: nn.Module) -> dict[str, MXFP8Tensor | torch.Tensor]:
 def _as_float(value: MXFP8Tensor | torch.Tensor, name: str) -> torch.Tensor:
     if isinstance(value, MXFP8Tensor):
         payload, scales = (torch.as_tensor(v) for v in value)
-        return nvfp4_cuda.mxfp8_decode(payload, scales, dtype=torch.float32)
+        return decode_mxfp8(payload, scales, dtype=torch.float32)
     if not isinstance(value, torch.Tensor):
         value = torch.as_tensor(value)
     if not value.is_floating_point():

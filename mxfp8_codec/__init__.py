@@ -18,10 +18,17 @@ Example:
     np.float32(2048.0)
 """
 
-from mxfp8_codec.constants import WEIGHTS_DTYPE, ScaleRule
+from mxfp8_codec.constants import WEIGHTS_DTYPE, Rounding, ScaleRule
 from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.header import Header, TensorEntry, read_header
-from mxfp8_codec.numerics import backend_info, decode_mxfp8, encode_mxfp8, scales_shape
+from mxfp8_codec.numerics import (
+    backend_info,
+    decode_mxfp8,
+    decode_mxfp8_torch,
+    encode_mxfp8,
+    encode_mxfp8_torch,
+    scales_shape,
+)
 from mxfp8_codec.reader import (
     MXFP8Reader,
     checkpoint_files,
@@ -45,6 +52,7 @@ __all__ = [
     "MXFP8Reader",
     "MXFP8Tensor",
     "RenameReport",
+    "Rounding",
     "ScaleRule",
     "TensorEntry",
     "WEIGHTS_DTYPE",
@@ -52,7 +60,9 @@ __all__ = [
     "backend_info",
     "checkpoint_files",
     "decode_mxfp8",
+    "decode_mxfp8_torch",
     "encode_mxfp8",
+    "encode_mxfp8_torch",
     "is_projection_weight",
     "iter_mxfp8_safetensors",
     "open_mxfp8",

@@ -44,6 +44,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "mxfp8.h" /* constants, the scale rule, the counter RNG and the grid-rounding block encoder */
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define MX_FP_ENTER() unsigned mx_saved_csr = _mm_getcsr(); _mm_setcsr(mx_saved_csr & ~0xE040u)
@@ -59,13 +61,10 @@
 #define MX_AVX512 0
 #endif
 
-#define MX_BLOCK 32
-#define MX_KERNEL_VERSION 6
+#define MX_KERNEL_VERSION 7
 #define MX_TILE 32 /* transposed decode: 32 x 32 tiles (2 KiB bf16, 4 KiB f32: stay in L1) */
 #define MX_GROUP 8 /* transposed decode: tiles per group side (256 x 256 values) */
 
-static inline float mx_as_float(uint32_t u) { float f; memcpy(&f, &u, sizeof f); return f; }
-static inline uint32_t mx_as_u32(float f) { uint32_t u; memcpy(&u, &f, sizeof u); return u; }
 
 int mx_kernel_version(void) { return MX_KERNEL_VERSION; }
 
@@ -132,7 +131,7 @@ static inline void mx_decode_block_f32_fast(const uint8_t *restrict q, uint32_t 
 static inline void mx_decode_block_bf16_fast(const uint8_t *restrict q, uint32_t s,
                                              uint16_t *restrict o) {
     const uint16_t off = (uint16_t)((s - 7u) << 7), soff = (uint16_t)(s << 7);
-    for (int i = 0; i < MX_BLOCK; i++) {
+    for (int i = 0; i < MX_BLOCK_SIZE; i++) {
         uint16_t c = q[i];
         uint16_t mag = c & 0x7Fu;
         uint16_t v = (uint16_t)((uint16_t)(mag << 4) + off);
@@ -146,7 +145,7 @@ static inline void mx_decode_block_bf16_fast(const uint8_t *restrict q, uint32_t
 static inline void mx_decode_block_f32_fast(const uint8_t *restrict q, uint32_t s,
                                             uint32_t *restrict o) {
     const uint32_t off = (s - 7u) << 23, soff = s << 23;
-    for (int i = 0; i < MX_BLOCK; i++) {
+    for (int i = 0; i < MX_BLOCK_SIZE; i++) {
         uint32_t c = q[i];
         uint32_t mag = c & 0x7Fu;
         uint32_t v = (mag << 20) + off;
@@ -163,16 +162,16 @@ static inline void mx_decode_block_f32_fast(const uint8_t *restrict q, uint32_t 
 #define MX_DEFINE_DECODE(NAME, T, FAST)                                                         \
 void NAME(const uint8_t *q, const uint8_t *s, int64_t rows, int64_t k, T *out, const T *lut) {  \
     MX_FP_ENTER();                                                                              \
-    const int64_t nb = (k + MX_BLOCK - 1) / MX_BLOCK;                                           \
+    const int64_t nb = (k + MX_BLOCK_SIZE - 1) / MX_BLOCK_SIZE;                                           \
     for (int64_t r = 0; r < rows; r++) {                                                        \
         const uint8_t *qr = q + r * k;                                                          \
         const uint8_t *sr = s + r * nb;                                                         \
         T *orow = out + r * k;                                                                  \
         for (int64_t b = 0; b < nb; b++) {                                                      \
-            const int64_t c0 = b * MX_BLOCK;                                                    \
-            const int64_t n = (k - c0) < MX_BLOCK ? (k - c0) : MX_BLOCK;                        \
+            const int64_t c0 = b * MX_BLOCK_SIZE;                                                    \
+            const int64_t n = (k - c0) < MX_BLOCK_SIZE ? (k - c0) : MX_BLOCK_SIZE;                        \
             const uint32_t sb = sr[b];                                                          \
-            if (n == MX_BLOCK && sb >= 10u && sb <= 246u) {                                     \
+            if (n == MX_BLOCK_SIZE && sb >= 10u && sb <= 246u) {                                     \
                 FAST(qr + c0, sb, orow + c0);                                                   \
                 continue;                                                                       \
             }                                                                                   \
@@ -246,22 +245,22 @@ static inline void mx_tile_store_t_f32(const uint32_t *restrict buf, uint32_t *r
 void NAME(const uint8_t *q, int64_t ldq, const uint8_t *s, int64_t lds, int64_t rows, int64_t k, \
           T *out, int64_t ld, const T *lut) {                                                   \
     MX_FP_ENTER();                                                                              \
-    const int64_t nb = (k + MX_BLOCK - 1) / MX_BLOCK;                                           \
+    const int64_t nb = (k + MX_BLOCK_SIZE - 1) / MX_BLOCK_SIZE;                                           \
     T buf[MX_TILE * MX_TILE] __attribute__((aligned(64)));                                      \
     for (int64_t g0 = 0; g0 < rows; g0 += MX_GROUP * MX_TILE) {                                 \
       const int64_t g1 = (rows - g0) < MX_GROUP * MX_TILE ? rows : g0 + MX_GROUP * MX_TILE;     \
       for (int64_t bg = 0; bg < nb; bg += MX_GROUP) {                                           \
         const int64_t bend = (nb - bg) < MX_GROUP ? nb : bg + MX_GROUP;                         \
         for (int64_t b = bg; b < bend; b++) {                                                   \
-          const int64_t c0 = b * MX_BLOCK;                                                      \
-          const int64_t n = (k - c0) < MX_BLOCK ? (k - c0) : MX_BLOCK;                          \
+          const int64_t c0 = b * MX_BLOCK_SIZE;                                                      \
+          const int64_t n = (k - c0) < MX_BLOCK_SIZE ? (k - c0) : MX_BLOCK_SIZE;                          \
           for (int64_t r0 = g0; r0 < g1; r0 += MX_TILE) {                                       \
             const int64_t tr = (rows - r0) < MX_TILE ? (rows - r0) : MX_TILE;                   \
             for (int64_t r = 0; r < tr; r++) {                                                  \
                 const uint8_t *qr = q + (r0 + r) * ldq + c0;                                    \
                 const uint32_t sb = s[(r0 + r) * lds + b];                                      \
                 T *o = buf + r * MX_TILE;                                                       \
-                if (n == MX_BLOCK && sb >= 10u && sb <= 246u) { FAST(qr, sb, o); continue; }     \
+                if (n == MX_BLOCK_SIZE && sb >= 10u && sb <= 246u) { FAST(qr, sb, o); continue; }     \
                 const T *row = lut + ((size_t)sb << 8);                                         \
                 for (int64_t i = 0; i < n; i++) o[i] = row[qr[i]];                              \
             }                                                                                   \
@@ -292,21 +291,13 @@ MX_DEFINE_DECODE_T(mx_decode_f32_t, uint32_t, mx_decode_block_f32_fast, mx_tile_
 /* encode                                                                                     */
 /* ========================================================================================== */
 
-/* shared exponent from the float32 bits of amax (finite, sign clear) */
-static inline int32_t mx_scale_exp(uint32_t amax, int rceil) {
-    const int32_t biased = (int32_t)(amax >> 23);
-    if (biased == 0) return -127; /* zero or float32-subnormal amax */
-    int32_t e = biased - 135 + ((rceil && (amax & 0x7FFFFFu) > 0x600000u) ? 1 : 0);
-    return e < -127 ? -127 : (e > 127 ? 127 : e);
-}
-
 /* exact path: round |y| (float32 bits) to an E4M3 magnitude code, nearest-even, saturating */
 static inline uint32_t mx_e4m3_mag(uint32_t a) {
     /* normal E4M3 (|y| >= 2^-6 = 0x3C800000): keep 3 mantissa bits, rebias 127 -> 7 */
     uint32_t rn = ((a + 0x7FFFFu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
     /* subnormal E4M3: n = rne(|y| * 2^9) in 0..8 (8 is the min normal 0x08, continuous) */
-    float t = mx_as_float(a) * 512.0f + 8388608.0f;
-    uint32_t sn = mx_as_u32(t) - 0x4B000000u;
+    float t = mx_bits_f32(a) * 512.0f + 8388608.0f;
+    uint32_t sn = mx_f32_bits(t) - 0x4B000000u;
     uint32_t mag = a >= 0x3C800000u ? rn : sn;
     return a >= 0x43E00000u ? 0x7Eu : mag; /* >= 448: saturate (RNE keeps (448, 464] at 448) */
 }
@@ -317,17 +308,17 @@ static int mx_encode_block_exact(const float *restrict x, int64_t n, int rceil,
                                  uint8_t *restrict q, uint8_t *restrict sout) {
     uint32_t amax = 0;
     for (int64_t i = 0; i < n; i++) {
-        uint32_t a = mx_as_u32(x[i]) & 0x7FFFFFFFu;
+        uint32_t a = mx_f32_bits(x[i]) & 0x7FFFFFFFu;
         amax = a > amax ? a : amax;
     }
     if (amax >= 0x7F800000u) return 1;
     const int32_t e = mx_scale_exp(amax, rceil);
     const uint32_t sbyte = (uint32_t)(e + 127);
     *sout = (uint8_t)sbyte;
-    const float factor = mx_as_float((uint32_t)(127 - e) << 23); /* 2^-e, e <= 120 for finite x */
-    const uint32_t sat = sbyte == 247u ? 0x77u : 0x7Eu; /* never decode a finite value to 2^128 */
+    const float factor = mx_bits_f32((uint32_t)(127 - e) << 23); /* 2^-e, e <= 120 for finite x */
+    const uint32_t sat = sbyte == MX_TOP_CLAMP_SCALE_BYTE ? MX_TOP_CLAMP_CODE : MX_E4M3_MAX_CODE; /* never decode a finite value to 2^128 */
     for (int64_t i = 0; i < n; i++) {
-        uint32_t b = mx_as_u32(x[i] * factor);
+        uint32_t b = mx_f32_bits(x[i] * factor);
         uint32_t mag = mx_e4m3_mag(b & 0x7FFFFFFFu);
         mag = mag > sat ? sat : mag;
         q[i] = (uint8_t)(((b >> 24) & 0x80u) | mag);
@@ -354,7 +345,7 @@ static inline int mx_encode_block_bf16_fast(const uint16_t *restrict x, int rcei
     const int32_t e = mx_scale_exp(amax << 16, rceil);
     *sout = (uint8_t)(e + 127);
     if (e < -120) return 2;
-    const __m512i sat = _mm512_set1_epi16(e + 127 == 247 ? 0x77 : 0x7E);
+    const __m512i sat = _mm512_set1_epi16(e + MX_E8M0_BIAS == MX_TOP_CLAMP_SCALE_BYTE ? MX_TOP_CLAMP_CODE : MX_E4M3_MAX_CODE);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi16(a, 4), _mm512_set1_epi16(1));
     __m512i rn = _mm512_srli_epi16(_mm512_add_epi16(_mm512_add_epi16(a, _mm512_set1_epi16(7)), lsb), 4);
     rn = _mm512_min_epu16(_mm512_sub_epi16(rn, _mm512_set1_epi16((short)((120 + e) << 3))), sat);
@@ -378,7 +369,7 @@ static inline int mx_encode_block_f32_fast(const float *restrict xf, int rceil,
     const int32_t e = mx_scale_exp(amax, rceil);
     *sout = (uint8_t)(e + 127);
     if (e < -120) return 2;
-    const __m512i sat = _mm512_set1_epi32(e + 127 == 247 ? 0x77 : 0x7E);
+    const __m512i sat = _mm512_set1_epi32(e + MX_E8M0_BIAS == MX_TOP_CLAMP_SCALE_BYTE ? MX_TOP_CLAMP_CODE : MX_E4M3_MAX_CODE);
     const __m512i bias = _mm512_set1_epi32((120 + e) << 3);
     const __m512i lo = _mm512_set1_epi32((121 + e) << 23);
     const __m512i half = _mm512_set1_epi32(0x7FFFF), one = _mm512_set1_epi32(1);
@@ -402,7 +393,7 @@ static inline int mx_encode_block_f32_fast(const float *restrict xf, int rceil,
 static inline int mx_encode_block_bf16_fast(const uint16_t *restrict x, int rceil,
                                             uint8_t *restrict q, uint8_t *restrict sout) {
     uint16_t amax = 0;
-    for (int i = 0; i < MX_BLOCK; i++) {
+    for (int i = 0; i < MX_BLOCK_SIZE; i++) {
         uint16_t a = x[i] & 0x7FFFu;
         amax = a > amax ? a : amax;
     }
@@ -410,10 +401,10 @@ static inline int mx_encode_block_bf16_fast(const uint16_t *restrict x, int rcei
     const int32_t e = mx_scale_exp((uint32_t)amax << 16, rceil);
     *sout = (uint8_t)(e + 127);
     if (e < -120) return 2;
-    const uint16_t sat = e + 127 == 247 ? 0x77 : 0x7E;
+    const uint16_t sat = e + MX_E8M0_BIAS == MX_TOP_CLAMP_SCALE_BYTE ? MX_TOP_CLAMP_CODE : MX_E4M3_MAX_CODE;
     const uint16_t bias = (uint16_t)((120 + e) << 3), lo = (uint16_t)((121 + e) << 7);
     uint16_t small = 0;
-    for (int i = 0; i < MX_BLOCK; i++) {
+    for (int i = 0; i < MX_BLOCK_SIZE; i++) {
         uint16_t a = x[i] & 0x7FFFu;
         uint16_t rn = (uint16_t)(((uint16_t)(a + 7u + ((a >> 4) & 1u)) >> 4) - bias);
         rn = rn > sat ? sat : rn;
@@ -427,19 +418,19 @@ static inline int mx_encode_block_bf16_fast(const uint16_t *restrict x, int rcei
 static inline int mx_encode_block_f32_fast(const float *restrict xf, int rceil,
                                            uint8_t *restrict q, uint8_t *restrict sout) {
     uint32_t amax = 0;
-    for (int i = 0; i < MX_BLOCK; i++) {
-        uint32_t a = mx_as_u32(xf[i]) & 0x7FFFFFFFu;
+    for (int i = 0; i < MX_BLOCK_SIZE; i++) {
+        uint32_t a = mx_f32_bits(xf[i]) & 0x7FFFFFFFu;
         amax = a > amax ? a : amax;
     }
     if (amax >= 0x7F800000u) return 1;
     const int32_t e = mx_scale_exp(amax, rceil);
     *sout = (uint8_t)(e + 127);
     if (e < -120) return 2;
-    const uint32_t sat = e + 127 == 247 ? 0x77u : 0x7Eu;
+    const uint32_t sat = e + MX_E8M0_BIAS == MX_TOP_CLAMP_SCALE_BYTE ? MX_TOP_CLAMP_CODE : MX_E4M3_MAX_CODE;
     const uint32_t bias = (uint32_t)(120 + e) << 3, lo = (uint32_t)(121 + e) << 23;
     uint32_t small = 0;
-    for (int i = 0; i < MX_BLOCK; i++) {
-        uint32_t bits = mx_as_u32(xf[i]);
+    for (int i = 0; i < MX_BLOCK_SIZE; i++) {
+        uint32_t bits = mx_f32_bits(xf[i]);
         uint32_t a = bits & 0x7FFFFFFFu;
         uint32_t rn = ((a + 0x7FFFFu + ((a >> 20) & 1u)) >> 20) - bias;
         rn = rn > sat ? sat : rn;
@@ -455,14 +446,14 @@ static inline int mx_encode_block_f32_fast(const float *restrict xf, int rceil,
 int64_t mx_encode_f32(const float *x, int64_t rows, int64_t k, uint8_t *q, uint8_t *s, int rceil) {
     MX_FP_ENTER();
     int64_t bad = -1;
-    const int64_t nb = (k + MX_BLOCK - 1) / MX_BLOCK;
+    const int64_t nb = (k + MX_BLOCK_SIZE - 1) / MX_BLOCK_SIZE;
     for (int64_t r = 0; r < rows && bad < 0; r++) {
         for (int64_t b = 0; b < nb; b++) {
-            const int64_t c0 = b * MX_BLOCK;
-            const int64_t n = (k - c0) < MX_BLOCK ? (k - c0) : MX_BLOCK;
+            const int64_t c0 = b * MX_BLOCK_SIZE;
+            const int64_t n = (k - c0) < MX_BLOCK_SIZE ? (k - c0) : MX_BLOCK_SIZE;
             const float *src = x + r * k + c0;
             uint8_t *qd = q + r * k + c0, *sd = s + r * nb + b;
-            int rc = n == MX_BLOCK ? mx_encode_block_f32_fast(src, rceil, qd, sd) : 2;
+            int rc = n == MX_BLOCK_SIZE ? mx_encode_block_f32_fast(src, rceil, qd, sd) : 2;
             if (rc == 2) rc = mx_encode_block_exact(src, n, rceil, qd, sd);
             if (rc) { bad = r * nb + b; break; }
         }
@@ -475,20 +466,50 @@ int64_t mx_encode_f32(const float *x, int64_t rows, int64_t k, uint8_t *q, uint8
 int64_t mx_encode_bf16(const uint16_t *x, int64_t rows, int64_t k, uint8_t *q, uint8_t *s, int rceil) {
     MX_FP_ENTER();
     int64_t bad = -1;
-    const int64_t nb = (k + MX_BLOCK - 1) / MX_BLOCK;
-    float buf[MX_BLOCK];
+    const int64_t nb = (k + MX_BLOCK_SIZE - 1) / MX_BLOCK_SIZE;
+    float buf[MX_BLOCK_SIZE];
     for (int64_t r = 0; r < rows && bad < 0; r++) {
         for (int64_t b = 0; b < nb; b++) {
-            const int64_t c0 = b * MX_BLOCK;
-            const int64_t n = (k - c0) < MX_BLOCK ? (k - c0) : MX_BLOCK;
+            const int64_t c0 = b * MX_BLOCK_SIZE;
+            const int64_t n = (k - c0) < MX_BLOCK_SIZE ? (k - c0) : MX_BLOCK_SIZE;
             const uint16_t *src = x + r * k + c0;
             uint8_t *qd = q + r * k + c0, *sd = s + r * nb + b;
-            int rc = n == MX_BLOCK ? mx_encode_block_bf16_fast(src, rceil, qd, sd) : 2;
+            int rc = n == MX_BLOCK_SIZE ? mx_encode_block_bf16_fast(src, rceil, qd, sd) : 2;
             if (rc == 2) {
-                for (int64_t i = 0; i < n; i++) buf[i] = mx_as_float((uint32_t)src[i] << 16);
+                for (int64_t i = 0; i < n; i++) buf[i] = mx_bits_f32((uint32_t)src[i] << 16);
                 rc = mx_encode_block_exact(buf, n, rceil, qd, sd);
             }
             if (rc) { bad = r * nb + b; break; }
+        }
+    }
+    MX_FP_EXIT();
+    return bad;
+}
+
+/* Grid-rounding encode (rounding="stochastic", the counter RNG): x [rows, k] float32 (bf16 == 0) or
+ * bfloat16 bits (bf16 == 1) -> q, s through mxfp8.h's mx_encode_block_grid, element (r, c) drawing the
+ * random word of flat index index0 + r * k + c under the round keys (k2, k3). Scalar: stochastic
+ * rounding is for optimizer write-back, not bulk conversion. Returns -1 or the first bad block. */
+int64_t mx_encode_grid(const void *x, int bf16, int64_t rows, int64_t k, uint8_t *q, uint8_t *s, int rceil,
+                       int sr, uint64_t index0, uint32_t k2, uint32_t k3) {
+    MX_FP_ENTER();
+    int64_t bad = -1;
+    const int64_t nb = (k + MX_BLOCK_SIZE - 1) / MX_BLOCK_SIZE;
+    float buf[MX_BLOCK_SIZE];
+    for (int64_t r = 0; r < rows && bad < 0; r++) {
+        for (int64_t b = 0; b < nb; b++) {
+            const int64_t c0 = b * MX_BLOCK_SIZE;
+            const int n = (int)((k - c0) < MX_BLOCK_SIZE ? (k - c0) : MX_BLOCK_SIZE);
+            uint32_t amax = 0;
+            for (int i = 0; i < n; i++) {
+                buf[i] = bf16 ? mx_bits_f32((uint32_t)((const uint16_t *)x)[r * k + c0 + i] << 16)
+                              : ((const float *)x)[r * k + c0 + i];
+                const uint32_t a = mx_f32_bits(buf[i]) & 0x7FFFFFFFu;
+                amax = a > amax ? a : amax;
+            }
+            if (amax >= 0x7F800000u) { bad = r * nb + b; break; }
+            mx_encode_block_grid(buf, n, index0 + (uint64_t)(r * k + c0), sr, rceil, k2, k3, q + r * k + c0,
+                                 s + r * nb + b);
         }
     }
     MX_FP_EXIT();

@@ -51,6 +51,7 @@ __all__ = [
 
 ENV_SWITCH = "MXFP8_CODEC_NATIVE"  # "0" / "false" / "no" / "off" forces the numpy fallback
 KERNEL_SOURCE = Path(__file__).with_name("_kernel.c")
+KERNEL_HEADER = Path(__file__).with_name("mxfp8.h")  # #included by the kernel (and by nvfp4_cuda's C/CUDA)
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 # -march=native: AVX-512 intrinsics where the CPU has them (see _kernel.c), else portable C
 CFLAGS = (
@@ -71,8 +72,10 @@ void mx_decode_bf16_t(const uint8_t *q, int64_t ldq, const uint8_t *s, int64_t l
                       int64_t k, uint16_t *out, int64_t ld, const uint16_t *lut);
 void mx_decode_f32_t(const uint8_t *q, int64_t ldq, const uint8_t *s, int64_t lds, int64_t rows,
                      int64_t k, uint32_t *out, int64_t ld, const uint32_t *lut);
+int64_t mx_encode_grid(const void *x, int bf16, int64_t rows, int64_t k, uint8_t *q, uint8_t *s, int rceil,
+                       int sr, uint64_t index0, uint32_t k2, uint32_t k3);
 """
-_EXPECTED_VERSION = 6  # MX_KERNEL_VERSION in _kernel.c
+_EXPECTED_VERSION = 7  # MX_KERNEL_VERSION in _kernel.c
 _lock = threading.Lock()
 
 
@@ -121,7 +124,7 @@ def _build_key(compiler: str) -> str:
     except (OSError, subprocess.SubprocessError):
         banner = compiler
     h = hashlib.sha256()
-    for part in (KERNEL_SOURCE.read_bytes(), " ".join(CFLAGS).encode(), banner.encode(),
+    for part in (KERNEL_SOURCE.read_bytes(), KERNEL_HEADER.read_bytes(), " ".join(CFLAGS).encode(), banner.encode(),
                  _cpu_identity().encode()):
         h.update(part)
         h.update(b"\0")
@@ -204,6 +207,18 @@ class NativeKernel:
         assert q.flags.c_contiguous and s.flags.c_contiguous and q.shape == x.shape
         return int(fn(self._ptr(ctype, x), rows, k, self._ptr("uint8_t *", q),
                       self._ptr("uint8_t *", s), int(rceil)))
+
+    def encode_grid(self, x: np.ndarray, q: np.ndarray, s: np.ndarray, rceil: bool, stochastic: bool,
+                    index0: int, keys: tuple[int, int]) -> int:
+        """Grid-rounding encode (RNE or stochastic with the counter RNG's round ``keys``) of float32
+        or bfloat16-bits rows; element (r, c) uses the word of flat index ``index0 + r * k + c``.
+        Returns -1 or the first bad block index."""
+        rows, k = x.shape
+        assert x.dtype in (np.float32, np.uint16) and x.flags.c_contiguous
+        assert q.flags.c_contiguous and s.flags.c_contiguous and q.shape == x.shape
+        return int(self.lib.mx_encode_grid(self._ptr("const void *", x), int(x.dtype == np.uint16), rows, k,
+                                           self._ptr("uint8_t *", q), self._ptr("uint8_t *", s), int(rceil),
+                                           int(stochastic), index0, keys[0], keys[1]))
 
     def decode(self, q: np.ndarray, s: np.ndarray, out: np.ndarray, table: np.ndarray) -> None:
         """Decode rows into ``out`` (uint16 bfloat16 bits or uint32 float32 bits)."""

@@ -22,11 +22,14 @@ Values are given in comments so a reader never has to evaluate an expression to 
 from __future__ import annotations
 
 import enum
+from pathlib import Path
 
 __all__ = [
     "BF16_CANONICAL_NAN",
     "BLOCK_SIZE",
+    "C_HEADER",
     "E4M3_BIAS",
+    "E4M3_MANTISSA_BITS",
     "E4M3_MAX",
     "E4M3_MAX_CODE",
     "E4M3_MAX_POW2",
@@ -37,12 +40,15 @@ __all__ = [
     "E8M0_BIAS",
     "E8M0_NAN",
     "F32_CANONICAL_NAN",
+    "F32_MANT_175",
     "SCALE_EXP_MAX",
     "SCALE_EXP_MIN",
     "TINY_AMAX",
     "TOP_CLAMP_CODE",
     "TOP_CLAMP_SCALE_BYTE",
+    "TOP_CLAMP_VALUE",
     "WEIGHTS_DTYPE",
+    "Rounding",
     "ScaleRule",
 ]
 
@@ -50,6 +56,7 @@ BLOCK_SIZE = 32  # elements per shared scale ("K32"), along the last axis
 
 # --- E4M3 element (OCP "e4m3fn") ---------------------------------------------------------------
 E4M3_BIAS = 7  # exponent bias
+E4M3_MANTISSA_BITS = 3  # grid spacing in a binade [2^E, 2^(E+1)): 2^(E - 3)
 E4M3_MAX = 448.0  # largest finite magnitude, 1.75 * 2^8, code 0x7E
 E4M3_MAX_CODE = 0x7E  # 126: magnitude bits of +448
 E4M3_MAX_POW2 = 8  # floor(log2(448)) = 8 ("emax_elem" in the OCP spec)
@@ -77,12 +84,41 @@ TINY_AMAX = 2.0**-118  # 3.39e-36
 # 240 * 2^120 = 1.875 * 2^127 (relative error <= 5.9 %). FLOOR never reaches byte 247.
 TOP_CLAMP_SCALE_BYTE = 247  # 0xF7 = 120 + 127
 TOP_CLAMP_CODE = 0x77  # 119: magnitude bits of 240 = 1.875 * 2^7
+TOP_CLAMP_VALUE = 240.0  # the value of TOP_CLAMP_CODE: largest magnitude in a block with byte 247
+
+# RCEIL's threshold: the float32 mantissa field of 1.75 (0.75 * 2^23); amax mantissa above it -> e + 1
+F32_MANT_175 = 0x600000  # 6291456
 
 # --- Canonical NaN bit patterns produced by decode ----------------------------------------------
 BF16_CANONICAL_NAN = 0x7FC0  # quiet NaN, positive sign
 F32_CANONICAL_NAN = 0x7FC00000  # quiet NaN, positive sign
 
 WEIGHTS_DTYPE = "MXFP8_E4M3_UE8M0_K32"  # value of the required `weights_dtype` metadata key
+
+# The C / CUDA spelling of these constants, the scale rule, the counter RNG and the grid-rounding
+# block encoder: #included by the codec's C kernel and by nvfp4_cuda's C and CUDA sources (compile
+# with -I C_HEADER.parent); tests/mxfp8_codec/test_native_header.py checks it against this module.
+C_HEADER = Path(__file__).with_name("mxfp8.h")
+
+
+class Rounding(str, enum.Enum):
+    """How the encoder rounds a scaled element onto the E4M3 grid.
+
+    Attributes:
+        RNE: round to nearest, ties to even (the default; the checkpoint format's rule).
+        STOCHASTIC: round up with probability equal to the fraction of the grid step, using 24 bits
+            of the counter RNG word of the element's flat index under ``(seed, step, tensor_id)``
+            (:mod:`mxfp8_codec.rng`): unbiased, and the same bits on numpy, torch, C and CUDA.
+            For optimizer write-back into an MXFP8 master (an update below half a grid step would
+            be lost to RNE).
+
+    Example:
+        >>> Rounding("stochastic") is Rounding.STOCHASTIC
+        True
+    """
+
+    RNE = "rne"
+    STOCHASTIC = "stochastic"
 
 
 class ScaleRule(str, enum.Enum):

@@ -43,7 +43,8 @@ from typing import Any, BinaryIO, NamedTuple
 import ml_dtypes
 import numpy as np
 
-from mxfp8_codec.constants import BLOCK_SIZE, WEIGHTS_DTYPE
+from mxfp8_codec.constants import WEIGHTS_DTYPE
+from mxfp8_codec.numerics_numpy import scales_shape
 from mxfp8_codec.errors import MXFP8Error
 
 HEADER_LENGTH_BYTES = 8  # the u64 little-endian header length that starts every file
@@ -153,18 +154,6 @@ class Header:
     def entries_by_offset(self) -> list[TensorEntry]:
         """Entries in data-section order (by ``(begin, end)``)."""
         return _by_offset(self.entries.values())
-
-
-def scale_shape(shape: Sequence[int]) -> tuple[int, ...]:
-    """Shape of the ``.scale`` entry for a payload of ``shape``: one byte per 32-element block.
-
-    Example:
-        >>> scale_shape((4096, 1000))
-        (4096, 32)
-    """
-    if len(shape) == 0:
-        raise ValueError("an MXFP8 tensor needs rank >= 1")
-    return (*tuple(shape[:-1]), -(-int(shape[-1]) // BLOCK_SIZE))
 
 
 def _fail(path: str, tensor: str | None, reason: str) -> MXFP8Error:
@@ -407,7 +396,7 @@ def _check_pairs(path: str, entries: Mapping[str, TensorEntry], metadata: Mappin
                 raise _fail(path, sname, f"scale dtype must be one of {list(SCALE_DTYPES)}, got {s.dtype}")
             if len(e.shape) == 0:
                 raise _fail(path, name, "quantized payload must have rank >= 1, got a 0-d tensor")
-            want = scale_shape(e.shape)
+            want = scales_shape(e.shape)
             if s.shape != want:
                 raise _fail(
                     path,

@@ -52,12 +52,13 @@ Three implementations, identical bits (tests/mxfp8_codec/test_numerics*.py prove
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
 import ml_dtypes
 import numpy as np
 
-from .constants import ScaleRule
+from .constants import Rounding, ScaleRule
 from .errors import MXFP8Error
 from .numerics_numpy import (
     CHUNK_ELEMENTS,
@@ -69,6 +70,7 @@ from .numerics_numpy import (
     _out_bits,
     _out_kind,
     _raise_nonfinite_in_block,
+    _rounding,
     _rule,
     decode_mxfp8_numpy,
     decode_table,
@@ -78,6 +80,7 @@ from .numerics_numpy import (
     scale_exponent,
     scales_shape,
 )
+from .rng import stream_keys
 from .numerics_torch import (
     _check_decode_input_torch,
     _copy_into,
@@ -136,12 +139,28 @@ def backend_info() -> dict[str, str]:
     return _native.kernel_info()
 
 
+@dataclass(frozen=True)
+class _SR:
+    """Stochastic-rounding key: the counter RNG stream ``(seed, step, tensor_id)``."""
+
+    seed: int
+    step: int
+    tensor_id: int
+
+
 def _encode_numpy_dispatch(
-    x: np.ndarray, rule: ScaleRule, name: str | None, out: tuple[np.ndarray, np.ndarray] | None = None
+    x: np.ndarray,
+    rule: ScaleRule,
+    name: str | None,
+    out: tuple[np.ndarray, np.ndarray] | None = None,
+    sr: _SR | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     kernel = _native_kernel()
     if kernel is None:
-        return encode_mxfp8_numpy(x, scale_rule=rule, name=name, out=out)
+        if sr is None:
+            return encode_mxfp8_numpy(x, scale_rule=rule, name=name, out=out)
+        return encode_mxfp8_numpy(x, scale_rule=rule, name=name, out=out, rounding=Rounding.STOCHASTIC,
+                                  seed=sr.seed, step=sr.step, tensor_id=sr.tensor_id)
     x = _check_encode_input_numpy(x, name)
     payload, scales = _encode_out(out, x.shape, name)
     if payload.size == 0 or scales.size == 0:
@@ -149,17 +168,24 @@ def _encode_numpy_dispatch(
     x2 = np.ascontiguousarray(_as_2d(x))
     q2, s2 = _as_2d(payload), _as_2d(scales)
     rceil = rule is ScaleRule.RCEIL
+    keys = stream_keys(sr.seed, sr.step, sr.tensor_id) if sr is not None else (0, 0)
+
+    def run(bits: np.ndarray, q: np.ndarray, s: np.ndarray, row0: int) -> int:
+        if sr is None:
+            return kernel.encode(bits, q, s, rceil)
+        return kernel.encode_grid(bits, q, s, rceil, True, row0 * x2.shape[1], keys)
+
     if x2.dtype == np.float16:  # no native half loader: widen (exactly) one chunk at a time
         step = max(1, CHUNK_ELEMENTS // x2.shape[1])
         for r0 in range(0, x2.shape[0], step):
             chunk = x2[r0 : r0 + step].astype(np.float32)
-            bad = kernel.encode(chunk, q2[r0 : r0 + step], s2[r0 : r0 + step], rceil)
+            bad = run(chunk, q2[r0 : r0 + step], s2[r0 : r0 + step], r0)
             if bad >= 0:
                 nb = s2.shape[1]
                 _raise_nonfinite_in_block(x2, r0 + bad // nb, bad % nb, x.shape, name)
         return payload, scales
     bits = x2 if x2.dtype == np.float32 else x2.view(np.uint16)
-    bad = kernel.encode(bits, q2, s2, rceil)
+    bad = run(bits, q2, s2, 0)
     if bad >= 0:
         nb = s2.shape[1]
         _raise_nonfinite_in_block(x2, bad // nb, bad % nb, x.shape, name)
@@ -206,6 +232,10 @@ def encode_mxfp8(
     scale_rule: str | ScaleRule = ScaleRule.RCEIL,
     name: str | None = None,
     out: tuple[ArrayLike, ArrayLike] | None = None,
+    rounding: str | Rounding = Rounding.RNE,
+    seed: int = 0,
+    step: int = 0,
+    tensor_id: int = 0,
 ) -> tuple[ArrayLike, ArrayLike]:
     """Quantize a float tensor to MXFP8: E4M3 payload bits plus one UE8M0 scale per 32 elements.
 
@@ -217,6 +247,13 @@ def encode_mxfp8(
         out: optional ``(payload, scales)`` pair of C-contiguous uint8 arrays (tensors for torch
             input) of the result shapes, written in place and returned -- e.g. to re-encode a
             weight master into its existing storage. On error they may be partly written.
+        rounding: ``"rne"`` (default: round to nearest even, the format's rule) or
+            ``"stochastic"``: element ``i`` (flat row-major index) rounds up with probability equal
+            to its fraction of the E4M3 grid step, using the counter RNG word of ``i`` under
+            ``(seed, step, tensor_id)`` (:mod:`mxfp8_codec.rng`) -- unbiased, reproducible, and the
+            same bits on numpy, torch (any device), the C kernel and nvfp4_cuda's CUDA kernels.
+            The scale is chosen by ``scale_rule`` either way.
+        seed, step, tensor_id: the stochastic-rounding key (non-negative ints; ignored for RNE).
 
     Returns:
         ``(payload, scales)``: uint8 E4M3 bit patterns of ``x``'s shape and uint8 biased exponents
@@ -236,22 +273,27 @@ def encode_mxfp8(
         [[1.0, -2.0, 0.0, 3.0]]
     """
     rule = _rule(scale_rule)
+    sr = None
+    if _rounding(rounding) is Rounding.STOCHASTIC:
+        stream_keys(seed, step, tensor_id)  # validates the key (non-negative) before any work
+        sr = _SR(int(seed), int(step), int(tensor_id))
     if _is_torch(x):
         outs = _torch_encode_out(out, name)
         on_cpu = x.device.type == "cpu" and all(o.device.type == "cpu" for o in outs)
         if not on_cpu or x.dtype not in _torch_float_dtypes() or x.dim() < 1:
-            q, s = encode_mxfp8_torch(x, scale_rule=rule, name=name)
+            q, s = encode_mxfp8_torch(x, scale_rule=rule, name=name, rounding=rounding, seed=seed, step=step,
+                                      tensor_id=tensor_id)
             if out is None:
                 return q, s
             _copy_into(outs[0], q, name)
             _copy_into(outs[1], s, name)
             return outs[0], outs[1]
         np_out = None if out is None else (_torch_cpu_to_numpy(outs[0]), _torch_cpu_to_numpy(outs[1]))
-        q, s = _encode_numpy_dispatch(_torch_cpu_to_numpy(x), rule, name, np_out)
+        q, s = _encode_numpy_dispatch(_torch_cpu_to_numpy(x), rule, name, np_out, sr)
         return (outs[0], outs[1]) if out is not None else (_numpy_to_torch(q), _numpy_to_torch(s))
     if out is not None and not all(isinstance(o, np.ndarray) for o in out):
         raise MXFP8Error(f"tensor {name!r}: out must be numpy arrays for numpy input")
-    return _encode_numpy_dispatch(x, rule, name, out)
+    return _encode_numpy_dispatch(x, rule, name, out, sr)
 
 
 def decode_mxfp8(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import ml_dtypes
@@ -25,17 +26,24 @@ import numpy as np
 from .constants import (
     BF16_CANONICAL_NAN,
     BLOCK_SIZE,
+    E4M3_BIAS,
+    E4M3_MANTISSA_BITS,
     E4M3_MAX,
+    E4M3_MIN_NORMAL,
     E4M3_NAN_MAG,
     E8M0_BIAS,
     E8M0_NAN,
     F32_CANONICAL_NAN,
+    F32_MANT_175,
     SCALE_EXP_MAX,
     SCALE_EXP_MIN,
     TOP_CLAMP_SCALE_BYTE,
+    TOP_CLAMP_VALUE,
+    Rounding,
     ScaleRule,
 )
 from .errors import MXFP8Error
+from .rng import SR_SCALE, rand24_numpy
 
 __all__ = [
     "CHUNK_ELEMENTS",
@@ -51,16 +59,17 @@ __all__ = [
 OutKind = Literal["f32", "bf16"]
 
 CHUNK_ELEMENTS = 1 << 18  # 262 144 elements per numpy chunk: ~1 MiB float32 = one core's L2
-_TOP_CLAMP_VALUE = 240.0  # largest E4M3 magnitude allowed in a block with scale byte 247 (0x77)
 _F32_EXP_MASK = 0x7F800000  # float32 exponent field; |bits| >= this <=> Inf or NaN
-_F32_MANT_175 = 0x600000  # float32 mantissa field of 1.75 (0.75 * 2^23)
 
 
 # ---------------------------------------------------------------------------------------------
 # Small shared helpers
 # ---------------------------------------------------------------------------------------------
-def scales_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+def scales_shape(shape: Sequence[int]) -> tuple[int, ...]:
     """Shape of the scale array for a payload of ``shape``: ``(*shape[:-1], ceil(shape[-1] / 32))``.
+
+    The one spelling of the shape rule: the header validator, the writer, the readers and the
+    encoders all call it.
 
     Example:
         >>> scales_shape((4096, 1000))
@@ -68,7 +77,7 @@ def scales_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     """
     if len(shape) < 1:
         raise MXFP8Error("MXFP8 tensors must have rank >= 1 (blocks run along the last axis)")
-    return (*shape[:-1], -(-shape[-1] // BLOCK_SIZE))
+    return (*(int(d) for d in shape[:-1]), -(-int(shape[-1]) // BLOCK_SIZE))
 
 
 def _rule(scale_rule: str | ScaleRule) -> ScaleRule:
@@ -77,6 +86,15 @@ def _rule(scale_rule: str | ScaleRule) -> ScaleRule:
     except ValueError:
         raise MXFP8Error(
             f"unknown scale_rule {scale_rule!r}; expected one of {[r.value for r in ScaleRule]}"
+        ) from None
+
+
+def _rounding(rounding: str | Rounding) -> Rounding:
+    try:
+        return Rounding(rounding)
+    except ValueError:
+        raise MXFP8Error(
+            f"unknown rounding {rounding!r}; expected one of {[r.value for r in Rounding]}"
         ) from None
 
 
@@ -107,7 +125,7 @@ def _exponents_from_amax_bits(amax_bits: np.ndarray, rule: ScaleRule) -> np.ndar
     biased = (amax_bits >> 23).astype(np.int32)
     e = biased - (127 + 8)
     if rule is ScaleRule.RCEIL:
-        e += (amax_bits & 0x7FFFFF) > _F32_MANT_175
+        e += (amax_bits & 0x7FFFFF) > F32_MANT_175
     e[biased == 0] = SCALE_EXP_MIN  # zero or float32-subnormal amax: far below 2^-118
     np.clip(e, SCALE_EXP_MIN, SCALE_EXP_MAX, out=e)
     return e
@@ -220,10 +238,44 @@ def _as_2d(a: np.ndarray) -> np.ndarray:
     return a.reshape(rows, k)
 
 
+def _pow2_f32(e: np.ndarray) -> np.ndarray:
+    """Exact float32 ``2^e`` for int32 exponents in the normal range [-126, 127]."""
+    return ((e + 127).astype(np.uint32) << np.uint32(23)).view(np.float32)
+
+
+def _e4m3_grid_codes(y: np.ndarray, rand24: np.ndarray) -> np.ndarray:
+    """E4M3 bytes of finite float32 ``y`` (already scaled and clipped) by stochastic grid rounding.
+
+    numpy spelling of ``mx_e4m3_grid_code`` (mxfp8.h) and of the torch ``e4m3_encode_grid``: the grid
+    step of ``|y|`` is ``u = 2^(floor(log2 |y|) - 3)`` (``2^-9`` below 2^-6), ``t = |y| / u`` is exact,
+    ``n = floor(t) + (rand24 < frac(t) * 2^24)``, the value ``n * u`` saturates at 448, the sign bit
+    is kept. Every float32 operation is exact.
+    """
+    bits = y.view(np.uint32)
+    a_bits = bits & np.uint32(0x7FFFFFFF)
+    a = a_bits.view(np.float32)
+    e = (a_bits >> np.uint32(23)).astype(np.int32) - 127
+    ue = np.where(a >= np.float32(E4M3_MIN_NORMAL), e - E4M3_MANTISSA_BITS, -9).astype(np.int32)
+    t = a * _pow2_f32(-ue)
+    fl = np.floor(t)
+    frac = (t - fl) * np.float32(SR_SCALE)
+    n = fl + (rand24.astype(np.float32) < frac).astype(np.float32)
+    q = np.minimum(n * _pow2_f32(ue), np.float32(E4M3_MAX))
+    qb = q.view(np.uint32)
+    normal = ((((qb >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int32) - 127 + E4M3_BIAS) << 3) | (
+        (qb >> np.uint32(20)) & np.uint32(7)
+    ).astype(np.int32)
+    sub = (q * np.float32(512.0)).astype(np.int32)  # q = n * 2^-9, n in 0..7
+    code = np.where(q >= np.float32(E4M3_MIN_NORMAL), normal, sub)
+    return (code | ((bits >> np.uint32(24)) & np.uint32(0x80)).astype(np.int32)).astype(np.uint8)
+
+
 def _encode_rows_numpy(
-    x: np.ndarray, rule: ScaleRule, q_out: np.ndarray, s_out: np.ndarray
+    x: np.ndarray, rule: ScaleRule, q_out: np.ndarray, s_out: np.ndarray, rand24: np.ndarray | None = None
 ) -> int:
-    """Encode float32 rows ``x [r, nb*32]`` into ``q_out`` / ``s_out``; -1, or first bad block."""
+    """Encode float32 rows ``x [r, nb*32]`` into ``q_out`` / ``s_out``; -1, or first bad block.
+
+    ``rand24`` (``[r, nb*32]`` integers below 2^24) selects stochastic grid rounding."""
     r, kp = x.shape
     xb = x.reshape(r, kp // BLOCK_SIZE, BLOCK_SIZE)
     mag_bits = xb.view(np.uint32) & np.uint32(0x7FFFFFFF)
@@ -235,10 +287,13 @@ def _encode_rows_numpy(
     s = (e + E8M0_BIAS).astype(np.uint8)
     factor = ((E8M0_BIAS - e).astype(np.uint32) << 23).view(np.float32)  # 2^-e, normal float32
     y = xb * factor[:, :, None]
-    bound = np.where(s == TOP_CLAMP_SCALE_BYTE, _TOP_CLAMP_VALUE, E4M3_MAX).astype(np.float32)
+    bound = np.where(s == TOP_CLAMP_SCALE_BYTE, TOP_CLAMP_VALUE, E4M3_MAX).astype(np.float32)
     bound = bound[:, :, None]
     np.clip(y, -bound, bound, out=y)
-    q_out[...] = y.astype(ml_dtypes.float8_e4m3fn).view(np.uint8).reshape(r, kp)
+    if rand24 is not None:
+        q_out[...] = _e4m3_grid_codes(y.reshape(r, kp), rand24)
+    else:
+        q_out[...] = y.astype(ml_dtypes.float8_e4m3fn).view(np.uint8).reshape(r, kp)
     s_out[...] = s
     return -1
 
@@ -249,6 +304,10 @@ def encode_mxfp8_numpy(
     scale_rule: str | ScaleRule = ScaleRule.RCEIL,
     name: str | None = None,
     out: tuple[np.ndarray, np.ndarray] | None = None,
+    rounding: str | Rounding = Rounding.RNE,
+    seed: int = 0,
+    step: int = 0,
+    tensor_id: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Pure-numpy MXFP8 encode (the fallback and the oracle for the native kernel).
 
@@ -260,6 +319,7 @@ def encode_mxfp8_numpy(
         ([112, 248, 104], [120])
     """
     rule = _rule(scale_rule)
+    stochastic = _rounding(rounding) is Rounding.STOCHASTIC
     x = _check_encode_input_numpy(x, name)
     payload, scales = _encode_out(out, x.shape, name)
     if payload.size == 0 or scales.size == 0:
@@ -268,20 +328,24 @@ def encode_mxfp8_numpy(
     rows, k = x2.shape
     nb = s2.shape[1]
     kp = nb * BLOCK_SIZE
-    step = max(1, CHUNK_ELEMENTS // kp)
-    pad = np.zeros((min(step, rows), kp), np.float32) if kp != k else None
-    qpad = np.empty((min(step, rows), kp), np.uint8) if kp != k else None
-    for r0 in range(0, rows, step):
-        r1 = min(rows, r0 + step)
+    chunk_rows = max(1, CHUNK_ELEMENTS // kp)
+    pad = np.zeros((min(chunk_rows, rows), kp), np.float32) if kp != k else None
+    qpad = np.empty((min(chunk_rows, rows), kp), np.uint8) if kp != k else None
+    for r0 in range(0, rows, chunk_rows):
+        r1 = min(rows, r0 + chunk_rows)
         chunk = x2[r0:r1].astype(np.float32, copy=False)
+        rand = None
+        if stochastic:  # the words of flat indices r0 * k .. r1 * k - 1, laid out like the padded rows
+            words = rand24_numpy((r1 - r0) * k, seed, step, tensor_id, offset=r0 * k).reshape(r1 - r0, k)
+            rand = words if kp == k else np.pad(words, ((0, 0), (0, kp - k)))
         if pad is not None and qpad is not None:
             buf = pad[: r1 - r0]
             buf[:, :k] = chunk
             qbuf = qpad[: r1 - r0]
-            bad = _encode_rows_numpy(buf, rule, qbuf, s2[r0:r1])
+            bad = _encode_rows_numpy(buf, rule, qbuf, s2[r0:r1], rand)
             q2[r0:r1] = qbuf[:, :k]
         else:
-            bad = _encode_rows_numpy(np.ascontiguousarray(chunk), rule, q2[r0:r1], s2[r0:r1])
+            bad = _encode_rows_numpy(np.ascontiguousarray(chunk), rule, q2[r0:r1], s2[r0:r1], rand)
         if bad >= 0:
             _raise_nonfinite_in_block(x2, r0 + bad // nb, bad % nb, x.shape, name)
     return payload, scales

@@ -19,33 +19,56 @@ import numpy as np
 
 from .constants import (
     BLOCK_SIZE,
+    E4M3_BIAS,
+    E4M3_MANTISSA_BITS,
     E4M3_MAX,
+    E4M3_MIN_NORMAL,
     E8M0_BIAS,
+    E8M0_NAN,
+    F32_MANT_175,
     SCALE_EXP_MAX,
     SCALE_EXP_MIN,
     TOP_CLAMP_SCALE_BYTE,
+    TOP_CLAMP_VALUE,
+    Rounding,
     ScaleRule,
 )
 from .errors import MXFP8Error
 from .numerics_numpy import (
     _F32_EXP_MASK,
-    _F32_MANT_175,
-    _TOP_CLAMP_VALUE,
     OutKind,
     _index_of,
     _is_torch,
     _nonfinite_error,
     _out_kind,
+    _rounding,
     _rule,
     decode_table,
     decoded_shape,
     scales_shape,
 )
+from .rng import SR_BITS, SR_SCALE, random_words_like
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["TORCH_CHUNK_ELEMENTS", "decode_mxfp8_torch", "encode_mxfp8_torch"]
+__all__ = [
+    "TORCH_CHUNK_ELEMENTS",
+    "bits_to_f32",
+    "decode_mxfp8_torch",
+    "e4m3_bits_from_grid",
+    "e4m3_decode",
+    "e4m3_decode_table",
+    "e4m3_encode",
+    "e4m3_encode_grid",
+    "e4m3_round",
+    "e8m0_decode",
+    "encode_mxfp8_torch",
+    "f32_bits",
+    "floor_log2_f32",
+    "pow2_f32",
+    "round_to_grid",
+]
 
 TORCH_CHUNK_ELEMENTS = 1 << 22  # 4 Mi elements per chunk: bounds the int64/float32 temporaries
 
@@ -61,8 +84,15 @@ def encode_mxfp8_torch(
     *,
     scale_rule: str | ScaleRule = ScaleRule.RCEIL,
     name: str | None = None,
+    rounding: str | Rounding = Rounding.RNE,
+    seed: int = 0,
+    step: int = 0,
+    tensor_id: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """MXFP8 encode with torch ops on ``x``'s device (CPU or CUDA); same bits as the numpy path.
+
+    ``rounding="stochastic"`` rounds each element with 24 bits of the counter RNG's word for its
+    flat index under ``(seed, step, tensor_id)`` (see :func:`mxfp8_codec.encode_mxfp8`).
 
     Example:
         >>> import torch
@@ -72,6 +102,7 @@ def encode_mxfp8_torch(
     """
     torch = _torch_module()
     rule = _rule(scale_rule)
+    mode = _rounding(rounding)
     who = f"tensor {name!r}" if name else "tensor"
     if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise MXFP8Error(f"{who}: cannot encode dtype {x.dtype}; expected float32, bfloat16 or float16")
@@ -88,9 +119,14 @@ def encode_mxfp8_torch(
     x2 = x.detach().reshape(-1, k)
     q = torch.empty((x2.shape[0], k), dtype=torch.uint8, device=x.device)
     sc = torch.empty((x2.shape[0], nb), dtype=torch.uint8, device=x.device)
-    step = max(1, TORCH_CHUNK_ELEMENTS // (nb * BLOCK_SIZE))
+    step_key, step = step, max(1, TORCH_CHUNK_ELEMENTS // (nb * BLOCK_SIZE))
     for r0 in range(0, x2.shape[0], step):
-        if not _encode_rows_torch(x2[r0 : r0 + step], rule, q[r0 : r0 + step], sc[r0 : r0 + step]):
+        rand24 = None
+        if mode is Rounding.STOCHASTIC:
+            rows = x2[r0 : r0 + step].shape[0]
+            words = random_words_like((rows, k), seed, step_key, tensor_id, device=x.device, offset=r0 * k)
+            rand24 = words >> (32 - SR_BITS)
+        if not _encode_rows_torch(x2[r0 : r0 + step], rule, q[r0 : r0 + step], sc[r0 : r0 + step], rand24):
             flat_x = x2[r0 : r0 + step].reshape(-1).to(torch.float32)
             first = int(torch.nonzero(~torch.isfinite(flat_x))[0, 0]) + r0 * k
             value = float(x2.reshape(-1)[first])
@@ -98,8 +134,12 @@ def encode_mxfp8_torch(
     return q.reshape(shape), sc.reshape(s_shape)
 
 
-def _encode_rows_torch(x2: torch.Tensor, rule: ScaleRule, q_out: torch.Tensor, s_out: torch.Tensor) -> bool:
-    """Encode rows ``x2 [r, k]`` into ``q_out [r, k]`` / ``s_out [r, nb]``; False on Inf/NaN."""
+def _encode_rows_torch(
+    x2: torch.Tensor, rule: ScaleRule, q_out: torch.Tensor, s_out: torch.Tensor, rand24: torch.Tensor | None = None
+) -> bool:
+    """Encode rows ``x2 [r, k]`` into ``q_out [r, k]`` / ``s_out [r, nb]``; False on Inf/NaN.
+
+    ``rand24`` (``[r, k]`` integers below 2^24) selects stochastic grid rounding."""
     torch = _torch_module()
     k = x2.shape[1]
     nb = s_out.shape[1]
@@ -113,7 +153,7 @@ def _encode_rows_torch(x2: torch.Tensor, rule: ScaleRule, q_out: torch.Tensor, s
     biased = amax_bits >> 23
     e = biased - (127 + 8)
     if rule is ScaleRule.RCEIL:
-        e = e + ((amax_bits & 0x7FFFFF) > _F32_MANT_175).to(torch.int32)
+        e = e + ((amax_bits & 0x7FFFFF) > F32_MANT_175).to(torch.int32)
     e = torch.where(biased == 0, torch.full_like(e, SCALE_EXP_MIN), e)
     e = e.clamp(SCALE_EXP_MIN, SCALE_EXP_MAX)
     s = e + E8M0_BIAS
@@ -121,13 +161,144 @@ def _encode_rows_torch(x2: torch.Tensor, rule: ScaleRule, q_out: torch.Tensor, s
     y = xb * factor[:, :, None]
     bound = torch.where(
         s == TOP_CLAMP_SCALE_BYTE,
-        torch.full_like(factor, _TOP_CLAMP_VALUE),
+        torch.full_like(factor, TOP_CLAMP_VALUE),
         torch.full_like(factor, E4M3_MAX),
     )[:, :, None]
     y = torch.minimum(torch.maximum(y, -bound), bound)  # keeps -0.0
+    if rand24 is not None:
+        y = y.reshape(-1, nb * BLOCK_SIZE)[:, :k]
+        q_out.copy_(e4m3_encode_grid(y, rand24))
+        s_out.copy_(s.to(torch.uint8))
+        return True
     q_out.copy_(y.to(torch.float8_e4m3fn).view(torch.uint8).reshape(-1, nb * BLOCK_SIZE)[:, :k])
     s_out.copy_(s.to(torch.uint8))
     return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Element-level torch helpers: E4M3 grid rounding (RNE or stochastic), E4M3 / UE8M0 decode.
+# The one torch spelling of these rules; nvfp4_cuda.formats imports them (NVFP4's block scale is
+# E4M3 too) and mxfp8.h is their C/CUDA spelling. Every float32 operation is exact or rounds once.
+# ---------------------------------------------------------------------------------------------
+
+def f32_bits(x: torch.Tensor) -> torch.Tensor:
+    """Return the IEEE bits of a float32 tensor as non-negative int64 (0 .. 2**32-1)."""
+    torch = _torch_module()
+    return x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+
+
+def bits_to_f32(bits: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`f32_bits` (input int64 in 0 .. 2**32-1)."""
+    torch = _torch_module()
+    b = torch.where(bits >= 2**31, bits - 2**32, bits)
+    return b.to(torch.int32).view(torch.float32)
+
+
+def pow2_f32(exponent: torch.Tensor) -> torch.Tensor:
+    """Exact float32 ``2**exponent`` for integer exponents in [-149, 127] (int64 tensor in, float32 out)."""
+    torch = _torch_module()
+    normal = (exponent + 127).clamp(min=1) << 23
+    sub = torch.ones_like(exponent) << (exponent + 149).clamp(min=0, max=22)
+    return bits_to_f32(torch.where(exponent >= -126, normal, sub))
+
+
+def floor_log2_f32(a: torch.Tensor) -> torch.Tensor:
+    """``floor(log2(a))`` of positive normal float32 values from the exponent field (int64 out).
+
+    Zero and float32 subnormals give -127; callers only use the result where it matters (a >= 2**-6).
+    """
+    torch = _torch_module()
+    return ((f32_bits(a) >> 23) & 0xFF) - 127
+
+
+def round_to_grid(t: torch.Tensor, rand24: torch.Tensor | None) -> torch.Tensor:
+    """Round non-negative grid coordinates ``t = a / u`` to integers: RNE, or stochastic with ``rand24``.
+
+    Args:
+        t: float32, non-negative, exact grid coordinate.
+        rand24: None for round-to-nearest-even, else int64 random integers in [0, 2**24).
+    """
+    torch = _torch_module()
+    if rand24 is None:
+        return torch.round(t)  # half to even
+    fl = torch.floor(t)
+    frac = (t - fl) * SR_SCALE  # exact
+    return fl + (rand24.to(torch.float32) < frac).to(torch.float32)
+
+
+
+def e4m3_round(a: torch.Tensor, rand24: torch.Tensor | None = None) -> torch.Tensor:
+    """Round non-negative float32 magnitudes onto the E4M3 grid (RNE or stochastic), saturating at 448.
+
+    Returns float32 values that are exactly representable in E4M3.
+    """
+    torch = _torch_module()
+    e = floor_log2_f32(a)
+    normal = a >= E4M3_MIN_NORMAL
+    # spacing exponent: e - 3 for normal values, -9 for subnormals; t = a * 2**-(spacing exponent)
+    ue = torch.where(normal, e - E4M3_MANTISSA_BITS, torch.full_like(e, -9))
+    t = a * pow2_f32(-ue)
+    n = round_to_grid(t, rand24)
+    return (n * pow2_f32(ue)).clamp(max=E4M3_MAX)
+
+
+def e4m3_bits_from_grid(q: torch.Tensor) -> torch.Tensor:
+    """E4M3 bit pattern (int64, no sign) of non-negative float32 values already on the E4M3 grid."""
+    torch = _torch_module()
+    bits = f32_bits(q)
+    e = ((bits >> 23) & 0xFF) - 127
+    m3 = (bits >> 20) & 0x7
+    normal_code = ((e + E4M3_BIAS) << 3) | m3
+    sub_code = (q * 512.0).to(torch.int64)  # q = n * 2**-9, n in 0..7
+    return torch.where(q >= E4M3_MIN_NORMAL, normal_code, sub_code)
+
+
+def e4m3_encode(v: torch.Tensor, rand24: torch.Tensor | None = None) -> torch.Tensor:
+    """Encode float32 values to E4M3 bytes (uint8), RNE or stochastic, saturating to +-448, sign kept.
+
+    RNE uses torch's float8_e4m3fn cast after clamping to +-448 (tested equal to the grid path
+    :func:`e4m3_encode_grid`, which the CUDA kernels implement).
+    """
+    torch = _torch_module()
+    if rand24 is None:
+        return v.to(torch.float32).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+    return e4m3_encode_grid(v, rand24)
+
+
+def e4m3_encode_grid(v: torch.Tensor, rand24: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`e4m3_encode` written as grid rounding (device-agnostic; the CUDA kernels' algorithm)."""
+    torch = _torch_module()
+    q = e4m3_round(v.abs(), rand24)
+    sign = torch.signbit(v).to(torch.int64) << 7
+    return (e4m3_bits_from_grid(q) | sign).to(torch.uint8)
+
+
+_E4M3_TABLES: dict[tuple[str, str], Any] = {}
+
+
+def e4m3_decode_table(device: torch.device | str = "cpu") -> torch.Tensor:
+    """float32 values of all 256 E4M3 bytes (0x7F and 0xFF are NaN)."""
+    torch = _torch_module()
+    dev = torch.device(device)
+    key = (str(dev), "e4m3")
+    if key not in _E4M3_TABLES:
+        t = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).to(torch.float32)
+        _E4M3_TABLES[key] = t.to(dev)
+    return _E4M3_TABLES[key]
+
+
+def e4m3_decode(b: torch.Tensor) -> torch.Tensor:
+    """Decode E4M3 bytes (uint8) to float32 through a 256-entry table."""
+    torch = _torch_module()
+    return e4m3_decode_table(b.device)[b.to(torch.int64)]
+
+
+def e8m0_decode(s: torch.Tensor) -> torch.Tensor:
+    """Decode UE8M0 scale bytes to float32 ``2**(s - 127)`` (byte 0 is 2**-127, byte 255 is NaN)."""
+    torch = _torch_module()
+    e = s.to(torch.int64) - E8M0_BIAS
+    v = pow2_f32(e.clamp(max=127))
+    return torch.where(s.to(torch.int64) == E8M0_NAN, torch.full_like(v, float("nan")), v)
 
 
 @functools.cache

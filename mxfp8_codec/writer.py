@@ -52,9 +52,8 @@ from mxfp8_codec.header import (
     ORIENTATIONS,
     SCALE_SUFFIX,
     encode_header,
-    scale_shape,
 )
-from mxfp8_codec.numerics import encode_mxfp8
+from mxfp8_codec.numerics import encode_mxfp8, scales_shape
 
 _PROJECTION_RE = re.compile(r"(?:^|\.)(?:q|k|v|o|gate|up|down)_proj\.weight$")
 _NP_TO_ST = {dt: name for name, dt in DTYPES.items()}
@@ -194,7 +193,7 @@ def _quantized_items(
     # The payload is written first (sort key is_scale=False), so the scale releases the cache.
     return [
         _Item(name, "F8_E4M3", shape, name, False, lambda: get(0, False)),
-        _Item(name + SCALE_SUFFIX, "U8", scale_shape(shape), name, True, lambda: get(1, True)),
+        _Item(name + SCALE_SUFFIX, "U8", scales_shape(shape), name, True, lambda: get(1, True)),
     ]
 
 
@@ -308,8 +307,8 @@ def write_mxfp8_safetensors(
         if dt is None:  # an MXFP8Tensor, stored byte-for-byte
             p = as_u8(value.payload, name, "payload")
             s = as_u8(value.scales, name, "scales")
-            if p.ndim == 0 or s.shape != scale_shape(p.shape):
-                want = scale_shape(p.shape) if p.ndim else "(rank >= 1 payload)"
+            if p.ndim == 0 or s.shape != scales_shape(p.shape):
+                want = scales_shape(p.shape) if p.ndim else "(rank >= 1 payload)"
                 raise MXFP8Error(
                     f"{path}: tensor {name!r}: MXFP8Tensor scales shape {s.shape} does not match payload {p.shape} (expected {want})"
                 )

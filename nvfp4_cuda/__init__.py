@@ -2,7 +2,9 @@
 
 CPU tensors run on :mod:`nvfp4_cuda.reference` (pure PyTorch, the oracle); CUDA tensors run on one
 shared library compiled with nvcc on first use (``python -m nvfp4_cuda build``) and loaded with cffi.
-See docs/nvfp4.md for the numerics (rounding, RNG, layouts) and the C ABI.
+See docs/nvfp4.md for the numerics (rounding, RNG, layouts) and the C ABI.  MXFP8 (the master's
+format: encode with RNE or stochastic rounding, decode) is ``mxfp8_codec``'s, which this package
+imports (``mxfp8_codec.encode_mxfp8(x, rounding="stochastic", seed=, step=, tensor_id=)``).
 
 Example:
     >>> import torch, nvfp4_cuda
@@ -17,8 +19,6 @@ from nvfp4_cuda.api import (
     dequantize_nvfp4,
     hadamard16,
     lion_step_mxfp8_,
-    mxfp8_decode,
-    mxfp8_encode,
     nvfp4_matmul,
     quantize_nvfp4,
     quantize_nvfp4_from_mxfp8,
@@ -32,8 +32,6 @@ __all__ = [
     "dequantize_nvfp4",
     "hadamard16",
     "lion_step_mxfp8_",
-    "mxfp8_decode",
-    "mxfp8_encode",
     "nvfp4_matmul",
     "quantize_nvfp4",
     "quantize_nvfp4_from_mxfp8",

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from mxfp8_codec import decode_mxfp8
 from nvfp4_cuda import cpu_native, reference, reference_master
 from nvfp4_cuda.tensor import NVFP4Tensor
 
@@ -114,35 +115,6 @@ def hadamard16(x: torch.Tensor) -> torch.Tensor:
     return reference.hadamard16(x)
 
 
-def mxfp8_encode(x: torch.Tensor, *, rounding: str = "rne", seed: int = 0, step: int = 0,
-                 tensor_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """MXFP8 encode with the RCEIL rule; ``rounding="rne"`` is bit-identical to ``mxfp8_codec``."""
-    if _use_cuda(x):
-        return _cuda().mxfp8_encode(x, rounding=rounding, seed=seed, step=step, tensor_id=tensor_id)
-    if isinstance(x, torch.Tensor) and x.device.type == "cpu" and cpu_native.available():
-        if not x.is_floating_point() or x.dim() < 1:
-            raise ValueError("mxfp8_encode: expected a floating torch tensor of rank >= 1")
-        if rounding not in ("rne", "stochastic"):
-            raise ValueError(f"mxfp8_encode: rounding must be 'rne' or 'stochastic', got {rounding!r}")
-        return cpu_native.mxfp8_encode(x, rounding=rounding, seed=seed, step=step, tensor_id=tensor_id)
-    return reference.mxfp8_encode(x, rounding=rounding, seed=seed, step=step, tensor_id=tensor_id)
-
-
-def mxfp8_decode(payload: torch.Tensor, scales: torch.Tensor, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """MXFP8 decode ``e4m3(q) * 2**(s - 127)`` (exact in float32), cast to ``dtype``."""
-    if _use_cuda(payload):
-        return _cuda().mxfp8_decode(payload, scales, dtype=dtype)
-    if payload.device.type == "cpu" and cpu_native.available():
-        c = payload.shape[-1]
-        if payload.dtype != torch.uint8 or scales.dtype != torch.uint8:
-            raise ValueError(f"mxfp8_decode: payload and scales must be uint8, got {payload.dtype} and {scales.dtype}")
-        if tuple(scales.shape) != (*payload.shape[:-1], -(-c // 32)):
-            raise ValueError(f"mxfp8_decode: scales shape {list(scales.shape)} does not match payload "
-                             f"{list(payload.shape)} (expected {[*payload.shape[:-1], -(-c // 32)]})")
-        return cpu_native.mxfp8_decode(payload, scales).to(dtype)
-    return reference.mxfp8_decode(payload, scales, dtype=dtype)
-
-
 def quantize_nvfp4_from_mxfp8(payload: torch.Tensor, scales: torch.Tensor, *, block_2d: bool = True,
                               rounding: str = "rne", seed: int = 0, step: int = 0, tensor_id: int = 0,
                               hadamard: bool = False, transpose: bool = False) -> NVFP4Tensor:
@@ -154,8 +126,7 @@ def quantize_nvfp4_from_mxfp8(payload: torch.Tensor, scales: torch.Tensor, *, bl
     if payload.device.type == "cpu" and cpu_native.available():
         if payload.dim() != 2:
             raise ValueError(f"quantize_nvfp4_from_mxfp8: expected a 2-D payload, got shape {list(payload.shape)}")
-        w = reference.mxfp8_decode(payload, scales)
-        w = w.t().contiguous() if transpose else w
+        w = decode_mxfp8(payload, scales, dtype=torch.float32, transpose=transpose)
         return quantize_nvfp4(w, block_2d=block_2d, rounding=rounding, seed=seed, step=step, tensor_id=tensor_id,
                               hadamard=hadamard)
     return reference.quantize_nvfp4_from_mxfp8(payload, scales, **kw)
@@ -169,7 +140,8 @@ def lion_step_mxfp8_(payload: torch.Tensor, scales: torch.Tensor, grad: torch.Te
 
     Example:
         >>> import torch, nvfp4_cuda
-        >>> p, s = nvfp4_cuda.mxfp8_encode(torch.full((1, 32), 0.02))
+        >>> from mxfp8_codec import encode_mxfp8
+        >>> p, s = encode_mxfp8(torch.full((1, 32), 0.02))
         >>> m = torch.zeros(1, 32, dtype=torch.bfloat16)
         >>> nvfp4_cuda.lion_step_mxfp8_(p, s, torch.ones(1, 32), m, lr=1e-5, step=1)
     """

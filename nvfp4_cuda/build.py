@@ -28,6 +28,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from mxfp8_codec.constants import C_HEADER
+
 PACKAGE_VERSION = "0.1.0"
 CSRC = Path(__file__).resolve().parent / "csrc"
 HEADER = CSRC / "nvfp4.h"
@@ -38,7 +40,8 @@ GENCODES: tuple[tuple[str, str], ...] = (
     ("compute_120a", "sm_120a"),
     ("compute_120a", "compute_120a"),  # PTX for forward compatibility within the 12.0 "a" family
 )
-BASE_FLAGS: tuple[str, ...] = ("-O3", "-std=c++17", "-fmad=false", "-Xcompiler", "-fPIC", "--threads", "2")
+BASE_FLAGS: tuple[str, ...] = ("-O3", "-std=c++17", "-fmad=false", "-Xcompiler", "-fPIC", "--threads", "2",
+                               f"-I{C_HEADER.parent}")  # mxfp8.h: MXFP8 constants, scale rule, RNG
 
 
 class BuildError(RuntimeError):
@@ -47,7 +50,7 @@ class BuildError(RuntimeError):
 
 def source_files() -> list[Path]:
     """All files that go into the library hash (sorted), the .cu files first compiled one by one."""
-    return sorted(p for p in CSRC.iterdir() if p.suffix in (".cu", ".cuh", ".h"))
+    return sorted(p for p in CSRC.iterdir() if p.suffix in (".cu", ".cuh", ".h")) + [C_HEADER]
 
 
 def gencode_flags() -> list[str]:

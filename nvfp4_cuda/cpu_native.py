@@ -32,14 +32,16 @@ from typing import Any
 import cffi
 import torch
 
+from mxfp8_codec.constants import C_HEADER
 from nvfp4_cuda import build as _build
 from nvfp4_cuda.formats import NVFP4_BLOCK, e4m3_decode_table
-from nvfp4_cuda.rng import stream_keys
+from mxfp8_codec.rng import stream_keys
 from nvfp4_cuda.tensor import NVFP4Tensor
 
 ENV_SWITCH = "NVFP4_CPU_NATIVE"  # "0" disables the native CPU path
 SOURCE = Path(__file__).resolve().parent / "cpu" / "nvfp4_cpu.c"
-CFLAGS: tuple[str, ...] = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC")
+CFLAGS: tuple[str, ...] = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC",
+                           f"-I{C_HEADER.parent}")  # mxfp8.h: MXFP8 constants, scale rule, RNG, block encoder
 CDEF = """
 int64_t nvfp4_cpu_block_amax(const float *x, int64_t rows, int64_t cols, int block_2d, float *bam, float *amax);
 void nvfp4_cpu_encode(const float *x, int64_t rows, int64_t cols, const float *bam, float s_enc, float s_dec, int sr,
@@ -47,10 +49,6 @@ void nvfp4_cpu_encode(const float *x, int64_t rows, int64_t cols, const float *b
 void nvfp4_cpu_decode(const uint8_t *codes, const uint8_t *scales, const float *e4m3_table, int64_t rows,
                       int64_t cols, float *out);
 void nvfp4_cpu_hadamard16(const float *x, int64_t n_groups, float *out);
-int64_t nvfp4_cpu_mxfp8_encode(const float *x, int64_t rows, int64_t cols, int sr, uint32_t k2, uint32_t k3,
-                               uint8_t *payload, uint8_t *scales);
-void nvfp4_cpu_mxfp8_decode(const uint8_t *payload, const uint8_t *scales, const float *e4m3_table, int64_t rows,
-                            int64_t cols, float *out);
 int64_t nvfp4_cpu_lion(uint8_t *payload, uint8_t *scales, const float *grad, uint16_t *momentum, float *comp,
                        int64_t rows, int64_t cols, float neg_lr, float decay, float b1, float omb1, float b2,
                        float omb2, int writeback, uint32_t k2, uint32_t k3);
@@ -81,7 +79,7 @@ def _cpu_identity() -> str:
 def library_path(compiler: str) -> Path:
     """Cache path of the compiled library for this source / flags / compiler / CPU."""
     banner = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
-    h = hashlib.sha256(SOURCE.read_bytes())
+    h = hashlib.sha256(SOURCE.read_bytes() + C_HEADER.read_bytes())
     for part in (" ".join(CFLAGS), banner, _cpu_identity()):
         h.update(part.encode())
     return _build.cache_dir() / "cpu" / f"nvfp4_cpu-{h.hexdigest()[:16]}.so"
@@ -182,49 +180,6 @@ def hadamard16(x: torch.Tensor) -> torch.Tensor:
     x32 = x.to(torch.float32).contiguous()
     out = torch.empty_like(x32)
     lib.nvfp4_cpu_hadamard16(_ptr(ffi, "float *", x32), x32.numel() // NVFP4_BLOCK, _ptr(ffi, "float *", out))
-    return out
-
-
-def _index(flat: int, shape: tuple[int, ...]) -> list[int]:
-    idx = []
-    for dim in reversed(shape):
-        idx.append(flat % dim)
-        flat //= dim
-    return idx[::-1]
-
-
-def mxfp8_encode(x: torch.Tensor, *, rounding: str, seed: int, step: int, tensor_id: int,
-                 name: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """MXFP8 encode of a CPU float tensor (rank >= 1), same bits as the reference."""
-    loaded = _load()
-    assert loaded is not None
-    ffi, lib = loaded
-    c = x.shape[-1]
-    x32 = x.to(torch.float32).contiguous()
-    rows = x32.numel() // c if c else 0
-    payload = torch.empty(x32.shape, dtype=torch.uint8)
-    scales = torch.empty(*x32.shape[:-1], -(-c // 32), dtype=torch.uint8)
-    k2, k3 = stream_keys(seed, step, tensor_id)
-    bad = lib.nvfp4_cpu_mxfp8_encode(_ptr(ffi, "float *", x32), rows, c, 1 if rounding == "stochastic" else 0, k2, k3,
-                                     _ptr(ffi, "uint8_t *", payload), _ptr(ffi, "uint8_t *", scales))
-    if bad >= 0:
-        idx = _index(int(bad), tuple(x32.shape))
-        label = f" (tensor {name!r})" if name else ""
-        raise ValueError(f"mxfp8_encode{label}: non-finite value {x32.reshape(-1)[bad].item()} at index {idx}")
-    return payload, scales
-
-
-def mxfp8_decode(payload: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """MXFP8 decode to float32 (exact), same bits as the reference."""
-    loaded = _load()
-    assert loaded is not None
-    ffi, lib = loaded
-    c = payload.shape[-1]
-    p, s = payload.contiguous(), scales.contiguous()
-    out = torch.empty(p.shape, dtype=torch.float32)
-    lib.nvfp4_cpu_mxfp8_decode(_ptr(ffi, "uint8_t *", p), _ptr(ffi, "uint8_t *", s),
-                               _ptr(ffi, "float *", e4m3_decode_table("cpu")), p.numel() // c if c else 0, c,
-                               _ptr(ffi, "float *", out))
     return out
 
 

@@ -7,7 +7,7 @@ cannot (device, dtype, contiguity, shape), allocates outputs with torch, and tur
 status into :class:`NVFP4CudaError` carrying the library's last-error message.
 
 Not done on the GPU path, by design (each would need a host synchronisation): the NaN/Inf checks of
-quantize and the Lion step (non-finite blocks come out as NaN instead of raising).  ``mxfp8_encode``
+quantize and the Lion step (non-finite blocks come out as NaN instead of raising).  ``encode_mxfp8_cuda``
 does check, because it is used for checkpoints, not in the training loop.
 """
 
@@ -21,9 +21,10 @@ import cffi
 import torch
 
 from nvfp4_cuda import build as _build
-from nvfp4_cuda.formats import MX_BLOCK, NVFP4_BLOCK
+from mxfp8_codec.constants import BLOCK_SIZE
+from nvfp4_cuda.formats import NVFP4_BLOCK
 from nvfp4_cuda.reference_master import WRITEBACK_MODES, f32_const
-from nvfp4_cuda.rng import stream_keys
+from mxfp8_codec.rng import stream_keys
 from nvfp4_cuda.tensor import NVFP4Tensor
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}  # NVFP4_DTYPE_F32 / _BF16 (2 = MXFP8 input)
@@ -152,7 +153,7 @@ def quantize_nvfp4_from_mxfp8(payload: torch.Tensor, scales: torch.Tensor, *, bl
     rows, cols = (payload.shape[1], payload.shape[0]) if transpose else tuple(payload.shape)
     if cols % NVFP4_BLOCK:
         raise ValueError(f"quantize_nvfp4_from_mxfp8: quantized axis has {cols} elements, not a multiple of 16")
-    if tuple(scales.shape) != (payload.shape[0], -(-payload.shape[1] // MX_BLOCK)):
+    if tuple(scales.shape) != (payload.shape[0], -(-payload.shape[1] // BLOCK_SIZE)):
         raise ValueError(f"quantize_nvfp4_from_mxfp8: scales shape {list(scales.shape)} does not match payload")
     return _quantize(payload.contiguous(), 2, scales.contiguous(), rows, cols, transpose, block_2d, rounding, seed,
                      step, tensor_id, hadamard)
@@ -197,32 +198,32 @@ def nvfp4_matmul(a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype: torch.dtype = tor
     return out
 
 
-def mxfp8_encode(x: torch.Tensor, *, rounding: str = "rne", seed: int = 0, step: int = 0,
+def encode_mxfp8_cuda(x: torch.Tensor, *, rounding: str = "rne", seed: int = 0, step: int = 0,
                  tensor_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """CUDA MXFP8 encode (RCEIL; RNE bit-identical to mxfp8_codec)."""
+    """CUDA kernel of :func:`mxfp8_codec.encode_mxfp8` (same bits as its torch path, RNE and stochastic)."""
     if rounding not in ("rne", "stochastic"):
-        raise ValueError(f"mxfp8_encode: rounding must be 'rne' or 'stochastic', got {rounding!r}")
+        raise ValueError(f"encode_mxfp8_cuda: rounding must be 'rne' or 'stochastic', got {rounding!r}")
     if x.dim() < 1 or not x.is_floating_point():
-        raise ValueError("mxfp8_encode: expected a floating tensor of rank >= 1")
+        raise ValueError("encode_mxfp8_cuda: expected a floating tensor of rank >= 1")
     finite = torch.isfinite(x)
     if not bool(finite.all()):
         idx = (~finite).nonzero()[0].tolist()
-        raise ValueError(f"mxfp8_encode: non-finite value at index {idx}")
+        raise ValueError(f"encode_mxfp8_cuda: non-finite value at index {idx}")
     c = x.shape[-1]
     xc, dt = _float_input(x.reshape(-1, c))
     payload = torch.empty(xc.shape, dtype=torch.uint8, device=x.device)
-    scales = torch.empty(xc.shape[0], -(-c // MX_BLOCK), dtype=torch.uint8, device=x.device)
+    scales = torch.empty(xc.shape[0], -(-c // BLOCK_SIZE), dtype=torch.uint8, device=x.device)
     k2, k3 = stream_keys(seed, step, tensor_id)
     _call("nvfp4_mxfp8_encode", _ptr(xc), dt, xc.shape[0], c, 1 if rounding == "stochastic" else 0, k2, k3,
           _ptr(payload), _ptr(scales), _stream(xc))
     return payload.reshape(x.shape), scales.reshape(*x.shape[:-1], -1)
 
 
-def mxfp8_decode(payload: torch.Tensor, scales: torch.Tensor, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """CUDA MXFP8 decode."""
+def decode_mxfp8_cuda(payload: torch.Tensor, scales: torch.Tensor, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """CUDA kernel of :func:`mxfp8_codec.decode_mxfp8` (exact float32, then cast)."""
     c = payload.shape[-1]
-    if tuple(scales.shape) != (*payload.shape[:-1], -(-c // MX_BLOCK)):
-        raise ValueError(f"mxfp8_decode: scales shape {list(scales.shape)} does not match payload "
+    if tuple(scales.shape) != (*payload.shape[:-1], -(-c // BLOCK_SIZE)):
+        raise ValueError(f"decode_mxfp8_cuda: scales shape {list(scales.shape)} does not match payload "
                          f"{list(payload.shape)}")
     out_dt = dtype if dtype in DTYPE_CODES else torch.float32
     p2 = payload.reshape(-1, c).contiguous()

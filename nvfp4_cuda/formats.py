@@ -9,7 +9,7 @@ operations, each of which is exact:
 * round-to-nearest-even: ``n = rint(t)`` (``torch.round`` / CUDA ``rintf`` both round half to even, and
   the parity of ``n`` is the parity of the format's mantissa LSB inside a binade, so this *is* RNE);
 * stochastic rounding: ``n = floor(t) + (r24 < (t - floor(t)) * 2**24)`` where ``r24`` is a 24-bit
-  integer from the counter-based RNG (:mod:`nvfp4_cuda.rng`); ``t - floor(t)`` and the scaling by
+  integer from the counter-based RNG (:mod:`mxfp8_codec.rng`); ``t - floor(t)`` and the scaling by
   2**24 are exact, so the probability of rounding up is ``ceil(frac * 2**24) / 2**24`` - unbiased to
   within 2**-24 of a grid step;
 * the result ``n * u`` is clamped to the format's largest finite magnitude (``satfinite``) and the
@@ -28,75 +28,71 @@ import ml_dtypes
 import numpy as np
 import torch
 
+# E4M3 (the MXFP8 element and the NVFP4 block scale) and UE8M0 live in mxfp8_codec, once: their
+# constants, the grid rounding (RNE / stochastic) and the decode tables are imported from there.
+from mxfp8_codec.constants import E4M3_MAX
+from mxfp8_codec.numerics_torch import (
+    bits_to_f32,
+    e4m3_bits_from_grid,
+    e4m3_decode,
+    e4m3_decode_table,
+    e4m3_encode,
+    e4m3_encode_grid,
+    e4m3_round,
+    e8m0_decode,
+    f32_bits,
+    floor_log2_f32,
+    pow2_f32,
+    round_to_grid,
+)
+from mxfp8_codec.rng import SR_BITS, SR_SCALE
+
+__all__ = [
+    "E2M1_MAX",
+    "E2M1_SIGN_BIT",
+    "E2M1_VALUES",
+    "E4M3_MAX",
+    "FLT_MAX",
+    "HADAMARD_SIGNS",
+    "NVFP4_BLOCK",
+    "NVFP4_ENCODE_NUMERATOR",
+    "ONE_SIXTH_F32",
+    "SR_BITS",
+    "SR_SCALE",
+    "bits_to_f32",
+    "e2m1_decode_table",
+    "e2m1_encode",
+    "e2m1_encode_grid",
+    "e4m3_bits_from_grid",
+    "e4m3_decode",
+    "e4m3_decode_table",
+    "e4m3_encode",
+    "e4m3_encode_grid",
+    "e4m3_round",
+    "e8m0_decode",
+    "f32_bits",
+    "floor_log2_f32",
+    "pack_nibbles",
+    "pow2_f32",
+    "round_to_grid",
+    "unpack_nibbles",
+]
+
 # ---- block sizes -------------------------------------------------------------------------------
-NVFP4_BLOCK = 16  # elements per NVFP4 block scale (along K)
-MX_BLOCK = 32  # elements per MXFP8 block scale (along the last axis)
+NVFP4_BLOCK = 16  # elements per NVFP4 block scale (along K); MXFP8's is mxfp8_codec's BLOCK_SIZE
 
 # ---- E2M1 --------------------------------------------------------------------------------------
 E2M1_MAX = 6.0  # largest E2M1 magnitude
 E2M1_VALUES: tuple[float, ...] = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitude of code 0..7
 E2M1_SIGN_BIT = 0x8  # bit 3 of a nibble
 
-# ---- E4M3 (OCP e4m3fn) ---------------------------------------------------------------------------
-E4M3_MAX = 448.0  # largest finite E4M3 magnitude
-E4M3_MIN_NORMAL = 2.0**-6  # 0.015625
-E4M3_SUBNORMAL_STEP = 2.0**-9  # 0.001953125, spacing below E4M3_MIN_NORMAL
-E4M3_BIAS = 7  # exponent bias
-E4M3_MANTISSA_BITS = 3
-
-# ---- UE8M0 -------------------------------------------------------------------------------------
-E8M0_BIAS = 127  # byte s decodes to 2**(s - 127)
-E8M0_NAN = 0xFF  # scale byte 255 = NaN
-
 # ---- float32 / NVFP4 tensor scale ----------------------------------------------------------------
 FLT_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
 NVFP4_ENCODE_NUMERATOR = 2688.0  # 448 * 6: S_enc = 2688 / amax (Transformer Engine)
 ONE_SIXTH_F32 = float(torch.tensor(1.0 / 6.0, dtype=torch.float32))  # fp32(1/6) = 0.16666667163372040
-SR_BITS = 24  # random bits used by stochastic rounding to a grid
-SR_SCALE = float(2**SR_BITS)  # 16777216.0
 
 # Random Hadamard sign vector shared by all layers (Transformer Engine get_wgrad_sign_vector()).
 HADAMARD_SIGNS: tuple[int, ...] = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
-
-
-def f32_bits(x: torch.Tensor) -> torch.Tensor:
-    """Return the IEEE bits of a float32 tensor as non-negative int64 (0 .. 2**32-1)."""
-    return x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-
-
-def bits_to_f32(bits: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`f32_bits` (input int64 in 0 .. 2**32-1)."""
-    b = torch.where(bits >= 2**31, bits - 2**32, bits)
-    return b.to(torch.int32).view(torch.float32)
-
-
-def pow2_f32(exponent: torch.Tensor) -> torch.Tensor:
-    """Exact float32 ``2**exponent`` for integer exponents in [-149, 127] (int64 tensor in, float32 out)."""
-    normal = (exponent + 127).clamp(min=1) << 23
-    sub = torch.ones_like(exponent) << (exponent + 149).clamp(min=0, max=22)
-    return bits_to_f32(torch.where(exponent >= -126, normal, sub))
-
-
-def floor_log2_f32(a: torch.Tensor) -> torch.Tensor:
-    """``floor(log2(a))`` of positive normal float32 values from the exponent field (int64 out).
-
-    Zero and float32 subnormals give -127; callers only use the result where it matters (a >= 2**-6).
-    """
-    return ((f32_bits(a) >> 23) & 0xFF) - 127
-
-
-def round_to_grid(t: torch.Tensor, rand24: torch.Tensor | None) -> torch.Tensor:
-    """Round non-negative grid coordinates ``t = a / u`` to integers: RNE, or stochastic with ``rand24``.
-
-    Args:
-        t: float32, non-negative, exact grid coordinate.
-        rand24: None for round-to-nearest-even, else int64 random integers in [0, 2**24).
-    """
-    if rand24 is None:
-        return torch.round(t)  # half to even
-    fl = torch.floor(t)
-    frac = (t - fl) * SR_SCALE  # exact
-    return fl + (rand24.to(torch.float32) < frac).to(torch.float32)
 
 
 # ---- E2M1 ----------------------------------------------------------------------------------------
@@ -156,70 +152,3 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((lo, hi), dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
 
 
-# ---- E4M3 ------------------------------------------------------------------------------------------
-def e4m3_round(a: torch.Tensor, rand24: torch.Tensor | None = None) -> torch.Tensor:
-    """Round non-negative float32 magnitudes onto the E4M3 grid (RNE or stochastic), saturating at 448.
-
-    Returns float32 values that are exactly representable in E4M3.
-    """
-    e = floor_log2_f32(a)
-    normal = a >= E4M3_MIN_NORMAL
-    # spacing exponent: e - 3 for normal values, -9 for subnormals; t = a * 2**-(spacing exponent)
-    ue = torch.where(normal, e - E4M3_MANTISSA_BITS, torch.full_like(e, -9))
-    t = a * pow2_f32(-ue)
-    n = round_to_grid(t, rand24)
-    return (n * pow2_f32(ue)).clamp(max=E4M3_MAX)
-
-
-def e4m3_bits_from_grid(q: torch.Tensor) -> torch.Tensor:
-    """E4M3 bit pattern (int64, no sign) of non-negative float32 values already on the E4M3 grid."""
-    bits = f32_bits(q)
-    e = ((bits >> 23) & 0xFF) - 127
-    m3 = (bits >> 20) & 0x7
-    normal_code = ((e + E4M3_BIAS) << 3) | m3
-    sub_code = (q * 512.0).to(torch.int64)  # q = n * 2**-9, n in 0..7
-    return torch.where(q >= E4M3_MIN_NORMAL, normal_code, sub_code)
-
-
-def e4m3_encode(v: torch.Tensor, rand24: torch.Tensor | None = None) -> torch.Tensor:
-    """Encode float32 values to E4M3 bytes (uint8), RNE or stochastic, saturating to +-448, sign kept.
-
-    RNE uses torch's float8_e4m3fn cast after clamping to +-448 (tested equal to the grid path
-    :func:`e4m3_encode_grid`, which the CUDA kernels implement).
-    """
-    if rand24 is None:
-        return v.to(torch.float32).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
-    return e4m3_encode_grid(v, rand24)
-
-
-def e4m3_encode_grid(v: torch.Tensor, rand24: torch.Tensor | None = None) -> torch.Tensor:
-    """:func:`e4m3_encode` written as grid rounding (device-agnostic; the CUDA kernels' algorithm)."""
-    q = e4m3_round(v.abs(), rand24)
-    sign = torch.signbit(v).to(torch.int64) << 7
-    return (e4m3_bits_from_grid(q) | sign).to(torch.uint8)
-
-
-_E4M3_TABLES: dict[tuple[str, str], torch.Tensor] = {}
-
-
-def e4m3_decode_table(device: torch.device | str = "cpu") -> torch.Tensor:
-    """float32 values of all 256 E4M3 bytes (0x7F and 0xFF are NaN)."""
-    dev = torch.device(device)
-    key = (str(dev), "e4m3")
-    if key not in _E4M3_TABLES:
-        t = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).to(torch.float32)
-        _E4M3_TABLES[key] = t.to(dev)
-    return _E4M3_TABLES[key]
-
-
-def e4m3_decode(b: torch.Tensor) -> torch.Tensor:
-    """Decode E4M3 bytes (uint8) to float32 through a 256-entry table."""
-    return e4m3_decode_table(b.device)[b.to(torch.int64)]
-
-
-# ---- UE8M0 -----------------------------------------------------------------------------------------
-def e8m0_decode(s: torch.Tensor) -> torch.Tensor:
-    """Decode UE8M0 scale bytes to float32 ``2**(s - 127)`` (byte 0 is 2**-127, byte 255 is NaN)."""
-    e = s.to(torch.int64) - E8M0_BIAS
-    v = pow2_f32(e.clamp(max=127))
-    return torch.where(s.to(torch.int64) == E8M0_NAN, torch.full_like(v, float("nan")), v)

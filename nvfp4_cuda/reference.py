@@ -30,8 +30,9 @@ The 16-point random Hadamard transform is ``x' = x diag(s) H16 / 4`` per 16-elem
 last axis (Sylvester H16, TE's fixed sign vector ``s``), computed as a fixed 4-stage butterfly
 (strides 1, 2, 4, 8) so the float32 additions happen in the same order on every backend.
 
-The MXFP8 master ops (encode/decode, Lion, bfloat16 stochastic rounding) live in
-:mod:`nvfp4_cuda.reference_master` and are re-exported here.
+The MXFP8 master ops (Lion, bfloat16 stochastic rounding) live in :mod:`nvfp4_cuda.reference_master`
+and are re-exported here; MXFP8 encode/decode themselves are ``mxfp8_codec``'s
+(``encode_mxfp8_torch`` / ``decode_mxfp8_torch`` are the pure-PyTorch oracle).
 """
 
 from __future__ import annotations
@@ -53,12 +54,10 @@ from nvfp4_cuda.formats import (
 )
 from nvfp4_cuda.reference_master import (
     lion_step_mxfp8_,
-    mxfp8_decode,
-    mxfp8_encode,
     quantize_nvfp4_from_mxfp8,
     stochastic_round_to_bf16_,
 )
-from nvfp4_cuda.rng import rand24_like
+from mxfp8_codec.rng import rand24_like
 from nvfp4_cuda.tensor import NVFP4Tensor
 
 __all__ = [
@@ -68,8 +67,6 @@ __all__ = [
     "gemm_decoded",
     "hadamard16",
     "lion_step_mxfp8_",
-    "mxfp8_decode",
-    "mxfp8_encode",
     "nvfp4_matmul",
     "nvfp4_scales",
     "quantize_nvfp4",

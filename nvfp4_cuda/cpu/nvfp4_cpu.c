@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "mxfp8.h" /* mxfp8_codec's: MXFP8 constants, scale rule, counter RNG, grid-rounding block encoder */
+
 #define FLT_MAX_F 3.402823466e+38f
 #define ONE_SIXTH 0.16666667163372040f
 
@@ -18,41 +20,14 @@ static inline float min_f(float a, float b) { return a < b ? a : b; }
 static inline uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
-static inline uint32_t mix32(uint32_t x) {
-  x = ((x >> 16) ^ x) * 0x045D9F3Bu;
-  x = ((x >> 16) ^ x) * 0x045D9F3Bu;
-  return (x >> 16) ^ x;
+static inline uint32_t rand24(uint64_t i, uint32_t k2, uint32_t k3) { return mx_rng_word(i, k2, k3) >> (32 - MX_SR_BITS); }
+
+static inline float e4m3_round(float a) { /* a >= 0, RNE, saturating: the NVFP4 block scale's E4M3 value */
+  const uint32_t code = mx_e4m3_grid_code(a, 0, 0u);
+  return mx_e4m3_value(code);
 }
 
-static inline uint32_t rand24(uint64_t i, uint32_t k2, uint32_t k3) {
-  return mix32(mix32((uint32_t)i ^ k2) ^ (uint32_t)(i >> 32) ^ k3) >> 8;
-}
-
-static inline float round_grid(float t, int sr, uint32_t r24) {
-  if (!sr) return rintf(t);
-  float fl = floorf(t);
-  float frac = (t - fl) * 16777216.0f;
-  return fl + (((float)r24 < frac) ? 1.0f : 0.0f);
-}
-
-static inline float pow2f_exact(int e) { return e >= -126 ? u2f((uint32_t)(e + 127) << 23) : u2f(1u << (e + 149)); }
-
-static inline float e4m3_round(float a) { /* a >= 0, RNE, saturating */
-  int e = (int)((f2u(a) >> 23) & 0xFF) - 127;
-  int ue = a >= 0.015625f ? e - 3 : -9;
-  float n = rintf(a * pow2f_exact(-ue));
-  float q = n * pow2f_exact(ue);
-  return q < 448.0f ? q : 448.0f;
-}
-
-static inline uint32_t e4m3_bits(float q) {
-  if (q >= 0.015625f) {
-    uint32_t b = f2u(q);
-    int e = (int)((b >> 23) & 0xFF) - 127;
-    return ((uint32_t)(e + 7) << 3) | ((b >> 20) & 7);
-  }
-  return (uint32_t)(q * 512.0f);
-}
+static inline uint32_t e4m3_bits(float q) { return mx_e4m3_grid_code(q, 0, 0u); } /* q >= 0 on the grid */
 
 static const float kInvU[3] = {2.0f, 1.0f, 0.5f};
 
@@ -60,7 +35,7 @@ static const float kInvU[3] = {2.0f, 1.0f, 0.5f};
 static inline uint32_t e2m1_encode(float v, int sr, uint32_t r24) {
   float a = fabsf(v);
   int region = (a >= 2.0f) + (a >= 4.0f);
-  float n = round_grid(a * kInvU[region], sr, r24);
+  float n = mx_round_grid(a * kInvU[region], sr, r24);
   n = min_f(n, 8.0f);
   int code = (int)n + 2 * region;
   code = code < 7 ? code : 7;
@@ -159,73 +134,7 @@ void nvfp4_cpu_hadamard16(const float *x, int64_t n_groups, float *out) {
   }
 }
 
-/* ---- MXFP8 master (reference_master.py) -------------------------------------------------------------- */
-
-static inline float e4m3_round_mode(float a, int sr, uint32_t r24) { /* a >= 0 */
-  int e = (int)((f2u(a) >> 23) & 0xFF) - 127;
-  int ue = a >= 0.015625f ? e - 3 : -9;
-  float n = round_grid(a * pow2f_exact(-ue), sr, r24);
-  float q = n * pow2f_exact(ue);
-  return q < 448.0f ? q : 448.0f;
-}
-
-static inline int rceil_exponent(float amax) {
-  if (!(amax > 0.0f)) return -127;
-  uint32_t b = f2u(amax);
-  int e = (int)((b >> 23) & 0xFF) - 127 - 8 + ((b & 0x7FFFFF) > 0x600000 ? 1 : 0);
-  return e < -127 ? -127 : (e > 127 ? 127 : e);
-}
-
-static inline float e8m0_value(uint8_t s) {
-  if (s == 0xFF) return u2f(0x7FC00000u);
-  return s == 0 ? u2f(0x00400000u) : u2f((uint32_t)s << 23);
-}
-
-/* Encode one block v[0..len) whose flat start index is base; returns 0, or 1 if non-finite. */
-static inline int mx_encode_block(const float *v, int len, uint64_t base, int sr, uint32_t k2, uint32_t k3,
-                                  uint8_t *payload, uint8_t *scale) {
-  float amax = 0.0f;
-  for (int i = 0; i < len; ++i) {
-    float a = fabsf(v[i]);
-    if (!(a <= FLT_MAX_F)) return 1;
-    amax = a > amax ? a : amax;
-  }
-  int e = rceil_exponent(amax);
-  float mul = pow2f_exact(-e);
-  int top = e == 120;
-  for (int i = 0; i < len; ++i) {
-    float s = v[i] * mul;
-    if (top) s = s > 240.0f ? 240.0f : (s < -240.0f ? -240.0f : s);
-    float q = e4m3_round_mode(fabsf(s), sr, sr ? rand24(base + (uint64_t)i, k2, k3) : 0u);
-    payload[i] = (uint8_t)(e4m3_bits(q) | (signbit(s) ? 0x80u : 0u));
-  }
-  *scale = (uint8_t)(e + 127);
-  return 0;
-}
-
-/* MXFP8 encode of a [rows, cols] float32 matrix; returns the flat index of a non-finite value or -1. */
-int64_t nvfp4_cpu_mxfp8_encode(const float *x, int64_t rows, int64_t cols, int sr, uint32_t k2, uint32_t k3,
-                               uint8_t *payload, uint8_t *scales) {
-  const int64_t nb = (cols + 31) / 32;
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < nb; ++j) {
-      const int64_t base = r * cols + j * 32;
-      const int len = (int)(cols - j * 32 < 32 ? cols - j * 32 : 32);
-      if (mx_encode_block(x + base, len, (uint64_t)base, sr, k2, k3, payload + base, scales + r * nb + j)) {
-        for (int i = 0; i < len; ++i)
-          if (!(fabsf(x[base + i]) <= FLT_MAX_F)) return base + i;
-      }
-    }
-  return -1;
-}
-
-void nvfp4_cpu_mxfp8_decode(const uint8_t *payload, const uint8_t *scales, const float *e4m3_table, int64_t rows,
-                            int64_t cols, float *out) {
-  const int64_t nb = (cols + 31) / 32;
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c)
-      out[r * cols + c] = e4m3_table[payload[r * cols + c]] * e8m0_value(scales[r * nb + c / 32]);
-}
+/* ---- MXFP8 master (reference_master.py): the format's rules are mxfp8.h's ------------------------------ */
 
 static inline float bf16_to_f32(uint16_t h) { return u2f((uint32_t)h << 16); }
 
@@ -241,25 +150,18 @@ static inline uint16_t f32_to_bf16_rne(float f) {
 int64_t nvfp4_cpu_lion(uint8_t *payload, uint8_t *scales, const float *grad, uint16_t *momentum, float *comp,
                        int64_t rows, int64_t cols, float neg_lr, float decay, float b1, float omb1, float b2,
                        float omb2, int writeback, uint32_t k2, uint32_t k3) {
-  const int64_t nb = (cols + 31) / 32;
-  float v[32];
+  const int64_t nb = (cols + MX_BLOCK_SIZE - 1) / MX_BLOCK_SIZE;
+  float v[MX_BLOCK_SIZE];
   for (int64_t i = 0; i < rows * cols; ++i) /* reject a non-finite gradient before touching anything */
     if (!(fabsf(grad[i]) <= FLT_MAX_F)) return -2 - i;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < nb; ++j) {
-      const int64_t base = r * cols + j * 32;
-      const int len = (int)(cols - j * 32 < 32 ? cols - j * 32 : 32);
-      const float sdec = e8m0_value(scales[r * nb + j]);
+      const int64_t base = r * cols + j * MX_BLOCK_SIZE;
+      const int len = (int)(cols - j * MX_BLOCK_SIZE < MX_BLOCK_SIZE ? cols - j * MX_BLOCK_SIZE : MX_BLOCK_SIZE);
+      const float sdec = mx_e8m0_value(scales[r * nb + j]);
       for (int i = 0; i < len; ++i) {
         const int64_t idx = base + i;
-        uint8_t q = payload[idx];
-        float w = ((q & 0x7F) == 0x7F ? u2f(0x7FC00000u) : 0.0f);
-        if ((q & 0x7F) != 0x7F) {
-          uint32_t ex = (q >> 3) & 0xF, man = q & 7;
-          float mag = ex == 0 ? (float)man * 0.001953125f : (float)(8 + man) * pow2f_exact((int)ex - 10);
-          w = (q & 0x80) ? -mag : mag;
-        }
-        w = w * sdec;
+        float w = mx_e4m3_value(payload[idx]) * sdec;
         const float g = grad[idx], m = bf16_to_f32(momentum[idx]);
         const float c = (m * b1) + (g * omb1);
         const float upd = c > 0.0f ? neg_lr : (c < 0.0f ? -neg_lr : 0.0f);
@@ -271,15 +173,10 @@ int64_t nvfp4_cpu_lion(uint8_t *payload, uint8_t *scales, const float *grad, uin
         const int64_t idx = base + i;
         momentum[idx] = f32_to_bf16_rne((bf16_to_f32(momentum[idx]) * b2) + (grad[idx] * omb2));
       }
-      mx_encode_block(v, len, (uint64_t)base, writeback == 0, k2, k3, payload + base, scales + r * nb + j);
+      mx_encode_block_grid(v, len, (uint64_t)base, writeback == 0, 1, k2, k3, payload + base, scales + r * nb + j);
       if (writeback == 2) {
-        const float snew = e8m0_value(scales[r * nb + j]);
-        for (int i = 0; i < len; ++i) {
-          uint8_t q = payload[base + i];
-          uint32_t ex = (q >> 3) & 0xF, man = q & 7;
-          float mag = ex == 0 ? (float)man * 0.001953125f : (float)(8 + man) * pow2f_exact((int)ex - 10);
-          comp[base + i] = v[i] - ((q & 0x80) ? -mag : mag) * snew;
-        }
+        const float snew = mx_e8m0_value(scales[r * nb + j]);
+        for (int i = 0; i < len; ++i) comp[base + i] = v[i] - mx_e4m3_value(payload[base + i]) * snew;
       }
     }
   return -1;
@@ -291,7 +188,7 @@ void nvfp4_cpu_sr_bf16(const float *src, int64_t n, uint32_t k2, uint32_t k3, ui
     uint32_t b = f2u(src[i]);
     float a = fabsf(src[i]);
     if (a <= FLT_MAX_F) {
-      uint32_t r16 = mix32(mix32((uint32_t)i ^ k2) ^ (uint32_t)((uint64_t)i >> 32) ^ k3) >> 16;
+      uint32_t r16 = mx_rng_word((uint64_t)i, k2, k3) >> 16;
       dst[i] = (uint16_t)((b + r16) >> 16);
     } else {
       dst[i] = (uint16_t)((b >> 16) | (src[i] != src[i] ? 0x40u : 0u));

@@ -1,7 +1,9 @@
 // nvfp4_common.cuh -- device helpers shared by all kernels: RNG, grid rounding, E2M1/E4M3/UE8M0, loaders.
 //
-// Every helper mirrors a function of nvfp4_cuda/formats.py or rng.py operation for operation, so the
-// kernels produce the reference's bits.  The library is compiled with -fmad=false: no multiply-add
+// Every helper mirrors a function of nvfp4_cuda/formats.py or mxfp8_codec operation for operation, so
+// the kernels produce the reference's bits.  MXFP8's constants, scale rule and counter RNG are not
+// written here: they come from mxfp8_codec/mxfp8.h (one C/CUDA spelling, checked against the Python
+// constants by tests/mxfp8_codec/test_native_header.py; build.py passes -I to its directory).  The library is compiled with -fmad=false: no multiply-add
 // is ever fused, and each float32 operation below rounds exactly once, like the PyTorch reference.
 #pragma once
 
@@ -9,24 +11,19 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "mxfp8.h"
+
 #define NVFP4_FLT_MAX 3.402823466e+38f
 #define NVFP4_ONE_SIXTH 0.16666667163372040f  // fp32(1/6)
-#define NVFP4_SR_SCALE 16777216.0f            // 2**24
+#define NVFP4_SR_SCALE MX_SR_SCALE            // 2**24
 
-// ---- counter RNG (rng.py) -----------------------------------------------------------------------------
-__device__ __forceinline__ uint32_t nv_mix32(uint32_t x) {
-  x = ((x >> 16) ^ x) * 0x045D9F3Bu;
-  x = ((x >> 16) ^ x) * 0x045D9F3Bu;
-  return (x >> 16) ^ x;
-}
-
+// ---- counter RNG (mxfp8_codec/rng.py; mx_rng_word in mxfp8.h) -------------------------------------------
 __device__ __forceinline__ uint32_t nv_word(uint64_t index, uint32_t key2, uint32_t key3) {
-  uint32_t lo = (uint32_t)(index & 0xFFFFFFFFull), hi = (uint32_t)(index >> 32);
-  return nv_mix32(nv_mix32(lo ^ key2) ^ hi ^ key3);
+  return mx_rng_word(index, key2, key3);
 }
 
 __device__ __forceinline__ uint32_t nv_rand24(uint64_t index, uint32_t key2, uint32_t key3) {
-  return nv_word(index, key2, key3) >> 8;
+  return mx_rng_word(index, key2, key3) >> (32 - MX_SR_BITS);
 }
 
 // ---- grid rounding (formats.round_to_grid) -------------------------------------------------------------
@@ -79,25 +76,13 @@ __device__ __forceinline__ uint32_t nv_e4m3_encode(float v, bool stochastic, uin
   return nv_e4m3_bits_from_grid(q) | (signbit(v) ? 0x80u : 0u);
 }
 
-__device__ __forceinline__ float nv_e4m3_decode(uint32_t b) {
-  uint32_t mag = b & 0x7F;
-  if (mag == 0x7F) return __uint_as_float(0x7FC00000u);
-  uint32_t ex = mag >> 3, man = mag & 7;
-  float v = ex == 0 ? (float)man * 0.001953125f : (float)(8 + man) * nv_pow2((int)ex - 10);
-  return (b & 0x80) ? -v : v;
-}
+__device__ __forceinline__ float nv_e4m3_decode(uint32_t b) { return mx_e4m3_value(b); }
 
-// ---- UE8M0 and the MXFP8 RCEIL rule (reference_master.rceil_exponent) --------------------------------------
-__device__ __forceinline__ float nv_e8m0_decode(uint32_t s) {
-  if (s == 0xFF) return __uint_as_float(0x7FC00000u);
-  return s == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(s << 23);
-}
+// ---- UE8M0 and the MXFP8 RCEIL rule: mxfp8.h's mx_e8m0_value / mx_scale_exp ---------------------------------
+__device__ __forceinline__ float nv_e8m0_decode(uint32_t s) { return mx_e8m0_value(s); }
 
-__device__ __forceinline__ int nv_rceil_exponent(float amax) {
-  if (!(amax > 0.0f)) return -127;
-  uint32_t b = __float_as_uint(amax);
-  int e = (int)((b >> 23) & 0xFF) - 127 - 8 + ((b & 0x7FFFFF) > 0x600000 ? 1 : 0);
-  return e < -127 ? -127 : (e > 127 ? 127 : e);
+__device__ __forceinline__ int nv_rceil_exponent(float amax) {  // amax >= 0, finite
+  return mx_scale_exp(__float_as_uint(amax), 1);
 }
 
 // ---- loaders -----------------------------------------------------------------------------------------------

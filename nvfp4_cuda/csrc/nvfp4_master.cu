@@ -7,7 +7,7 @@
 // block as NaN (scale byte 0xFF, codes 0x7F), which decodes to NaN and is visible to the caller.
 #include "nvfp4_common.cuh"
 
-#define NV_MX 32
+#define NV_MX MX_BLOCK_SIZE
 
 // Encode v[0..len) (block j of row r) into payload / scales with the codec's rules.
 __device__ __forceinline__ void nv_mx_encode_block(const float *v, int len, bool bad, int64_t r, int64_t j,
@@ -15,22 +15,22 @@ __device__ __forceinline__ void nv_mx_encode_block(const float *v, int len, bool
                                                    uint8_t *payload, uint8_t *scales) {
   const int64_t nb = (cols + NV_MX - 1) / NV_MX, base = r * cols + j * NV_MX;
   if (bad) {
-    for (int i = 0; i < len; ++i) payload[base + i] = 0x7F;
-    scales[r * nb + j] = 0xFF;
+    for (int i = 0; i < len; ++i) payload[base + i] = MX_E4M3_NAN_MAG;
+    scales[r * nb + j] = MX_E8M0_NAN;
     return;
   }
   float amax = 0.0f;
   for (int i = 0; i < len; ++i) amax = fmaxf(amax, fabsf(v[i]));
   const int e = nv_rceil_exponent(amax);
   const float mul = nv_pow2(-e);
-  const bool top = e == 120;  // codec's top-of-range rule: elements saturate at 240
+  const bool top = e + MX_E8M0_BIAS == MX_TOP_CLAMP_SCALE_BYTE;  // codec's top-of-range rule: saturate at 240
   for (int i = 0; i < len; ++i) {
     float s = v[i] * mul;
-    if (top) s = fmaxf(fminf(s, 240.0f), -240.0f);
+    if (top) s = fmaxf(fminf(s, MX_TOP_CLAMP_VALUE), -MX_TOP_CLAMP_VALUE);
     uint64_t idx = (uint64_t)(base + i);
     payload[idx] = (uint8_t)nv_e4m3_encode(s, sr, sr ? nv_rand24(idx, key2, key3) : 0u);
   }
-  scales[r * nb + j] = (uint8_t)(e + 127);
+  scales[r * nb + j] = (uint8_t)(e + MX_E8M0_BIAS);
 }
 
 __global__ void nv_mxfp8_encode_kernel(const void *x, int dtype, int64_t rows, int64_t cols, int rounding,

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA d
 
 import mxfp8_codec
 import nvfp4_cuda
+from nvfp4_cuda import cuda_ops
 from nvfp4_cuda import formats as F
 from nvfp4_cuda import reference as R
 
@@ -56,7 +57,7 @@ def test_dequantize_and_hadamard_bit_exact() -> None:
 
 @pytest.mark.parametrize("transpose", [False, True])
 def test_quantize_from_mxfp8_bit_exact(transpose: bool) -> None:
-    p, s = R.mxfp8_encode(_data(64, 96, 3) * 0.02)
+    p, s = mxfp8_codec.encode_mxfp8_torch(_data(64, 96, 3) * 0.02)
     kw = {"transpose": transpose, "rounding": "rne"}
     _same(nvfp4_cuda.quantize_nvfp4_from_mxfp8(p.cuda(), s.cuda(), **kw), R.quantize_nvfp4_from_mxfp8(p, s, **kw))
 
@@ -66,20 +67,20 @@ def test_mxfp8_encode_decode_bit_exact(rounding: str) -> None:
     x = _data(33, 100, 4)
     x[0, :32] = 0.0
     x[1, :] = 3e38 * torch.rand(100)
-    p, s = nvfp4_cuda.mxfp8_encode(x.cuda(), rounding=rounding, seed=1, step=2, tensor_id=3)
-    rp, rs = R.mxfp8_encode(x, rounding=rounding, seed=1, step=2, tensor_id=3)
+    p, s = cuda_ops.encode_mxfp8_cuda(x.cuda(), rounding=rounding, seed=1, step=2, tensor_id=3)
+    rp, rs = mxfp8_codec.encode_mxfp8_torch(x, rounding=rounding, seed=1, step=2, tensor_id=3)
     assert torch.equal(p.cpu(), rp) and torch.equal(s.cpu(), rs)
     if rounding == "rne":
         cp, cs = mxfp8_codec.encode_mxfp8(x)
         assert torch.equal(p.cpu(), cp) and torch.equal(s.cpu(), cs)
     for dt in (torch.float32, torch.bfloat16):
-        assert torch.equal(nvfp4_cuda.mxfp8_decode(p, s, dtype=dt).cpu(), R.mxfp8_decode(rp, rs, dtype=dt))
+        assert torch.equal(cuda_ops.decode_mxfp8_cuda(p, s, dtype=dt).cpu(), mxfp8_codec.decode_mxfp8_torch(rp, rs, dtype=dt))
 
 
 @pytest.mark.parametrize("writeback", ["stochastic", "rne", "compensated"])
 def test_lion_bit_exact_over_steps(writeback: str) -> None:
     w = 0.02 * torch.randn(48, 96)
-    p, s = R.mxfp8_encode(w)
+    p, s = mxfp8_codec.encode_mxfp8_torch(w)
     m = torch.zeros(48, 96, dtype=torch.bfloat16)
     comp = torch.zeros(48, 96) if writeback == "compensated" else None
     pg, sg, mg = p.cuda(), s.cuda(), m.cuda()

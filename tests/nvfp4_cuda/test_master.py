@@ -1,4 +1,5 @@
-"""MXFP8 master ops: bit-identity with mxfp8_codec, stochastic rounding, NVFP4-from-MXFP8, the fused Lion
+"""MXFP8 master ops: the codec's torch path (the oracle nvfp4_cuda's reference uses) bit-identical to its
+numpy/native paths, stochastic rounding, NVFP4-from-MXFP8, the fused Lion
 step (one-step float32 oracle, the frozen-master regression under RNE, SR realising the mean update,
 the compensation buffer) and float32 -> bfloat16 stochastic rounding.
 
@@ -36,7 +37,7 @@ def _data(shape: tuple[int, ...], seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_encode_rne_bit_identical_to_codec(shape: tuple[int, ...], dtype: torch.dtype) -> None:
     x = _data(shape, len(shape)).to(dtype)
-    p, s = nvfp4_cuda.mxfp8_encode(x)
+    p, s = mxfp8_codec.encode_mxfp8_torch(x)
     cp, cs = mxfp8_codec.encode_mxfp8(x)
     assert torch.equal(p, cp) and torch.equal(s, cs)
     npp, nps = mxfp8_codec.encode_mxfp8(x.float().numpy())
@@ -52,11 +53,11 @@ def test_encode_corner_blocks_identical_to_codec() -> None:
     x[3] = torch.tensor([448.0 * 2**k for k in range(-16, 16)])
     x[4] = 1.75 * 2.0 ** torch.arange(-16, 16).float()  # mantissa exactly 1.75 (RCEIL boundary)
     x[5] = 1.7500001
-    p, s = nvfp4_cuda.mxfp8_encode(x)
+    p, s = mxfp8_codec.encode_mxfp8_torch(x)
     cp, cs = mxfp8_codec.encode_mxfp8(x)
     assert torch.equal(p, cp) and torch.equal(s, cs)
     assert int(s[2, 0]) == 0 and bool((p[2] == 0x80).all())
-    assert torch.isfinite(nvfp4_cuda.mxfp8_decode(p, s)).all()
+    assert torch.isfinite(mxfp8_codec.decode_mxfp8_torch(p, s)).all()
 
 
 @settings(max_examples=30, deadline=None)
@@ -64,7 +65,7 @@ def test_encode_corner_blocks_identical_to_codec() -> None:
 def test_property_encode_identical_to_codec(rows: int, cols: int, log_scale: float, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, cols, generator=g) * float(2.0**log_scale)
-    p, s = nvfp4_cuda.mxfp8_encode(x)
+    p, s = mxfp8_codec.encode_mxfp8_torch(x)
     cp, cs = mxfp8_codec.encode_mxfp8(x)
     assert torch.equal(p, cp) and torch.equal(s, cs)
 
@@ -73,7 +74,7 @@ def test_property_encode_identical_to_codec(rows: int, cols: int, log_scale: flo
 def test_decode_all_code_scale_pairs_identical_to_codec(dtype: torch.dtype) -> None:
     payload = torch.arange(256, dtype=torch.int32).to(torch.uint8).repeat(256, 1)  # [256 scales, 256 codes]
     scales = torch.arange(256, dtype=torch.int32).to(torch.uint8)[:, None].repeat(1, 8)
-    ours = nvfp4_cuda.mxfp8_decode(payload, scales, dtype=dtype)
+    ours = mxfp8_codec.decode_mxfp8_torch(payload, scales, dtype=dtype)
     theirs = mxfp8_codec.decode_mxfp8(payload, scales, dtype=dtype)
     assert torch.equal(torch.isnan(ours), torch.isnan(theirs))
     finite = ~torch.isnan(ours)
@@ -83,12 +84,12 @@ def test_decode_all_code_scale_pairs_identical_to_codec(dtype: torch.dtype) -> N
 def test_encode_decode_errors() -> None:
     x = torch.randn(2, 40)
     x[1, 33] = float("inf")
-    with pytest.raises(ValueError, match=r"\[1, 33\]"):
-        nvfp4_cuda.mxfp8_encode(x)
+    with pytest.raises(ValueError, match=r"\(1, 33\)"):
+        mxfp8_codec.encode_mxfp8_torch(x)
     with pytest.raises(ValueError, match="scales shape"):
-        nvfp4_cuda.mxfp8_decode(torch.zeros(2, 40, dtype=torch.uint8), torch.zeros(2, 1, dtype=torch.uint8))
+        mxfp8_codec.decode_mxfp8_torch(torch.zeros(2, 40, dtype=torch.uint8), torch.zeros(2, 1, dtype=torch.uint8))
     with pytest.raises(ValueError, match="rounding"):
-        nvfp4_cuda.mxfp8_encode(torch.randn(4), rounding="down")
+        mxfp8_codec.encode_mxfp8_torch(torch.randn(4), rounding="down")
 
 
 def test_stochastic_encode_unbiased_reproducible_and_on_neighbours() -> None:
@@ -96,11 +97,11 @@ def test_stochastic_encode_unbiased_reproducible_and_on_neighbours() -> None:
     x = torch.full((n,), 0.0213)
     x[::32] = 0.05  # block amax fixes the scale: 2**-12 * ... (element spacing 2**-9 at 0.0213 -> see below)
     kw = {"rounding": "stochastic", "seed": 5, "step": 1, "tensor_id": 3}
-    p, s = nvfp4_cuda.mxfp8_encode(x, **kw)
-    p2, _ = nvfp4_cuda.mxfp8_encode(x, **kw)
+    p, s = mxfp8_codec.encode_mxfp8_torch(x, **kw)
+    p2, _ = mxfp8_codec.encode_mxfp8_torch(x, **kw)
     assert torch.equal(p, p2)
-    assert not torch.equal(p, nvfp4_cuda.mxfp8_encode(x, **{**kw, "step": 2})[0])
-    d = nvfp4_cuda.mxfp8_decode(p, s).double()
+    assert not torch.equal(p, mxfp8_codec.encode_mxfp8_torch(x, **{**kw, "step": 2})[0])
+    d = mxfp8_codec.decode_mxfp8_torch(p, s).double()
     mask = torch.ones(n, dtype=torch.bool)
     mask[::32] = False
     vals = d[mask]
@@ -114,9 +115,9 @@ def test_stochastic_encode_unbiased_reproducible_and_on_neighbours() -> None:
 @pytest.mark.parametrize("transpose", [False, True])
 def test_quantize_nvfp4_from_mxfp8(transpose: bool) -> None:
     w = torch.randn(64, 32) * 0.02
-    p, s = nvfp4_cuda.mxfp8_encode(w)
+    p, s = mxfp8_codec.encode_mxfp8_torch(w)
     q = nvfp4_cuda.quantize_nvfp4_from_mxfp8(p, s, transpose=transpose)
-    dec = nvfp4_cuda.mxfp8_decode(p, s)
+    dec = mxfp8_codec.decode_mxfp8_torch(p, s)
     want = nvfp4_cuda.quantize_nvfp4(dec.t().contiguous() if transpose else dec, block_2d=True)
     assert q.block_2d and torch.equal(q.codes, want.codes) and torch.equal(q.block_scales, want.block_scales)
     if transpose:
@@ -138,7 +139,7 @@ def lion_oracle(w: np.ndarray, g: np.ndarray, m: np.ndarray, lr: float, b1: floa
 def _master(shape: tuple[int, int], seed: int, mean: float = 0.0, std: float = 0.02):
     g = torch.Generator().manual_seed(seed)
     w = mean + std * torch.randn(*shape, generator=g)
-    p, s = nvfp4_cuda.mxfp8_encode(w)
+    p, s = mxfp8_codec.encode_mxfp8_torch(w)
     return p, s
 
 
@@ -146,7 +147,7 @@ def test_lion_one_step_rne_matches_oracle() -> None:
     p, s = _master((8, 64), 0)
     grad = torch.randn(8, 64)
     mom = (0.01 * torch.randn(8, 64)).to(torch.bfloat16)
-    w0 = nvfp4_cuda.mxfp8_decode(p, s).numpy()
+    w0 = mxfp8_codec.decode_mxfp8_torch(p, s).numpy()
     op, os_, om, _ = lion_oracle(w0, grad.numpy(), mom.float().numpy(), 1e-2, 0.9, 0.99, 0.1)
     nvfp4_cuda.lion_step_mxfp8_(p, s, grad, mom, lr=1e-2, weight_decay=0.1, writeback="rne")
     assert np.array_equal(p.numpy(), op) and np.array_equal(s.numpy(), os_)
@@ -155,12 +156,12 @@ def test_lion_one_step_rne_matches_oracle() -> None:
 
 def test_lion_compensated_keeps_exact_residual() -> None:
     p, s = _master((4, 64), 1)
-    w0 = nvfp4_cuda.mxfp8_decode(p, s).numpy()
+    w0 = mxfp8_codec.decode_mxfp8_torch(p, s).numpy()
     grad, mom = torch.randn(4, 64), torch.zeros(4, 64, dtype=torch.bfloat16)
     comp = torch.zeros(4, 64)
     nvfp4_cuda.lion_step_mxfp8_(p, s, grad, mom, lr=1e-5, writeback="compensated", compensation=comp)
     _, _, _, t = lion_oracle(w0, grad.numpy(), np.zeros((4, 64), np.float32), 1e-5, 0.9, 0.99, 0.0)
-    assert np.array_equal((nvfp4_cuda.mxfp8_decode(p, s) + comp).numpy(), t)
+    assert np.array_equal((mxfp8_codec.decode_mxfp8_torch(p, s) + comp).numpy(), t)
 
 
 LR, STEPS = 1e-5, 200
@@ -170,8 +171,8 @@ def _run_lion(writeback: str, shape=(512, 64), steps: int = STEPS):
     """Weights ~ 0.02 (|w| in [0.015, 0.025]), constant positive gradient: intended change -lr per step."""
     g = torch.Generator().manual_seed(7)
     w = 0.015 + 0.01 * torch.rand(*shape, generator=g)
-    p, s = nvfp4_cuda.mxfp8_encode(w)
-    w0 = nvfp4_cuda.mxfp8_decode(p, s).double()
+    p, s = mxfp8_codec.encode_mxfp8_torch(w)
+    w0 = mxfp8_codec.decode_mxfp8_torch(p, s).double()
     mom = torch.zeros(*shape, dtype=torch.bfloat16)
     comp = torch.zeros(*shape) if writeback == "compensated" else None
     grad = torch.ones(*shape)
@@ -190,16 +191,16 @@ def test_regression_rne_writeback_freezes_the_master() -> None:
 
 def test_stochastic_writeback_realises_mean_update_within_5_percent() -> None:
     _, _, p, s, w0, _ = _run_lion("stochastic")
-    realised = float((nvfp4_cuda.mxfp8_decode(p, s).double() - w0).mean())
+    realised = float((mxfp8_codec.decode_mxfp8_torch(p, s).double() - w0).mean())
     intended = -LR * STEPS
     assert abs(realised - intended) < 0.05 * abs(intended), (realised, intended)
 
 
 def test_compensated_writeback_realises_update() -> None:
     _, _, p, s, w0, comp = _run_lion("compensated", shape=(64, 64), steps=100)
-    true_w = nvfp4_cuda.mxfp8_decode(p, s).double() + comp.double()
+    true_w = mxfp8_codec.decode_mxfp8_torch(p, s).double() + comp.double()
     assert abs(float((true_w - w0).mean()) + LR * 100) < 0.01 * LR * 100
-    assert not torch.equal(nvfp4_cuda.mxfp8_decode(p, s).double(), w0)  # stored weights did move
+    assert not torch.equal(mxfp8_codec.decode_mxfp8_torch(p, s).double(), w0)  # stored weights did move
 
 
 def test_lion_argument_errors() -> None:

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nvfp4_cuda import rng
+from mxfp8_codec import rng
 
 
 def _oracle_word(i: int, seed: int, step: int, tensor_id: int) -> int:

@@ -1,4 +1,10 @@
-"""Counter-based random numbers for stochastic rounding, identical in PyTorch (int64) and CUDA (uint32).
+"""Counter-based random numbers for stochastic rounding, identical in numpy, PyTorch, C and CUDA.
+
+The one home of the stream used by ``encode_mxfp8(..., rounding="stochastic")`` and by nvfp4_cuda's
+stochastic rounding (NVFP4 quantization, the Lion master write-back, bfloat16 SR); the C/CUDA
+spelling is ``mx_rng_word`` in ``mxfp8_codec/mxfp8.h`` (its constants are checked against this
+module by tests/mxfp8_codec/test_native_header.py). torch is optional: the tensor functions import
+it when called.
 
 Stochastic rounding must give the *same bits* on the CPU reference and on the GPU, and must be
 reproducible from ``(seed, step, tensor_id, element index)`` alone, independent of how work is split
@@ -27,19 +33,48 @@ Element with flat (row-major) index ``i``::
 
     word(i) = mix32( mix32((i mod 2**32) ^ k2) ^ (i >> 32) ^ k3 )
 
-``rand24 = word >> 8`` (stochastic rounding to a grid, see :mod:`nvfp4_cuda.formats`) and
+``rand24 = word >> 8`` (stochastic rounding to a grid: ``mx_round_grid`` in mxfp8.h) and
 ``rand16 = word >> 16`` (float32 -> bfloat16 stochastic rounding).  Different ``tensor_id``/``step``
 values give independent-looking streams; the same key always gives the same stream on every device.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "KEY_SALTS",
+    "MASK32",
+    "MIX_MULT",
+    "SR_BITS",
+    "SR_SCALE",
+    "mix32",
+    "mix32_int",
+    "rand16_like",
+    "rand24_like",
+    "rand24_numpy",
+    "random_words",
+    "random_words_like",
+    "random_words_numpy",
+    "stream_keys",
+]
 
 MASK32 = 0xFFFFFFFF  # 2**32 - 1
 MIX_MULT = 0x045D9F3B  # 73244475, odd, < 2**27
 KEY_SALTS = (0x3C6EF372, 0x1B873593, 0x68E31DA4, 0x2545F491)  # xor constants of the key schedule
+SR_BITS = 24  # random bits used by stochastic rounding to a grid (rand24 = word >> 8)
+SR_SCALE = float(2**SR_BITS)  # 16777216.0
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
 
 
 def mix32_int(x: int) -> int:
@@ -112,6 +147,24 @@ def _np_words(n: int, offset: int, k2: int, k3: int) -> np.ndarray:
     return _np_mix32(x)
 
 
+def random_words_numpy(n: int, seed: int, step: int, tensor_id: int, *, offset: int = 0) -> np.ndarray:
+    """The words (uint32) of flat indices ``offset .. offset + n - 1`` for ``(seed, step, tensor_id)``.
+
+    Example:
+        >>> int(random_words_numpy(1, 0, 0, 0)[0]) == int(random_words_like((1,), 0, 0, 0)[0])
+        True
+    """
+    k2, k3 = stream_keys(seed, step, tensor_id)
+    return _np_words(n, offset, k2, k3)
+
+
+def rand24_numpy(n: int, seed: int, step: int, tensor_id: int, *, offset: int = 0) -> np.ndarray:
+    """24-bit random integers (uint32, ``word >> 8``) for stochastic rounding, numpy."""
+    w = random_words_numpy(n, seed, step, tensor_id, offset=offset)
+    w >>= np.uint32(32 - SR_BITS)
+    return w
+
+
 def random_words_like(shape: tuple[int, ...], seed: int, step: int, tensor_id: int, *,
                       device: torch.device | str = "cpu", offset: int = 0) -> torch.Tensor:
     """Random words (int64 in [0, 2**32)) for every element of a row-major tensor of ``shape``.
@@ -119,6 +172,7 @@ def random_words_like(shape: tuple[int, ...], seed: int, step: int, tensor_id: i
     The counter is the flat index plus ``offset``.  On CPU this runs in numpy uint32 arithmetic
     (same values, ~30x faster than int64 tensors); elsewhere in int64 torch ops.
     """
+    torch = _torch()
     n = 1
     for s in shape:
         n *= int(s)
@@ -131,6 +185,7 @@ def random_words_like(shape: tuple[int, ...], seed: int, step: int, tensor_id: i
 
 def _shifted(shape: tuple[int, ...], seed: int, step: int, tensor_id: int, device: torch.device | str,
              shift: int) -> torch.Tensor:
+    torch = _torch()
     n = 1
     for s in shape:
         n *= int(s)
@@ -145,7 +200,7 @@ def _shifted(shape: tuple[int, ...], seed: int, step: int, tensor_id: int, devic
 def rand24_like(shape: tuple[int, ...], seed: int, step: int, tensor_id: int, *,
                 device: torch.device | str = "cpu") -> torch.Tensor:
     """24-bit random integers (int32 on CPU, int64 elsewhere) used by stochastic rounding to a grid."""
-    return _shifted(shape, seed, step, tensor_id, device, 8)
+    return _shifted(shape, seed, step, tensor_id, device, 32 - SR_BITS)
 
 
 def rand16_like(shape: tuple[int, ...], seed: int, step: int, tensor_id: int, *,
