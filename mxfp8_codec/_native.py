@@ -5,15 +5,13 @@ than copying the output, torch's float8 cast ~25x; a 150-line C loop runs near m
 
 How:
 
-* The source is compiled on first use with the machine's C compiler (``$CC``, else ``cc`` /
-  ``gcc`` / ``clang``) with ``-O3 -march=native`` into a shared library, then opened with
-  ``cffi.FFI().dlopen`` (ABI mode: no Python headers or extension build needed).
-* Cache directory: ``$IDA_CACHE_DIR`` or ``$XDG_CACHE_HOME/ida`` or ``~/.cache/ida``, subfolder
-  ``mxfp8_codec``. The file name carries a sha256 of the source, the flags, the compiler's version
-  banner and the CPU model/flags (``-march=native`` code must not run on another CPU).
-* Concurrency: an exclusive ``fcntl`` lock on ``<name>.lock`` around check-build-install, so
-  concurrent processes build once; the library is written to a temporary file in the same
-  directory, fsynced, and ``os.replace``d into place (readers never see a partial file).
+* The source (with its header ``mxfp8.h``) is compiled on first use with the machine's C compiler
+  with ``-O3 -march=native`` into a shared library, then opened with ``cffi.FFI().dlopen`` (ABI
+  mode: no Python headers or extension build needed).
+* Compiler search, cache directory (``$IDA_CACHE_DIR/mxfp8_codec``), the on/off switch syntax, the
+  build key (sha256 of source, header, flags, compiler banner, CPU model/flags -- ``-march=native``
+  code must not run on another CPU -- and the package version), the ``fcntl`` lock and the atomic
+  install are :mod:`ida_common.native_build`'s, shared with nvfp4_cuda's two native builds.
 * Fallback: no compiler, a failed build or ``MXFP8_CODEC_NATIVE=0`` -> :func:`get_kernel` returns
   None and the codec uses the pure-numpy path, which gives identical bits (tests check both).
   A failed build emits one warning with the compiler's message.
@@ -25,12 +23,8 @@ caller's paths.
 from __future__ import annotations
 
 import functools
-import hashlib
-import os
 import platform
-import shutil
 import subprocess
-import tempfile
 import threading
 import warnings
 from dataclasses import dataclass
@@ -38,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ida_common import native_build
 
 __all__ = [
     "ENV_SWITCH",
@@ -49,7 +45,7 @@ __all__ = [
     "open_library",
 ]
 
-ENV_SWITCH = "MXFP8_CODEC_NATIVE"  # "0" / "false" / "no" / "off" forces the numpy fallback
+ENV_SWITCH = "MXFP8_CODEC_NATIVE"  # "0" / "false" / "no" / "off" forces the numpy fallback (native_build syntax)
 KERNEL_SOURCE = Path(__file__).with_name("_kernel.c")
 KERNEL_HEADER = Path(__file__).with_name("mxfp8.h")  # #included by the kernel (and by nvfp4_cuda's C/CUDA)
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
@@ -80,74 +76,33 @@ _lock = threading.Lock()
 
 
 def cache_dir() -> Path:
-    """Where built kernels live: ``$IDA_CACHE_DIR``, ``$XDG_CACHE_HOME/ida`` or ``~/.cache/ida``."""
-    root = os.environ.get("IDA_CACHE_DIR")
-    if root:
-        base = Path(root)
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME")
-        base = (Path(xdg) if xdg else Path.home() / ".cache") / "ida"
-    return base / "mxfp8_codec"
+    """Where built kernels live: ``native_build.cache_dir("mxfp8_codec")`` (``$IDA_CACHE_DIR/mxfp8_codec``)."""
+    return native_build.cache_dir("mxfp8_codec")
 
 
 def _find_compiler() -> str | None:
-    cc = os.environ.get("CC")
-    if cc:
-        return shutil.which(cc) or (cc if Path(cc).is_file() else None)
-    for cand in ("cc", "gcc", "clang"):
-        path = shutil.which(cand)
-        if path:
-            return path
-    return None
-
-
-def _cpu_identity() -> str:
-    """Model name and feature flags of this CPU (``-march=native`` code is CPU-specific)."""
-    ident = [platform.machine(), platform.processor()]
     try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.startswith(("model name", "flags", "Features", "CPU part")):
-                    ident.append(line.strip())
-                    if len(ident) >= 5:
-                        break
-    except OSError:
-        pass
-    return "\n".join(ident)
+        return native_build.find_c_compiler()
+    except FileNotFoundError as exc:  # $CC names nothing: say so, do not fall back to another compiler
+        raise RuntimeError(f"no C compiler found: {exc}") from None
 
 
 def _build_key(compiler: str) -> str:
-    try:
-        banner = subprocess.run(
-            [compiler, "--version"], capture_output=True, text=True, timeout=30, check=False
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        banner = compiler
-    h = hashlib.sha256()
-    for part in (KERNEL_SOURCE.read_bytes(), KERNEL_HEADER.read_bytes(), " ".join(CFLAGS).encode(), banner.encode(),
-                 _cpu_identity().encode()):
-        h.update(part)
-        h.update(b"\0")
-    return h.hexdigest()[:20]
+    return native_build.build_key(
+        KERNEL_SOURCE.read_bytes(), KERNEL_HEADER.read_bytes(), " ".join(CFLAGS),
+        native_build.compiler_banner(compiler), native_build.cpu_identity(), length=20,
+    )
 
 
 def _compile(compiler: str, out: Path, cflags: tuple[str, ...] = CFLAGS) -> None:
     """Compile the kernel to ``out`` atomically (temporary file + fsync + os.replace)."""
-    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
-    os.close(fd)
-    try:
+    with native_build.install_atomic(out) as tmp:
         proc = subprocess.run(
-            [compiler, *cflags, "-o", tmp, str(KERNEL_SOURCE)],
+            [compiler, *cflags, "-o", str(tmp), str(KERNEL_SOURCE)],
             capture_output=True, text=True, timeout=300, check=False,
         )
         if proc.returncode != 0:
             raise RuntimeError(f"{compiler} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _build_library(bad_contents: bytes | None = None) -> Path:
@@ -165,14 +120,7 @@ def _build_library(bad_contents: bytes | None = None) -> Path:
     lib = directory / f"mxfp8_kernel-{_build_key(compiler)}.so"
     if lib.exists() and bad_contents is None:
         return lib
-    lock_path = lib.with_suffix(".lock")
-    with open(lock_path, "a+b") as lock_file:
-        try:
-            import fcntl
-
-            fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX)
-        except ImportError:  # not POSIX: build without the cross-process lock
-            pass
+    with native_build.file_lock(lib.with_suffix(".lock")):
         # another process may have built (or repaired) it while we waited for the lock
         if not lib.exists() or (bad_contents is not None and lib.read_bytes() == bad_contents):
             _compile(compiler, lib)
@@ -302,7 +250,7 @@ def _load() -> NativeKernel | str:
 
 
 def _disabled_by_env() -> bool:
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off")
+    return not native_build.switch_enabled(ENV_SWITCH)
 
 
 def get_kernel() -> NativeKernel | None:

@@ -13,6 +13,7 @@ available, the pure-PyTorch reference otherwise.  Backend selection for CUDA ten
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 from typing import Any
@@ -184,21 +185,48 @@ def stochastic_round_to_bf16_(dst_bf16: torch.Tensor, src_fp32: torch.Tensor, *,
     return reference.stochastic_round_to_bf16_(dst_bf16, src_fp32, seed=seed, step=step, tensor_id=tensor_id)
 
 
+def nvidia_driver() -> str | None:
+    """The NVIDIA driver's version line, ``"present"`` when only its library is found, or None (no driver).
+
+    Looks at ``/proc/driver/nvidia/version`` and tries to load ``libcuda.so.1`` (nothing is initialised).
+    """
+    try:
+        with open("/proc/driver/nvidia/version", encoding="utf-8", errors="replace") as fh:
+            return fh.readline().strip() or "present"
+    except OSError:
+        pass
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    return "present"
+
+
 def backend_info() -> dict[str, Any]:
-    """Which backend CUDA tensors would use here, the device, and the library path (nothing is compiled).
+    """The backend that actually runs here, the device, and the library path (nothing is compiled).
+
+    ``backend`` is ``native-sm120a`` / ``emulated-cuda`` for CUDA tensors on a usable GPU, else the
+    CPU path that runs: ``cpu-native`` (the C fast path, :mod:`nvfp4_cuda.cpu_native`) or
+    ``cpu-reference`` (pure PyTorch: ``NVFP4_CPU_NATIVE=0``, no compiler, or a failed build).
 
     Example:
         >>> import nvfp4_cuda
-        >>> nvfp4_cuda.backend_info()["backend"] in ("native-sm120a", "emulated-cuda", "cpu-reference")
+        >>> nvfp4_cuda.backend_info()["backend"] in ("native-sm120a", "emulated-cuda", "cpu-native", "cpu-reference")
         True
     """
-    info: dict[str, Any] = {"backend": "cpu-reference", "device": "cpu", "library": None, "reason": "",
-                            "cpu_native": cpu_native.available()}
+    native = cpu_native.available()
+    cpu_backend = "cpu-native" if native else "cpu-reference"
+    info: dict[str, Any] = {"backend": cpu_backend, "device": "cpu", "library": None, "reason": "",
+                            "cpu_native": native}
     if os.environ.get(BACKEND_ENV, "").lower() == "reference":
-        info["reason"] = f"{BACKEND_ENV}=reference"
+        info["backend"] = "cpu-reference"
+        info["reason"] = f"{BACKEND_ENV}=reference (every tensor runs through the PyTorch reference)"
         return info
     if not torch.cuda.is_available():
-        info["reason"] = "no CUDA device visible to torch"
+        driver = nvidia_driver()
+        info["driver"] = driver or "no NVIDIA driver"
+        why = "no NVIDIA driver (libcuda.so.1 not found)" if driver is None else "no CUDA device visible to torch"
+        info["reason"] = f"{why}; CPU tensors use the {'native C path' if native else 'PyTorch reference'}"
         return info
     from nvfp4_cuda import build
 

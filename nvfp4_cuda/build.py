@@ -8,29 +8,29 @@ block-scaled MMA (verified with nvcc 13.0).  The FP4 instruction sits behind
 ``-fmad=false`` keeps every float32 operation separately rounded, as in the PyTorch reference.
 nvcc links cudart statically, so the library depends only on the driver at run time.
 
-Cache: ``$NVFP4_CUDA_CACHE_DIR``, else ``$XDG_CACHE_HOME/ida/nvfp4_cuda``, else
-``~/.cache/ida/nvfp4_cuda``; the library goes to ``<cache>/<key>/libnvfp4_cuda.so`` where ``key`` is the
-first 16 hex digits of sha256(sources, flags, ``nvcc --version``, package version).  Concurrent
-builders (torchrun ranks) serialise on an ``fcntl`` lock; the library is written to a temporary name
-and installed with ``os.replace`` (atomic).  ``$NVFP4_CUDA_NVCC`` or ``$CUDA_HOME/bin/nvcc`` override
-the nvcc found on ``PATH``.
+Cache: ``$IDA_CACHE_DIR/nvfp4_cuda`` (else ``$XDG_CACHE_HOME/ida/nvfp4_cuda``, else
+``~/.cache/ida/nvfp4_cuda``; the old ``$NVFP4_CUDA_CACHE_DIR`` still works, with a deprecation
+warning); the library goes to ``<cache>/<key>/libnvfp4_cuda.so`` where ``key`` is the first 16 hex
+digits of sha256(sources incl. ``mxfp8_codec/mxfp8.h``, flags, ``nvcc --version``, package version
+from package metadata).  Concurrent builders (torchrun ranks) serialise on an ``fcntl`` lock; the
+library is written to a temporary name and installed atomically -- cache, key, lock and install are
+:mod:`ida_common.native_build`'s, shared with the two C builds.  nvcc: ``$NVFP4_CUDA_NVCC`` if set (a
+nonexistent one is an error, never silently replaced), else ``$CUDA_HOME/bin/nvcc``, else ``PATH``.
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 from tqdm import tqdm
 
+from ida_common import native_build
 from mxfp8_codec.constants import C_HEADER
 
-PACKAGE_VERSION = "0.1.0"
+NVCC_ENV = "NVFP4_CUDA_NVCC"  # explicit nvcc; must exist when set
 CSRC = Path(__file__).resolve().parent / "csrc"
 HEADER = CSRC / "nvfp4.h"
 LIB_NAME = "libnvfp4_cuda.so"
@@ -62,9 +62,18 @@ def gencode_flags() -> list[str]:
 
 
 def find_nvcc() -> str:
-    """Path of nvcc: ``$NVFP4_CUDA_NVCC``, ``$CUDA_HOME/bin/nvcc`` or ``PATH``; BuildError if absent."""
-    env = os.environ.get("NVFP4_CUDA_NVCC")
-    candidates = [env] if env else []
+    """Path of nvcc: ``$NVFP4_CUDA_NVCC``, ``$CUDA_HOME/bin/nvcc`` or ``PATH``; BuildError if absent.
+
+    A set ``$NVFP4_CUDA_NVCC`` that names nothing executable is refused (BuildError naming it), not
+    replaced by another nvcc.
+    """
+    try:
+        explicit = native_build.tool_from_env(NVCC_ENV, "CUDA compiler nvcc")
+    except FileNotFoundError as e:
+        raise BuildError(str(e)) from None
+    if explicit:
+        return explicit
+    candidates: list[str] = []
     if os.environ.get("CUDA_HOME"):
         candidates.append(str(Path(os.environ["CUDA_HOME"]) / "bin" / "nvcc"))
     found = shutil.which("nvcc")
@@ -73,7 +82,7 @@ def find_nvcc() -> str:
     for c in candidates:
         if c and Path(c).is_file() and os.access(c, os.X_OK):
             return c
-    raise BuildError("nvfp4_cuda: nvcc not found (looked at $NVFP4_CUDA_NVCC, $CUDA_HOME/bin/nvcc and PATH). "
+    raise BuildError("nvcc not found (looked at $NVFP4_CUDA_NVCC, $CUDA_HOME/bin/nvcc and PATH). "
                      "Install the CUDA toolkit (12.8+ for sm_120a) or point NVFP4_CUDA_NVCC at nvcc; "
                      "CPU tensors do not need it (they use nvfp4_cuda.reference); NVFP4_CUDA_BACKEND=reference "
                      "runs CUDA tensors through the PyTorch reference as well.")
@@ -83,29 +92,21 @@ def nvcc_version(nvcc: str) -> str:
     """``nvcc --version`` text (part of the cache key)."""
     res = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=False)
     if res.returncode != 0:
-        raise BuildError(f"nvfp4_cuda: '{nvcc} --version' failed: {res.stderr.strip()}")
+        raise BuildError(f"'{nvcc} --version' failed: {res.stderr.strip()}")
     return res.stdout.strip()
 
 
 def cache_dir() -> Path:
-    """Root of the build cache (see module docstring)."""
-    env = os.environ.get("NVFP4_CUDA_CACHE_DIR")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".cache"
-    return base / "ida" / "nvfp4_cuda"
+    """Root of the CUDA build cache: ``native_build.cache_dir("nvfp4_cuda")`` (see module docstring)."""
+    return native_build.cache_dir("nvfp4_cuda")
 
 
 def build_key(nvcc: str) -> str:
     """16 hex digits of sha256 over sources, flags, nvcc version and package version."""
-    h = hashlib.sha256()
+    parts: list[bytes | str] = []
     for p in source_files():
-        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-    h.update(" ".join(BASE_FLAGS + tuple(gencode_flags())).encode())
-    h.update(nvcc_version(nvcc).encode())
-    h.update(PACKAGE_VERSION.encode())
-    return h.hexdigest()[:16]
+        parts += [p.name, p.read_bytes()]
+    return native_build.build_key(*parts, " ".join(BASE_FLAGS + tuple(gencode_flags())), nvcc_version(nvcc))
 
 
 def library_path(nvcc: str | None = None) -> Path:
@@ -118,7 +119,7 @@ def _run(cmd: list[str], what: str) -> None:
     res = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if res.returncode != 0:
         tail = "\n".join((res.stderr or res.stdout).strip().splitlines()[-25:])
-        raise BuildError(f"nvfp4_cuda: {what} failed (exit {res.returncode}):\n{' '.join(cmd)}\n{tail}")
+        raise BuildError(f"{what} failed (exit {res.returncode}):\n{' '.join(cmd)}\n{tail}")
 
 
 def build(*, force: bool = False, progress: bool = True) -> Path:
@@ -137,31 +138,30 @@ def build(*, force: bool = False, progress: bool = True) -> Path:
     """
     nvcc = find_nvcc()
     target = library_path(nvcc)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = target.parent / ".lock"
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if target.is_file() and not force:
-                return target
-            cus = [p for p in source_files() if p.suffix == ".cu"]
-            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-                objs = []
-                bar = tqdm(total=len(cus) + 1, desc="nvcc nvfp4_cuda", disable=not progress, unit="step")
-                for cu in cus:
-                    obj = Path(tmp) / (cu.stem + ".o")
-                    bar.set_postfix_str(cu.name)
-                    _run([nvcc, *BASE_FLAGS, *gencode_flags(), "-c", str(cu), "-o", str(obj)], f"compiling {cu.name}")
-                    objs.append(str(obj))
-                    bar.update(1)
-                out_tmp = Path(tmp) / LIB_NAME
-                bar.set_postfix_str("link")
-                _run([nvcc, "-shared", *gencode_flags(), *objs, "-o", str(out_tmp)], "linking")
-                bar.update(1)
-                bar.close()
-                with open(out_tmp, "rb") as f:
-                    os.fsync(f.fileno())
-                os.replace(out_tmp, target)
+    with native_build.file_lock(target.parent / ".lock"):
+        if target.is_file() and not force:
             return target
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+        cus = [p for p in source_files() if p.suffix == ".cu"]
+        with native_build.install_atomic(target) as out_tmp:
+            objs = []
+            bar = tqdm(total=len(cus) + 1, desc="nvcc nvfp4_cuda", disable=not progress, unit="step")
+            for cu in cus:
+                obj = out_tmp.with_name(f"{out_tmp.name}.{cu.stem}.o")
+                objs.append(obj)
+                bar.set_postfix_str(cu.name)
+                try:
+                    _run([nvcc, *BASE_FLAGS, *gencode_flags(), "-c", str(cu), "-o", str(obj)], f"compiling {cu.name}")
+                except BuildError:
+                    for o in objs:
+                        o.unlink(missing_ok=True)
+                    raise
+                bar.update(1)
+            bar.set_postfix_str("link")
+            try:
+                _run([nvcc, "-shared", *gencode_flags(), *map(str, objs), "-o", str(out_tmp)], "linking")
+            finally:
+                for o in objs:
+                    o.unlink(missing_ok=True)
+            bar.update(1)
+            bar.close()
+        return target

@@ -30,13 +30,18 @@ def _info() -> dict[str, object]:
         info["nvcc"] = None
         info["library_built"] = False
         info["nvcc_error"] = str(e)
+    if info.get("driver") == "no NVIDIA driver":
+        return info  # nothing to ask the library: the CUDA runtime would only say "insufficient driver"
     if info.get("library_built"):
         from nvfp4_cuda import cuda_ops
 
         try:
             info["driver"] = cuda_ops.device_query()
         except (cuda_ops.NVFP4CudaError, OSError) as e:
-            info["driver"] = f"unavailable: {e}"
+            text = str(e)
+            if "InsufficientDriver" in text or "insufficient" in text:
+                text = f"NVIDIA driver too old for this CUDA runtime ({text})"
+            info["driver"] = f"unavailable: {text}"
     return info
 
 

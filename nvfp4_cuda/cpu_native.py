@@ -8,23 +8,19 @@ where the PyTorch versions need dozens of int64 passes for the RNG and the grid 
 :mod:`nvfp4_cuda.reference` stays the oracle: tests check that this path gives the same bits, and
 ``NVFP4_CPU_NATIVE=0`` switches it off.
 
-Build: compiled on first use with the machine's C compiler (``$CC``, else cc / gcc / clang),
-``-O3 -march=native -ffp-contract=off`` (no fused multiply-add: every float32 operation rounds once,
-as in PyTorch), loaded with cffi ``dlopen``; cached under ``<nvfp4 cache>/cpu/`` keyed by sha256 of
-source, flags, compiler banner and CPU identity (``-march=native`` code must not move between CPUs);
-file lock + atomic ``os.replace``.  Any failure -> one warning and the PyTorch path.
+Build: compiled on first use with the machine's C compiler, ``-O3 -march=native -ffp-contract=off``
+(no fused multiply-add: every float32 operation rounds once, as in PyTorch) and ``-I`` the directory
+of ``mxfp8_codec/mxfp8.h`` (the MXFP8 rules the Lion step uses), loaded with cffi ``dlopen``; cached
+under ``$IDA_CACHE_DIR/nvfp4_cuda/cpu/`` keyed by sha256 of source, header, flags, compiler banner,
+CPU identity (``-march=native`` code must not move between CPUs) and package version; file lock +
+atomic install.  Compiler search, cache, switch syntax, key, lock and install are
+:mod:`ida_common.native_build`'s.  Any failure -> one warning and the PyTorch path.
 """
 
 from __future__ import annotations
 
-import fcntl
 import functools
-import hashlib
-import os
-import platform
-import shutil
 import subprocess
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -32,13 +28,13 @@ from typing import Any
 import cffi
 import torch
 
+from ida_common import native_build
 from mxfp8_codec.constants import C_HEADER
-from nvfp4_cuda import build as _build
 from nvfp4_cuda.formats import NVFP4_BLOCK, e4m3_decode_table
 from mxfp8_codec.rng import stream_keys
 from nvfp4_cuda.tensor import NVFP4Tensor
 
-ENV_SWITCH = "NVFP4_CPU_NATIVE"  # "0" disables the native CPU path
+ENV_SWITCH = "NVFP4_CPU_NATIVE"  # "0" / "false" / "no" / "off" disables the native CPU path (native_build syntax)
 SOURCE = Path(__file__).resolve().parent / "cpu" / "nvfp4_cpu.c"
 CFLAGS: tuple[str, ...] = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC",
                            f"-I{C_HEADER.parent}")  # mxfp8.h: MXFP8 constants, scale rule, RNG, block encoder
@@ -56,56 +52,28 @@ void nvfp4_cpu_sr_bf16(const float *src, int64_t n, uint32_t k2, uint32_t k3, ui
 """
 
 
-def _compiler() -> str | None:
-    cc = os.environ.get("CC")
-    if cc:
-        return shutil.which(cc) or (cc if Path(cc).is_file() else None)
-    for cand in ("cc", "gcc", "clang"):
-        found = shutil.which(cand)
-        if found:
-            return found
-    return None
-
-
-def _cpu_identity() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        keep = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))][:2]
-        return "\n".join(keep)
-    except OSError:
-        return platform.processor() or platform.machine()
-
-
 def library_path(compiler: str) -> Path:
-    """Cache path of the compiled library for this source / flags / compiler / CPU."""
-    banner = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
-    h = hashlib.sha256(SOURCE.read_bytes() + C_HEADER.read_bytes())
-    for part in (" ".join(CFLAGS), banner, _cpu_identity()):
-        h.update(part.encode())
-    return _build.cache_dir() / "cpu" / f"nvfp4_cpu-{h.hexdigest()[:16]}.so"
+    """Cache path of the compiled library for this source / header / flags / compiler / CPU / version."""
+    key = native_build.build_key(SOURCE.read_bytes(), C_HEADER.read_bytes(), " ".join(CFLAGS),
+                                 native_build.compiler_banner(compiler), native_build.cpu_identity())
+    return native_build.cache_dir("nvfp4_cuda") / "cpu" / f"nvfp4_cpu-{key}.so"
 
 
 def _build_library() -> Path:
-    compiler = _compiler()
+    try:
+        compiler = native_build.find_c_compiler()
+    except FileNotFoundError as e:  # $CC names nothing: say so, do not fall back to another compiler
+        raise RuntimeError(f"no C compiler found: {e}") from None
     if compiler is None:
         raise RuntimeError("no C compiler found ($CC, cc, gcc, clang)")
     lib = library_path(compiler)
-    lib.parent.mkdir(parents=True, exist_ok=True)
-    with open(lib.parent / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if not lib.is_file():
-                with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
-                    out = Path(tmp) / lib.name
-                    res = subprocess.run([compiler, *CFLAGS, "-o", str(out), str(SOURCE)], capture_output=True,
-                                         text=True, check=False)
-                    if res.returncode != 0:
-                        raise RuntimeError(f"{compiler} failed: {res.stderr.strip()[-1500:]}")
-                    with open(out, "rb") as f:
-                        os.fsync(f.fileno())
-                    os.replace(out, lib)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with native_build.file_lock(lib.parent / ".lock"):
+        if not lib.is_file():
+            with native_build.install_atomic(lib) as out:
+                res = subprocess.run([compiler, *CFLAGS, "-o", str(out), str(SOURCE)], capture_output=True,
+                                     text=True, check=False)
+                if res.returncode != 0:
+                    raise RuntimeError(f"{compiler} failed: {res.stderr.strip()[-1500:]}")
     return lib
 
 
@@ -122,7 +90,7 @@ def _load() -> tuple[cffi.FFI, Any] | None:
 
 def available() -> bool:
     """True when the native CPU path is enabled and loads."""
-    return os.environ.get(ENV_SWITCH, "1") != "0" and _load() is not None
+    return native_build.switch_enabled(ENV_SWITCH) and _load() is not None
 
 
 def _ptr(ffi: cffi.FFI, ctype: str, t: torch.Tensor) -> Any:

@@ -16,7 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from nvfp4_cuda import build, cuda_ops
+import nvfp4_cuda
+from ida_common import native_build
+from mxfp8_codec import _native
+from nvfp4_cuda import build, cpu_native, cuda_ops
+from nvfp4_cuda.api import nvidia_driver
 
 HAS_NVCC = shutil.which("nvcc") is not None or bool(os.environ.get("NVFP4_CUDA_NVCC"))
 
@@ -42,13 +46,72 @@ def test_gencode_flags_are_explicit_and_include_sm120a() -> None:
 
 def test_cache_dir_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("NVFP4_CUDA_CACHE_DIR", raising=False)
+    monkeypatch.delenv("IDA_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert build.cache_dir() == tmp_path / "xdg" / "ida" / "nvfp4_cuda"
+    monkeypatch.setenv("IDA_CACHE_DIR", str(tmp_path / "ida"))  # README's variable: every native build
+    assert build.cache_dir() == tmp_path / "ida" / "nvfp4_cuda"
+    assert cpu_native.library_path("cc").parent == tmp_path / "ida" / "nvfp4_cuda" / "cpu"
+    assert _native.cache_dir() == tmp_path / "ida" / "mxfp8_codec"
     monkeypatch.setenv("NVFP4_CUDA_CACHE_DIR", str(tmp_path / "mine"))
-    assert build.cache_dir() == tmp_path / "mine"
+    assert build.cache_dir() == tmp_path / "ida" / "nvfp4_cuda"  # IDA_CACHE_DIR wins over the old alias
+    monkeypatch.delenv("IDA_CACHE_DIR")
+    native_build._warned.discard("NVFP4_CUDA_CACHE_DIR")
+    with pytest.warns(UserWarning, match="NVFP4_CUDA_CACHE_DIR is deprecated; set IDA_CACHE_DIR"):
+        assert build.cache_dir() == tmp_path / "mine"  # the old variable, alone, still works
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.delenv("NVFP4_CUDA_CACHE_DIR")
     assert build.cache_dir() == Path.home() / ".cache" / "ida" / "nvfp4_cuda"
+
+
+def test_one_switch_syntax(monkeypatch: pytest.MonkeyPatch) -> None:
+    for value, on in (("0", False), ("off", False), ("No", False), ("false", False), ("1", True), ("on", True),
+                      ("", True)):
+        for var in (cpu_native.ENV_SWITCH, _native.ENV_SWITCH):
+            monkeypatch.setenv(var, value)
+            assert native_build.switch_enabled(var) is on, (var, value)
+    monkeypatch.setenv(cpu_native.ENV_SWITCH, "off")
+    assert not cpu_native.available()  # "off" used to be ignored by the NVFP4 CPU path (only "0" worked)
+    monkeypatch.setenv(cpu_native.ENV_SWITCH, "maybe")
+    native_build._warned.discard(cpu_native.ENV_SWITCH)
+    with pytest.warns(UserWarning, match="NVFP4_CPU_NATIVE='maybe' is not one of"):
+        assert native_build.switch_enabled(cpu_native.ENV_SWITCH)
+
+
+def test_version_comes_from_package_metadata() -> None:
+    from importlib import metadata
+
+    assert native_build.package_version() == metadata.version("ida")
+    assert not hasattr(build, "PACKAGE_VERSION")
+
+
+def test_nonexistent_nvcc_is_refused_not_replaced(tmp_path: Path) -> None:
+    """NVFP4_CUDA_NVCC naming nothing: one error line naming it, even though another nvcc is on PATH."""
+    env = {**os.environ, "NVFP4_CUDA_NVCC": "/nonexistent/nvcc", "IDA_CACHE_DIR": str(tmp_path)}
+    res = subprocess.run([sys.executable, "-m", "nvfp4_cuda", "build"], capture_output=True, text=True, env=env,
+                         check=False, cwd=Path(__file__).resolve().parents[2], timeout=120)
+    assert res.returncode == 3 and res.stdout == ""
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("nvfp4_cuda: error: NVFP4_CUDA_NVCC=/nonexistent/nvcc: no such executable")
+    assert not list(tmp_path.rglob("*.so"))
+
+
+@pytest.mark.skipif(nvidia_driver() is not None, reason="an NVIDIA driver is installed here")
+def test_info_without_driver_says_no_nvidia_driver() -> None:
+    res = subprocess.run([sys.executable, "-m", "nvfp4_cuda", "info"], capture_output=True, text=True, check=False,
+                         cwd=Path(__file__).resolve().parents[2], timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "driver: no NVIDIA driver" in res.stdout and "reason: no NVIDIA driver" in res.stdout
+    assert "InsufficientDriver" not in res.stdout and "insufficient" not in res.stdout
+
+
+def test_backend_info_names_the_backend_that_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the CUDA backends are reported")
+    assert nvfp4_cuda.backend_info()["backend"] == ("cpu-native" if cpu_native.available() else "cpu-reference")
+    monkeypatch.setenv(cpu_native.ENV_SWITCH, "0")
+    assert nvfp4_cuda.backend_info()["backend"] == "cpu-reference"
 
 
 def test_missing_nvcc_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -57,17 +120,19 @@ def test_missing_nvcc_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(build.BuildError, match="nvcc not found"):
         build.build()
-    env = {"PATH": str(tmp_path), "NVFP4_CUDA_CACHE_DIR": str(tmp_path / "cache"), "HOME": str(tmp_path)}
+    env = {"PATH": str(tmp_path), "IDA_CACHE_DIR": str(tmp_path / "cache"), "HOME": str(tmp_path)}
     res = subprocess.run([sys.executable, "-m", "nvfp4_cuda", "build"], capture_output=True, text=True, env=env, check=False,
                          cwd=Path(__file__).resolve().parents[2], timeout=120)
     assert res.returncode == 3 and res.stderr.startswith("nvfp4_cuda: error: ") and "nvcc not found" in res.stderr
+    assert res.stdout == "" and len(res.stderr.strip().splitlines()) == 1
 
 
 def test_cli_info_reports_backend() -> None:
     res = subprocess.run([sys.executable, "-m", "nvfp4_cuda", "info", "--json"], capture_output=True, text=True, check=False,
                          cwd=Path(__file__).resolve().parents[2], timeout=120)
     assert res.returncode == 0, res.stderr
-    assert '"backend"' in res.stdout and ("cpu-reference" in res.stdout or "cuda" in res.stdout)
+    assert '"backend"' in res.stdout and ("cpu-native" in res.stdout or "cpu-reference" in res.stdout
+                                          or "cuda" in res.stdout)
 
 
 @pytest.mark.slow
