@@ -362,6 +362,7 @@ def test_torch_path_chunking_matches_numpy(monkeypatch: pytest.MonkeyPatch) -> N
         encode_mxfp8_torch(torch.from_numpy(x), name="w")
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the torch path on GPU)")
 def test_cuda_tensors_stay_on_device_with_identical_bits() -> None:
     rng = np.random.default_rng(4)

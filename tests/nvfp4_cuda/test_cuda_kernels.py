@@ -14,7 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: GPU kernel tests skipped")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: GPU kernel tests skipped")]
 
 import mxfp8_codec
 import nvfp4_cuda
@@ -70,9 +71,10 @@ def test_mxfp8_encode_decode_bit_exact(rounding: str) -> None:
     p, s = cuda_ops.encode_mxfp8_cuda(x.cuda(), rounding=rounding, seed=1, step=2, tensor_id=3)
     rp, rs = mxfp8_codec.encode_mxfp8_torch(x, rounding=rounding, seed=1, step=2, tensor_id=3)
     assert torch.equal(p.cpu(), rp) and torch.equal(s.cpu(), rs)
-    if rounding == "rne":
-        cp, cs = mxfp8_codec.encode_mxfp8(x)
-        assert torch.equal(p.cpu(), cp) and torch.equal(s.cpu(), cs)
+    cp, cs = mxfp8_codec.encode_mxfp8(x, rounding=rounding, seed=1, step=2, tensor_id=3)  # native C (mxfp8.h)
+    assert torch.equal(p.cpu(), cp) and torch.equal(s.cpu(), cs)
+    gp, gs = mxfp8_codec.encode_mxfp8(x.cuda(), rounding=rounding, seed=1, step=2, tensor_id=3)  # torch on GPU
+    assert gp.is_cuda and torch.equal(gp.cpu(), cp) and torch.equal(gs.cpu(), cs)
     for dt in (torch.float32, torch.bfloat16):
         assert torch.equal(cuda_ops.decode_mxfp8_cuda(p, s, dtype=dt).cpu(), mxfp8_codec.decode_mxfp8_torch(rp, rs, dtype=dt))
 

@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# scripts/device_check.sh REPORT_DIR -- everything this project can check only on a CUDA GPU, in one run.
+#
+#   1. environment (GPU, driver, torch, nvcc)      4. 20-step nvfp4 training of the demo model on the GPU
+#   2. build libnvfp4_cuda.so (cached)                and on the CPU reference (concurrently), compared:
+#   3. every GPU-marked test (pytest -m gpu)           loss curve and final MXFP8 master bytes
+#                                                   5. the GPU benchmarks (benchmarks/bench_nvfp4_gpu.py)
+#
+# Writes REPORT_DIR/report.md (the summary) and one log / JSON / XML file per step beside it.
+# Sized for 8 minutes on one H200 with 16 cores (each step has its own time limit, listed below), so
+# a 15-minute device lease runs it once with room for a rerun; the CUDA build is cached
+# ($IDA_CACHE_DIR/nvfp4_cuda), so a rerun skips step 2.
+#
+# Exit status: 0 all steps passed, or no GPU here (it says "no GPU" and writes a report saying so);
+# 1 some step failed (report.md says which); 2 bad usage. See docs/nvfp4.md, "Device check".
+set -u -o pipefail
+
+usage() { echo "usage: scripts/device_check.sh REPORT_DIR   (writes REPORT_DIR/report.md)" >&2; exit 2; }
+[ $# -eq 1 ] || usage
+case "$1" in -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="$1"
+PY="${PYTHON:-python}"
+mkdir -p "$OUT" || { echo "device_check: error: cannot create report directory $OUT" >&2; exit 2; }
+OUT="$(cd "$OUT" && pwd)"
+REPORT="$OUT/report.md"
+cd "$REPO" || exit 2
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+
+# time limits per step (seconds); worst case ~7.5 min in all (a normal run is well under), leaving a rerun
+T_ENV=20 T_BUILD=180 T_TESTS=90 T_TRAIN=75 T_BENCH=45 T_COMPARE=30
+STEPS=20
+FAILED=0
+START=$(date +%s)
+
+note() { echo "$*" | tee -a "$REPORT"; }
+elapsed() { echo $(( $(date +%s) - START )); }
+
+# run NAME LIMIT CMD...: run a step with a time limit, log to OUT/NAME.log, one report line
+run() {
+    local name="$1" limit="$2"; shift 2
+    local t0 rc
+    t0=$(date +%s)
+    timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
+    rc=$?
+    local took=$(( $(date +%s) - t0 ))
+    if [ $rc -eq 0 ]; then
+        note "- **$name**: ok (${took} s)"
+    else
+        [ $rc -eq 124 ] || [ $rc -eq 137 ] && note "- **$name**: TIMED OUT after ${limit} s (log: $name.log)" \
+            || note "- **$name**: FAILED, exit $rc (${took} s; log: $name.log, last lines below)"
+        { echo '```'; tail -n 15 "$OUT/$name.log"; echo '```'; } >>"$REPORT"
+        FAILED=1
+    fi
+    return $rc
+}
+
+{
+    echo "# Device check ($(date -u +%Y-%m-%dT%H:%M:%SZ))"
+    echo
+    echo "Repository: $REPO at $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')"
+    echo
+} >"$REPORT"
+
+# ---- 0. is there a GPU? -------------------------------------------------------------------------------
+GPU_PROBE=$(timeout 120 "$PY" - <<'EOF' 2>&1
+import torch
+from nvfp4_cuda.api import nvidia_driver
+if not torch.cuda.is_available():
+    d = nvidia_driver()
+    print("no GPU: " + ("no NVIDIA driver (libcuda.so.1 not found)" if d is None
+                         else f"driver {d!r} present but torch sees no CUDA device (torch {torch.__version__})"))
+else:
+    print("gpu: " + ", ".join(f"{torch.cuda.get_device_name(i)} (sm_{''.join(map(str, torch.cuda.get_device_capability(i)))})"
+                              for i in range(torch.cuda.device_count())))
+EOF
+)
+if [ "${GPU_PROBE#gpu: }" = "$GPU_PROBE" ]; then
+    [ "${GPU_PROBE#no GPU}" = "$GPU_PROBE" ] && GPU_PROBE="no GPU: the probe (torch.cuda.is_available()) failed or timed out: $(echo "$GPU_PROBE" | tail -n 1)"
+    note "device_check: $GPU_PROBE -- nothing to check on this machine (run it where a CUDA GPU is visible)."
+    exit 0
+fi
+note "- **gpu**: ${GPU_PROBE#gpu: }"
+
+# ---- 1. environment ---------------------------------------------------------------------------------------
+run env "$T_ENV" bash -c "nvidia-smi; $PY -c 'import torch; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda)'; \
+    (nvcc --version || echo 'nvcc: not on PATH'); $PY -m nvfp4_cuda info"
+
+# ---- 2. build ---------------------------------------------------------------------------------------------
+run build "$T_BUILD" "$PY" -m nvfp4_cuda build
+BUILD_OK=$?
+
+# ---- 3. every GPU-marked test -------------------------------------------------------------------------------
+if [ $BUILD_OK -eq 0 ]; then
+    run gpu_tests "$T_TESTS" "$PY" -m pytest -q -m gpu -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" tests
+    grep -E "passed|failed|error" "$OUT/gpu_tests.log" | tail -n 1 | sed 's/^/  - pytest: /' >>"$REPORT"
+else
+    note "- **gpu_tests**: skipped (no library)"
+fi
+
+# ---- 4. 20-step nvfp4 training: GPU and CPU reference, concurrently ----------------------------------------
+TRAIN_ARGS=(--steps "$STEPS" --eval.final false --train.log_every 1 --train.progress false)
+rm -rf "$OUT/train_gpu" "$OUT/train_cpu"
+( run train_cpu "$T_TRAIN" env CUDA_VISIBLE_DEVICES= "$PY" -m ida_trainer "${TRAIN_ARGS[@]}" --out "$OUT/train_cpu" ) &
+CPU_PID=$!
+run train_gpu "$T_TRAIN" "$PY" -m ida_trainer "${TRAIN_ARGS[@]}" --out "$OUT/train_gpu"
+wait $CPU_PID || FAILED=1
+run compare_training "$T_COMPARE" "$PY" - "$OUT" <<'EOF'
+"""Loss curves and final MXFP8 masters of the GPU and CPU runs, side by side."""
+import json, sys
+from pathlib import Path
+
+import numpy as np
+
+from mxfp8_codec import open_mxfp8
+
+out = Path(sys.argv[1])
+runs = {k: out / f"train_{k}" for k in ("gpu", "cpu")}
+logs = {k: [json.loads(l) for l in (d / "train_log.jsonl").read_text().splitlines() if l.strip()] for k, d in runs.items()}
+gpu, cpu = ({r["step"]: r["loss"] for r in logs[k]} for k in ("gpu", "cpu"))
+steps = sorted(set(gpu) & set(cpu))
+rel = [abs(gpu[s] - cpu[s]) / max(abs(cpu[s]), 1e-12) for s in steps]
+lines = ["| step | loss GPU | loss CPU | rel. diff |", "|---|---|---|---|"]
+lines += [f"| {s} | {gpu[s]:.6f} | {cpu[s]:.6f} | {r:.2e} |" for s, r in zip(steps, rel)]
+ident_loss = sum(gpu[s] == cpu[s] for s in steps)
+files = {k: d / "export" / "model.safetensors" for k, d in runs.items()}
+same_bytes = total_bytes = same_tensors = n_tensors = 0
+with open_mxfp8(files["gpu"]) as g, open_mxfp8(files["cpu"]) as c:
+    for name in sorted(g.header.entries):  # every stored entry: payloads, .scale bytes, bf16 tensors
+        a = np.frombuffer(g.tensor_bytes(name), np.uint8)
+        b = np.frombuffer(c.tensor_bytes(name), np.uint8)
+        n_tensors += 1
+        same_tensors += int(np.array_equal(a, b))
+        same_bytes += int((a == b).sum())
+        total_bytes += a.size
+summary = {"steps": len(steps), "identical_losses": ident_loss, "max_rel_loss_diff": max(rel),
+           "final_loss_gpu": gpu[steps[-1]], "final_loss_cpu": cpu[steps[-1]],
+           "identical_tensors": f"{same_tensors}/{n_tensors}", "identical_bytes": f"{same_bytes}/{total_bytes}"}
+(out / "compare_training.json").write_text(json.dumps(summary, indent=2))
+(out / "compare_training.md").write_text("\n".join(lines) + "\n")
+print(json.dumps(summary, indent=2))
+# the runs must train the same model the same way: same steps, close losses; bytes are reported
+ok = len(steps) == len(cpu) == len(gpu) and max(rel) < 0.05
+sys.exit(0 if ok else 1)
+EOF
+[ -f "$OUT/compare_training.json" ] && sed 's/^/    /' "$OUT/compare_training.json" >>"$REPORT" \
+    && echo "  (per-step table: compare_training.md)" >>"$REPORT"
+
+# ---- 5. GPU benchmarks ------------------------------------------------------------------------------------
+if [ $BUILD_OK -eq 0 ]; then
+    run bench_nvfp4_gpu "$T_BENCH" "$PY" benchmarks/bench_nvfp4_gpu.py --out-prefix "$OUT/bench_nvfp4_gpu"
+    [ -f "$OUT/bench_nvfp4_gpu.md" ] && cat "$OUT/bench_nvfp4_gpu.md" >>"$REPORT"
+else
+    note "- **bench_nvfp4_gpu**: skipped (no library)"
+fi
+
+note ""
+note "Total: $(elapsed) s. $([ $FAILED -eq 0 ] && echo 'All steps passed.' || echo 'Some steps FAILED (see above).')"
+echo "device_check: report in $REPORT"
+exit $FAILED
