@@ -207,7 +207,6 @@ def floor_log2_f32(a: torch.Tensor) -> torch.Tensor:
 
     Zero and float32 subnormals give -127; callers only use the result where it matters (a >= 2**-6).
     """
-    torch = _torch_module()
     return ((f32_bits(a) >> 23) & 0xFF) - 127
 
 

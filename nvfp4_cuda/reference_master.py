@@ -135,7 +135,6 @@ def lion_step_mxfp8_(payload: torch.Tensor, scales: torch.Tensor, grad: torch.Te
         True
     """
     check_lion_args(payload, scales, grad, momentum, writeback, compensation)
-    shape = payload.shape
     w = _decode_f32(payload, scales)
     g = grad.to(torch.float32)
     m = momentum.to(torch.float32)
