@@ -8,4 +8,6 @@ outside the standard library, so every package (``mxfp8_codec`` included) may de
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from ida_common.files import atomic_output
+
+__all__ = ["atomic_output"]

@@ -53,7 +53,7 @@ from ida_eval.sandbox import (
     run_program,
     sweep_stale,
 )
-from mxfp8_codec import atomic_output
+from ida_common.files import atomic_output
 
 __all__ = [
     "ExecutionConfig",

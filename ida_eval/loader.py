@@ -16,8 +16,11 @@ transpose with ``.T.copy()``, ``load_state_dict`` — peaked at ~4.6x the model'
    decoded with ``transpose=True`` so the codec writes nn.Linear's ``[out, in]`` layout directly
    (one tiled pass: no intermediate array, no separate transpose). Large tensors are split over
    the usable CPUs (disjoint slices of one output: same bits). Norm weights are unfolded
-   (``w = gamma - 1``) when ``norm_convention`` is ``folded`` and the module adds 1 at run time
-   (NemotronLayerNorm1P), then everything is placed with ``load_state_dict(..., assign=True)``
+   (``w = gamma - 1``, in float32, rounded once) when ``norm_convention`` is ``folded`` and the
+   architecture's norms add 1 at run time (NemotronLayerNorm1P, GemmaRMSNorm), decided by
+   :class:`mxfp8_codec.CheckpointLayout` from ``config.model_type`` exactly as the codec's CLI
+   decides it (Llama/Qwen3 RMSNorm weights are the gain itself and stay as stored), then everything
+   is placed with ``load_state_dict(..., assign=True)``
    (the tensor becomes the parameter: no copy). Each tensor's file pages are unmapped once it is
    decoded (``MXFP8Reader.release_pages``; they stay in the page cache) so that mapped file pages
    do not pile up in the resident set: peak host memory is about one model plus the file pages of
@@ -51,13 +54,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from mxfp8_codec import MXFP8Error, checkpoint_files, decode_mxfp8, is_projection_weight, open_mxfp8, scales_shape
-from mxfp8_codec.header import SCALE_SUFFIX
+from mxfp8_codec import WEIGHTS_DTYPE, CheckpointLayout, MXFP8Error, checkpoint_files, decode_mxfp8, open_mxfp8
+from mxfp8_codec.layout import file_norm_convention, file_orientation
 
-WEIGHTS_DTYPE_KEY = "weights_dtype"  # metadata key that marks an MXFP8 file
-MXFP8_WEIGHTS_DTYPE = "MXFP8_E4M3_UE8M0_K32"
-ORIENTATIONS: tuple[str, ...] = ("in_out", "out_in")
-NORM_CONVENTIONS: tuple[str, ...] = ("zero_centered", "folded")
 PREFETCH_MAX_BYTES = 32 << 20  # 32 MiB: larger tensors are not decoded ahead (bounds peak memory)
 _STORED_TORCH_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}  # copied as bits
 SPLIT_MIN_VALUES = 1 << 18  # 256 Ki values: larger MXFP8 tensors are decoded in parts on several threads
@@ -94,26 +93,37 @@ class WeightFile:
 def inspect_weight_file(path: str | Path) -> WeightFile:
     """Read a weight file's header and classify it (MXFP8 vs plain, orientation, norm convention).
 
+    The defaults and allowed values are the codec's (:mod:`mxfp8_codec.layout`).
+
     Raises:
-        CheckpointLoadError: unknown orientation / norm convention / weights_dtype values.
+        CheckpointLoadError: unknown orientation / norm convention values.
+        MXFP8Error: an invalid header (including an unknown ``weights_dtype``), naming the file.
     """
     path = Path(path)
     with open_mxfp8(path) as reader:
         meta = dict(reader.metadata)
         n_tensors = len(reader.keys())
-    wd = meta.get(WEIGHTS_DTYPE_KEY)
-    if wd is not None and wd != MXFP8_WEIGHTS_DTYPE:
-        raise CheckpointLoadError(f"{path}: metadata weights_dtype={wd!r} is not {MXFP8_WEIGHTS_DTYPE!r}")
-    mxfp8 = wd is not None
-    orientation = meta.get("orientation", "in_out" if mxfp8 else "out_in")
-    norm = meta.get("norm_convention", "zero_centered")
-    if orientation not in ORIENTATIONS:
-        raise CheckpointLoadError(f"{path}: metadata orientation={orientation!r}, expected one of {ORIENTATIONS}")
-    if norm not in NORM_CONVENTIONS:
-        raise CheckpointLoadError(f"{path}: metadata norm_convention={norm!r}, expected one of {NORM_CONVENTIONS}")
+    try:
+        orientation = file_orientation(meta, source=str(path))
+        norm_convention = file_norm_convention(meta, source=str(path))
+    except MXFP8Error as e:
+        raise CheckpointLoadError(str(e)) from None
     return WeightFile(
-        path=path, mxfp8=mxfp8, orientation=orientation, norm_convention=norm, metadata=meta, n_tensors=n_tensors
+        path=path,
+        mxfp8=meta.get("weights_dtype") == WEIGHTS_DTYPE,
+        orientation=orientation,
+        norm_convention=norm_convention,
+        metadata=meta,
+        n_tensors=n_tensors,
     )
+
+
+def _layout(wf: WeightFile, model_type: str | None) -> CheckpointLayout:
+    """The file's layout for a model of ``model_type`` (a folded file of an unknown type is refused)."""
+    try:
+        return CheckpointLayout(wf.orientation, wf.norm_convention, model_type, source=str(wf.path))
+    except MXFP8Error as e:
+        raise CheckpointLoadError(str(e)) from None
 
 
 def _weight_files(checkpoint_dir: Path) -> list[WeightFile]:
@@ -129,11 +139,6 @@ def _numel(shape: tuple[int, ...]) -> int:
     for d in shape:
         n *= d
     return n
-
-
-def _mapped_uint8(reader: Any, entry: str, shape: tuple[int, ...]) -> np.ndarray:
-    """Zero-copy read-only uint8 view of one stored entry (payload or ``.scale``) of the map."""
-    return np.frombuffer(reader.tensor_bytes(entry), dtype=np.uint8).reshape(shape)
 
 
 def _host_out_view(t: torch.Tensor) -> np.ndarray:
@@ -201,9 +206,12 @@ def _stream(
     device_for: Callable[[str], torch.device],
     transpose_for: Callable[[str], bool] = lambda name: False,
     skip: Callable[[str], bool] = lambda name: False,
+    layout: CheckpointLayout | None = None,
 ) -> Iterator[tuple[str, torch.Tensor | None, bool]]:
     """Yield ``(name, tensor, transposed)`` decoded to ``dtype`` (floats), one tensor at a time;
     ``(name, None, False)`` for names where ``skip`` says so (nothing is decoded for those).
+    Norm weights that ``layout`` unfolds are read in float32, unfolded (``gamma - 1``) and
+    rounded once to ``dtype``, as every reader of the codec does.
 
     MXFP8 tensors bound for the host are decoded by the codec straight from the memory map into
     a new tensor that becomes the parameter (``out=``); for 2-D tensors where ``transpose_for``
@@ -243,6 +251,8 @@ def _stream(
     def decode_mapped(r: Any, name: str) -> tuple[torch.Tensor, bool]:
         device = device_for(name)
         shape = tuple(r.shape(name))
+        if layout is not None and layout.unfolds(name, len(shape)):
+            return layout.to_transformers(name, r.get(name, framework="pt", dtype=torch.float32)).to(dtype), False
         if not r.is_quantized(name):
             stored = _STORED_TORCH_DTYPES.get(r.dtype(name))
             if stored == dtype and parts > 1 and _numel(shape) >= SPLIT_MIN_VALUES and len(shape) >= 1:
@@ -264,8 +274,7 @@ def _stream(
             return decode_mxfp8(payload, scales, dtype=dtype, name=name, transpose=flip), flip
         if dtype not in (torch.bfloat16, torch.float32):  # e.g. float16: the reader rounds once from float32
             return r.get(name, framework="pt", dtype=dtype), False
-        payload = _mapped_uint8(r, name, shape)
-        scales = _mapped_uint8(r, name + SCALE_SUFFIX, scales_shape(shape))
+        payload, scales = r.raw_view(name)
         out = torch.empty((shape[1], shape[0]) if flip else shape, dtype=dtype)
         out_np = _host_out_view(out)
         if parts > 1 and payload.ndim == 2 and payload.size >= SPLIT_MIN_VALUES:
@@ -357,18 +366,9 @@ def _same_stored_values(a: Any, a_name: str, b: Any, b_name: str) -> bool:
     if a.dtype(a_name) != b.dtype(b_name) or a.is_quantized(a_name) != b.is_quantized(b_name):
         # rare (stored differently): decode both whole
         return bool(np.array_equal(a.get(a_name), b.get(b_name)))
-    entries = [(a_name, b_name)]
-    if a.is_quantized(a_name):
-        entries.append((a_name + SCALE_SUFFIX, b_name + SCALE_SUFFIX))
-    return all(
-        np.array_equal(np.frombuffer(a.tensor_bytes(x), np.uint8), np.frombuffer(b.tensor_bytes(y), np.uint8))
-        for x, y in entries
-    )
-
-
-def _adds_one(module: torch.nn.Module) -> bool:
-    """True for norms whose forward uses ``weight + 1`` (transformers' NemotronLayerNorm1P)."""
-    return type(module).__name__.endswith("LayerNorm1P")
+    raw_a, raw_b = a.raw_view(a_name), b.raw_view(b_name)
+    parts = zip(raw_a, raw_b) if a.is_quantized(a_name) else [(raw_a, raw_b)]
+    return all(np.array_equal(x.view(np.uint8), y.view(np.uint8)) for x, y in parts)
 
 
 def _resolve_device_map(model: Any, device_map: Any, dtype: torch.dtype) -> dict[str, Any] | None:
@@ -481,12 +481,14 @@ def load_model(
     cpu = torch.device("cpu")
     bar = tqdm(total=sum(f.n_tensors for f in files), desc="load", unit="tensor", disable=not progress)
     for wf in files:
+        layout = _layout(wf, config.model_type)
         stream = _stream(
             wf,
             dtype,
             lambda n: _device_for(n, dm) if n in expected else cpu,
-            lambda n: n in expected and _needs_transpose(wf, n),
+            lambda n, lay=layout: n in expected and lay.transposes(n, 2),
             lambda n: n in tied or n in non_persistent,  # not decoded: tied copies, stale buffers
+            layout,
         )
         for name, tensor, transposed in stream:
             bar.update()
@@ -497,7 +499,8 @@ def load_model(
                 continue
             if name in loaded:
                 raise CheckpointLoadError(f"{wf.path}: tensor {name!r} appears twice in the checkpoint")
-            tensor = _to_model_layout(model, wf, name, tensor, transposed=transposed)
+            if not transposed and layout.transposes(name, tensor.dim()):
+                tensor = tensor.t().contiguous()  # BF16-stored projections of an in_out file
             if tuple(tensor.shape) != shapes[name]:
                 raise CheckpointLoadError(
                     f"{wf.path}: tensor {name!r}: shape {tuple(tensor.shape)} after loading "
@@ -535,24 +538,6 @@ def load_model(
     if dm is not None:
         _dispatch(model, dm)
     return model, tokenizer
-
-
-def _needs_transpose(wf: WeightFile, name: str) -> bool:
-    """True for projection weights stored in the trainer's native ``[in, out]`` orientation."""
-    return wf.orientation == "in_out" and is_projection_weight(name)
-
-
-def _to_model_layout(
-    model: Any, wf: WeightFile, name: str, tensor: torch.Tensor, *, transposed: bool = False
-) -> torch.Tensor:
-    """Transpose native projections (unless the decoder already did) and unfold folded norm weights."""
-    if not transposed and tensor.dim() == 2 and _needs_transpose(wf, name):
-        tensor = tensor.t().contiguous()
-    if wf.norm_convention == "folded" and name.endswith(".weight"):
-        module = model.get_submodule(name.rsplit(".", 1)[0])
-        if _adds_one(module):
-            tensor = (tensor.float() - 1.0).to(tensor.dtype)
-    return tensor
 
 
 def _dispatch(model: Any, dm: dict[str, Any]) -> None:

@@ -66,7 +66,7 @@ from ida_eval.generate import (
 from ida_common.jsonl import iter_jsonl, repair_torn_tail
 from ida_eval.loader import describe_checkpoint, load_model
 from ida_eval.problems import find_problems_file, load_problems
-from mxfp8_codec import atomic_output
+from ida_common.files import atomic_output
 
 SAMPLES_FILE = "samples.jsonl"
 RESULTS_FILE = "results.jsonl"

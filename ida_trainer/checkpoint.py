@@ -203,7 +203,10 @@ def save_checkpoint(root: str | Path, step: int, *, tensors: Mapping[str, Any], 
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    write_mxfp8_safetensors(tmp / MODEL_FILE, tensors, metadata=dict(metadata), progress=False)
+    from ida_trainer.precision import EXPORT_LAYOUT
+
+    write_mxfp8_safetensors(tmp / MODEL_FILE, tensors, metadata=dict(metadata), progress=False,
+                            orientation=EXPORT_LAYOUT.orientation, norm_convention=EXPORT_LAYOUT.norm_convention)
     # config.json names our quantization method (orientation, norm convention from the file's metadata)
     write_config_json(tmp, tmp / MODEL_FILE, config=json.loads(model_config.to_json_string(use_diff=False)))
     atomic_write_text(tmp / "generation_config.json", generation_config.to_json_string(use_diff=True))

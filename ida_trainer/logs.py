@@ -36,7 +36,7 @@ import torch
 
 from ida_common.jsonl import iter_jsonl, repair_torn_tail
 from ida_common.killpoint import kill_point
-from mxfp8_codec import atomic_output
+from ida_common.files import atomic_output
 
 MLLOG_PREFIX = ":::MLLOG "
 POINT_IN_TIME = "POINT_IN_TIME"

@@ -57,7 +57,7 @@ import torch.nn as nn
 
 import nvfp4_cuda
 from ida_trainer.nvfp4_linear import NVFP4_BLOCK, NVFP4Linear, NVFP4LinearFunction, nvfp4_modules, tensor_id
-from mxfp8_codec import MXFP8Tensor, decode_mxfp8, is_projection_weight
+from mxfp8_codec import PROJECTION_NAMES, CheckpointLayout, MXFP8Tensor, decode_mxfp8, is_projection_weight
 
 if TYPE_CHECKING:
     from ida_trainer.config import OptimConfig, PrecisionConfig
@@ -67,6 +67,7 @@ __all__ = [
     "MasterAdamW",
     "NVFP4Linear",
     "NVFP4LinearFunction",
+    "EXPORT_LAYOUT",
     "PROJECTION_NAMES",
     "apply_recipe",
     "build_optimizer",
@@ -78,7 +79,9 @@ __all__ = [
     "tensor_id",
 ]
 
-PROJECTION_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# How the trainer stores a checkpoint (mxfp8_codec.layout): projections in the native [in, out]
+# orientation (the MXFP8 master's own layout), norm weights as the transformers parameters.
+EXPORT_LAYOUT = CheckpointLayout(orientation="in_out", norm_convention="zero_centered")
 ADAMW_BETAS = (0.9, 0.95)  # bf16 recipe (the second seed's AdamW)
 RECIPE_ATTR = "ida_recipe"  # attribute set on the model by apply_recipe ("nvfp4" | "bf16")
 PIPELINE_ATTR = "ida_pipeline_stage"  # set by the pipeline engine on a model pruned to one stage
@@ -204,10 +207,7 @@ def export_state(model: nn.Module) -> dict[str, MXFP8Tensor | torch.Tensor]:
             continue
         if hasattr(t, "full_tensor"):  # FSDP2 DTensor shard: gather (a collective: call on every rank)
             t = t.full_tensor()
-        if is_projection_weight(key) and t.dim() == 2:
-            out[key] = t.detach().t()
-        else:
-            out[key] = t.detach()
+        out[key] = EXPORT_LAYOUT.from_transformers(key, t.detach())
     return out
 
 
@@ -269,8 +269,7 @@ def load_state(model: nn.Module, tensors: Mapping[str, MXFP8Tensor | torch.Tenso
             continue
         value = _as_float(tensors[key], key) if (isinstance(tensors[key], MXFP8Tensor)
                                                  or target.is_floating_point()) else torch.as_tensor(tensors[key])
-        if is_projection_weight(key) and target.dim() == 2:
-            value = value.t()
+        value = EXPORT_LAYOUT.to_transformers(key, value)
         if tuple(value.shape) != tuple(target.shape):
             raise ValueError(f"load_state: {key}: shape {list(value.shape)}, expected {list(target.shape)}")
         target.copy_(value.to(device=target.device, dtype=target.dtype))

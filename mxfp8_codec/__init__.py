@@ -1,6 +1,8 @@
 """MXFP8 checkpoint codec: OCP E4M3 payload + UE8M0 scale per 32 values, in safetensors files.
 
 Numerics (:mod:`mxfp8_codec.numerics`): :func:`encode_mxfp8` / :func:`decode_mxfp8`.
+Checkpoint layout (:mod:`mxfp8_codec.layout`): which tensors are projections, their orientation and
+the per-architecture norm-folding rule, shared by every reader and writer.
 File format (:mod:`mxfp8_codec.header`, :mod:`mxfp8_codec.reader`, :mod:`mxfp8_codec.writer`,
 :mod:`mxfp8_codec.rename`): a
 validated header parser, a memory-mapped streaming reader, an atomic writer, a header-only rename
@@ -21,6 +23,18 @@ Example:
 from mxfp8_codec.constants import WEIGHTS_DTYPE, Rounding, ScaleRule
 from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.header import Header, TensorEntry, read_header
+from mxfp8_codec.layout import (
+    NORM_CONVENTIONS,
+    NORM_RULES,
+    ORIENTATIONS,
+    PROJECTION_NAMES,
+    CheckpointLayout,
+    NormRule,
+    is_norm_weight,
+    is_projection_weight,
+    model_type_of,
+    norm_adds_one,
+)
 from mxfp8_codec.numerics import (
     backend_info,
     decode_mxfp8,
@@ -38,33 +52,35 @@ from mxfp8_codec.reader import (
     validate,
 )
 from mxfp8_codec.rename import RenameReport, prefix_mapping, rename_tensors, verify_renamed
-from mxfp8_codec.writer import (
-    MXFP8Tensor,
-    atomic_output,
-    is_projection_weight,
-    write_mxfp8_safetensors,
-    write_safetensors,
-)
+from mxfp8_codec.writer import MXFP8Tensor, write_mxfp8_safetensors, write_safetensors
 
 __all__ = [
+    "CheckpointLayout",
     "Header",
     "MXFP8Error",
     "MXFP8Reader",
     "MXFP8Tensor",
+    "NORM_CONVENTIONS",
+    "NORM_RULES",
+    "NormRule",
+    "ORIENTATIONS",
+    "PROJECTION_NAMES",
     "RenameReport",
     "Rounding",
     "ScaleRule",
     "TensorEntry",
     "WEIGHTS_DTYPE",
-    "atomic_output",
     "backend_info",
     "checkpoint_files",
     "decode_mxfp8",
     "decode_mxfp8_torch",
     "encode_mxfp8",
     "encode_mxfp8_torch",
+    "is_norm_weight",
     "is_projection_weight",
     "iter_mxfp8_safetensors",
+    "model_type_of",
+    "norm_adds_one",
     "open_mxfp8",
     "prefix_mapping",
     "read_header",

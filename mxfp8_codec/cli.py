@@ -11,9 +11,10 @@
   sharded) -> MXFP8 directory. Projection weights (``is_projection_weight``, 2-D) are transposed to
   the native ``[in, out]`` orientation (``--orientation in_out``, default) and encoded; everything
   else is written as BF16; config/tokenizer/generation files are copied.
-* ``dequantize IN OUT``: MXFP8 file or directory -> plain BF16 safetensors in transformers'
-  orientation (projections transposed back, folded norms unfolded), loadable by
-  ``from_pretrained``; for a directory the config/tokenizer files are copied too.
+* ``dequantize IN OUT [--model-type T]``: MXFP8 file or directory -> plain BF16 safetensors in
+  transformers' layout (projections transposed back, folded norms unfolded where the architecture's
+  norms add 1: :mod:`mxfp8_codec.layout`), loadable by ``from_pretrained``; for a directory the
+  config/tokenizer files are copied too.
 * ``demo OUT_DIR``: builds a small random Llama checkpoint with transformers, quantizes it,
   inspects and verifies the result, dequantizes it and reports the logits error.
 
@@ -28,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -39,16 +39,11 @@ import ml_dtypes
 import numpy as np
 
 from ida_common.cli import ArgumentParser, CheckFailed, Run, check_output_dir, run_main
-
+from ida_common.files import atomic_output
 from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.hf_config import write_config_json
-from mxfp8_codec.header import (
-    DTYPES,
-    ORIENTATIONS,
-    SCALE_RULES,
-    SCALE_SUFFIX,
-    read_header,
-)
+from mxfp8_codec.header import DTYPES, SCALE_RULES, SCALE_SUFFIX, read_header
+from mxfp8_codec.layout import ORIENTATIONS, CheckpointLayout, is_projection_weight, model_type_of
 from mxfp8_codec.reader import (
     INDEX_FILE,
     MXFP8Reader,
@@ -57,16 +52,10 @@ from mxfp8_codec.reader import (
     validate,
 )
 from mxfp8_codec.rename import prefix_mapping, rename_tensors
-from mxfp8_codec.writer import (
-    atomic_output,
-    is_projection_weight,
-    write_mxfp8_safetensors,
-    write_safetensors,
-)
+from mxfp8_codec.writer import write_mxfp8_safetensors, write_safetensors
 
 PROG = "mxfp8_codec"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".gguf", ".ckpt")  # not copied
-_NORM_RE = re.compile(r"norm\.weight$")  # 1-D norm gains: folded (1 + w) on disk under norm_convention=folded
 
 
 def _human(n: int) -> str:
@@ -79,11 +68,6 @@ def _human(n: int) -> str:
 
 def _files(path: Path) -> list[Path]:
     return checkpoint_files(path) if path.is_dir() else [path]
-
-
-def is_norm_weight(name: str, ndim: int) -> bool:
-    """A 1-D normalisation gain (``...norm.weight``), the tensors ``norm_convention`` applies to."""
-    return ndim == 1 and _NORM_RE.search(name) is not None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -215,44 +199,36 @@ def _cmd_rename(args: argparse.Namespace) -> int:
 
 
 class CheckpointTensors(Mapping[str, np.ndarray]):
-    """Name -> array over all shards of a checkpoint, loaded (and re-oriented) on access.
+    """Name -> array over all shards of a checkpoint, loaded (and re-laid-out) on access.
 
-    ``self[name]`` decodes one tensor (MXFP8 -> float32, plain tensors as stored), transposes it when
-    ``transpose`` is set and it is a 2-D projection weight (the ``in_out`` <-> transformers flip), and
-    unfolds it (``w = gamma - 1`` in float32) when ``unfold_norms`` is set and it is a 1-D norm gain.
-    Nothing is cached, and :meth:`spec` answers shape/dtype from the headers, so the writers' planning
-    pass loads nothing and peak memory is one tensor.
+    ``self[name]`` decodes one tensor (MXFP8 -> float32, plain tensors as stored) and maps it with
+    ``layout`` (:class:`mxfp8_codec.layout.CheckpointLayout`): ``to_transformers`` (dequantize:
+    transpose ``in_out`` projections, unfold folded norms to ``gamma - 1`` in float32) or, with
+    ``from_transformers=True``, the inverse (quantize). Nothing is cached, and :meth:`spec` answers
+    shape/dtype from the headers, so the writers' planning pass loads nothing and peak memory is one
+    tensor.
     """
 
-    def __init__(self, readers: Sequence[MXFP8Reader], *, transpose: bool, unfold_norms: bool = False) -> None:
+    def __init__(
+        self, readers: Sequence[MXFP8Reader], layout: CheckpointLayout, *, from_transformers: bool = False
+    ) -> None:
         self._where: dict[str, MXFP8Reader] = {}
         for r in readers:
             for name in r.keys():
                 self._where[name] = r
-        self._transpose = transpose
-        self._unfold = unfold_norms
-
-    def _flips(self, name: str, ndim: int) -> bool:
-        return self._transpose and ndim == 2 and is_projection_weight(name)
-
-    def _unfolds(self, name: str, ndim: int) -> bool:
-        return self._unfold and is_norm_weight(name, ndim)
+        self._layout = layout
+        self._map = layout.from_transformers if from_transformers else layout.to_transformers
 
     def __getitem__(self, name: str) -> np.ndarray:
-        arr = self._where[name].get(name, dtype=None)
-        if self._flips(name, arr.ndim):
-            arr = np.ascontiguousarray(arr.T)
-        if self._unfolds(name, arr.ndim):
-            arr = arr.astype(np.float32) - np.float32(1.0)  # stored 1 + w -> w (exact in float32)
-        return arr
+        return np.ascontiguousarray(self._map(name, self._where[name].get(name, dtype=None)))
 
     def spec(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
         """Shape and dtype ``self[name]`` will have, from the header alone."""
         r = self._where[name]
         shape, stored = r.shape(name), r.dtype(name)
-        if self._flips(name, len(shape)):
+        if self._layout.transposes(name, len(shape)):
             shape = (shape[1], shape[0])
-        if r.is_quantized(name) or self._unfolds(name, len(shape)):
+        if r.is_quantized(name) or self._layout.unfolds(name, len(shape)):
             return shape, np.dtype(np.float32)
         return shape, DTYPES[stored]
 
@@ -293,7 +269,7 @@ def quantize_checkpoint(
                 raise MXFP8Error(
                     f"{r.path}: already holds MXFP8 tensors (e.g. {r.header.quantized[0]!r}); nothing to quantize"
                 )
-        tensors = CheckpointTensors(readers, transpose=orientation == "in_out")
+        tensors = CheckpointTensors(readers, CheckpointLayout(orientation, source=str(src)), from_transformers=True)
         out.mkdir(parents=True, exist_ok=True)
         target = out / "model.safetensors"
         write_mxfp8_safetensors(
@@ -314,13 +290,23 @@ def quantize_checkpoint(
     return target
 
 
-def dequantize_checkpoint(src: str | os.PathLike[str], out: str | os.PathLike[str]) -> list[Path]:
-    """MXFP8 file or directory -> plain BF16 safetensors in transformers' orientation.
+def dequantize_checkpoint(
+    src: str | os.PathLike[str], out: str | os.PathLike[str], *, model_type: str | None = None
+) -> list[Path]:
+    """MXFP8 file or directory -> plain BF16 safetensors in transformers' layout.
 
     A directory becomes a directory (``model.safetensors`` + copied config/tokenizer files); a file
-    becomes a file. Returns the written safetensors files.
+    becomes a file. Each file's tensors are mapped by :class:`~mxfp8_codec.layout.CheckpointLayout`
+    from its metadata: ``in_out`` projections transposed, and for ``norm_convention=folded`` the
+    norm weights of architectures whose norms add 1 unfolded (``model_type`` from the argument, else
+    the config.json of the directory / beside the file). Returns the written safetensors files.
+
+    Raises:
+        MXFP8Error: bad files, or a folded file whose model type is unknown.
     """
     src_p, out_p = Path(src), Path(out)
+    if model_type is None:
+        model_type = model_type_of(src_p)
     pairs: list[tuple[Path, Path]]
     if src_p.is_dir():
         files = checkpoint_files(src_p)
@@ -331,11 +317,8 @@ def dequantize_checkpoint(src: str | os.PathLike[str], out: str | os.PathLike[st
     written = []
     for f, target in pairs:
         with open_mxfp8(f) as r:
-            tensors = CheckpointTensors(
-                [r],
-                transpose=r.metadata.get("orientation", "in_out" if r.header.is_mxfp8 else "out_in") == "in_out",
-                unfold_norms=r.metadata.get("norm_convention") == "folded",
-            )
+            layout = CheckpointLayout.from_metadata(r.metadata, model_type=model_type, source=str(f))
+            tensors = CheckpointTensors([r], layout)
             meta = {"format": "pt", "producer": "mxfp8_codec dequantize", "source": f.name}
             write_safetensors(target, tensors, metadata=meta, float_dtype=ml_dtypes.bfloat16, progress=True)
         written.append(target)
@@ -364,7 +347,7 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
 
 
 def _cmd_dequantize(args: argparse.Namespace) -> int:
-    for target in dequantize_checkpoint(args.src, args.out):
+    for target in dequantize_checkpoint(args.src, args.out, model_type=args.model_type):
         with open_mxfp8(target) as r:
             print(f"wrote {target}: {len(r)} BF16/plain tensors, {r.header.file_size} bytes")
     return 0
@@ -475,6 +458,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("dequantize", help="MXFP8 file/dir -> plain BF16 safetensors in transformers orientation")
     s.add_argument("src", help="MXFP8 .safetensors file or checkpoint directory")
     s.add_argument("out", help="file to write for a file, directory to write for a directory")
+    s.add_argument(
+        "--model-type",
+        help="config.json model_type deciding which norms a folded file unfolds (default: from the config.json "
+        "of SRC or beside it)",
+    )
     s.set_defaults(func=_cmd_dequantize)
 
     s = sub.add_parser("demo", help="make a tiny random model, quantize, inspect, verify, dequantize")

@@ -46,6 +46,7 @@ import numpy as np
 from mxfp8_codec.constants import WEIGHTS_DTYPE
 from mxfp8_codec.numerics_numpy import scales_shape
 from mxfp8_codec.errors import MXFP8Error
+from mxfp8_codec.layout import NORM_CONVENTIONS, ORIENTATIONS  # allowed metadata values (the layout rules' home)
 
 HEADER_LENGTH_BYTES = 8  # the u64 little-endian header length that starts every file
 MAX_HEADER_BYTES = 100_000_000  # 100 MB, the same limit as safetensors' MAX_HEADER_SIZE
@@ -54,9 +55,7 @@ SCALE_SUFFIX = ".scale"  # companion entry holding one UE8M0 byte per block
 METADATA_KEY = "__metadata__"  # the reserved header key for string -> string metadata
 
 FORMAT_VERSION = "1"  # __metadata__["format_version"]
-ORIENTATIONS = ("in_out", "out_in")  # allowed __metadata__["orientation"] values
 SCALE_RULES = ("rceil", "floor")  # allowed __metadata__["scale_rule"] values
-NORM_CONVENTIONS = ("zero_centered", "folded")  # allowed __metadata__["norm_convention"] values
 
 PAYLOAD_DTYPE = "F8_E4M3"  # dtype of a quantized payload entry
 SCALE_DTYPES = ("U8", "F8_E8M0")  # dtypes accepted for a .scale entry (writers use U8)

@@ -24,10 +24,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ida_common.files import atomic_output
 from mxfp8_codec.constants import WEIGHTS_DTYPE
 from mxfp8_codec.errors import MXFP8Error
-from mxfp8_codec.header import ORIENTATIONS, read_header
-from mxfp8_codec.writer import atomic_output
+from mxfp8_codec.header import read_header
+from mxfp8_codec.layout import NORM_CONVENTIONS, ORIENTATIONS
 
 __all__ = [
     "FORMAT_VERSION",
@@ -41,7 +42,6 @@ __all__ = [
 
 QUANT_METHOD = "mxfp8_codec"  # quant_method in config.json ("mxfp8" is transformers' own FP8 method)
 FORMAT_VERSION = "1"
-NORM_CONVENTIONS: tuple[str, ...] = ("zero_centered", "folded")
 
 
 def quantization_config_dict(

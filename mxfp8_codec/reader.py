@@ -188,6 +188,16 @@ class MXFP8Reader:
             if e.nbytes:
                 self._mm.madvise(getattr(mmap, advice), first, start + e.nbytes - first)
 
+    def raw_view(self, name: str) -> MXFP8Tensor | np.ndarray:
+        """Undecoded data as zero-copy read-only views of the map: :class:`MXFP8Tensor` of uint8
+        ``(payload, scales)`` for a quantized tensor, else the stored array. Valid while the
+        reader is open; use :meth:`get_raw` for copies that outlive it."""
+        e = self._entry(name)
+        if name in self._quantized:
+            s = self.header.entries[name + SCALE_SUFFIX]
+            return MXFP8Tensor(self._view(e).view(np.uint8), self._view(s).view(np.uint8))
+        return self._view(e)
+
     def get_raw(self, name: str) -> MXFP8Tensor | np.ndarray:
         """Undecoded data: :class:`MXFP8Tensor` (uint8 copies) or a copy in the stored dtype."""
         e = self._entry(name)

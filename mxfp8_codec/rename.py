@@ -43,7 +43,7 @@ from mxfp8_codec.header import (
     read_header,
     read_header_from,
 )
-from mxfp8_codec.writer import atomic_output
+from ida_common.files import atomic_output
 
 COPY_BUFFER_BYTES = 1 << 20  # 1 MiB: the only buffer the copy and the hashing use
 

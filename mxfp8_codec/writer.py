@@ -20,18 +20,16 @@ leaves a half-written checkpoint under the final name and never touches an exist
 
 from __future__ import annotations
 
-import contextlib
 import os
-import re
-import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from tqdm.auto import tqdm
 
+from ida_common.files import atomic_output
 from mxfp8_codec.constants import WEIGHTS_DTYPE, ScaleRule
 from mxfp8_codec.convert import (
     BF16,
@@ -45,17 +43,10 @@ from mxfp8_codec.convert import (
     torch_encodable_dtypes,
 )
 from mxfp8_codec.errors import MXFP8Error
-from mxfp8_codec.header import (
-    DTYPES,
-    FORMAT_VERSION,
-    NORM_CONVENTIONS,
-    ORIENTATIONS,
-    SCALE_SUFFIX,
-    encode_header,
-)
+from mxfp8_codec.header import DTYPES, FORMAT_VERSION, SCALE_SUFFIX, encode_header
+from mxfp8_codec.layout import file_norm_convention, file_orientation, is_projection_weight
 from mxfp8_codec.numerics import encode_mxfp8, scales_shape
 
-_PROJECTION_RE = re.compile(r"(?:^|\.)(?:q|k|v|o|gate|up|down)_proj\.weight$")
 _NP_TO_ST = {dt: name for name, dt in DTYPES.items()}
 
 
@@ -69,63 +60,6 @@ class MXFP8Tensor(NamedTuple):
 
     payload: Any
     scales: Any
-
-
-def is_projection_weight(name: str) -> bool:
-    """Default quantize predicate: attention/MLP projection weights by transformers' names.
-
-    The writer applies it to floating tensors of rank >= 1; transformer projections are 2-D.
-
-    Example:
-        >>> is_projection_weight("model.layers.0.self_attn.q_proj.weight")
-        True
-        >>> is_projection_weight("model.layers.0.input_layernorm.weight")
-        False
-    """
-    return _PROJECTION_RE.search(name) is not None
-
-
-@contextlib.contextmanager
-def atomic_output(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
-    """Open a temporary file beside ``path``; on success fsync it, ``os.replace`` it, fsync the dir.
-
-    On any exception the temporary file is removed and ``path`` is untouched. The yielded file's
-    ``.name`` is the temporary path (useful to read back before the rename).
-
-    Example:
-        >>> import tempfile, os
-        >>> p = os.path.join(tempfile.mkdtemp(), "x.bin")
-        >>> with atomic_output(p) as f:
-        ...     _ = f.write(b"hello")
-        >>> open(p, "rb").read()
-        b'hello'
-    """
-    target = Path(path)
-    parent = target.parent if str(target.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
-    except OSError as exc:
-        raise MXFP8Error(f"{target}: cannot create a temporary file in {parent}: {exc.strerror or exc}") from None
-    os.close(fd)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        with open(tmp, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):
-        dfd = os.open(parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
 
 
 @dataclass(frozen=True)
@@ -259,8 +193,11 @@ def write_mxfp8_safetensors(
         quantize: predicate on the name; None quantizes nothing.
         metadata: extra ``__metadata__`` entries (str -> str); may not override the format keys.
         scale_rule: ``"rceil"`` (default) or ``"floor"``; recorded in the metadata.
-        orientation: ``"in_out"`` (trainer-native, default) or ``"out_in"``; recorded only.
-        norm_convention: ``"zero_centered"`` or ``"folded"``; recorded only.
+        orientation: ``"in_out"`` (trainer-native, default) or ``"out_in"``; recorded only: the
+            tensors must already be in that layout (:mod:`mxfp8_codec.layout`,
+            :func:`mxfp8_codec.save_file` takes transformers-layout tensors and applies it).
+        norm_convention: ``"zero_centered"`` or ``"folded"``; recorded only (see
+            :mod:`mxfp8_codec.layout`: readers of a folded file need config.json's ``model_type``).
         progress: show a progress bar (None: only on a terminal).
 
     Raises:
@@ -283,10 +220,8 @@ def write_mxfp8_safetensors(
         raise MXFP8Error(
             f"{path}: scale_rule must be one of {[r.value for r in ScaleRule]}, got {scale_rule!r}"
         ) from None
-    if orientation not in ORIENTATIONS:
-        raise MXFP8Error(f"{path}: orientation must be one of {list(ORIENTATIONS)}, got {orientation!r}")
-    if norm_convention not in NORM_CONVENTIONS:
-        raise MXFP8Error(f"{path}: norm_convention must be one of {list(NORM_CONVENTIONS)}, got {norm_convention!r}")
+    file_orientation({"orientation": orientation}, source=str(path))  # validated here, applied by the caller
+    file_norm_convention({"norm_convention": norm_convention}, source=str(path))
     meta = {
         "weights_dtype": WEIGHTS_DTYPE,
         "format_version": FORMAT_VERSION,

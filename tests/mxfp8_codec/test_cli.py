@@ -190,6 +190,7 @@ def test_dequantize_unfolds_norms_and_transposes_single_file(tmp_path: Path) -> 
     w_native = np.eye(32, 64, dtype=np.float32)  # [in, out]
     src = tmp_path / "f.safetensors"
     write_mxfp8_safetensors(src, {"m.norm.weight": gamma, "m.o_proj.weight": w_native}, norm_convention="folded")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "nemotron"}))  # LayerNorm1P: adds 1
     out = tmp_path / "plain.safetensors"
     assert main(["dequantize", str(src), str(out)]) == 0
     h = read_header(out)
@@ -201,6 +202,28 @@ def test_dequantize_unfolds_norms_and_transposes_single_file(tmp_path: Path) -> 
             (gamma.astype(ml_dtypes.bfloat16).astype(np.float32) - 1).astype(ml_dtypes.bfloat16).astype(np.float32),
         )
         np.testing.assert_array_equal(r.get("m.o_proj.weight"), w_native.T)
+
+
+def test_dequantize_folded_norms_follow_the_architecture(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A folded file stores the gain the norm applies: 1 + w for norms that add 1 (Nemotron), w
+    itself for norms that multiply (Llama); with no model type, an error rather than a guess."""
+    gamma = np.linspace(0.5, 1.5, 32, dtype=np.float32)
+    src = tmp_path / "f.safetensors"
+    write_mxfp8_safetensors(src, {"m.norm.weight": gamma}, norm_convention="folded")
+    stored = gamma.astype(ml_dtypes.bfloat16).astype(np.float32)
+    assert main(["dequantize", str(src), str(tmp_path / "llama.safetensors"), "--model-type", "llama"]) == 0
+    with open_mxfp8(tmp_path / "llama.safetensors") as r:
+        np.testing.assert_array_equal(r.get("m.norm.weight"), stored)  # Llama's RMSNorm multiplies by w
+    assert main(["dequantize", str(src), str(tmp_path / "gemma.safetensors"), "--model-type", "gemma"]) == 0
+    with open_mxfp8(tmp_path / "gemma.safetensors") as r:
+        np.testing.assert_array_equal(r.get("m.norm.weight"), (stored - 1).astype(ml_dtypes.bfloat16).astype(np.float32))
+    capsys.readouterr()
+    assert main(["dequantize", str(src), str(tmp_path / "x.safetensors")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "f.safetensors" in err and "model type is unknown" in err
+    assert main(["dequantize", str(src), str(tmp_path / "x.safetensors"), "--model-type", "mamba"]) == 1
+    assert "'mamba' is not in the norm table" in capsys.readouterr().err
+    assert not (tmp_path / "x.safetensors").exists()
 
 
 def test_dequantize_sharded_mxfp8_directory(tmp_path: Path) -> None:
