@@ -32,7 +32,8 @@ How loading works (transformers 5.x, the quantizer hooks every 5.x release has):
    ``dequantize=True`` each is decoded once instead into a plain bf16 ``nn.Linear`` (the codec's
    decode, transposed for ``in_out`` files: the same call ``ida_eval.load_model`` makes). Folded
    norm gains are re-read and unfolded (``w = gamma - 1`` in float32, rounded once) where the
-   module adds 1 at run time (NemotronLayerNorm1P).
+   architecture's norms add 1 at run time (``mxfp8_codec.layout.norm_adds_one`` by
+   ``config.model_type``: NemotronLayerNorm1P, GemmaRMSNorm).
 
 At each forward an :class:`MXFP8Linear` decodes its weight into one scratch buffer shared by all
 projections on that device and dtype (no allocation per call): on CPU the codec's native C kernel
@@ -69,11 +70,11 @@ from transformers.utils.quantization_config import QuantizationConfigMixin
 
 from mxfp8_codec.constants import WEIGHTS_DTYPE
 from mxfp8_codec.errors import MXFP8Error
-from mxfp8_codec.hf_config import FORMAT_VERSION, NORM_CONVENTIONS, QUANT_METHOD, quantization_config_dict
-from mxfp8_codec.header import ORIENTATIONS, SCALE_SUFFIX
+from mxfp8_codec.hf_config import FORMAT_VERSION, QUANT_METHOD, quantization_config_dict
+from mxfp8_codec.header import SCALE_SUFFIX
+from mxfp8_codec.layout import NORM_CONVENTIONS, ORIENTATIONS, is_projection_weight, norm_adds_one, unfold_norm
 from mxfp8_codec.numerics import decode_mxfp8, scales_shape
 from mxfp8_codec.reader import open_mxfp8
-from mxfp8_codec.writer import is_projection_weight
 
 __all__ = [
     "FORMAT_VERSION",
@@ -383,11 +384,6 @@ class _Plan:
     folded_originals: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-def _adds_one(module: nn.Module) -> bool:
-    """True for norms whose forward uses ``weight + 1`` (transformers' NemotronLayerNorm1P)."""
-    return type(module).__name__.endswith("LayerNorm1P")
-
-
 def _tied_targets(model: Any) -> set[str]:
     text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     if not getattr(text_config, "tie_word_embeddings", False):
@@ -473,12 +469,9 @@ def _plan(model: Any, files: Sequence[str], qc: MXFP8Config) -> _Plan:
                 f"{s.path}: tensor {name!r} is MXFP8 but is not a projection weight; transformers loading keeps "
                 "only projections in MXFP8 (python -m mxfp8_codec dequantize makes a plain copy)"
             )
-        if (
-            s.norm_convention == "folded"
-            and name.endswith(".weight")
-            and t.dim() == 1
-            and _adds_one(model.get_submodule(name.rpartition(".")[0]))
-        ):
+        if s.norm_convention == "folded" and norm_adds_one(
+            name, t.dim(), getattr(model.config, "model_type", None), source=s.path
+        ):  # the per-architecture rule of mxfp8_codec.layout (docs/format.md section 9)
             plan.unfold.append(name)
     unexpected = sorted(set(plan.stored) - persistent - non_persistent - tied)
     if unexpected:
@@ -588,12 +581,12 @@ class MXFP8HfQuantizer(HfQuantizer):
             for name in plan.unfold:
                 s = plan.stored[name]
                 r = readers.get(s.path) or readers.setdefault(s.path, open_mxfp8(s.path))
-                stored = r.get(name, framework="pt", dtype=self._dtype)
+                stored = r.get(name, framework="pt", dtype=torch.float32)
                 module_name, _, leaf = name.rpartition(".")
                 param = model.get_parameter(name)
                 plan.folded_originals[name] = r.get(name, framework="pt")  # as stored (for save_pretrained)
                 with torch.no_grad():
-                    param.copy_((stored.float() - 1.0).to(param.dtype))
+                    param.copy_(unfold_norm(stored).to(param.dtype))  # float32 gamma - 1, rounded once
         finally:
             for r in readers.values():
                 r.close()
