@@ -4,19 +4,23 @@
 program. Standard library only and no ``json``/``re`` imports: it runs 974 times per MBXP pass.
 
 1. As the first process of the new PID namespace ("PID 1"; still privileged) it joins the run's
-   cgroups (``0`` written to each ``cgroup.procs``) and, with namespaces, makes the file system
-   read-only except the work directory: bind-mount the work directory onto itself, mount a fresh
-   ``/proc`` for the new PID namespace, cover the caller's home directory and ``/run`` (sockets of
-   local daemons) with empty file systems, keeping the interpreter's own directory visible, then
-   remount every mount point read-only with
+   cgroups (``0`` written to each ``cgroup.procs``) and, with namespaces, builds the program's view
+   of the file system (:func:`make_filesystem_read_only`): a fresh tmpfs of ``disk_bytes`` over the
+   task root holds the work directory (``prog.py`` copied in) and fresh writable ``/tmp``,
+   ``/var/tmp`` and ``/dev/shm`` (the total disk cap; nothing reaches the host's disk); the
+   caller's home, ``/run`` and the temp root are covered by empty file systems (keeping the
+   interpreter's own directory visible); the host's unix sockets elsewhere are covered by
+   ``/dev/null``; a fresh ``/proc``; then every other mount point is remounted read-only with
    ``MS_REMOUNT | MS_BIND | MS_RDONLY`` (per-mount flags: the host's mounts are untouched; locked
    flags such as ``nosuid`` are carried over so a user namespace may remount them).
 2. It forks. PID 1 stays privileged, reaps every child and reports the program's raw wait status
-   on the status pipe (``exit <status>``); the program cannot signal or ptrace it. It also kills
+   on the status pipe (``exit <status>``, plus `` disk-full`` when the task's tmpfs is full); the
+   program cannot signal or ptrace it. It also kills
    the whole run by itself past ``deadline_s`` or as soon as the caller dies (the caller holds
    the write end of a "lifeline" pipe; its EOF means the caller is gone).
 3. The child applies rlimits, drops privileges (per-worker uid, or every capability plus the
-   ``SECBIT_NOROOT`` lock when it stays uid 0), sets ``no_new_privs``, reads the nonce from stdin
+   ``SECBIT_NOROOT`` lock when it stays uid 0), sets ``no_new_privs``, installs a seccomp filter
+   that denies new namespaces (:func:`deny_new_namespaces`), reads the nonce from stdin
    until EOF, replaces stdin with ``/dev/null``, compiles ``prog.py`` (bytes: encoding errors become
    the program's own ``SyntaxError``) and ``exec``s it as ``__main__``. Only if that returns does it
    write the nonce to the sentinel pipe.
@@ -36,6 +40,17 @@ PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS = 24, 28, 38
 SECURE_ALL_NOROOT_LOCKED = 0x2F  # NOROOT | NOROOT_LOCKED | NO_SETUID_FIXUP | its LOCKED | KEEP_CAPS_LOCKED
 CAP_VERSION_3 = 0x20080522  # _LINUX_CAPABILITY_VERSION_3
 SETUP_FAILED_EXIT = 125  # exit code when the sandbox itself could not be set up
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+CLONE_NEWUSER = 0x10000000
+# NEWTIME | NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+CLONE_NEW_ANY = 0x80 | 0x20000 | 0x02000000 | 0x04000000 | 0x08000000 | CLONE_NEWUSER | 0x20000000 | 0x40000000
+EPERM, ENOSYS = 1, 38
+# seccomp: per architecture (AUDIT_ARCH_*, clone, unshare, clone3, x32 syscall bit)
+SECCOMP_ARCHES = {
+    "x86_64": (0xC000003E, 56, 272, 435, 0x40000000),
+    "aarch64": (0xC00000B7, 220, 97, 435, 0),
+}
+INODE_BYTES = 4096  # the task tmpfs allows one inode per this many bytes of its size
 # positional argv (plain strings: importing json here would cost ~10 ms per program)
 ARGS = (
     "workdir",
@@ -52,7 +67,11 @@ ARGS = (
     "keep",
     "lifeline_fd",
     "deadline_s",
+    "fresh",
+    "sockets",
+    "disk_bytes",
 )
+LIST_SEP = "\n"  # separates the paths of the hide/keep/fresh/sockets lists (a path with a newline is skipped)
 _OPTION_FLAGS = {
     b"nosuid": MS_NOSUID,
     b"nodev": MS_NODEV,
@@ -76,36 +95,84 @@ def _unescape(field):
     return field
 
 
-def make_filesystem_read_only(work, hide=(), keep=()):
-    """Everything read-only except ``work``; ``hide`` dirs replaced by empty ones; a fresh /proc.
+def make_filesystem_read_only(work, program, hide=(), keep=(), fresh=(), sockets=(), disk_bytes=0, owner=None):
+    """Everything read-only except the task's own size-limited tmpfs; host sockets covered.
 
     Args:
-        work: the work directory (bytes path); stays writable.
-        hide: directories covered by an empty tmpfs (the caller's home, /run with its sockets, a
-            non-searchable ancestor of the work directory).
+        work: the work directory (bytes path). Inside, it is a directory of a fresh tmpfs of
+            ``disk_bytes`` (mounted over its parent, the task root, on the host side nothing of
+            the program's writes lands on disk and nothing needs cleaning up); ``program`` is
+            copied into it (owned by ``owner`` = (uid, gid) when given).
+        program: the program file (bytes path, in ``work``).
+        hide: directories covered by an empty read-only tmpfs (the caller's home, /run with its
+            sockets, the temp root, a non-searchable ancestor of the work directory).
         keep: paths under hidden directories that must stay visible at the same place (the
-            interpreter's prefix, the work directory): each is opened (``O_PATH``) before the
-            hiding and bind-mounted back from ``/proc/self/fd/N`` on top of the empty tmpfs,
-            whose new parent directories are world-searchable (so a per-worker uid gets through).
+            interpreter's prefix): each is opened (``O_PATH``) before the hiding and bind-mounted
+            back from ``/proc/self/fd/N`` on top of the empty tmpfs, whose new parent directories
+            are world-searchable (so a per-worker uid gets through).
+        fresh: directories replaced by a fresh, empty, writable (1777) directory of the task's
+            tmpfs (``/tmp``, ``/var/tmp``, ``/dev/shm``): writable, private, inside the disk cap.
+        sockets: unix socket paths of the host (from ``/proc/net/unix``) to cover with
+            ``/dev/null`` (``connect`` then fails); socket files that are mount points are found
+            in the mount table and covered too.
+        disk_bytes: size of the task's tmpfs (and ``disk_bytes // INODE_BYTES`` inodes).
     """
     ctypes, libc = _libc()
 
-    def mount(src, dst, fstype, flags):
-        if libc.mount(src, dst, fstype, ctypes.c_ulong(flags), None) != 0:
+    def mount(src, dst, fstype, flags, data=None):
+        if libc.mount(src, dst, fstype, ctypes.c_ulong(flags), data) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"mount {dst!r}: {os.strerror(err)}")
 
-    mount(work, work, None, MS_BIND)
+    import stat
+
+    os.umask(0o022)  # directories made for mount points must be searchable by the per-worker uid
+    with open(program, "rb") as f:
+        source = f.read()
+    task = os.path.dirname(work)
+    size = b"size=%d,nr_inodes=%d,mode=0711" % (disk_bytes, max(64, disk_bytes // INODE_BYTES))
+    mount(b"tmpfs", task, b"tmpfs", MS_NOSUID | MS_NODEV, size)
+    tfd = os.open(task, os.O_PATH | os.O_DIRECTORY)
+    os.mkdir(work, 0o700)
+    with open(program, "wb") as f:
+        f.write(source)
+    if owner is not None:
+        os.chown(work, *owner)
+        os.chown(program, *owner)
+    for i in range(len(fresh)):
+        os.mkdir(b"%s/fresh%d" % (task, i))
+        os.chmod(b"%s/fresh%d" % (task, i), 0o1777)
     held = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in keep]
     for path in hide:
-        mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV)
+        mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, b"size=64k,mode=0755")
+    for i, path in enumerate(fresh):
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        mount(b"/proc/self/fd/%d/fresh%d" % (tfd, i), path, None, MS_BIND)
     for path, fd in held:
         os.makedirs(path, mode=0o755, exist_ok=True)
         mount(b"/proc/self/fd/%d" % fd, path, None, MS_BIND | MS_REC)
         os.close(fd)
+    os.makedirs(work, mode=0o755, exist_ok=True)
+    mount(b"/proc/self/fd/%d/%s" % (tfd, os.path.basename(work)), work, None, MS_BIND)
+    os.close(tfd)
+
+    def cover_socket(path):
+        try:
+            is_socket = stat.S_ISSOCK(os.lstat(path).st_mode)
+        except OSError:
+            return
+        if is_socket:
+            mount(b"/dev/null", path, None, MS_BIND)
+
+    for path in sockets:
+        cover_socket(path)
     mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     with open("/proc/self/mountinfo", "rb") as f:
         rows = [line.split() for line in f.read().splitlines()]
+    points = {_unescape(row[4]) for row in rows}
+    for point in points:  # a socket bind-mounted from elsewhere (e.g. another network namespace)
+        cover_socket(point)
+    writable = {work, *fresh}
     done = set()
     for row in reversed(rows):  # the last row for a mount point is the visible (topmost) mount
         point = _unescape(row[4])
@@ -115,8 +182,76 @@ def make_filesystem_read_only(work, hide=(), keep=()):
         flags = MS_REMOUNT | MS_BIND
         for option in row[5].split(b","):
             flags |= _OPTION_FLAGS.get(option, 0)
-        flags |= (MS_NOSUID | MS_NODEV) if point == work else MS_RDONLY
-        mount(None, point, None, flags)
+        flags |= (MS_NOSUID | MS_NODEV) if point in writable else MS_RDONLY
+        try:
+            mount(None, point, None, flags)
+        except OSError:
+            if _mount_id(point) == int(row[0]):
+                raise
+            # else a mount covered by a later one (the task tmpfs under the fresh /tmp): unreachable
+
+
+def _mount_id(path):
+    """The id of the mount that ``path`` resolves to (as in /proc/self/mountinfo), or None."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        with open(b"/proc/self/fdinfo/%d" % fd, "rb") as f:
+            for line in f:
+                if line.startswith(b"mnt_id:"):
+                    return int(line.split()[1])
+    finally:
+        os.close(fd)
+    return None
+
+
+def deny_new_namespaces():
+    """A seccomp filter: ``clone``/``unshare`` with any ``CLONE_NEW*`` flag fail with EPERM (above
+    all ``CLONE_NEWUSER``: inside a new user namespace an unprivileged program could make mount and
+    network namespaces; the others matter for a program that runs as root in the ``rlimits``
+    fallback), ``clone3`` (whose flags a filter cannot read) with ENOSYS (libc then falls back to
+    ``clone``), and every system call of a foreign ABI (i386, x32) with ENOSYS. Needs
+    ``no_new_privs``.
+
+    Returns False where it cannot be installed (unknown architecture, kernel without seccomp).
+    """
+    arch = SECCOMP_ARCHES.get(os.uname().machine)
+    if arch is None:
+        return False
+    audit_arch, nr_clone, nr_unshare, nr_clone3, x32_bit = arch
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, errno_ret = 0x7FFF0000, 0x00050000
+    prog = [
+        (ld, 0, 0, 4),  # A = arch
+        (jeq, 1, 0, audit_arch),
+        (ret, 0, 0, errno_ret | ENOSYS),  # foreign ABI
+        (ld, 0, 0, 0),  # A = syscall number
+        (jge, 0, 1, x32_bit or 0xFFFFFFFF),
+        (ret, 0, 0, errno_ret | ENOSYS),  # x32 ABI
+        (jeq, 0, 1, nr_clone3),
+        (ret, 0, 0, errno_ret | ENOSYS),
+        (jeq, 1, 0, nr_clone),
+        (jeq, 0, 3, nr_unshare),
+        (ld, 0, 0, 16),  # A = low 32 bits of args[0] (flags of clone and unshare)
+        (jset, 0, 1, CLONE_NEW_ANY),
+        (ret, 0, 0, errno_ret | EPERM),
+        (ret, 0, 0, allow),
+    ]
+    ctypes, libc = _libc()
+
+    class SockFilter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
+
+    filters = (SockFilter * len(prog))(*[SockFilter(*row) for row in prog])
+    fprog = SockFprog(len(prog), filters)
+    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        return False
+    return True
 
 
 def enter_program_context(cfg):
@@ -141,6 +276,7 @@ def enter_program_context(cfg):
         os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
+    deny_new_namespaces()  # best effort: the isolation probe reports whether it holds
     chunks = []
     while True:
         chunk = os.read(0, 4096)
@@ -159,6 +295,9 @@ def _parse(argv):
     for key in ("uid", "gid", "status_fd", "sentinel_fd", "lifeline_fd"):
         cfg[key] = int(cfg[key]) if cfg[key] else None
     cfg["deadline_s"] = float(cfg["deadline_s"])
+    cfg["disk_bytes"] = int(cfg["disk_bytes"])
+    for key in ("hide", "keep", "fresh", "sockets"):
+        cfg[key] = [os.fsencode(p) for p in cfg[key].split(LIST_SEP) if p]
     cfg["rlimits"] = [(n, int(a), int(b)) for n, a, b in (r.split(":") for r in cfg["rlimits"].split(","))]
     return cfg
 
@@ -221,6 +360,17 @@ def _supervise(pid, cfg):
             return status
 
 
+def _disk_full(cfg):
+    """Whether the task's tmpfs ran out of space or inodes (the program hit its disk cap)."""
+    if not cfg["mounts"]:
+        return False
+    try:
+        st = os.statvfs(cfg["workdir"])
+    except OSError:
+        return False
+    return st.f_bavail == 0 or st.f_favail == 0
+
+
 def _setup_failed(status_fd, exc):
     os.write(status_fd, f"setup-error {exc!r}".encode())
     os._exit(SETUP_FAILED_EXIT)
@@ -235,9 +385,16 @@ def main():
             with open(group + "/cgroup.procs", "w") as f:
                 f.write("0")
         if cfg["mounts"]:
-            hide = [os.fsencode(h) for h in filter(None, cfg["hide"].split(":"))]
-            keep = [os.fsencode(k) for k in filter(None, cfg["keep"].split(":"))]
-            make_filesystem_read_only(os.fsencode(cfg["workdir"]), hide, keep)
+            make_filesystem_read_only(
+                os.fsencode(cfg["workdir"]),
+                os.fsencode(cfg["program"]),
+                cfg["hide"],
+                cfg["keep"],
+                cfg["fresh"],
+                cfg["sockets"],
+                cfg["disk_bytes"],
+                (cfg["uid"], cfg["gid"]) if cfg["uid"] is not None else None,
+            )
         pid = os.fork()
     except BaseException as exc:  # noqa: BLE001 - everything here is a sandbox failure
         _setup_failed(status_fd, exc)
@@ -245,7 +402,7 @@ def main():
         os.close(sentinel_fd)
         os.close(0)
         status = _supervise(pid, cfg)
-        os.write(status_fd, b"exit %d" % status)
+        os.write(status_fd, b"exit %d%s" % (status, b" disk-full" if _disk_full(cfg) else b""))
         os._exit(0)
     os.close(cfg["lifeline_fd"])
     try:

@@ -102,6 +102,7 @@ class ExecutionConfig:
         max_processes: processes per program (pids cgroup and/or ``RLIMIT_NPROC``).
         open_files: ``RLIMIT_NOFILE``.
         file_size_bytes: largest file a program may write (``RLIMIT_FSIZE``).
+        disk_bytes: all a program may write together (its private tmpfs; namespaces only).
         max_output_bytes: stdout + stderr bytes after which a program is killed and failed.
         tail_bytes: stderr bytes kept in each result record.
         isolation: ``"auto"`` (strongest available) or one of ``namespaces``, ``setuid``, ``rlimits``.
@@ -116,6 +117,7 @@ class ExecutionConfig:
     max_processes: int = _SANDBOX_DEFAULTS.max_processes
     open_files: int = _SANDBOX_DEFAULTS.open_files
     file_size_bytes: int = _SANDBOX_DEFAULTS.file_size_bytes
+    disk_bytes: int = _SANDBOX_DEFAULTS.disk_bytes
     max_output_bytes: int = _SANDBOX_DEFAULTS.max_output_bytes
     tail_bytes: int = _SANDBOX_DEFAULTS.tail_bytes
     isolation: str = "auto"
@@ -174,6 +176,8 @@ def _verdict(res: SandboxResult, max_output: int) -> tuple[bool, str, str | None
     exc_name = _EXC_LINE.match(exc).group(1) if exc else None  # type: ignore[union-attr]
     if res.finished:
         reason = f"exit status {res.exit_status} after check() returned"
+    elif exc and res.disk_full:
+        reason = f"{exc} (disk limit reached)"
     elif exc:
         reason = exc
     elif res.exit_status is not None and res.exit_status < 0:

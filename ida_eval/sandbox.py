@@ -14,16 +14,19 @@ at the timeout. Here every program gets:
   saves ~40 ms of ``.pth`` processing per program (``hash_seed=None`` gives a literal ``-I``).
 * **Kernel isolation** when available (probed once, see :mod:`ida_eval.isolation`):
   ``unshare --net --pid --fork --kill-child --mount`` (plus ``--user --map-root-user`` when not
-  root). Inside, a small bootstrap running as PID 1 of the new PID namespace bind-mounts the work
-  directory onto itself, mounts a fresh ``/proc`` and remounts *every* other mount read-only
-  (per-mount flags, so the host is untouched). The program then runs in a forked child with
+  root). Inside, a small bootstrap running as PID 1 of the new PID namespace mounts a fresh tmpfs
+  of ``disk_bytes`` that holds the work directory and private ``/tmp``, ``/var/tmp`` and
+  ``/dev/shm`` (the total disk cap; nothing reaches the host's disk), covers home, the temp root,
+  ``/run`` and the host's unix sockets, mounts a fresh ``/proc`` and remounts *every* other mount
+  read-only (per-mount flags, so the host is untouched). The program then runs in a forked child with
   rlimits, ``no_new_privs`` and either a per-worker unprivileged uid (``setuid``: real
   ``RLIMIT_NPROC`` accounting, no permission on other users' files; used when that uid can read
   the interpreter) or uid 0 with every capability dropped (``capdrop``: the read-only mounts and
   namespaces do the containing; the pids cgroup does the process cap). PID 1 also puts the tree
   in fresh cgroups (:mod:`ida_eval.cgroups`: ``pids.max``, memory limit) where writable.
   There is no network (only a down loopback), and when PID 1 exits or is killed the kernel kills
-  every process of the namespace, daemonized grandchildren included.
+  every process of the namespace, daemonized grandchildren included. In every mode a seccomp
+  filter denies new namespaces (no nested user namespace).
 * **Fallbacks** with a warning: ``setuid`` (root without namespaces: per-worker uid, rlimits, and
   ``kill(-1, SIGKILL)`` issued *as that uid* to reap escaped processes; no network isolation and
   world-writable directories stay writable) and ``rlimits`` (process group kill only).
@@ -65,6 +68,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ida_eval._sandbox_boot import ARGS as _BOOT_ARGS
+from ida_eval._sandbox_boot import LIST_SEP as _LIST_SEP
 from ida_eval.cgroups import SandboxCgroups, cgroup_parents, remove_group
 from ida_eval.cleanup import remove_tree
 from ida_eval.isolation import Isolation, probe_isolation
@@ -101,6 +105,9 @@ class SandboxLimits:
             ``RLIMIT_NPROC`` (enforced for the per-worker uid; the kernel exempts uid 0).
         open_files: ``RLIMIT_NOFILE``.
         file_size_bytes: ``RLIMIT_FSIZE``: largest file the program may write.
+        disk_bytes: everything the program may write together (work directory, ``/tmp``,
+            ``/var/tmp``, ``/dev/shm``): the size of its private tmpfs (namespaces only; its
+            pages also count against the memory cgroup). A write past it fails with ``ENOSPC``.
         max_output_bytes: stdout + stderr bytes after which the program is killed.
         tail_bytes: bytes of stdout and of stderr kept for the result record.
         hash_seed: ``PYTHONHASHSEED`` (None: run a literal ``python -I`` with a random seed).
@@ -112,6 +119,7 @@ class SandboxLimits:
     max_processes: int = 64
     open_files: int = 256
     file_size_bytes: int = 64 * MiB
+    disk_bytes: int = 256 * MiB
     max_output_bytes: int = 16 * MiB
     tail_bytes: int = 4 * KiB
     hash_seed: int | None = 0
@@ -125,6 +133,7 @@ class SandboxLimits:
             "max_processes": 1,
             "open_files": 16,
             "file_size_bytes": 0,
+            "disk_bytes": 1 * MiB,
             "max_output_bytes": 1,
             "tail_bytes": 0,
         }
@@ -149,6 +158,7 @@ class SandboxResult:
     output_bytes: int  # stdout + stderr bytes the program wrote
     elapsed_s: float
     oom_killed: bool = False  # the tree's cgroup memory limit was hit and the kernel killed a process
+    disk_full: bool = False  # the program filled its disk cap (``disk_bytes``; namespaces only)
 
     @property
     def passed(self) -> bool:
@@ -362,24 +372,38 @@ def run_program(
         _remove_work_dir(root)
 
 
-HIDDEN_DIRS = ("/run",)  # covered by an empty tmpfs inside namespaces (daemons' unix sockets), with home and temp
+HIDDEN_DIRS = ("/run", "/var/run")  # covered by an empty tmpfs inside namespaces (daemons' sockets)
+FRESH_DIRS = ("/tmp", "/var/tmp", "/dev/shm")  # replaced by private writable dirs of the task's tmpfs
+UNIX_SOCKETS_TABLE = "/proc/net/unix"  # the bound unix sockets of our network namespace
+NETNS_RESCAN_S = 2.0  # how long the list of network namespaces (whose socket tables we read) is reused
 
 
-def _hidden_paths(workdir: str) -> tuple[list[str], list[str]]:
-    """(directories to cover with an empty tmpfs, paths under them to keep visible).
+def _under(path: str, dirs: Sequence[str]) -> bool:
+    return any(os.path.commonpath([d, path]) == d for d in dirs)
 
-    Hidden: the caller's home, the system temp dir (other programs' files), ``/run`` (daemons'
-    sockets) and the highest ancestor of the work directory that others cannot search (e.g. a
-    0700 pytest dir, which would lock the per-worker uid out of its own directory). Kept: the
-    interpreter's directories and the work directory, when they lie under a hidden one. Paths
-    with ``:`` are skipped (the bootstrap's argv uses it as separator).
+
+def _hidden_paths(workdir: str) -> tuple[list[str], list[str], list[str]]:
+    """(directories to cover with an empty tmpfs, paths under them to keep visible, fresh dirs).
+
+    Hidden: the caller's home, the temp root of the work directory and the system temp dir
+    (other programs' files, whatever ``TMPDIR`` says), ``/run`` and ``/var/run`` (daemons'
+    sockets) and the highest ancestor of the work directory that others cannot search (e.g. a 0700
+    pytest dir, which would lock the per-worker uid out of its own directory). Fresh (private,
+    writable, inside the disk cap): ``/tmp``, ``/var/tmp``, ``/dev/shm``, whatever ``TMPDIR``
+    says. Kept: the interpreter's directories, when they lie under a hidden or fresh one.
     """
-    hidden: list[str] = []
-    for d in (os.path.expanduser("~"), tempfile.gettempdir(), *HIDDEN_DIRS):
+    fresh: list[str] = []
+    for d in FRESH_DIRS:
         d = os.path.realpath(d)
-        if d != "/" and ":" not in d and os.path.isdir(d):
+        if d != "/" and os.path.isdir(d) and d not in fresh:
+            fresh.append(d)
+    task_root = os.path.dirname(workdir)
+    hidden: list[str] = []
+    for d in (os.path.expanduser("~"), tempfile.gettempdir(), os.path.dirname(task_root), *HIDDEN_DIRS):
+        d = os.path.realpath(d)
+        if d != "/" and os.path.isdir(d) and not _under(d, fresh):
             hidden.append(d)
-    parts = Path(workdir).parent.parts
+    parts = Path(task_root).parent.parts
     for i in range(2, len(parts) + 1):
         ancestor = str(Path(*parts[:i]))
         try:
@@ -387,19 +411,83 @@ def _hidden_paths(workdir: str) -> tuple[list[str], list[str]]:
         except OSError:
             break
         if not searchable:
-            if ":" not in ancestor:
-                hidden.append(ancestor)
+            hidden.append(ancestor)
             break
-    hidden = [h for h in hidden if not any(h != o and os.path.commonpath([h, o]) == o for o in hidden)]
-    needed = {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix, os.path.dirname(sys.executable))}
-    needed.add(workdir)
+    hidden = [h for h in hidden if not any(h != o and os.path.commonpath([h, o]) == o for o in hidden + fresh)]
+    needed = {
+        os.path.realpath(p)
+        for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, os.path.dirname(sys.executable))
+    }
     kept: list[str] = []
     for path in sorted(needed):
-        if ":" in path or not any(os.path.commonpath([h, path]) == h for h in hidden):
+        if not _under(path, hidden + fresh):
             continue
-        if not any(os.path.commonpath([k, path]) == k for k in kept):  # else visible through a kept ancestor
+        if not _under(path, kept):  # else visible through a kept ancestor
             kept.append(path)
-    return sorted(set(hidden)), kept
+    return sorted(set(hidden)), kept, fresh
+
+
+_TABLES_CACHE: list[tuple[float, list[str]]] = []  # [(when, tables)]: the /proc walk costs ~3 ms
+
+
+def _unix_socket_tables() -> list[str]:
+    """``/proc/<pid>/net/unix`` of one process per network namespace on this machine (ours first).
+
+    Sockets of other network namespaces (containers, other sandboxes) are listed only there, yet
+    their files may lie in directories a program can see. The list of namespaces is reused for
+    ``NETNS_RESCAN_S`` (the tables themselves are read fresh for every program).
+    """
+    now = time.monotonic()
+    if _TABLES_CACHE and now - _TABLES_CACHE[0][0] < NETNS_RESCAN_S:
+        return _TABLES_CACHE[0][1]
+    tables = _scan_unix_socket_tables()
+    _TABLES_CACHE[:] = [(now, tables)]
+    return tables
+
+
+def _scan_unix_socket_tables() -> list[str]:
+    tables = [UNIX_SOCKETS_TABLE]
+    seen: set[str] = set()
+    try:
+        seen.add(os.readlink("/proc/self/ns/net"))
+        pids = [n for n in os.listdir("/proc") if n.isdigit()]
+    except OSError:
+        return tables
+    for pid in pids:
+        try:
+            ns = os.readlink(f"/proc/{pid}/ns/net")
+        except OSError:  # gone, or not ours to look at
+            continue
+        if ns not in seen:
+            seen.add(ns)
+            tables.append(f"/proc/{pid}/net/unix")
+    return tables
+
+
+def _host_sockets(covered: Sequence[str]) -> list[str]:
+    """Paths of the bound unix sockets of every network namespace, except those under ``covered``.
+
+    (Relative and abstract names are skipped: abstract sockets are per network namespace, and the
+    program has its own. The bootstrap also covers socket files that are mount points.)
+    """
+    found: set[str] = set()
+    for table in _unix_socket_tables():
+        try:
+            with open(table, "rb") as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split(None, 7)
+            if len(fields) == 8 and fields[7].startswith(b"/"):
+                path = os.fsdecode(fields[7])
+                if not _under(path, covered):
+                    found.add(path)
+    return sorted(found)
+
+
+def _path_list(paths: Sequence[str]) -> str:
+    return _LIST_SEP.join(p for p in paths if _LIST_SEP not in p)
 
 
 def _spawn_and_wait(
@@ -412,7 +500,8 @@ def _spawn_and_wait(
     groups: SandboxCgroups,
     cancel: threading.Event | None,
 ) -> SandboxResult:
-    hidden, kept = _hidden_paths(workdir) if iso.uses_namespaces else ([], [])
+    hidden, kept, fresh = _hidden_paths(workdir) if iso.uses_namespaces else ([], [], [])
+    sockets = _host_sockets(hidden + fresh) if iso.uses_namespaces else []
     sent_r, sent_w = os.pipe()
     stat_r, stat_w = os.pipe()
     life_r, life_w = os.pipe()  # we hold life_w until the end: its EOF tells PID 1 that we are gone
@@ -427,10 +516,13 @@ def _spawn_and_wait(
         "status_fd": stat_w,
         "sentinel_fd": sent_w,
         "cgroups": ":".join(groups.paths),
-        "hide": ":".join(hidden) if iso.uses_namespaces else "",
-        "keep": ":".join(kept) if iso.uses_namespaces else "",
+        "hide": _path_list(hidden),
+        "keep": _path_list(kept),
         "lifeline_fd": life_r,
         "deadline_s": limits.timeout + SUPERVISOR_GRACE_S,
+        "fresh": _path_list(fresh),
+        "sockets": _path_list(sockets),
+        "disk_bytes": limits.disk_bytes,
     }
     args = [str(cfg[k]) if cfg[k] is not None else "" for k in _BOOT_ARGS]
     cmd: Sequence[str] = [*iso.unshare, *_interpreter_args(limits), BOOT_SCRIPT, *args]
@@ -519,7 +611,7 @@ def _spawn_and_wait(
         raise SandboxError(f"sandbox setup failed ({iso.description}): {text[12:]}; stderr: {err.text()[-500:]}")
     exit_status: int | None
     if text.startswith("exit "):
-        exit_status = os.waitstatus_to_exitcode(int(text[5:]))
+        exit_status = os.waitstatus_to_exitcode(int(text.split()[1]))
     elif timed_out or exceeded:
         exit_status = None
     else:
@@ -534,6 +626,7 @@ def _spawn_and_wait(
         output_bytes=out.total + err.total,
         elapsed_s=elapsed,
         oom_killed=groups.oom_killed(),
+        disk_full=text.endswith(" disk-full"),
     )
 
 

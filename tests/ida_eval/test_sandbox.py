@@ -18,6 +18,7 @@ import tempfile
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -374,11 +375,25 @@ def test_open_files_limit(clean: str) -> None:
 # ------------------------------------------------------------------ file system, network, secrets
 
 
-def test_writes_outside_the_directory_are_blocked(clean: str, tmp_path: Path, iso: isolation.Isolation) -> None:
+@pytest.fixture
+def host_dir() -> Iterator[Path]:
+    """A fresh directory outside the temp dir, /run and home (beside the tests): visible,
+    read-only, inside the sandbox."""
+    d = Path(__file__).resolve().parent / f".host-{secrets.token_hex(4)}"
+    d.mkdir()
+    yield d
+    shutil.rmtree(d)
+
+
+def test_writes_outside_the_directory_are_blocked(
+    clean: str, tmp_path: Path, host_dir: Path, iso: isolation.Isolation
+) -> None:
     needs_namespaces(iso)
-    victim = tmp_path / "victim.txt"
+    victim = host_dir / "victim.txt"  # visible inside, read-only
     victim.write_text("original")
-    targets = [tmp_path / f"new-{i}.txt" for i in range(4)]
+    tmp_victim = tmp_path / "victim.txt"  # in the host's temp dir: not even visible inside
+    tmp_victim.write_text("original")
+    targets = [host_dir / "new-0.txt", host_dir / "new-1.txt", tmp_path / "new-2.txt", tmp_path / "new-3.txt"]
     shm = Path("/dev/shm") / f"ida-test-{secrets.token_hex(4)}"
     src = f"""
     import os, subprocess
@@ -386,7 +401,6 @@ def test_writes_outside_the_directory_are_blocked(clean: str, tmp_path: Path, is
     attempts = [
         lambda: open({str(victim)!r}, 'a').write('pwned'),
         lambda: open({str(targets[0])!r}, 'w').write('x'),
-        lambda: open({str(shm)!r}, 'w').write('x'),
         lambda: os.unlink({str(victim)!r}),
     ]
     for attempt in attempts:
@@ -394,8 +408,17 @@ def test_writes_outside_the_directory_are_blocked(clean: str, tmp_path: Path, is
             attempt()
         except OSError:
             blocked += 1
+    for attempt in (  # private /tmp and /dev/shm: these may succeed, but never on the host
+        lambda: open({str(tmp_victim)!r}, 'a').write('pwned'),
+        lambda: os.unlink({str(tmp_victim)!r}),
+        lambda: open({str(shm)!r}, 'w').write('x'),
+    ):
+        try:
+            attempt()
+        except OSError:
+            pass
     # through a shell (subprocess) and through posix_spawn (the reliability_guard escape)
-    subprocess.run(['sh', '-c', 'echo x > {targets[1]}; echo x >> {victim}'])
+    subprocess.run(['sh', '-c', 'echo x > {targets[1]}; echo x >> {victim}; echo x >> {tmp_victim}'])
     pid = os.posix_spawn('/bin/sh', ['sh', '-c', 'echo x > {targets[2]}'], {{}})
     os.waitpid(pid, 0)
     os.system('touch {targets[3]}')
@@ -406,8 +429,8 @@ def test_writes_outside_the_directory_are_blocked(clean: str, tmp_path: Path, is
     """
     res = run(src, clean)
     assert res.passed, res.stderr_tail
-    assert res.stdout_tail.strip() == "4"
-    assert victim.read_text() == "original"
+    assert res.stdout_tail.strip() == "3"
+    assert victim.read_text() == "original" and tmp_victim.read_text() == "original"
     assert not any(t.exists() for t in targets)
     assert not shm.exists()
 
@@ -742,3 +765,191 @@ def test_a_deep_tree_completion_does_not_stop_the_run(tmp_path: Path) -> None:
     more = samples + [{"task_id": "T/0", "completion": "    return 1\n"}]
     res = ex.execute_samples(problems, more, out_path=out, config=cfg, progress=False)  # resume
     assert len(res) == 5 and res[-1]["passed"]
+
+
+# ------------------------------------------------------------------ sandbox gaps (issue 11)
+
+
+SOCKET_LISTENER = """
+import os, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(sys.argv[1])
+os.chmod(sys.argv[1], 0o777)
+s.listen(8)
+print('ready', flush=True)
+while True:
+    c, _ = s.accept()
+    print('accepted', c.recv(100), flush=True)
+    c.close()
+"""
+
+
+@pytest.mark.parametrize("netns", ["same", "other"], ids=["same-netns", "other-netns"])
+def test_host_unix_sockets_are_unreachable(netns: str, clean: str, host_dir: Path, iso: isolation.Isolation) -> None:
+    """A world-writable listening socket outside /run, the temp dir and home, bound in our network
+    namespace or in another one (a container's): the program cannot connect to it."""
+    needs_namespaces(iso)
+    path = host_dir / "s"
+    os.chmod(host_dir, 0o777)
+    cmd = [sys.executable, "-c", SOCKET_LISTENER, str(path)]
+    if netns == "other":
+        if os.geteuid() != 0:
+            cmd = ["unshare", "--user", "--map-root-user", "--net", *cmd]
+        else:
+            cmd = ["unshare", "--net", *cmd]
+    listener = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert listener.stdout is not None
+        if listener.stdout.readline().strip() != "ready":
+            pytest.skip(f"cannot start the listener: {listener.stderr.read()[-300:] if listener.stderr else ''}")
+        probe = socket.socket(socket.AF_UNIX)
+        probe.connect(str(path))  # positive control: reachable from the host
+        probe.sendall(b"host")
+        probe.close()
+        src = f"""
+        import os, socket, stat
+        print(stat.S_ISSOCK(os.stat({str(path)!r}).st_mode))
+        s = socket.socket(socket.AF_UNIX)
+        s.connect({str(path)!r})
+        s.sendall(b'stolen')
+        """
+        res = run(src, clean)
+        time.sleep(0.3)  # a connection that got through would be accepted by now
+    finally:
+        listener.kill()
+        out, _ = listener.communicate()
+    assert out.splitlines() == ["accepted b'host'"]
+    assert not res.passed and res.stdout_tail.strip() == "False"
+    assert "ConnectionRefusedError" in res.stderr_tail or "OSError" in res.stderr_tail
+
+
+NESTED_USERNS = """
+import ctypes, os, subprocess, threading
+libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWNET = 0x10000000, 0x00020000, 0x40000000
+out = []
+for flags in (CLONE_NEWUSER, CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWNET):
+    out.append((libc.unshare(flags), ctypes.get_errno()))
+r = subprocess.run(['unshare', '--user', '--map-root-user', '--mount', '--net', 'true'], capture_output=True)
+out.append(r.returncode)
+# ordinary process and thread creation still works (fork, posix_spawn/clone3 fallback, threads)
+t = threading.Thread(target=lambda: None); t.start(); t.join()
+pid = os.posix_spawn('/bin/true', ['true'], {})
+out.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+out.append(subprocess.run(['sh', '-c', 'exit 3']).returncode)
+print(out)
+"""
+
+
+@pytest.mark.parametrize("mode", _working_modes(), ids=lambda i: f"{i.level}-{i.privilege}")
+def test_nested_user_namespaces_are_denied(mode: isolation.Isolation, clean: str) -> None:
+    why = isolation.probe_one(mode)
+    if why is not None:
+        pytest.skip(f"{mode.level}/{mode.privilege} does not work on this machine: {why[:200]}")
+    if os.uname().machine not in ("x86_64", "aarch64"):
+        pytest.skip("no seccomp filter for this architecture")
+    res = run(NESTED_USERNS, clean, isolation=mode)
+    assert res.passed, res.stderr_tail
+    out = eval(res.stdout_tail.strip())  # noqa: S307 - our own program's repr
+    assert out[:4] == [(-1, errno.EPERM)] * 4  # no namespace at all, even for a program that runs as root
+    assert out[4] != 0  # unshare(1) fails too
+    assert out[5:] == [0, 3]
+
+
+def test_total_disk_use_is_capped_and_the_verdict_says_so(clean: str, iso: isolation.Isolation) -> None:
+    needs_namespaces(iso)
+    from ida_eval.execute import _verdict
+
+    limits = sb.SandboxLimits(timeout=10.0, memory_bytes=1 << 30, disk_bytes=8 << 20, file_size_bytes=64 << 20)
+    src = """
+    import os
+    total = 0
+    try:
+        for i, d in enumerate(['.', '/tmp', '/var/tmp', '/dev/shm'] * 4):  # 16 files of up to 1 MiB each
+            with open(f'{d}/f{i}', 'wb') as f:
+                for _ in range(16):
+                    f.write(b'x' * 65536)
+                    f.flush()
+                    total += 65536
+    finally:
+        print(total)
+    """
+    t0 = time.monotonic()
+    res = run(src, clean, limits)
+    assert time.monotonic() - t0 < 8.0
+    written = int(res.stdout_tail.strip())
+    assert 6 << 20 <= written <= 8 << 20  # everything together, not per file
+    assert not res.passed and res.disk_full and not res.timed_out
+    assert "No space left on device" in res.stderr_tail
+    passed, result, exc = _verdict(res, limits.max_output_bytes)
+    assert not passed and exc == "OSError" and result.endswith("(disk limit reached)")
+    small = run("open('f', 'wb').write(b'x' * (1 << 20))", clean, limits)
+    assert small.passed and not small.disk_full
+
+
+TMPDIR_RUNNER = """
+import os, sys, tempfile, types
+pkg = types.ModuleType("ida_eval")
+pkg.__path__ = [{pkg_dir!r}]
+sys.modules["ida_eval"] = pkg
+from ida_eval import sandbox
+assert tempfile.gettempdir() == {tmpdir!r}, tempfile.gettempdir()
+res = sandbox.run_program({src!r}, sandbox.SandboxLimits(timeout=20.0))
+print(res.stdout_tail.strip(), res.passed)
+"""
+
+
+def test_host_tmp_is_never_visible_whatever_tmpdir_says(host_dir: Path, iso: isolation.Isolation) -> None:
+    needs_namespaces(iso)
+    marker = Path(tempfile.mkdtemp(prefix="ida-marker-", dir="/tmp"))
+    elsewhere = host_dir / "tmpdir"
+    elsewhere.mkdir()
+    (elsewhere / "other-file").write_text("x")
+    try:
+        src = (
+            f"import os\nprint(repr((os.path.exists({str(marker)!r}),"
+            f" os.path.exists({str(elsewhere / 'other-file')!r}),"
+            " sorted(os.listdir('/tmp')), os.environ['TMPDIR'] == os.getcwd())))"
+        )
+        code = TMPDIR_RUNNER.format(pkg_dir=str(Path(sb.__file__).parent), tmpdir=str(elsewhere), src=src)
+        env = {**os.environ, "TMPDIR": str(elsewhere)}
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip().endswith("True"), r.stdout  # the program passed
+        seen_marker, seen_other, listing, tmpdir_is_cwd = eval(r.stdout.strip().rsplit(" ", 1)[0])  # noqa: S307
+        assert not seen_marker and not seen_other and tmpdir_is_cwd
+        assert not any(name.startswith("ida-marker-") for name in listing)
+    finally:
+        marker.rmdir()
+    assert list(elsewhere.iterdir()) == [elsewhere / "other-file"]  # its work dir was removed
+
+
+JAVA_MAIN = (
+    'public class Main { public static void main(String[] a) throws Exception {'
+    ' System.out.println("hi " + java.io.File.createTempFile("ida", ".t").getParent()); } }'
+)
+TOOLCHAINS = {
+    "java": (["javac", "Main.java"], ["java", "-Xmx256m", "-cp", ".", "Main"]),
+    "node": (None, ["node", "-e", "const os=require('os'); require('fs').writeFileSync(os.tmpdir()+'/a', 'x'); "
+                    "console.log('hi', require('crypto').randomBytes(2).length)"]),
+}
+
+
+@pytest.mark.parametrize("lang", sorted(TOOLCHAINS))
+def test_toolchains_under_usr_still_run(lang: str, clean: str, iso: isolation.Isolation) -> None:
+    """JVM and node need /proc, /dev/null, /dev/urandom, a writable /tmp (java.io.tmpdir): all there."""
+    compile_cmd, run_cmd = TOOLCHAINS[lang]
+    if shutil.which(run_cmd[0]) is None or (compile_cmd and shutil.which(compile_cmd[0]) is None):
+        pytest.skip(f"{run_cmd[0]} is not installed here")
+    src = f"""
+    import subprocess
+    open('Main.java', 'w').write({JAVA_MAIN!r})
+    for cmd in ({compile_cmd!r}, {run_cmd!r}):
+        if cmd:
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr
+            print(r.stdout.strip())
+    """
+    res = run(src, clean, sb.SandboxLimits(timeout=120.0, memory_bytes=16 << 30))
+    assert res.passed, res.stderr_tail
+    assert "hi" in res.stdout_tail
