@@ -15,6 +15,9 @@
   transformers' layout (projections transposed back, folded norms unfolded where the architecture's
   norms add 1: :mod:`mxfp8_codec.layout`), loadable by ``from_pretrained``; for a directory the
   config/tokenizer files are copied too.
+* ``export --format compressed-tensors SRC DST [--overwrite]``: the compressed-tensors
+  ``mxfp8-quantized`` copy that vLLM and transformers' compressed-tensors quantizer load
+  (:mod:`mxfp8_codec.export`).
 * ``demo OUT_DIR``: builds a small random Llama checkpoint with transformers, quantizes it,
   inspects and verifies the result, dequantizes it and reports the logits error.
 
@@ -346,6 +349,15 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from mxfp8_codec.export import export_compressed_tensors
+
+    report = export_compressed_tensors(args.src, args.dst, overwrite=args.overwrite, model_type=args.model_type)
+    for line in report.lines():
+        print(line)
+    return 0
+
+
 def _cmd_dequantize(args: argparse.Namespace) -> int:
     for target in dequantize_checkpoint(args.src, args.out, model_type=args.model_type):
         with open_mxfp8(target) as r:
@@ -464,6 +476,14 @@ def build_parser() -> argparse.ArgumentParser:
         "of SRC or beside it)",
     )
     s.set_defaults(func=_cmd_dequantize)
+
+    s = sub.add_parser("export", help="MXFP8 checkpoint dir -> compressed-tensors mxfp8-quantized dir (vLLM)")
+    s.add_argument("src", help="MXFP8 checkpoint directory (config.json + weights)")
+    s.add_argument("dst", help="directory to create")
+    s.add_argument("--format", choices=("compressed-tensors",), required=True, help="target layout")
+    s.add_argument("--overwrite", action="store_true", help="replace an existing DST once the export is complete")
+    s.add_argument("--model-type", help="config model_type, for folded norms when config.json has none")
+    s.set_defaults(func=_cmd_export)
 
     s = sub.add_parser("demo", help="make a tiny random model, quantize, inspect, verify, dequantize")
     s.add_argument("out_dir", help="directory to create (hf/, mxfp8/, dequantized/ inside)")
