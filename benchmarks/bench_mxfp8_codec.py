@@ -79,6 +79,64 @@ def _time(name: str, fn: Callable[[], object], repeats: int) -> Timing:
     return Timing(name, min(samples), statistics.median(samples))
 
 
+def _paired_ratio(fn: Callable[[], object], baseline: Callable[[], object], repeats: int) -> float:
+    """Median over ``repeats`` of ``time(fn) / time(baseline)``, the two timed back to back each time.
+
+    On a shared machine the copy's own time swings 2-3x between runs; timing each pair back to back
+    and taking the median ratio compares like with like under the same momentary load.
+    """
+    fn(), baseline()
+    ratios = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        baseline()
+        t1 = time.perf_counter()
+        fn()
+        t2 = time.perf_counter()
+        ratios.append((t2 - t1) / (t1 - t0))
+    return statistics.median(ratios)
+
+
+def _compare_old_kernel(rev: str, cases: list[tuple[str, np.ndarray, np.ndarray]], copy: Callable[[], object],
+                        repeats: int) -> None:
+    """Paired decode ratios of the kernel source at git revision ``rev`` (same bits checked)."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import cffi
+
+    from mxfp8_codec.numerics_numpy import decode_table
+
+    repo = Path(__file__).resolve().parents[1]
+    src = subprocess.run(["git", "-C", str(repo), "show", f"{rev}:mxfp8_codec/_kernel.c"], capture_output=True,
+                         check=True).stdout
+    with tempfile.TemporaryDirectory() as tmp:
+        c_file, lib_file = Path(tmp) / "old_kernel.c", Path(tmp) / "old_kernel.so"
+        c_file.write_bytes(src)
+        (Path(tmp) / "mxfp8.h").write_bytes(_native.KERNEL_HEADER.read_bytes())  # in case REV includes it
+        cc = _native._find_compiler()
+        subprocess.run([cc, *_native.CFLAGS, "-o", str(lib_file), str(c_file)], check=True)
+        ffi = cffi.FFI()
+        ffi.cdef("void mx_decode_bf16(const uint8_t *q, const uint8_t *s, int64_t rows, int64_t k, uint16_t *out, "
+                 "const uint16_t *lut);")
+        lib = ffi.dlopen(str(lib_file))
+        lut = decode_table("bf16")
+        print(f"\nkernel at {rev} (bf16 row decode into out=, paired with np.copyto):")
+        for label, qq, ss in cases:
+            out = np.zeros(qq.shape, np.uint16)
+
+            def old(qq: np.ndarray = qq, ss: np.ndarray = ss, out: np.ndarray = out) -> None:
+                lib.mx_decode_bf16(ffi.cast("uint8_t *", qq.ctypes.data), ffi.cast("uint8_t *", ss.ctypes.data),
+                                   qq.shape[0], qq.shape[1], ffi.cast("uint16_t *", out.ctypes.data),
+                                   ffi.cast("uint16_t *", lut.ctypes.data))
+
+            ratio = _paired_ratio(old, copy, repeats)
+            ref = decode_mxfp8_numpy(qq[:256], ss[:256], dtype=ml_dtypes.bfloat16).view(np.uint16)
+            same = np.array_equal(out[:256], ref)
+            print(f"  {label:<46} {ratio:5.2f}x copy (same bits as numpy on a slice: {same})")
+
+
 def _make_data(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rows = max(1, n // ROW)
     rng = np.random.default_rng(0)
@@ -128,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slow-repeats", type=int, default=2, help="timed runs for the slow baselines")
     ap.add_argument("--json", help="also write the results to this JSON file")
     ap.add_argument("--strict", action="store_true", help="exit 1 if a target ratio is missed")
+    ap.add_argument("--old-kernel", metavar="REV", help="also time the bf16 row decode of mxfp8_codec/_kernel.c as of "
+                    "git revision REV (compiled here with the same flags), paired against np.copyto")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
 
@@ -185,9 +245,25 @@ def main(argv: list[str] | None = None) -> int:
         ("decode->bf16 random bytes into out= vs copy into", results[13].best_ms / copy_into, DECODE_TARGET),
     ]
     print(f"(info) encode wide-range into out= vs copy into: {results[14].best_ms / copy_into:5.2f}x")
+    copy = lambda: np.copyto(dst16, src16)  # noqa: E731
+    paired = [
+        ("decode->bf16 into out=, weights", lambda: decode_mxfp8(q, s, dtype=ml_dtypes.bfloat16, out=out16), DECODE_TARGET),
+        ("decode->bf16 into out=, random bytes", lambda: decode_mxfp8(rq, rs, dtype=ml_dtypes.bfloat16, out=rout), DECODE_TARGET),
+        ("encode bf16 into out=, weights", lambda: encode_mxfp8(w, out=(qo, so)), ENCODE_TARGET),
+        ("encode bf16 into out=, wide range (info)", lambda: encode_mxfp8(ww, out=(qw, sw)), None),
+    ]
+    print(f"\npaired (each timed right after its np.copyto, median of {2 * fast + 1} ratios):")
+    for label, fn, target in paired:
+        ratio = _paired_ratio(fn, copy, 2 * fast + 1)
+        verdict = "" if target is None else f" (target <= {target}x): {'PASS' if ratio <= target else 'MISS'}"
+        print(f"  {label:<46} {ratio:5.2f}x copy{verdict}")
+        if target is not None:
+            checks.append((f"paired {label}", ratio, target))
     print(f"\nnative == numpy fallback bits (decode, and encode vs the data's numpy-made codes) on all {n:,} elements: {same}")
     for label, ratio, target in checks:
         print(f"{label:<48} {ratio:5.2f}x (target <= {target}x): {'PASS' if ratio <= target else 'MISS'}")
+    if args.old_kernel:
+        _compare_old_kernel(args.old_kernel, [("weights", q, s), ("random bytes", rq, rs)], copy, 2 * fast + 1)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"elements": n, "results": [r.__dict__ for r in results]}, fh, indent=2)
