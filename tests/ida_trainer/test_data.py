@@ -208,7 +208,7 @@ def test_build_batcher_packs_when_asked(tok, tmp_path):
      'message 0 "content" holds a lone surrogate'),
     ("plain", b'{"text": "x", "meta": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
     ("plain", b'{"text": "unterminated', "not valid JSON (Unterminated string starting at column 10)"),
-])
+], ids=["invalid-utf8", "surrogate-plain", "surrogate-alpaca", "surrogate-chat", "deep-nesting", "unterminated"])
 def test_bad_bytes_name_file_and_line(tok, tmp_path, fmt, raw, needle):
     good = {"plain": {"text": "ok"}, "alpaca": {"instruction": "i", "output": "o"},
             "chat": {"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}}[fmt]
