@@ -3,13 +3,14 @@
 Modules: :mod:`ida_eval.loader` (``load_model``: meta-device build, streamed MXFP8 decode, transpose,
 strict keys), :mod:`ida_eval.generate` (batched greedy generation, stop strings, truncation),
 :mod:`ida_eval.analysis` (failure classes, degenerate-output detection, run comparison),
+:mod:`ida_eval.failures` (the one failure vocabulary: class and result-kind tables),
 :mod:`ida_eval.execute` (the sandboxed executor) and :mod:`ida_eval.mbxp` (the harness and its CLI
 ``python -m ida_eval.mbxp``).
 
 Example:
-    >>> from ida_eval import load_model, is_degenerate
-    >>> is_degenerate("\\t\\t\\t\\t" * 20)
-    'whitespace flood (80 chars)'
+    >>> from ida_eval import load_model, is_degenerate, degeneration_reason
+    >>> is_degenerate("\\t\\t\\t\\t" * 20), degeneration_reason("\\t\\t\\t\\t" * 20)
+    (True, 'whitespace flood (80 chars)')
 """
 
 from typing import Any
@@ -18,8 +19,9 @@ from typing import Any
 # run those modules as __main__; importing them from the package first would load them twice (runpy
 # warns), and the executor needs neither torch nor transformers, so it should not pay for their import.
 _LAZY = {
-    **dict.fromkeys(["FAILURE_CLASSES", "classify_failure", "compare_runs", "format_comparison", "is_degenerate"],
+    **dict.fromkeys(["classify_failure", "compare_runs", "degeneration_reason", "format_comparison", "is_degenerate"],
                     "ida_eval.analysis"),
+    **dict.fromkeys(["FAILURE_CLASSES", "FAILURE_TABLE", "RESULT_KINDS"], "ida_eval.failures"),
     **dict.fromkeys(["STOP_STRINGS", "DecodingConfig", "Generation", "generate_completions", "truncate_completion"],
                     "ida_eval.generate"),
     **dict.fromkeys(["ExecutionConfig", "execute_samples", "isolation_in_force", "load_problems"], "ida_eval.execute"),
@@ -48,10 +50,13 @@ __all__ = [
     "DecodingConfig",
     "ExecutionConfig",
     "FAILURE_CLASSES",
+    "FAILURE_TABLE",
     "Generation",
+    "RESULT_KINDS",
     "STOP_STRINGS",
     "classify_failure",
     "compare_runs",
+    "degeneration_reason",
     "describe_checkpoint",
     "evaluate_checkpoint",
     "evaluate_model",

@@ -2,12 +2,13 @@
 
 A pass@1 of 0.0 says nothing about *why*. The original fine-tuned checkpoints failed by repetition
 collapse — one token or word repeated, whitespace or tab floods, empty completions — so every
-failed task is put into exactly one class, checked in this order:
+failed task is put into exactly one class of :data:`ida_eval.failures.FAILURE_TABLE` (the one
+vocabulary every classifier uses), checked in this order:
 
 1. ``degenerate``: the completion (or the raw generation before truncation) matches one of the
    collapse signatures of :func:`is_degenerate`. It comes first because it is the root cause: a
    collapsed completion is usually also a syntax error, and calling it that would hide the collapse.
-2. ``timeout``: the executor reported ``timed out``.
+2. ``timeout``: the executor's result text is mxeval's ``timed out``.
 3. ``syntax_error``: ``prompt + completion`` does not compile (checked here with ``ast.parse``,
    independently of the executor), or the executor reported a ``SyntaxError`` /
    ``IndentationError`` / ``TabError``.
@@ -33,8 +34,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-FAILURE_CLASSES: tuple[str, ...] = ("degenerate", "timeout", "syntax_error", "wrong_answer", "runtime_error")
-"""Every failed task gets exactly one of these (in this precedence order)."""
+from ida_eval.failures import (  # the one vocabulary (ida_eval.failures); FAILURE_CLASSES in precedence order
+    DEGENERATE,
+    FAILURE_CLASSES,
+    MXEVAL_TIMED_OUT,
+    PASSED,
+    RUNTIME_ERROR,
+    SYNTAX_ERROR,
+    TIMEOUT,
+    WRONG_ANSWER,
+)
 
 REPEAT_UNIT_MAX_CHARS = 20  # longest repeated unit looked for ("foo(", "x = 1\n", ...)
 REPEAT_UNIT_MIN_COPIES = 10  # consecutive copies of the unit
@@ -66,8 +75,18 @@ def _show(s: str, limit: int = 24) -> str:
     return repr(s if len(s) <= limit else s[:limit] + "...")
 
 
-def is_degenerate(completion: str) -> str | None:
-    """Say whether a completion shows repetition collapse, and which kind.
+def is_degenerate(completion: str) -> bool:
+    """Whether a completion shows repetition collapse (:func:`degeneration_reason` says which kind).
+
+    Example:
+        >>> is_degenerate("    return a + b"), is_degenerate(" the the the the the the the the the")
+        (False, True)
+    """
+    return degeneration_reason(completion) is not None
+
+
+def degeneration_reason(completion: str) -> str | None:
+    """Which kind of repetition collapse a completion shows, or None for ordinary output.
 
     Args:
         completion: generated text (the executed completion or the raw generation).
@@ -78,10 +97,10 @@ def is_degenerate(completion: str) -> str | None:
         ``"repeated line 'x = 1' x5"`` or ``"repeated unit 'ab' x30"``.
 
     Example:
-        >>> is_degenerate("    return a + b")
-        >>> is_degenerate(" the the the the the the the the the")
+        >>> degeneration_reason("    return a + b")
+        >>> degeneration_reason(" the the the the the the the the the")
         "repeated word 'the' x9"
-        >>> is_degenerate("")
+        >>> degeneration_reason("")
         'empty'
     """
     flood = _whitespace_flood(completion)
@@ -160,23 +179,23 @@ def classify_failure(result: Mapping[str, Any], prompt: str | None = None, raw: 
         'wrong_answer'
     """
     if result.get("passed"):
-        return "passed"
+        return PASSED
     completion = str(result.get("completion", ""))
     if is_degenerate(completion) or (raw is not None and is_degenerate(raw)):
-        return "degenerate"
+        return DEGENERATE
     message = str(result.get("result", ""))
     exception = str(result.get("exception") or "")  # the executor's exception type name, when recorded
-    if "timed out" in message.lower():
-        return "timeout"
+    if MXEVAL_TIMED_OUT in message.lower():
+        return TIMEOUT
     if (
         (prompt is not None and not compiles(prompt, completion))
         or exception in _SYNTAX_NAMES
         or any(message.startswith(f"failed: {n}") for n in _SYNTAX_NAMES)
     ):
-        return "syntax_error"
+        return SYNTAX_ERROR
     if exception == "AssertionError" or message.startswith("failed: AssertionError"):
-        return "wrong_answer"
-    return "runtime_error"
+        return WRONG_ANSWER
+    return RUNTIME_ERROR
 
 
 def degenerate_report(samples: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
@@ -184,7 +203,7 @@ def degenerate_report(samples: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     count, examples, reasons = 0, [], Counter()
     for s in samples:
         completion = str(s.get("completion", ""))
-        reason = is_degenerate(completion) or (is_degenerate(str(s["raw"])) if "raw" in s else None)
+        reason = degeneration_reason(completion) or (degeneration_reason(str(s["raw"])) if "raw" in s else None)
         if reason is None:
             continue
         count += 1
@@ -201,7 +220,7 @@ def failure_counts(
     raws: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, int], dict[str, str]]:
     """Classify every result; returns ``(counts per class incl. "passed", task_id -> class)``."""
-    counts = {k: 0 for k in ("passed", *FAILURE_CLASSES)}
+    counts = {k: 0 for k in (PASSED, *FAILURE_CLASSES)}
     per_task: dict[str, str] = {}
     for r in results:
         tid = str(r["task_id"])
@@ -216,7 +235,7 @@ def ceiling_report(per_task: Mapping[str, str]) -> dict[str, Any]:
     mxeval); this adds the score over tasks that can be passed at all.
 
     Example:
-        >>> ceiling_report({"MBPP/1": "passed", "MBPP/56": "runtime_error"})["pass_at_1_excluding_unpassable"]
+        >>> ceiling_report({"MBPP/1": "passed", "MBPP/56": "runtime_error"})["pass@1_excluding_unpassable"]
         1.0
     """
     unpassable = sorted((t for t in per_task if t in UNPASSABLE_TASKS), key=_task_key)
@@ -224,8 +243,8 @@ def ceiling_report(per_task: Mapping[str, str]) -> dict[str, Any]:
     return {
         "unpassable_tasks_in_run": unpassable,
         "version_dependent_tasks_in_run": sorted((t for t in per_task if t in VERSION_DEPENDENT_TASKS), key=_task_key),
-        "max_pass_at_1": (len(per_task) - len(unpassable)) / len(per_task) if per_task else 0.0,
-        "pass_at_1_excluding_unpassable": sum(c == "passed" for c in rest) / len(rest) if rest else 0.0,
+        "max_pass@1": (len(per_task) - len(unpassable)) / len(per_task) if per_task else 0.0,
+        "pass@1_excluding_unpassable": sum(c == PASSED for c in rest) / len(rest) if rest else 0.0,
     }
 
 
@@ -242,8 +261,10 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
         summary = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from e
-    if "per_task" not in summary or "pass_at_1" not in summary:
-        raise ValueError(f"{path}: missing 'per_task' or 'pass_at_1' (not an ida_eval.mbxp summary)")
+    if "pass@1" not in summary and "pass_at_1" in summary:  # written before the key was unified
+        summary["pass@1"] = summary.pop("pass_at_1")
+    if "per_task" not in summary or "pass@1" not in summary:
+        raise ValueError(f"{path}: missing 'per_task' or 'pass@1' (not an ida_eval.mbxp summary)")
     return summary
 
 
@@ -262,7 +283,7 @@ def compare_runs(dir_a: str | Path, dir_b: str | Path) -> dict[str, Any]:
     changed = {t: [ta[t], tb[t]] for t in common if ta[t] != tb[t]}
     side = lambda s, d: {  # noqa: E731
         "dir": str(d),
-        "pass_at_1": s["pass_at_1"],
+        "pass@1": s["pass@1"],
         "n": s.get("n_tasks", len(s["per_task"])),
         "counts": s.get("counts", {}),
         "degenerate": s.get("degenerate", {}).get("count", 0),
@@ -287,8 +308,8 @@ def format_comparison(cmp: Mapping[str, Any], *, max_tasks: int = 40) -> str:
     """Render :func:`compare_runs` output as a side-by-side text table."""
     a, b = cmp["a"], cmp["b"]
     rows = [("", "A", "B"), ("tasks", str(a["n"]), str(b["n"]))]
-    rows.append(("pass@1", f"{a['pass_at_1']:.4f}", f"{b['pass_at_1']:.4f}"))
-    for cls in ("passed", *FAILURE_CLASSES):
+    rows.append(("pass@1", f"{a['pass@1']:.4f}", f"{b['pass@1']:.4f}"))
+    for cls in (PASSED, *FAILURE_CLASSES):
         rows.append((cls, str(a["counts"].get(cls, 0)), str(b["counts"].get(cls, 0))))
     rows.append(("degenerate outputs", str(a["degenerate"]), str(b["degenerate"])))
     w0 = max(len(r[0]) for r in rows)

@@ -54,6 +54,16 @@ from ida_eval.sandbox import (
     sweep_stale,
 )
 from ida_common.files import atomic_output
+from ida_eval.failures import (
+    EARLY_EXIT,
+    EXIT_STATUS,
+    KILLED,
+    MXEVAL_TIMED_OUT,
+    OTHER,
+    OUTPUT_LIMIT,
+    PASSED,
+    TIMEOUT,
+)
 
 __all__ = [
     "ExecutionConfig",
@@ -167,7 +177,7 @@ def _exception_line(stderr: str) -> str | None:
 def _verdict(res: SandboxResult, max_output: int) -> tuple[bool, str, str | None]:
     """(passed, mxeval result text, exception type name)."""
     if res.timed_out:
-        return False, "timed out", None
+        return False, MXEVAL_TIMED_OUT, None
     if res.output_exceeded:
         return False, f"failed: output limit exceeded (over {max_output} bytes)", None
     if res.passed:
@@ -194,22 +204,24 @@ def _verdict(res: SandboxResult, max_output: int) -> tuple[bool, str, str | None
 
 
 def result_class(result: str) -> str:
-    """Coarse class of an mxeval result text, for counting: ``"passed"``, ``"timed out"``, the
-    exception type name (``"AssertionError"``), or ``"early exit"``, ``"killed"``,
-    ``"output limit"``, ``"exit status"``."""
-    if result in ("passed", "timed out"):
-        return result
+    """Result kind of an mxeval result text, for counting (:data:`ida_eval.failures.RESULT_KINDS`):
+    ``"passed"``, ``"timeout"``, the exception type name (``"AssertionError"``), or
+    ``"early_exit"``, ``"killed"``, ``"output_limit"``, ``"exit_status"``, ``"other"``."""
+    if result == PASSED:
+        return PASSED
+    if result == MXEVAL_TIMED_OUT:
+        return TIMEOUT
     reason = result.removeprefix("failed: ")
     if reason.startswith("output limit"):
-        return "output limit"
+        return OUTPUT_LIMIT
     if reason.startswith("killed by"):
-        return "killed"
+        return KILLED
     if reason.startswith("exited with status 0"):
-        return "early exit"
+        return EARLY_EXIT
     if reason.startswith("exit status"):
-        return "exit status"
+        return EXIT_STATUS
     m = _EXC_LINE.match(reason.split("\n", 1)[0])
-    return m.group(1) if m else "other"
+    return m.group(1) if m else OTHER
 
 
 # ---------------------------------------------------------------------------------------------
@@ -471,7 +483,7 @@ def summarize(
         "samples": len(results),
         "tasks": len(tasks),
         "passed": sum(bool(r["passed"]) for r in results),
-        "timed_out": sum(r["result"] == "timed out" for r in results),
+        "timed_out": sum(r["result"] == MXEVAL_TIMED_OUT for r in results),
         "result_classes": dict(Counter(result_class(r["result"]) for r in results).most_common()),
         "isolation": sorted({str(r.get("isolation", "unknown")) for r in results}),
         "missing_tasks_count": len(missing),

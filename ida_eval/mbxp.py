@@ -209,7 +209,7 @@ def evaluate_model(
 
     Example:
         >>> summary = evaluate_model(model, tok, "mbpp_release_v1.jsonl", "runs/eval", limit=50)  # doctest: +SKIP
-        >>> summary["pass_at_1"], summary["counts"]["degenerate"]  # doctest: +SKIP
+        >>> summary["pass@1"], summary["counts"]["degenerate"]  # doctest: +SKIP
     """
     t_start = time.perf_counter()
     chosen = select_problems(problems, limit)
@@ -247,7 +247,7 @@ def evaluate_model(
     counts, per_task = failure_counts(results, prompts, raws)
     exec_summary = summarize(results, chosen)
     summary: dict[str, Any] = {
-        "pass_at_1": exec_summary["pass@1"],
+        "pass@1": exec_summary["pass@1"],
         "n_tasks": len(chosen),
         "passed": counts["passed"],
         "counts": counts,
@@ -386,7 +386,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def _print_summary(s: Mapping[str, Any], out: Path) -> None:
     c = s["counts"]
-    print(f"pass@1 = {s['pass_at_1']:.4f}  ({s['passed']}/{s['n_tasks']} tasks)  -> {out / SUMMARY_FILE}")
+    print(f"pass@1 = {s['pass@1']:.4f}  ({s['passed']}/{s['n_tasks']} tasks)  -> {out / SUMMARY_FILE}")
     print("classes: " + ", ".join(f"{k}: {v}" for k, v in c.items()))
     d = s["degenerate"]
     print(f"degenerate completions: {d['count']}" + (f" (e.g. {d['examples'][0]['task_id']}: {d['examples'][0]['reason']})" if d["examples"] else ""))

@@ -227,14 +227,14 @@ class RunLogger:
         """Record an evaluation (MLLOG ``eval_accuracy`` = pass@1, degenerate count; console)."""
         if not self.enabled:
             return
-        rec = {"step": step, "pass_at_1": summary.get("pass@1"), "num_degenerate": summary.get("num_degenerate"),
+        rec = {"step": step, "pass@1": summary.get("pass@1"), "num_degenerate": summary.get("num_degenerate"),
                "num_problems": summary.get("num_problems")}
         self.evals.append(rec)
         self.mllog.start("eval_start", None, {"step_num": step})
-        self.mllog.event("eval_accuracy", rec["pass_at_1"], {"step_num": step, "samples_count": samples_count,
+        self.mllog.event("eval_accuracy", rec["pass@1"], {"step_num": step, "samples_count": samples_count,
                                                              "num_degenerate": rec["num_degenerate"]})
         self.mllog.end("eval_stop", None, {"step_num": step})
-        self.print(f"eval  step {step}: pass@1 {rec['pass_at_1']} on {rec['num_problems']} problems, "
+        self.print(f"eval  step {step}: pass@1 {rec['pass@1']} on {rec['num_problems']} problems, "
                    f"degenerate outputs {rec['num_degenerate']}")
 
     def close(self) -> None:
@@ -266,10 +266,10 @@ class RunLogger:
         ax.set_ylabel("loss (nats / supervised token)")
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
-        evals = [e for e in self.evals if e["pass_at_1"] is not None]
+        evals = [e for e in self.evals if e["pass@1"] is not None]
         if evals:
             ax2 = ax.twinx()
-            ax2.plot([e["step"] for e in evals], [e["pass_at_1"] for e in evals], "o--", color="tab:red",
+            ax2.plot([e["step"] for e in evals], [e["pass@1"] for e in evals], "o--", color="tab:red",
                      label="pass@1")
             ax2.set_ylabel("pass@1")
             ax2.set_ylim(-0.02, 1.02)

@@ -395,7 +395,7 @@ class Trainer:
         if cfg.eval.final and self.is_main and final_ckpt is not None:
             final_eval = self.evaluate(cfg.train.steps, checkpoint_dir=Path(export.get("dir", final_ckpt)))
             if cfg.is_demo and final_eval is not None:
-                self._say(f"demo: pass@1 {final_eval.get('pass_at_1')} on {final_eval.get('n_tasks')} problems whose "
+                self._say(f"demo: pass@1 {final_eval.get('pass@1')} on {final_eval.get('n_tasks')} problems whose "
                           "solutions are in the training corpus. " + DEMO_NOTE)
         return self._report(records, time.perf_counter() - t_start, final_ckpt, export, final_eval)
 
@@ -503,7 +503,7 @@ class Trainer:
                                                   progress=cfg.train.progress)
             finally:
                 self.model.train(was_training)
-        rec = {"step": step, "pass@1": summary.get("pass_at_1"), "num_degenerate": _num_degenerate(summary),
+        rec = {"step": step, "pass@1": summary.get("pass@1"), "num_degenerate": _num_degenerate(summary),
                "num_problems": summary.get("n_tasks"), "passed": summary.get("passed"), "out_dir": str(out_dir),
                "checkpoint": str(checkpoint_dir) if checkpoint_dir else None}
         self.evals.append(rec)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ida_eval import FAILURE_CLASSES, classify_failure, compare_runs, format_comparison, is_degenerate
+from ida_eval import FAILURE_CLASSES, classify_failure, compare_runs, degeneration_reason, format_comparison, is_degenerate
 from ida_eval.analysis import WORD_REPEAT_MIN, degenerate_report, load_run
 from tests.ida_eval.support import read_problems
 
@@ -32,8 +32,9 @@ PROMPT = '\n\ndef f(x):\n  """\n  Doc.\n  """\n'
     ],
 )
 def test_collapse_signatures_are_detected(text, kind):
-    reason = is_degenerate(text)
+    reason = degeneration_reason(text)
     assert reason is not None and reason.startswith(kind), (text, reason)
+    assert is_degenerate(text) is True
 
 
 @pytest.mark.parametrize(
@@ -47,11 +48,12 @@ def test_collapse_signatures_are_detected(text, kind):
     ],
 )
 def test_ordinary_code_is_not_degenerate(text):
-    assert is_degenerate(text) is None
+    assert degeneration_reason(text) is None
+    assert is_degenerate(text) is False
 
 
 def test_no_canonical_solution_is_degenerate(mbxp_problems_file):
-    flagged = {p["task_id"]: is_degenerate(p["canonical_solution"]) for p in read_problems(mbxp_problems_file)}
+    flagged = {p["task_id"]: degeneration_reason(p["canonical_solution"]) for p in read_problems(mbxp_problems_file)}
     assert {k: v for k, v in flagged.items() if v} == {}
 
 
@@ -59,7 +61,7 @@ def test_no_canonical_solution_is_degenerate(mbxp_problems_file):
 @given(word=st.from_regex(r"[A-Za-z_]{1,8}", fullmatch=True), n=st.integers(WORD_REPEAT_MIN, 40),
        head=st.sampled_from(["", "  x = 1\n  ", "\treturn "]))
 def test_any_repeated_word_run_is_degenerate(word, n, head):
-    assert is_degenerate(head + " ".join([word] * n)) is not None
+    assert is_degenerate(head + " ".join([word] * n)) is True
 
 
 def _result(passed, result, completion="  return 1", exception=None):
@@ -99,7 +101,7 @@ def _write_run(path, per_task):
     counts = {k: 0 for k in ("passed", *FAILURE_CLASSES)}
     for c in per_task.values():
         counts[c] += 1
-    summary = {"pass_at_1": counts["passed"] / len(per_task), "n_tasks": len(per_task), "counts": counts,
+    summary = {"pass@1": counts["passed"] / len(per_task), "n_tasks": len(per_task), "counts": counts,
                "per_task": per_task, "degenerate": {"count": counts["degenerate"]}}
     (path / "summary.json").write_text(json.dumps(summary))
     return path
@@ -132,7 +134,7 @@ def test_ceiling_report():
     per_task = {"MBPP/1": "passed", "MBPP/2": "wrong_answer", "MBPP/56": "runtime_error", "MBPP/596": "passed"}
     rep = ceiling_report(per_task)
     assert rep["unpassable_tasks_in_run"] == ["MBPP/56"] and rep["version_dependent_tasks_in_run"] == ["MBPP/596"]
-    assert rep["max_pass_at_1"] == 0.75 and rep["pass_at_1_excluding_unpassable"] == pytest.approx(2 / 3)
+    assert rep["max_pass@1"] == 0.75 and rep["pass@1_excluding_unpassable"] == pytest.approx(2 / 3)
     assert len(UNPASSABLE_TASKS) == 8
 
 

@@ -158,8 +158,8 @@ def test_execute_samples_verdicts(toy: dict, tmp_path: Path) -> None:
         "passed",
         "AssertionError",
         "SyntaxError",
-        "timed out",
-        "early exit",
+        "timeout",
+        "early_exit",
         "NameError",
     ]
     # the results file holds the same records, one JSON line each

@@ -38,7 +38,7 @@ def test_run_files_resume_and_pinning(setup, tmp_path):
     ids = [p["task_id"] for p in SMALL_PROBLEMS[:3]]
     assert list(s["per_task"]) == ids and s["n_tasks"] == 3
     assert sum(s["counts"].values()) == 3 and s["passed"] == s["counts"]["passed"]
-    assert s["pass_at_1"] == s["passed"] / 3
+    assert s["pass@1"] == s["passed"] / 3
     assert s["timings"]["generated_tasks"] == 3 and s["timings"]["generated_tokens"] > 0
     assert s["model"]["class"] == "Qwen3ForCausalLM" and s["checkpoint"] is None
     assert s["isolation"] and set(s["isolation"]) <= set(ISOLATION_LEVELS)  # mode names, not descriptions

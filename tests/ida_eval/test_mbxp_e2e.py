@@ -69,7 +69,7 @@ def test_memorised_checkpoint_passes_its_problems(tmp_path: Path) -> None:
     for p in untrained:
         assert per_task[p["task_id"]] in FAILURE_CLASSES
     n = N_TRAINED + N_UNTRAINED
-    assert summary["n_tasks"] == n and summary["pass_at_1"] == pytest.approx(N_TRAINED / n)
+    assert summary["n_tasks"] == n and summary["pass@1"] == pytest.approx(N_TRAINED / n)
     assert sum(summary["counts"].values()) == n
     assert summary["decoding"]["stop_strings"] == list(STOP_STRINGS)
     assert summary["decoding"]["do_sample"] is False

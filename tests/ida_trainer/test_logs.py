@@ -97,7 +97,7 @@ def test_report_and_plot(tmp_path):
     for s in range(1, 4):
         log.log_step(_rec(s))
     log.close()
-    log.evals.append({"step": 3, "pass_at_1": 0.5, "num_degenerate": 0, "num_problems": 2})
+    log.evals.append({"step": 3, "pass@1": 0.5, "num_degenerate": 0, "num_problems": 2})
     assert json.loads(log.write_report({"a": 1}).read_text()) == {"a": 1}
     png = log.plot_loss(title="t")
     assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

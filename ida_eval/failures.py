@@ -1,0 +1,86 @@
+"""One vocabulary for how an executed sample ended: the names every classifier and summary uses.
+
+Two levels, one table each, one spelling (``snake_case``) for every name:
+
+* :data:`FAILURE_TABLE` -- the *failure class* of a task (``ida_eval.analysis.classify_failure``),
+  in precedence order: a failed sample gets the first class that applies. These are the counts in
+  ``summary.json`` and in run comparisons.
+* :data:`RESULT_KIND_TABLE` -- the executor's finer *result kind* of one mxeval result text
+  (``ida_eval.execute.result_class``), counted in the executor summary's ``result_classes``. An
+  exception's type name (``AssertionError``, ``NameError``) is also a result kind.
+
+A name that appears at both levels means the same thing (``timeout``). mxeval's own result text
+stays ``"timed out"`` (:data:`MXEVAL_TIMED_OUT`) in results files for compatibility; it is the
+record's text, not a class name. New kinds (compile errors, missing toolchains, per-phase timeouts
+for other MBXP languages) are added as rows here, and nowhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "DEGENERATE",
+    "EARLY_EXIT",
+    "EXIT_STATUS",
+    "FAILURE_CLASSES",
+    "FAILURE_TABLE",
+    "FailureKind",
+    "KILLED",
+    "MXEVAL_TIMED_OUT",
+    "OTHER",
+    "OUTPUT_LIMIT",
+    "PASSED",
+    "RESULT_KINDS",
+    "RESULT_KIND_TABLE",
+    "RUNTIME_ERROR",
+    "SYNTAX_ERROR",
+    "TIMEOUT",
+    "WRONG_ANSWER",
+]
+
+
+@dataclass(frozen=True)
+class FailureKind:
+    """One name of the vocabulary and what it means."""
+
+    name: str
+    meaning: str
+
+
+PASSED = "passed"  # not a failure; the first key of every count
+MXEVAL_TIMED_OUT = "timed out"  # mxeval's result text for a timeout (results files keep it)
+
+DEGENERATE = "degenerate"
+TIMEOUT = "timeout"
+SYNTAX_ERROR = "syntax_error"
+WRONG_ANSWER = "wrong_answer"
+RUNTIME_ERROR = "runtime_error"
+
+FAILURE_TABLE: tuple[FailureKind, ...] = (
+    FailureKind(DEGENERATE, "the completion (or raw generation) shows repetition collapse"),
+    FailureKind(TIMEOUT, "the program ran past its time limit"),
+    FailureKind(SYNTAX_ERROR, "prompt + completion does not parse (SyntaxError, IndentationError, TabError)"),
+    FailureKind(WRONG_ANSWER, "the program ran and a test assertion failed"),
+    FailureKind(RUNTIME_ERROR, "anything else: another exception, an early exit, a kill"),
+)
+FAILURE_CLASSES: tuple[str, ...] = tuple(k.name for k in FAILURE_TABLE)
+"""Every failed task gets exactly one of these (in this precedence order)."""
+
+OUTPUT_LIMIT = "output_limit"
+KILLED = "killed"
+EARLY_EXIT = "early_exit"
+EXIT_STATUS = "exit_status"
+OTHER = "other"
+
+RESULT_KIND_TABLE: tuple[FailureKind, ...] = (
+    FailureKind(PASSED, "check() returned"),
+    FailureKind(TIMEOUT, "the program ran past its time limit (result text 'timed out')"),
+    FailureKind(OUTPUT_LIMIT, "the program wrote more than the output limit"),
+    FailureKind(KILLED, "the program was killed by a signal (e.g. the memory limit)"),
+    FailureKind(EARLY_EXIT, "the program exited with status 0 before check() returned"),
+    FailureKind(EXIT_STATUS, "the program exited non-zero without a traceback"),
+    FailureKind(OTHER, "a failure text none of the rules recognise"),
+)
+RESULT_KINDS: tuple[str, ...] = tuple(k.name for k in RESULT_KIND_TABLE)
+"""Executor result kinds besides exception type names."""
