@@ -34,7 +34,7 @@ import torch
 
 from ida_trainer import checkpoint as ckpt
 from ida_trainer.cli import to_toml
-from ida_trainer.config import JobConfig, to_dict, warn_ignored
+from ida_trainer.config import JobConfig, to_dict, warn_ignored, with_overrides
 from ida_trainer.data import (
     DataStats,
     StepBatch,
@@ -161,8 +161,10 @@ class Trainer:
             prepare_run_dir(cfg, say=self._say)
             self.out.mkdir(parents=True, exist_ok=True)
             warn_ignored(cfg)
-            atomic_write_text(self.out / "config.toml", to_toml(cfg))
-            atomic_write_text(self.out / "config.json", json.dumps(to_dict(cfg), indent=1) + "\n")
+            # run control is not part of the run: --config <run>/config.toml must never resume or overwrite by itself
+            plain = with_overrides(cfg, checkpoint={"resume": False, "overwrite": False})
+            atomic_write_text(self.out / "config.toml", to_toml(plain))
+            atomic_write_text(self.out / "config.json", json.dumps(to_dict(plain), indent=1) + "\n")
         resume_dir = None
         if cfg.checkpoint.resume:
             if self.is_main:

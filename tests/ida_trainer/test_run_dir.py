@@ -66,6 +66,10 @@ def test_overwrite_replaces_the_previous_run_and_resume_continues_the_new_one(ol
     assert [s for s, _ in ckpts] == [1, 2]  # its own checkpoints, not pruned in favour of the old 3 and 4
     assert {checkpoint_run_id(p) for _, p in ckpts} == {report["run_id"]} and report["run_id"] not in old_ids
     assert [r["step"] for r in read_train_log(out / "train_log.jsonl")] == [1, 2]
+    # the saved config reproduces the run, never its run control: --config <run>/config.toml alone is refused
+    assert "overwrite = false" in (out / "config.toml").read_text()
+    with pytest.raises(ValueError, match="already holds a training run"):
+        run(parse_args(["--config", str(out / "config.toml")]))
     resumed = _run(out, 3, "--resume")
     assert resumed["resumed_from"].endswith("ckpt-000002") and resumed["run_id"] == report["run_id"]
     assert [r["step"] for r in read_train_log(out / "train_log.jsonl")] == [1, 2, 3]
