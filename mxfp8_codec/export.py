@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from mxfp8_codec.constants import WEIGHTS_DTYPE
+from mxfp8_codec.constants import BLOCK_SIZE, WEIGHTS_DTYPE
 from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.layout import CheckpointLayout, is_projection_weight, model_type_of
 from mxfp8_codec.numerics import decode_mxfp8, encode_mxfp8
@@ -60,7 +60,6 @@ from mxfp8_codec.reader import INDEX_FILE, checkpoint_files, open_mxfp8
 __all__ = ["CT_SCALE_SUFFIX", "ExportReport", "compressed_tensors_config", "export_compressed_tensors"]
 
 CT_SCALE_SUFFIX = "_scale"  # compressed-tensors: X.weight -> X.weight_scale
-BLOCK = 32
 
 
 def compressed_tensors_config() -> dict[str, Any]:
@@ -74,7 +73,7 @@ def compressed_tensors_config() -> dict[str, Any]:
                     "num_bits": 8,
                     "type": "float",
                     "symmetric": True,
-                    "group_size": BLOCK,
+                    "group_size": BLOCK_SIZE,
                     "strategy": "group",
                     "dynamic": False,
                     "scale_dtype": "torch.uint8",
@@ -177,9 +176,9 @@ def _plan(files: list[Path], model_type: str | None) -> tuple[str, Any]:
                 if len(shape) != 2:
                     raise MXFP8Error(f"{f}: tensor {name!r} has shape {list(shape)}; only 2-D projections export")
                 k = shape[0] if lay.orientation == "in_out" else shape[1]
-                if k % BLOCK:
+                if k % BLOCK_SIZE:
                     raise MXFP8Error(
-                        f"{f}: tensor {name!r}: in_features={k} is not a multiple of {BLOCK}; compressed-tensors "
+                        f"{f}: tensor {name!r}: in_features={k} is not a multiple of {BLOCK_SIZE}; compressed-tensors "
                         "mxfp8 needs whole blocks of 32 along in_features"
                     )
     assert orientation is not None and layout is not None
