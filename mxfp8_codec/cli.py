@@ -21,6 +21,13 @@
 * ``demo OUT_DIR``: builds a small random Llama checkpoint with transformers, quantizes it,
   inspects and verifies the result, dequantizes it and reports the logits error.
 
+Outputs (:mod:`ida_common.outputs`): no command writes onto its own input, into it or around it
+(``quantize HF HF`` is refused before anything is read), and an existing output is replaced only
+with ``--overwrite``; each refusal is one line. Output directories (``quantize``, ``dequantize`` of a
+directory, ``demo``) are built in a hidden sibling and appear complete in one rename; files are
+written to a temporary, fsynced and renamed. Temporaries of killed runs are swept by the next run
+into the same place. A tensor name with control characters is printed escaped.
+
 Every command returns an exit status from :func:`main`, which follows the project's CLI convention
 (:mod:`ida_common.cli`, docs/cli.md): bad input (an :class:`MXFP8Error` naming file, tensor and
 reason; a missing file) is one line ``mxfp8_codec: error: ...`` with status 2; a file that ``verify``
@@ -32,8 +39,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
@@ -43,6 +50,7 @@ import numpy as np
 
 from ida_common.cli import ArgumentParser, CheckFailed, Run, check_output_dir, run_main
 from ida_common.files import atomic_output
+from ida_common.outputs import atomic_directory, check_output, copy_file_atomic
 from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.hf_config import write_config_json
 from mxfp8_codec.header import DTYPES, SCALE_RULES, SCALE_SUFFIX, read_header
@@ -50,6 +58,7 @@ from mxfp8_codec.layout import ORIENTATIONS, CheckpointLayout, is_projection_wei
 from mxfp8_codec.reader import (
     INDEX_FILE,
     MXFP8Reader,
+    check_inside_checkpoint,
     checkpoint_files,
     open_mxfp8,
     validate,
@@ -67,6 +76,13 @@ def _human(n: int) -> str:
             return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024  # type: ignore[assignment]
     return str(n)
+
+
+def _printable(text: str) -> str:
+    """``text`` as it can be shown on one terminal line: a name with control or other non-printable
+    characters (a newline, an escape sequence from a hostile header) is shown as a quoted Python
+    literal with them escaped; ordinary names, non-ASCII letters included, are shown as they are."""
+    return text if text.isprintable() else repr(text)
 
 
 def _files(path: Path) -> list[Path]:
@@ -92,17 +108,23 @@ def inspect_file(path: Path, *, stats: bool, out: TextIO) -> None:
             file=out,
         )
         for k in sorted(r.metadata):
-            print(f"  {k} = {r.metadata[k]}", file=out)
+            print(f"  {_printable(k)} = {_printable(r.metadata[k])}", file=out)
         rows = []
         for name in r.keys():
             e = h.entries[name]
             if r.is_quantized(name):
                 s = h.entries[name + SCALE_SUFFIX]
                 rows.append(
-                    (name, f"{e.dtype}+{s.dtype}", str(list(e.shape)), "mxfp8 e4m3/ue8m0/32", e.nbytes + s.nbytes)
+                    (
+                        _printable(name),
+                        f"{e.dtype}+{s.dtype}",
+                        str(list(e.shape)),
+                        "mxfp8 e4m3/ue8m0/32",
+                        e.nbytes + s.nbytes,
+                    )
                 )
             else:
-                rows.append((name, e.dtype, str(list(e.shape)), "plain", e.nbytes))
+                rows.append((_printable(name), e.dtype, str(list(e.shape)), "plain", e.nbytes))
         widths = [
             max([len(h_)] + [len(str(row[i])) for row in rows])
             for i, h_ in enumerate(("name", "dtype", "shape", "encoding", "bytes"))
@@ -119,7 +141,7 @@ def inspect_file(path: Path, *, stats: bool, out: TextIO) -> None:
                 nan = int((sc == 0xFF).sum())
                 note = f", {nan} NaN blocks" if nan else ""
                 lo, hi = (int(sc.min()), int(sc.max())) if sc.size else (0, 0)
-                print(f"  {name}: blocks={sc.size} min={lo} max={hi}{note}", file=out)
+                print(f"  {_printable(name)}: blocks={sc.size} min={lo} max={hi}{note}", file=out)
                 print(f"    {_histogram(sc)}", file=out)
 
 
@@ -186,9 +208,10 @@ def _cmd_rename(args: argparse.Namespace) -> int:
                 raise MXFP8Error(f"--prefix {rule!r}: expected OLD=NEW")
             rules[old] = new
         mapping = prefix_mapping(rules)
+    check_output(args.dst, inputs=[args.src], overwrite=args.overwrite, kind="file", what="DST")
     report = rename_tensors(args.src, args.dst, mapping)
     for old, new, sha in report.tensors:
-        arrow = f"{old} -> {new}" if old != new else f"{old} (unchanged)"
+        arrow = f"{_printable(old)} -> {_printable(new)}" if old != new else f"{_printable(old)} (unchanged)"
         print(f"  {sha[:16]}  {arrow}")
     print(
         f"sha256 check passed: {len(report.tensors)} tensors byte-identical before/after, {len(report.renamed)} renamed"
@@ -243,10 +266,14 @@ class CheckpointTensors(Mapping[str, np.ndarray]):
 
 
 def _copy_side_files(src: Path, dst: Path) -> list[str]:
+    """Copy config/tokenizer/generation files, each atomically (temp + fsync + rename): a kill
+    mid-copy never leaves a truncated file under its final name. A file that links outside ``src``
+    is refused (it would be copied without anyone noticing where it came from)."""
     copied = []
     for f in sorted(src.iterdir()):
         if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and f.name != INDEX_FILE:
-            shutil.copy2(f, dst / f.name)
+            check_inside_checkpoint(src, f)
+            copy_file_atomic(f, dst / f.name)
             copied.append(f.name)
     return copied
 
@@ -257,13 +284,18 @@ def quantize_checkpoint(
     *,
     scale_rule: str = "rceil",
     orientation: str = "in_out",
+    overwrite: bool = False,
 ) -> Path:
     """Convert a transformers checkpoint directory to an MXFP8 checkpoint directory.
+
+    ``out_dir`` must not be, contain or lie inside ``src_dir``; an existing non-empty ``out_dir`` is
+    replaced only with ``overwrite`` (atomically: the old one stays until the new one is complete).
 
     Returns:
         The written ``model.safetensors``.
     """
     src, out = Path(src_dir), Path(out_dir)
+    check_output(out, inputs=[src], overwrite=overwrite, kind="dir", what="OUT_DIR")
     files = checkpoint_files(src)
     readers = [open_mxfp8(f) for f in files]
     try:
@@ -273,77 +305,110 @@ def quantize_checkpoint(
                     f"{r.path}: already holds MXFP8 tensors (e.g. {r.header.quantized[0]!r}); nothing to quantize"
                 )
         tensors = CheckpointTensors(readers, CheckpointLayout(orientation, source=str(src)), from_transformers=True)
-        out.mkdir(parents=True, exist_ok=True)
-        target = out / "model.safetensors"
-        write_mxfp8_safetensors(
-            target,
-            tensors,
-            quantize=lambda n: is_projection_weight(n) and len(tensors.spec(n)[0]) == 2,
-            scale_rule=scale_rule,
-            orientation=orientation,
-            metadata={"source": src.resolve().name, "producer": "mxfp8_codec quantize"},
-            progress=True,
-        )
+        # The whole directory appears at once, complete (ida_common.outputs.atomic_directory): a kill
+        # leaves OUT_DIR as it was plus a hidden temporary that the next run sweeps.
+        with atomic_directory(out, overwrite=overwrite) as tmp:
+            write_mxfp8_safetensors(
+                tmp / "model.safetensors",
+                tensors,
+                quantize=lambda n: is_projection_weight(n) and len(tensors.spec(n)[0]) == 2,
+                scale_rule=scale_rule,
+                orientation=orientation,
+                metadata={"source": src.resolve().name, "producer": "mxfp8_codec quantize"},
+                progress=True,
+            )
+            _copy_side_files(src, tmp)
+            if (tmp / "config.json").is_file():  # record the method, orientation and norm convention
+                write_config_json(tmp, tmp / "model.safetensors")
     finally:
         for r in readers:
             r.close()
-    _copy_side_files(src, out)
-    if (out / "config.json").is_file():  # record the method, orientation and norm convention
-        write_config_json(out, target)
-    return target
+    return out / "model.safetensors"
+
+
+class _WarnNonFinite(CheckpointTensors):
+    """:class:`CheckpointTensors` that warns, naming the tensor, when a value it hands out is NaN/Inf.
+
+    Dequantizing is faithful: a NaN scale byte or payload code decodes to NaN, and the BF16 output
+    says so. But a BF16 checkpoint full of NaN loads without complaint in transformers, so each such
+    tensor gets one warning line (``verify --values`` on the source finds the first index).
+    """
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        arr = super().__getitem__(name)
+        if arr.dtype.kind == "f" and arr.size:
+            bad = int(np.count_nonzero(~np.isfinite(arr)))
+            if bad:
+                warnings.warn(
+                    f"tensor {_printable(name)}: {bad} of {arr.size} values are NaN/Inf in the output "
+                    f"(NaN scale bytes or payload codes in the source; verify --values shows the first)",
+                    stacklevel=2,
+                )
+        return arr
 
 
 def dequantize_checkpoint(
-    src: str | os.PathLike[str], out: str | os.PathLike[str], *, model_type: str | None = None
+    src: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    model_type: str | None = None,
+    overwrite: bool = False,
 ) -> list[Path]:
     """MXFP8 file or directory -> plain BF16 safetensors in transformers' layout.
 
-    A directory becomes a directory (``model.safetensors`` + copied config/tokenizer files); a file
-    becomes a file. Each file's tensors are mapped by :class:`~mxfp8_codec.layout.CheckpointLayout`
-    from its metadata: ``in_out`` projections transposed, and for ``norm_convention=folded`` the
-    norm weights of architectures whose norms add 1 unfolded (``model_type`` from the argument, else
-    the config.json of the directory / beside the file). Returns the written safetensors files.
+    A directory becomes a directory (``model.safetensors`` + copied config/tokenizer files), which
+    appears at once, complete (:func:`ida_common.outputs.atomic_directory`); a file becomes a file
+    (written atomically). The output must not be the input or overlap it; an existing output is
+    replaced only with ``overwrite``. Each file's tensors are mapped by
+    :class:`~mxfp8_codec.layout.CheckpointLayout` from its metadata: ``in_out`` projections
+    transposed, and for ``norm_convention=folded`` the norm weights of architectures whose norms add
+    1 unfolded (``model_type`` from the argument, else the config.json of the directory / beside the
+    file). A tensor with NaN/Inf values gets a warning naming it. Returns the written safetensors
+    files (under their final names).
 
     Raises:
         MXFP8Error: bad files, or a folded file whose model type is unknown.
     """
     src_p, out_p = Path(src), Path(out)
+    check_output(out_p, inputs=[src_p], overwrite=overwrite, kind="dir" if src_p.is_dir() else "file", what="OUT")
     if model_type is None:
         model_type = model_type_of(src_p)
-    pairs: list[tuple[Path, Path]]
-    if src_p.is_dir():
-        files = checkpoint_files(src_p)
-        out_p.mkdir(parents=True, exist_ok=True)
-        pairs = [(f, out_p / ("model.safetensors" if len(files) == 1 else f.name)) for f in files]
-    else:
-        pairs = [(src_p, out_p)]
-    written = []
-    for f, target in pairs:
-        with open_mxfp8(f) as r:
-            layout = CheckpointLayout.from_metadata(r.metadata, model_type=model_type, source=str(f))
-            tensors = CheckpointTensors([r], layout)
-            meta = {"format": "pt", "producer": "mxfp8_codec dequantize", "source": f.name}
-            write_safetensors(target, tensors, metadata=meta, float_dtype=ml_dtypes.bfloat16, progress=True)
-        written.append(target)
-    if src_p.is_dir():
-        _copy_side_files(src_p, out_p)
-        if (out_p / "config.json").is_file():  # a plain copy: no quantization_config
-            write_config_json(out_p, None)
-        if len(pairs) > 1:
+    if not src_p.is_dir():
+        _dequantize_file(src_p, out_p, model_type)
+        return [out_p]
+    files = checkpoint_files(src_p)
+    names = ["model.safetensors" if len(files) == 1 else f.name for f in files]
+    with atomic_directory(out_p, overwrite=overwrite) as tmp:
+        for f, name in zip(files, names):
+            _dequantize_file(f, tmp / name, model_type)
+        _copy_side_files(src_p, tmp)
+        if (tmp / "config.json").is_file():  # a plain copy: no quantization_config
+            write_config_json(tmp, None)
+        if len(files) > 1:
             index = json.loads((src_p / INDEX_FILE).read_text())
             weight_map = {}
-            for _, target in pairs:
-                with open_mxfp8(target) as r:
-                    weight_map.update({n: target.name for n in r.keys()})
+            for name in names:
+                with open_mxfp8(tmp / name) as r:
+                    weight_map.update({n: name for n in r.keys()})
             index["weight_map"] = weight_map
-            index.setdefault("metadata", {})["total_size"] = sum(read_header(t).data_size for _, t in pairs)
-            with atomic_output(out_p / INDEX_FILE) as fh:
+            index.setdefault("metadata", {})["total_size"] = sum(read_header(tmp / n).data_size for n in names)
+            with atomic_output(tmp / INDEX_FILE) as fh:
                 fh.write(json.dumps(index, indent=2).encode())
-    return written
+    return [out_p / name for name in names]
+
+
+def _dequantize_file(f: Path, target: Path, model_type: str | None) -> None:
+    with open_mxfp8(f) as r:
+        layout = CheckpointLayout.from_metadata(r.metadata, model_type=model_type, source=str(f))
+        tensors = _WarnNonFinite([r], layout)
+        meta = {"format": "pt", "producer": "mxfp8_codec dequantize", "source": f.name}
+        write_safetensors(target, tensors, metadata=meta, float_dtype=ml_dtypes.bfloat16, progress=True)
 
 
 def _cmd_quantize(args: argparse.Namespace) -> int:
-    target = quantize_checkpoint(args.hf_dir, args.out_dir, scale_rule=args.scale_rule, orientation=args.orientation)
+    target = quantize_checkpoint(
+        args.hf_dir, args.out_dir, scale_rule=args.scale_rule, orientation=args.orientation, overwrite=args.overwrite
+    )
     with open_mxfp8(target) as r:
         print(f"wrote {target}: {len(r)} tensors, {len(r.header.quantized)} MXFP8, {r.header.file_size} bytes")
     return 0
@@ -359,7 +424,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_dequantize(args: argparse.Namespace) -> int:
-    for target in dequantize_checkpoint(args.src, args.out, model_type=args.model_type):
+    for target in dequantize_checkpoint(args.src, args.out, model_type=args.model_type, overwrite=args.overwrite):
         with open_mxfp8(target) as r:
             print(f"wrote {target}: {len(r)} BF16/plain tensors, {r.header.file_size} bytes")
     return 0
@@ -371,6 +436,7 @@ def _cmd_dequantize(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     root = check_output_dir(args.out_dir, "OUT_DIR")  # before importing transformers or creating anything
+    check_output(root, overwrite=args.overwrite, kind="dir", what="OUT_DIR")
     hf_dir, mx_dir, back_dir = root / "hf", root / "mxfp8", root / "dequantized"
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
@@ -387,14 +453,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
-    model.save_pretrained(hf_dir)
+    with atomic_directory(hf_dir, overwrite=args.overwrite) as tmp:
+        model.save_pretrained(tmp)
     print(f"[1/4] random Llama checkpoint ({sum(p.numel() for p in model.parameters())} parameters) -> {hf_dir}")
-    quantize_checkpoint(hf_dir, mx_dir)
+    quantize_checkpoint(hf_dir, mx_dir, overwrite=args.overwrite)
     print(f"[2/4] quantized -> {mx_dir}")
     inspect_file(mx_dir / "model.safetensors", stats=False, out=sys.stdout)
     validate(mx_dir / "model.safetensors")
     print("[3/4] verify: OK")
-    dequantize_checkpoint(mx_dir, back_dir)
+    dequantize_checkpoint(mx_dir, back_dir, overwrite=args.overwrite)
     back = AutoModelForCausalLM.from_pretrained(back_dir, dtype=torch.bfloat16).eval()
     # The exact expectation: every projection equals decode(encode(W^T))^T, everything else is unchanged.
     from mxfp8_codec.numerics import decode_mxfp8, encode_mxfp8
@@ -448,6 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("rename", help="header-only rename of one file, with a sha256 proof")
     s.add_argument("src", help="the .safetensors file to read (a file, not a directory)")
     s.add_argument("dst", help="the .safetensors file to write (a file, not a directory)")
+    s.add_argument("--overwrite", action="store_true", help="replace DST if it exists (never SRC itself)")
     g = s.add_mutually_exclusive_group(required=True)
     g.add_argument("--map", help="JSON object {old: new} or a path to a JSON file")
     g.add_argument(
@@ -458,6 +526,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("quantize", help="transformers checkpoint dir -> MXFP8 checkpoint dir")
     s.add_argument("hf_dir", help="transformers checkpoint directory (config.json + *.safetensors)")
     s.add_argument("out_dir", help="MXFP8 checkpoint directory to write")
+    s.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace OUT_DIR if it exists and is not empty (atomically, once the new one is complete)",
+    )
     s.add_argument("--scale-rule", choices=SCALE_RULES, default="rceil", help="UE8M0 scale rule (default rceil)")
     s.add_argument(
         "--orientation",
@@ -475,6 +548,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="config.json model_type deciding which norms a folded file unfolds (default: from the config.json "
         "of SRC or beside it)",
     )
+    s.add_argument(
+        "--overwrite", action="store_true", help="replace OUT if it exists (atomically, once the new one is complete)"
+    )
     s.set_defaults(func=_cmd_dequantize)
 
     s = sub.add_parser("export", help="MXFP8 checkpoint dir -> compressed-tensors mxfp8-quantized dir (vLLM)")
@@ -487,6 +563,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("demo", help="make a tiny random model, quantize, inspect, verify, dequantize")
     s.add_argument("out_dir", help="directory to create (hf/, mxfp8/, dequantized/ inside)")
+    s.add_argument("--overwrite", action="store_true", help="replace the outputs of a previous demo in OUT_DIR")
     s.add_argument("--seed", type=int, default=0, help="seed of the random model (default 0)")
     s.set_defaults(func=_cmd_demo)
     return p

@@ -358,12 +358,38 @@ def _load_index(index: Path) -> dict[str, str]:
         obj = json.loads(text, object_pairs_hook=hook)
     except MXFP8Error:
         raise
+    except RecursionError:
+        raise MXFP8Error(f"{index}: JSON nests too deeply to be a shard index") from None
     except ValueError as exc:
         raise MXFP8Error(f"{index}: not valid JSON: {exc}") from None
     wm = obj.get("weight_map") if isinstance(obj, dict) else None
     if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
         raise MXFP8Error(f"{index}: needs a 'weight_map' object of tensor name -> shard file name")
     return wm
+
+
+def check_inside_checkpoint(checkpoint_dir: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
+    """Refuse a file of a checkpoint directory that is a symlink to somewhere outside it.
+
+    A checkpoint directory is read (and its side files copied) as a unit; a shard or tokenizer file
+    that links to ``/etc/...`` or another user's files would be read, and copied into an output,
+    without anyone noticing. The one layout where links leave the directory on purpose is the
+    Hugging Face hub cache: ``snapshots/<revision>/<file>`` links to ``../../blobs/<sha>``; targets
+    in that ``blobs`` directory are accepted.
+
+    Raises:
+        MXFP8Error: ``FILE: is a symlink to TARGET, outside the checkpoint directory DIR``.
+    """
+    d, p = Path(checkpoint_dir), Path(path)
+    if not p.is_symlink() and Path(os.path.realpath(p.parent)) == Path(os.path.realpath(d)):
+        return
+    root = Path(os.path.realpath(d))
+    target = Path(os.path.realpath(p))
+    allowed = [root]
+    if root.parent.name == "snapshots":  # Hugging Face hub cache: snapshots/<rev>/x -> ../../blobs/<sha>
+        allowed.append(root.parent.parent / "blobs")
+    if not any(target.is_relative_to(a) for a in allowed):
+        raise MXFP8Error(f"{p}: is a symlink to {target}, outside the checkpoint directory {d}; copy the file in instead")
 
 
 def checkpoint_files(checkpoint_dir: str | os.PathLike[str]) -> list[Path]:
@@ -388,6 +414,7 @@ def checkpoint_files(checkpoint_dir: str | os.PathLike[str]) -> list[Path]:
     if not d.is_dir():
         raise MXFP8Error(f"{d}: not a checkpoint directory")
     if (d / SINGLE_FILE).is_file():
+        check_inside_checkpoint(d, d / SINGLE_FILE)
         return [d / SINGLE_FILE]
     index = d / INDEX_FILE
     if not index.is_file():
@@ -405,6 +432,7 @@ def checkpoint_files(checkpoint_dir: str | os.PathLike[str]) -> list[Path]:
         p = d / shard
         if not p.is_file():
             raise MXFP8Error(f"{index}: shard {shard!r} listed for tensor {shards[shard][0]!r} does not exist")
+        check_inside_checkpoint(d, p)
         header = read_header(p)
         for name in header.entries:
             if name in owner:
