@@ -30,6 +30,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ida_common.files import atomic_output
+from ida_common.killpoint import kill_point
 from mxfp8_codec.constants import WEIGHTS_DTYPE, ScaleRule
 from mxfp8_codec.convert import (
     BF16,
@@ -109,6 +110,7 @@ def _write_items(
                     f"{path}: tensor {it.name!r}: produced shape {arr.shape} / {flat.nbytes} bytes, planned {it.shape} / {it.nbytes}"
                 )
             f.write(memoryview(flat))
+            kill_point("writer.tensor_written")  # crash tests: IDA_KILL_AT=writer.tensor_written:N
 
 
 def _quantized_items(
