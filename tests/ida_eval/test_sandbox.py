@@ -377,12 +377,22 @@ def test_open_files_limit(clean: str) -> None:
 
 @pytest.fixture
 def host_dir() -> Iterator[Path]:
-    """A fresh directory outside the temp dir, /run and home (beside the tests): visible,
-    read-only, inside the sandbox."""
-    d = Path(__file__).resolve().parent / f".host-{secrets.token_hex(4)}"
+    """A fresh directory outside the temp dir, /run and home: visible, read-only, inside the sandbox.
+
+    Beside the tests when the checkout itself is visible inside; a checkout under /tmp or home
+    (a CI clone may live there) is hidden, so another host directory is used, or the test skips."""
+    hidden, _, fresh = sb._hidden_paths(os.path.join(tempfile.gettempdir(), "ida-exec-probe", "work"))
+    for parent in (Path(__file__).resolve().parent, Path("/srv"), Path("/opt"), Path("/var/lib")):
+        if parent.is_dir() and os.access(parent, os.W_OK) and not sb._under(str(parent), hidden + fresh):
+            break
+    else:
+        pytest.skip("no writable host directory outside the sandbox's hidden and fresh ones")
+    d = parent / f".ida-host-{secrets.token_hex(4)}"
     d.mkdir()
-    yield d
-    shutil.rmtree(d)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d)
 
 
 def test_writes_outside_the_directory_are_blocked(
