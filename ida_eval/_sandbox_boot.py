@@ -6,7 +6,7 @@ program. Standard library only and no ``json``/``re`` imports: it runs 974 times
 1. As the first process of the new PID namespace ("PID 1"; still privileged) it joins the run's
    cgroups (``0`` written to each ``cgroup.procs``) and, with namespaces, builds the program's view
    of the file system (:func:`make_filesystem_read_only`): a fresh tmpfs of ``disk_bytes`` over the
-   task root holds the work directory (``prog.py`` copied in) and fresh writable ``/tmp``,
+   task root holds the work directory (its files copied in) and fresh writable ``/tmp``,
    ``/var/tmp`` and ``/dev/shm`` (the total disk cap; nothing reaches the host's disk); the
    caller's home, ``/run`` and the temp root are covered by empty file systems (keeping the
    interpreter's own directory visible); the host's unix sockets elsewhere are covered by
@@ -95,15 +95,15 @@ def _unescape(field):
     return field
 
 
-def make_filesystem_read_only(work, program, hide=(), keep=(), fresh=(), sockets=(), disk_bytes=0, owner=None):
+def make_filesystem_read_only(work, hide=(), keep=(), fresh=(), sockets=(), disk_bytes=0, owner=None):
     """Everything read-only except the task's own size-limited tmpfs; host sockets covered.
 
     Args:
         work: the work directory (bytes path). Inside, it is a directory of a fresh tmpfs of
             ``disk_bytes`` (mounted over its parent, the task root, on the host side nothing of
-            the program's writes lands on disk and nothing needs cleaning up); ``program`` is
-            copied into it (owned by ``owner`` = (uid, gid) when given).
-        program: the program file (bytes path, in ``work``).
+            the program's writes lands on disk and nothing needs cleaning up). What the caller
+            put into the work directory (``prog.py``, any other sources) is copied into it,
+            modes kept, owned by ``owner`` = (uid, gid) when given.
         hide: directories covered by an empty read-only tmpfs (the caller's home, /run with its
             sockets, the temp root, a non-searchable ancestor of the work directory).
         keep: paths under hidden directories that must stay visible at the same place (the
@@ -127,18 +127,25 @@ def make_filesystem_read_only(work, program, hide=(), keep=(), fresh=(), sockets
     import stat
 
     os.umask(0o022)  # directories made for mount points must be searchable by the per-worker uid
-    with open(program, "rb") as f:
-        source = f.read()
+    given = _read_tree(work)
     task = os.path.dirname(work)
     size = b"size=%d,nr_inodes=%d,mode=0711" % (disk_bytes, max(64, disk_bytes // INODE_BYTES))
     mount(b"tmpfs", task, b"tmpfs", MS_NOSUID | MS_NODEV, size)
     tfd = os.open(task, os.O_PATH | os.O_DIRECTORY)
     os.mkdir(work, 0o700)
-    with open(program, "wb") as f:
-        f.write(source)
     if owner is not None:
         os.chown(work, *owner)
-        os.chown(program, *owner)
+    for rel, mode, data in given:  # parents first (os.walk is top-down)
+        path = os.path.join(work, rel)
+        if data is None:
+            os.mkdir(path, 0o700)
+        else:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with open(fd, "wb") as f:
+                f.write(data)
+        os.chmod(path, stat.S_IMODE(mode))
+        if owner is not None:
+            os.chown(path, *owner)
     for i in range(len(fresh)):
         os.mkdir(b"%s/fresh%d" % (task, i))
         os.chmod(b"%s/fresh%d" % (task, i), 0o1777)
@@ -205,6 +212,26 @@ def _mount_id(path):
     finally:
         os.close(fd)
     return None
+
+
+def _read_tree(top):
+    """``[(relative path, mode, bytes or None for a directory)]`` under ``top``, parents first
+    (regular files and directories only: what a caller puts into a work directory)."""
+    import stat
+
+    out = []
+    for dirpath, dirnames, filenames in os.walk(top):
+        rel = os.path.relpath(dirpath, top)
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            relpath = os.path.normpath(os.path.join(rel, name))
+            if stat.S_ISDIR(st.st_mode):
+                out.append((relpath, st.st_mode, None))
+            elif stat.S_ISREG(st.st_mode):
+                with open(path, "rb") as f:
+                    out.append((relpath, st.st_mode, f.read()))
+    return out
 
 
 def deny_new_namespaces():
@@ -387,7 +414,6 @@ def main():
         if cfg["mounts"]:
             make_filesystem_read_only(
                 os.fsencode(cfg["workdir"]),
-                os.fsencode(cfg["program"]),
                 cfg["hide"],
                 cfg["keep"],
                 cfg["fresh"],

@@ -963,3 +963,29 @@ def test_toolchains_under_usr_still_run(lang: str, clean: str, iso: isolation.Is
     res = run(src, clean, sb.SandboxLimits(timeout=120.0, memory_bytes=16 << 30))
     assert res.passed, res.stderr_tail
     assert "hi" in res.stdout_tail
+
+
+def test_files_the_caller_puts_beside_the_program_are_there(tmp_path: Path) -> None:
+    """Other files of the work directory (sources, an executable helper, a subdirectory) reach the
+    program with their modes: inside, the work directory is a fresh tmpfs and they are copied in
+    (the interface a multilingual executor builds on)."""
+    mode = next((c for c in isolation.candidates() if c.privilege == "capdrop"), None)
+    if mode is None or isolation.probe_one(mode) is not None:
+        pytest.skip("no working namespaces/capdrop mode here")
+    from ida_eval.cgroups import SandboxCgroups
+
+    work = tmp_path / "ida-exec-0-x" / "w"
+    (work / "data").mkdir(parents=True)
+    (work / "data" / "x.txt").write_text("payload")
+    (work / "helper.sh").write_text("#!/bin/sh\necho helper-ran\n")
+    os.chmod(work / "helper.sh", 0o755)
+    program = work / "prog.py"
+    program.write_text(
+        "import os, subprocess\n"
+        "print(open('data/x.txt').read(), subprocess.run(['./helper.sh'], capture_output=True, text=True).stdout)\n"
+        "open('data/y.txt', 'w').write('inside only')\n"
+    )
+    res = sb._spawn_and_wait(str(program), str(work), FAST, mode, None, None, SandboxCgroups([], "none"), None)
+    assert res.passed, res.stderr_tail
+    assert res.stdout_tail.split() == ["payload", "helper-ran"]
+    assert not (work / "data" / "y.txt").exists()  # the program's writes stayed in its tmpfs
