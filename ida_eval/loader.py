@@ -56,6 +56,7 @@ from tqdm.auto import tqdm
 
 from mxfp8_codec import WEIGHTS_DTYPE, CheckpointLayout, MXFP8Error, checkpoint_files, decode_mxfp8, open_mxfp8
 from mxfp8_codec.layout import file_norm_convention, file_orientation
+import mxfp8_codec.hf  # noqa: F401,E402  registers the "mxfp8_codec" quantization method with transformers
 
 PREFETCH_MAX_BYTES = 32 << 20  # 32 MiB: larger tensors are not decoded ahead (bounds peak memory)
 _STORED_TORCH_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}  # copied as bits
@@ -63,6 +64,9 @@ SPLIT_MIN_VALUES = 1 << 18  # 256 Ki values: larger MXFP8 tensors are decoded in
 MAX_DECODE_THREADS = 4  # threads sharing one tensor's decode (at most the CPUs this process may use)
 HASH_CHUNK = 8 << 20  # 8 MiB read size for sha256
 MAX_LISTED_KEYS = 20  # key names shown in a missing/unexpected error
+
+
+WEIGHTS_CHOICES: tuple[str, ...] = ("bf16", "mxfp8")  # load_model(weights=...): decoded once / MXFP8-resident
 
 
 class CheckpointLoadError(ValueError):
@@ -432,6 +436,7 @@ def load_model(
     dtype: torch.dtype = torch.bfloat16,
     device_map: Any = None,
     progress: bool = False,
+    weights: str = "bf16",
 ) -> tuple[Any, Any]:
     """Load a checkpoint directory (our MXFP8 format or plain transformers safetensors).
 
@@ -441,6 +446,12 @@ def load_model(
         dtype: parameter dtype (floating tensors are decoded/cast to it; rotary buffers stay float32).
         device_map: None (CPU), a device (``"cuda"``, ``"cuda:1"``), ``"auto"`` (accelerate splits
             whole decoder layers over the visible GPUs) or an explicit accelerate device map.
+        weights: ``"bf16"`` (default): every weight decoded once into ``dtype`` by this module's
+            streaming loader (trainable ``nn.Linear``). ``"mxfp8"``: an MXFP8 checkpoint goes through
+            transformers' ``from_pretrained`` with :class:`mxfp8_codec.hf.MXFP8Config` and its
+            projections stay MXFP8 in memory (:class:`mxfp8_codec.hf.MXFP8Linear`, decoded at each
+            forward: the same weights bit for bit, about half the memory); a plain checkpoint has
+            no MXFP8 weights and loads as with ``"bf16"`` (with a warning).
 
     Returns:
         ``(model, tokenizer)``, the model in eval mode (parameters require grad, as with
@@ -459,9 +470,15 @@ def load_model(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     ckpt = Path(checkpoint_dir)
+    if weights not in WEIGHTS_CHOICES:
+        raise CheckpointLoadError(f"weights={weights!r}, expected one of {WEIGHTS_CHOICES}")
     if not (ckpt / "config.json").is_file():
         raise CheckpointLoadError(f"{ckpt}: no config.json (not a checkpoint directory)")
     files = _weight_files(ckpt)
+    if weights == "mxfp8":
+        if any(f.mxfp8 for f in files):
+            return _load_mxfp8_resident(ckpt, dtype=dtype, device_map=device_map)
+        warnings.warn(f"{ckpt}: a plain checkpoint has no MXFP8 weights; loading it with weights='bf16'", stacklevel=2)
     config = AutoConfig.from_pretrained(ckpt)
     tokenizer = AutoTokenizer.from_pretrained(ckpt)
     with init_empty_weights(include_buffers=False), _no_init(), warnings.catch_warnings():
@@ -537,6 +554,34 @@ def load_model(
     model.eval()  # parameters keep requires_grad=True, as from_pretrained leaves them (the trainer loads here too)
     if dm is not None:
         _dispatch(model, dm)
+    return model, tokenizer
+
+
+def _load_mxfp8_resident(ckpt: Path, *, dtype: torch.dtype, device_map: Any) -> tuple[Any, Any]:
+    """``from_pretrained`` through :mod:`mxfp8_codec.hf`: projections stay MXFP8 in memory.
+
+    The quantizer validates every header against config.json and the architecture before any
+    weight is read; its :class:`~mxfp8_codec.MXFP8Error` (naming file and tensor) becomes our
+    :class:`CheckpointLoadError`.
+    """
+    import mxfp8_codec.hf as mxhf
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(ckpt)
+    config = json.loads((ckpt / "config.json").read_text(encoding="utf-8"))
+    named = (config.get("quantization_config") or {}).get("quant_method") == mxhf.QUANT_METHOD
+    kwargs: dict[str, Any] = {"dtype": dtype}
+    if not named:  # the seeds' checkpoints: same file, plain config
+        kwargs["quantization_config"] = mxhf.MXFP8Config()
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = AutoModelForCausalLM.from_pretrained(ckpt, **kwargs)
+    except MXFP8Error as e:
+        raise CheckpointLoadError(str(e)) from None
+    model.eval()
     return model, tokenizer
 
 

@@ -284,8 +284,10 @@ def _model_info(model: Any) -> dict[str, Any] | None:
     p = next(model.parameters())
     import transformers
 
+    mxfp8 = any(type(m).__name__ == "MXFP8Linear" for m in model.modules())
     return {
         "class": type(model).__name__,
+        "weights": "mxfp8" if mxfp8 else "bf16",  # projections MXFP8-resident, or decoded once
         "dtype": str(p.dtype).removeprefix("torch."),
         "device": str(p.device),
         "device_map": getattr(model, "hf_device_map", None),
@@ -317,8 +319,12 @@ def evaluate_checkpoint(
     dtype: torch.dtype = torch.bfloat16,
     exec_config: ExecutionConfig | None = None,
     progress: bool = True,
+    weights: str = "bf16",
 ) -> dict[str, Any]:
     """Load a checkpoint directory (MXFP8 or plain) and run :func:`evaluate_model` on it.
+
+    ``weights``: ``"bf16"`` (decoded once) or ``"mxfp8"`` (projections stay MXFP8 in memory,
+    :func:`ida_eval.loader.load_model`); summary.json's ``model.weights`` records which.
 
     The model is not loaded at all when ``out_dir`` already holds every sample (resume), nor when
     ``out_dir`` holds a run with other settings or another checkpoint (:class:`RunDirError` first).
@@ -334,7 +340,8 @@ def evaluate_checkpoint(
     model = tokenizer = None
     if any(t not in have for t in problems):
         model, tokenizer = load_model(
-            checkpoint_dir, dtype=dtype, device_map=_device_map_for(device, device_map), progress=progress
+            checkpoint_dir, dtype=dtype, device_map=_device_map_for(device, device_map), progress=progress,
+            weights=weights,
         )
     return evaluate_model(
         model,
@@ -374,6 +381,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--device-map", help="accelerate device map, e.g. 'auto' to split layers over GPUs")
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
                     help="dtype of the loaded weights (default bfloat16)")
+    ap.add_argument("--weights", choices=("bf16", "mxfp8"), default="bf16",
+                    help="bf16: weights decoded once (default); mxfp8: projections stay MXFP8 in memory and are "
+                    "decoded at each forward (same logits, about half the weight memory); summary.json records it")
     ap.add_argument("--workers", type=int, help="programs executed at once (default: nproc)")
     ap.add_argument("--timeout", type=float, help="seconds per program (executor default when omitted)")
     ap.add_argument("--compare", nargs=2, metavar=("DIR_A", "DIR_B"), help="print two finished runs side by side")
@@ -427,6 +437,7 @@ def _main(run: Run) -> int:
             device=args.device,
             device_map=args.device_map,
             dtype=getattr(torch, args.dtype),
+            weights=args.weights,
             exec_config=ExecutionConfig(**cfg),
             progress=not args.no_progress,
         )

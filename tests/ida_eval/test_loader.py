@@ -296,3 +296,28 @@ def test_load_adds_little_more_than_the_bf16_model_to_peak_rss(tok, tmp_path):
     rec = json.loads(out.stdout.strip().splitlines()[-1])
     assert rec["bf16"] > 50 << 20
     assert rec["added"] <= 1.15 * rec["bf16"], f"added peak RSS {rec['added'] / rec['bf16']:.2f}x the bf16 bytes"
+
+
+@pytest.mark.parametrize("arch", ["nemotron", "qwen3"])
+def test_mxfp8_resident_weights_equal_decoded_ones(arch, tok, ids, tmp_path):
+    """load_model(weights="mxfp8") goes through from_pretrained + mxfp8_codec.hf: projections stay
+    MXFP8 in memory, decode to the very weights of weights="bf16", logits bit-identical."""
+    import mxfp8_codec.hf as mxhf
+
+    model = tiny_model(arch, len(tok), tie=arch == "qwen3")
+    ckpt = save_mxfp8_checkpoint(model, tok, tmp_path / arch)  # config.json without quantization_config
+    plain, _ = load_model(ckpt)
+    resident, rtok = load_model(ckpt, weights="mxfp8")
+    modules = dict(resident.named_modules())
+    q = [n for n, m in modules.items() if isinstance(m, mxhf.MXFP8Linear)]
+    assert len(q) == len([n for n in dict(plain.named_modules()) if n.endswith("_proj")]) > 0
+    for name in q:
+        assert torch.equal(modules[name].decode_weight(), plain.get_submodule(name).weight), name
+    assert torch.equal(_logits(resident, ids), _logits(plain, ids))
+    assert rtok("def f():")["input_ids"] == tok("def f():")["input_ids"]
+    with pytest.raises(CheckpointLoadError, match="weights='int4'"):
+        load_model(ckpt, weights="int4")
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "hf")
+    tok.save_pretrained(tmp_path / "hf")
+    with pytest.warns(UserWarning, match="plain checkpoint has no MXFP8 weights"):
+        load_model(tmp_path / "hf", weights="mxfp8")

@@ -95,6 +95,14 @@ def test_memorised_checkpoint_passes_its_problems(tmp_path: Path) -> None:
     assert (out / "samples.jsonl").read_bytes() == before
     assert len((out / "results.jsonl").read_text().splitlines()) == n
 
+    assert summary["model"]["weights"] == "bf16"
+    # --weights mxfp8: projections stay MXFP8 in memory; the same greedy samples, byte for byte
+    out_mx = tmp_path / "run-mxfp8"
+    proc_mx = _run(*[out_mx.as_posix() if a == str(out) else a for a in args], "--weights", "mxfp8")
+    assert proc_mx.returncode == 0, proc_mx.stderr[-3000:]
+    assert json.loads((out_mx / "summary.json").read_text())["model"]["weights"] == "mxfp8"
+    assert (out_mx / "samples.jsonl").read_bytes() == before
+
     # --compare prints both runs side by side
     proc3 = _run("--compare", str(out), str(out))
     assert proc3.returncode == 0, proc3.stderr
