@@ -34,7 +34,9 @@ MXFP8 layers need whole blocks), a quantized tensor that is not a projection wei
 ``lm_head``), a projection stored plain (vLLM fuses q/k/v and gate/up and cannot mix), a
 non-2-D projection, a plain (non-MXFP8) source, a folded file of an architecture the layout table
 does not know, and an existing ``DST`` without ``overwrite``. The export is written into a
-temporary directory beside ``DST`` and renamed into place only when complete and verified.
+temporary directory beside ``DST`` and renamed into place only when complete and verified
+(:func:`ida_common.outputs.check_output` and :func:`ida_common.outputs.atomic_directory`, like every
+ida command that writes a directory).
 """
 
 from __future__ import annotations
@@ -42,8 +44,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from ida_common.outputs import atomic_directory, check_output
 from mxfp8_codec.constants import BLOCK_SIZE, WEIGHTS_DTYPE
 from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.layout import CheckpointLayout, is_projection_weight, model_type_of
@@ -185,15 +186,6 @@ def _plan(files: list[Path], model_type: str | None) -> tuple[str, Any]:
     return orientation, layout
 
 
-def _dst_ok(dst: Path, src: Path, overwrite: bool) -> None:
-    if dst.resolve() == src.resolve() or src.resolve() in dst.resolve().parents:
-        raise MXFP8Error(f"{dst}: the export must not be written into its source {src}")
-    if dst.exists() and not overwrite:
-        raise MXFP8Error(f"{dst}: already exists; pass --overwrite to replace it")
-    if dst.exists() and not dst.is_dir():
-        raise MXFP8Error(f"{dst}: exists and is not a directory")
-
-
 def export_compressed_tensors(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -228,14 +220,13 @@ def export_compressed_tensors(
     src_p, dst_p = Path(src), Path(dst)
     if not (src_p / "config.json").is_file():
         raise MXFP8Error(f"{src_p}: no config.json (export needs a checkpoint directory)")
+    check_output(dst_p, inputs=[src_p], overwrite=overwrite, kind="dir", what="DST")
     files = checkpoint_files(src_p)
     mt = model_type or model_type_of(src_p)
     orientation, layout = _plan(files, mt)
-    _dst_ok(dst_p, src_p, overwrite)
     report = ExportReport(str(src_p), str(dst_p), orientation, "as stored" if orientation == "out_in" else "rceil")
-    dst_p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst_p.name}.", suffix=".tmp", dir=dst_p.parent))
-    try:
+    # the whole directory appears at once, complete, or not at all (ida_common.outputs)
+    with atomic_directory(dst_p, overwrite=overwrite) as tmp:
         weight_map: dict[str, str] = {}
         expected: dict[str, tuple[str, str]] = {}  # written name -> (file, sha256)
         for f in files:
@@ -288,17 +279,6 @@ def export_compressed_tensors(
                     if got != expected[name][1]:
                         raise MXFP8Error(f"{tmp / fname}: tensor {name!r}: written sha256 {got} != {expected[name][1]}")
         _copy_side_files_and_config(src_p, tmp, len(files) > 1, weight_map)
-        _fsync_dir_tree(tmp)
-        if dst_p.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{dst_p.name}.", suffix=".old", dir=dst_p.parent))
-            os.replace(dst_p, old / "x")
-            os.replace(tmp, dst_p)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, dst_p)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return report
 
 
@@ -308,20 +288,7 @@ def _copy_side_files_and_config(src: Path, out: Path, sharded: bool, weight_map:
     _copy_side_files(src, out)
     config = json.loads((src / "config.json").read_text(encoding="utf-8"))
     config["quantization_config"] = compressed_tensors_config()
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")  # in the temp dir
     if sharded:
         index = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
         (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
-
-
-def _fsync_dir_tree(d: Path) -> None:
-    for p in d.iterdir():
-        if p.is_file():
-            with open(p, "rb") as fh:
-                os.fsync(fh.fileno())
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-

@@ -147,9 +147,11 @@ def test_refusals_are_one_line_and_leave_nothing(tok, tmp_path, capsys):
         return err
 
     (tmp_path / "exists").mkdir()
-    assert "already exists; pass --overwrite" in run(ok, tmp_path / "exists")
+    (tmp_path / "exists" / "old.txt").write_text("old")
+    assert "exists and is not empty; pass --overwrite" in run(ok, tmp_path / "exists")
+    assert "is inside the input" in run(ok, ok / "ct")
     assert main(["export", "--format", "compressed-tensors", str(ok), str(tmp_path / "exists"), "--overwrite"]) == 0
-    assert (tmp_path / "exists" / "model.safetensors").is_file()
+    assert (tmp_path / "exists" / "model.safetensors").is_file() and not (tmp_path / "exists" / "old.txt").exists()
     capsys.readouterr()
 
     def quantize_embedding(sd):
