@@ -8,6 +8,6 @@ outside the standard library, so every package (``mxfp8_codec`` included) may de
 
 from __future__ import annotations
 
-from ida_common.files import atomic_output
+from ida_common.files import atomic_directory, atomic_output, check_output, copy_file_atomic
 
-__all__ = ["atomic_output"]
+__all__ = ["atomic_directory", "atomic_output", "check_output", "copy_file_atomic"]

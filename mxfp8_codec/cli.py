@@ -21,7 +21,7 @@
 * ``demo OUT_DIR``: builds a small random Llama checkpoint with transformers, quantizes it,
   inspects and verifies the result, dequantizes it and reports the logits error.
 
-Outputs (:mod:`ida_common.outputs`): no command writes onto its own input, into it or around it
+Outputs (:mod:`ida_common.files`): no command writes onto its own input, into it or around it
 (``quantize HF HF`` is refused before anything is read), and an existing output is replaced only
 with ``--overwrite``; each refusal is one line. Output directories (``quantize``, ``dequantize`` of a
 directory, ``demo``) are built in a hidden sibling and appear complete in one rename; files are
@@ -49,8 +49,7 @@ import ml_dtypes
 import numpy as np
 
 from ida_common.cli import ArgumentParser, CheckFailed, Run, check_output_dir, run_main
-from ida_common.files import atomic_output
-from ida_common.outputs import atomic_directory, check_output, copy_file_atomic
+from ida_common.files import atomic_directory, atomic_output, check_output, copy_file_atomic
 from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.hf_config import write_config_json
 from mxfp8_codec.header import DTYPES, SCALE_RULES, SCALE_SUFFIX, read_header
@@ -305,7 +304,7 @@ def quantize_checkpoint(
                     f"{r.path}: already holds MXFP8 tensors (e.g. {r.header.quantized[0]!r}); nothing to quantize"
                 )
         tensors = CheckpointTensors(readers, CheckpointLayout(orientation, source=str(src)), from_transformers=True)
-        # The whole directory appears at once, complete (ida_common.outputs.atomic_directory): a kill
+        # The whole directory appears at once, complete (ida_common.files.atomic_directory): a kill
         # leaves OUT_DIR as it was plus a hidden temporary that the next run sweeps.
         with atomic_directory(out, overwrite=overwrite) as tmp:
             write_mxfp8_safetensors(
@@ -357,7 +356,7 @@ def dequantize_checkpoint(
     """MXFP8 file or directory -> plain BF16 safetensors in transformers' layout.
 
     A directory becomes a directory (``model.safetensors`` + copied config/tokenizer files), which
-    appears at once, complete (:func:`ida_common.outputs.atomic_directory`); a file becomes a file
+    appears at once, complete (:func:`ida_common.files.atomic_directory`); a file becomes a file
     (written atomically). The output must not be the input or overlap it; an existing output is
     replaced only with ``overwrite``. Each file's tensors are mapped by
     :class:`~mxfp8_codec.layout.CheckpointLayout` from its metadata: ``in_out`` projections

@@ -1,4 +1,4 @@
-"""ida_common.outputs: outputs never overwrite inputs, whole directories appear atomically, stale
+"""ida_common.files: outputs never overwrite inputs, whole directories appear atomically, stale
 temporaries of killed writers are swept and live ones are not (issue 11 items 2, 3, 11)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ida_common.outputs import atomic_directory, check_output, copy_file_atomic, sweep_stale, temp_pattern
+from ida_common.files import atomic_directory, check_output, copy_file_atomic, sweep_stale, temp_pattern
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -89,7 +89,7 @@ def test_atomic_directory_replaces_only_when_complete(tmp_path: Path) -> None:
 
 KILLED_WRITER = """
     import sys
-    from ida_common.outputs import atomic_directory
+    from ida_common.files import atomic_directory
     with atomic_directory(sys.argv[1] if len(sys.argv) > 1 else {out!r}, overwrite=True) as tmp:
         (tmp / "a").write_text("new")
 """
@@ -113,7 +113,7 @@ def test_sweep_removes_dead_writers_temporaries_only(tmp_path: Path) -> None:
     live = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
             import os, sys, tempfile
-            from ida_common.outputs import lock_temporary
+            from ida_common.files import lock_temporary
             fd, p = tempfile.mkstemp(prefix=".model.safetensors.", suffix=".tmp", dir={str(tmp_path)!r})
             assert lock_temporary(fd)
             print(p, flush=True)
@@ -125,7 +125,7 @@ def test_sweep_removes_dead_writers_temporaries_only(tmp_path: Path) -> None:
         live_tmp = Path(live.stdout.readline().strip())
         r = _python(f"""
             import os, tempfile
-            from ida_common.outputs import lock_temporary
+            from ida_common.files import lock_temporary
             fd, p = tempfile.mkstemp(prefix=".model.safetensors.", suffix=".tmp", dir={str(tmp_path)!r})
             assert lock_temporary(fd)
             print(p, flush=True)
@@ -149,7 +149,7 @@ def test_copy_file_atomic_killed_half_way_leaves_the_old_file(tmp_path: Path) ->
     src.write_bytes(os.urandom(3 << 20))
     dst.parent.mkdir()
     dst.write_text("old")
-    code = f"from ida_common.outputs import copy_file_atomic; copy_file_atomic({str(src)!r}, {str(dst)!r})"
+    code = f"from ida_common.files import copy_file_atomic; copy_file_atomic({str(src)!r}, {str(dst)!r})"
     r = _python(code, env={"IDA_KILL_AT": "copy_file.partial"})
     assert r.returncode == -signal.SIGKILL, r.stderr
     assert dst.read_text() == "old"
@@ -157,3 +157,36 @@ def test_copy_file_atomic_killed_half_way_leaves_the_old_file(tmp_path: Path) ->
     assert os.path.getsize(dst.parent / stale) > 0  # the half copy, under a temporary name only
     assert _python(code).returncode == 0
     assert dst.read_bytes() == src.read_bytes() and os.listdir(dst.parent) == ["big.json"]
+
+
+def test_atomic_output_sweeps_a_killed_writers_temporary_but_not_a_live_ones(tmp_path: Path) -> None:
+    """Issue 11 item 11: temporaries of killed writers (up to 76 MB each) were never removed. Now every
+    atomic_output sweeps the dead ones of its own target; a concurrent live writer's stays."""
+    from ida_common.files import atomic_output
+
+    target = tmp_path / "model.safetensors"
+    live = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import sys
+            from ida_common.files import atomic_output
+            with atomic_output({str(target)!r}) as f:
+                print(f.name, flush=True)
+                sys.stdin.read()
+                f.write(b"live")
+        """)],
+        env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        live_tmp = Path(live.stdout.readline().strip())
+        src = tmp_path / "src.bin"
+        src.write_bytes(os.urandom(2 << 20))
+        code = f"from ida_common.files import copy_file_atomic; copy_file_atomic({str(src)!r}, {str(target)!r})"
+        assert _python(code, env={"IDA_KILL_AT": "copy_file.partial"}).returncode == -signal.SIGKILL
+        stale = [p for p in tmp_path.iterdir() if p.name.startswith(".model") and p != live_tmp]
+        assert len(stale) == 1 and stale[0].stat().st_size > 0
+        with atomic_output(target) as f:
+            f.write(b"ours")
+        assert not stale[0].exists() and live_tmp.exists() and target.read_bytes() == b"ours"
+    finally:
+        live.communicate("", timeout=60)
+    assert target.read_bytes() == b"live" and sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "src.bin"]
