@@ -989,3 +989,36 @@ def test_files_the_caller_puts_beside_the_program_are_there(tmp_path: Path) -> N
     assert res.passed, res.stderr_tail
     assert res.stdout_tail.split() == ["payload", "helper-ran"]
     assert not (work / "data" / "y.txt").exists()  # the program's writes stayed in its tmpfs
+
+
+def test_a_socket_mounted_in_from_elsewhere_is_unreachable(
+    clean: str, host_dir: Path, iso: isolation.Isolation
+) -> None:
+    """A socket bind-mounted onto a file (how docker.sock reaches a container), bound under a
+    relative name (so no socket table names its path): the mount table gives it away, it is covered."""
+    needs_namespaces(iso)
+    if os.geteuid() != 0:
+        pytest.skip("needs root to bind-mount a socket on the host")
+    os.chmod(host_dir, 0o777)
+    (host_dir / "t").write_text("")
+    cmd = [sys.executable, "-c", SOCKET_LISTENER, "s"]  # relative: /proc/net/unix lists just "s"
+    listener = subprocess.Popen(cmd, cwd=host_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    mounted = False
+    try:
+        assert listener.stdout is not None and listener.stdout.readline().strip() == "ready"
+        mounted = subprocess.run(["mount", "--bind", str(host_dir / "s"), str(host_dir / "t")]).returncode == 0
+        if not mounted:
+            pytest.skip("cannot bind-mount here")
+        probe = socket.socket(socket.AF_UNIX)
+        probe.connect(str(host_dir / "t"))  # positive control
+        probe.sendall(b"host")
+        probe.close()
+        res = run(f"import socket\nsocket.socket(socket.AF_UNIX).connect({str(host_dir / 't')!r})", clean)
+        time.sleep(0.3)
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(host_dir / "t")], check=False)
+        listener.kill()
+        out, _ = listener.communicate()
+    assert out.splitlines() == ["accepted b'host'"]
+    assert not res.passed and "ConnectionRefusedError" in res.stderr_tail
