@@ -35,7 +35,7 @@ MXFP8 layers need whole blocks), a quantized tensor that is not a projection wei
 non-2-D projection, a plain (non-MXFP8) source, a folded file of an architecture the layout table
 does not know, and an existing ``DST`` without ``overwrite``. The export is written into a
 temporary directory beside ``DST`` and renamed into place only when complete and verified
-(:func:`ida_common.outputs.check_output` and :func:`ida_common.outputs.atomic_directory`, like every
+(:func:`ida_common.files.check_output` and :func:`ida_common.files.atomic_directory`, like every
 ida command that writes a directory).
 """
 
@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from ida_common.outputs import atomic_directory, check_output
+from ida_common.files import atomic_directory, check_output
 from mxfp8_codec.constants import BLOCK_SIZE, WEIGHTS_DTYPE
 from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.layout import CheckpointLayout, is_projection_weight, model_type_of
@@ -225,7 +225,7 @@ def export_compressed_tensors(
     mt = model_type or model_type_of(src_p)
     orientation, layout = _plan(files, mt)
     report = ExportReport(str(src_p), str(dst_p), orientation, "as stored" if orientation == "out_in" else "rceil")
-    # the whole directory appears at once, complete, or not at all (ida_common.outputs)
+    # the whole directory appears at once, complete, or not at all (ida_common.files)
     with atomic_directory(dst_p, overwrite=overwrite) as tmp:
         weight_map: dict[str, str] = {}
         expected: dict[str, tuple[str, str]] = {}  # written name -> (file, sha256)
