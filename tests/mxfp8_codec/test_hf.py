@@ -240,3 +240,32 @@ def test_forward_uses_shared_scratch_but_not_under_autograd(tok, tmp_path):
     x2 = x.detach().clone().requires_grad_(True)
     torch.nn.functional.linear(x2.to(torch.bfloat16), w.clone()).float().sum().backward()
     assert torch.equal(x.grad, x2.grad)
+
+
+def test_without_the_quantizer_transformers_only_warns(tok, tmp_path):
+    """What docs/format.md section 15 says about a transformers without mxfp8_codec.hf, checked on the
+    installed one: 5.x names our method in an "Unknown quantization type" warning and loads the raw
+    E4M3 codes (no safeguard holds there); < 5 refuses the file (no safetensors "format" metadata)."""
+    import subprocess
+    import sys
+
+    model = tiny_model("llama", len(tok))
+    d = _save(model, tok, tmp_path / "c", orientation="out_in")
+    code = (
+        "import sys, transformers\n"
+        "from transformers import AutoModelForCausalLM\n"
+        "assert 'mxfp8_codec.hf' not in sys.modules\n"
+        "try:\n"
+        f"    AutoModelForCausalLM.from_pretrained({str(d)!r})\n"
+        "    print('LOADED', transformers.__version__)\n"
+        "except Exception as e:\n"
+        "    print('REFUSED', transformers.__version__, str(e).splitlines()[0])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        assert "LOADED" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+        assert "Unknown quantization type, got mxfp8_codec" in proc.stdout + proc.stderr
+    else:
+        assert "REFUSED" in proc.stdout and "metadata" in proc.stdout, proc.stdout
