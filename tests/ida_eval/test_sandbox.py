@@ -1022,3 +1022,66 @@ def test_a_socket_mounted_in_from_elsewhere_is_unreachable(
         out, _ = listener.communicate()
     assert out.splitlines() == ["accepted b'host'"]
     assert not res.passed and "ConnectionRefusedError" in res.stderr_tail
+
+
+NON_ROOT_RUNNER = """
+import os, sys, types
+pkg = types.ModuleType("ida_eval")
+pkg.__path__ = [{pkg_dir!r}]
+sys.modules["ida_eval"] = pkg
+from ida_eval import isolation, sandbox as sb
+iso = isolation.probe_isolation()
+limits = sb.SandboxLimits(timeout=20.0, memory_bytes=1 << 30, disk_bytes=4 << 20)
+out = [os.getuid(), iso.level, iso.privilege, "--user" in iso.unshare]
+for src in (
+    "import os\\nfor i in range(3000):\\n    os.mkdir('d')\\n    os.chdir('d')",
+    "open('/tmp/big', 'wb').write(b'x' * (8 << 20))",
+    "import ctypes\\nassert ctypes.CDLL(None, use_errno=True).unshare(0x10000000) == -1",
+    "import os\\nassert os.listdir('/run') == [] and len(os.listdir('/tmp')) == 1",
+):
+    res = sb.run_program(src, limits)
+    out.append((res.passed, res.disk_full))
+out.append([n for n in os.listdir({tmp!r}) if n.startswith("ida-exec-%d-" % os.getpid())])
+print(repr(out))
+"""
+
+
+def test_a_non_root_runner_gets_the_same_sandbox_through_a_user_namespace() -> None:
+    """The unprivileged path (``unshare --user --map-root-user``), run as ``nobody``: the task tmpfs,
+    the disk cap, the seccomp filter, the hidden /run and the recursion-free cleanup all hold."""
+    runuser = shutil.which("runuser")
+    if os.geteuid() != 0 or runuser is None:
+        pytest.skip("needs root and runuser(1) to start a runner as an unprivileged user")
+    python = next((p for p in (sys.executable, "/usr/bin/python3") if _runs_as_nobody(runuser, p)), None)
+    pkg_dir = str(Path(sb.__file__).parent)
+    readable = subprocess.run([runuser, "-u", "nobody", "--", "test", "-r", pkg_dir + "/sandbox.py"]).returncode == 0
+    if python is None or not readable:
+        pytest.skip("no interpreter or checkout that the user nobody can read")
+    tmp = Path(tempfile.mkdtemp(prefix="ida-nobody-"))  # (pytest's tmp_path is not searchable by others)
+    try:
+        os.chown(tmp, 65534, 65534)
+        code = NON_ROOT_RUNNER.format(pkg_dir=pkg_dir, tmp=str(tmp))
+        env = {"PATH": sb.SAFE_PATH, "HOME": str(tmp), "TMPDIR": str(tmp)}
+        r = subprocess.run(
+            [runuser, "-u", "nobody", "--", python, "-c", code], env=env, capture_output=True, text=True, timeout=300
+        )
+    finally:
+        shutil.rmtree(tmp)
+    if r.returncode != 0 and "no sandbox isolation level" in r.stderr:
+        pytest.skip(f"no isolation for an unprivileged user here: {r.stderr[-300:]}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = eval(r.stdout.strip().splitlines()[-1])  # noqa: S307 - our own program's repr
+    if out[1] != "namespaces":
+        pytest.skip(f"user namespaces unavailable to an unprivileged user here ({out[1]})")
+    assert out[:4] == [65534, "namespaces", "capdrop", True]
+    assert out[4] == (False, True)  # 3000 nested dirs exceed the 4 MiB tmpfs' inodes: ENOSPC, not a crash
+    assert out[5] == (False, True) and out[6] == (True, False) and out[7] == (True, False)
+    assert out[8] == []  # no work directory left
+
+
+def _runs_as_nobody(runuser: str, python: str) -> bool:
+    try:
+        r = subprocess.run([runuser, "-u", "nobody", "--", python, "-c", "pass"], capture_output=True, timeout=60)
+        return r.returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
