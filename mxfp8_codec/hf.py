@@ -590,8 +590,8 @@ class MXFP8HfQuantizer(HfQuantizer):
         finally:
             for r in readers.values():
                 r.close()
-        if self.quantization_config.dequantize:
-            model.config.quantization_config = self.quantization_config
+        if self.quantization_config.dequantize:  # a plain bf16 model: save_pretrained writes plain safetensors
+            self.remove_quantization_config(model)
         return model
 
     def _load_projection(self, model: Any, module_name: str, module: MXFP8Linear, r: Any, name: str,
@@ -631,7 +631,7 @@ class MXFP8HfQuantizer(HfQuantizer):
     # ------------------------------------------------------------------ save
 
     def is_serializable(self, *args: Any, **kwargs: Any) -> bool:
-        return not self.quantization_config.dequantize
+        return True
 
     @property
     def is_trainable(self) -> bool:

@@ -108,6 +108,10 @@ def test_from_pretrained_equals_load_model(arch, orientation, folded, tok, ids, 
     deq = _from_pretrained(d, quantization_config=mxhf.MXFP8Config(dequantize=True))
     assert type(deq.model.layers[0].self_attn.q_proj) is torch.nn.Linear
     assert torch.equal(_logits(deq, ids), _logits(ref, ids))
+    if arch == "llama" and orientation == "in_out" and not folded:  # a dequantized model saves as plain bf16
+        deq.save_pretrained(tmp_path / "plain")
+        assert "quantization_config" not in json.loads((tmp_path / "plain" / "config.json").read_text())
+        assert torch.equal(_logits(_from_pretrained(tmp_path / "plain"), ids), _logits(ref, ids))
 
 
 def test_plain_config_needs_mxfp8config(tok, ids, tmp_path):
