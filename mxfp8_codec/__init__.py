@@ -48,10 +48,12 @@ from mxfp8_codec.reader import (
     checkpoint_files,
     iter_mxfp8_safetensors,
     open_mxfp8,
+    read_mxfp8_metadata,
     read_mxfp8_safetensors,
     validate,
 )
 from mxfp8_codec.rename import RenameReport, prefix_mapping, rename_tensors, verify_renamed
+from mxfp8_codec.torch_io import load_file, save_file
 from mxfp8_codec.writer import MXFP8Tensor, write_mxfp8_safetensors, write_safetensors
 
 __all__ = [
@@ -79,13 +81,16 @@ __all__ = [
     "is_norm_weight",
     "is_projection_weight",
     "iter_mxfp8_safetensors",
+    "load_file",
     "model_type_of",
     "norm_adds_one",
     "open_mxfp8",
     "prefix_mapping",
     "read_header",
+    "read_mxfp8_metadata",
     "read_mxfp8_safetensors",
     "rename_tensors",
+    "save_file",
     "scales_shape",
     "validate",
     "verify_renamed",

@@ -21,6 +21,8 @@ import contextlib
 import json
 import mmap
 import os
+import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -39,6 +41,7 @@ from mxfp8_codec.header import (
     read_header,
     read_header_from,
 )
+from mxfp8_codec.layout import file_norm_convention, file_orientation, model_type_of, norm_rule
 from mxfp8_codec.numerics import decode_mxfp8
 from mxfp8_codec.writer import MXFP8Tensor
 
@@ -296,11 +299,66 @@ def iter_mxfp8_safetensors(
             yield name, reader.get(name, framework=framework, dtype=dtype)
 
 
-def read_mxfp8_safetensors(path: str | os.PathLike[str], *, dtype: Any = np.float32) -> dict[str, np.ndarray]:
+def read_mxfp8_metadata(path: str | os.PathLike[str]) -> dict[str, str]:
+    """A file's ``__metadata__`` (orientation, norm convention, scale rule, provenance), from the
+    header alone.
+
+    Example:
+        >>> import numpy as np, tempfile, os
+        >>> from mxfp8_codec import write_mxfp8_safetensors
+        >>> p = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+        >>> write_mxfp8_safetensors(p, {"m.k_proj.weight": np.ones((4, 32), np.float32)})
+        >>> read_mxfp8_metadata(p)["orientation"]
+        'in_out'
+    """
+    return dict(read_header(path).metadata)
+
+
+def _warn_if_recipe_misreads(path: str | os.PathLike[str], metadata: dict[str, str]) -> None:
+    """Warn when the seeds' plain recipe (transpose every projection, load the rest as is) would
+    build a wrong model from this file: an ``out_in`` file or norm weights stored as ``1 + w``."""
+    problems = []
+    if metadata.get("weights_dtype") is not None and file_orientation(metadata) == "out_in":
+        problems.append("orientation=out_in: projections are already in nn.Linear's [out, in] layout (do not transpose)")
+    if file_norm_convention(metadata) == "folded":
+        model_type = model_type_of(path)
+        try:
+            adds_one = norm_rule(model_type).adds_one
+        except MXFP8Error:  # unknown architecture: the recipe may or may not be right
+            adds_one = True
+        if adds_one:
+            who = f"model_type {model_type!r}" if model_type else "an unknown model type"
+            problems.append(f"norm_convention=folded for {who}: norm weights may be stored as 1 + w")
+    if problems:
+        warnings.warn(
+            f"{path}: {'; '.join(problems)}. The returned arrays are as stored; "
+            "mxfp8_codec.load_file(path) returns them in transformers' layout",
+            stacklevel=3,
+        )
+
+
+def read_mxfp8_safetensors(
+    path: str | os.PathLike[str], *, dtype: Any = np.float32, with_metadata: bool = False
+) -> dict[str, np.ndarray] | tuple[dict[str, np.ndarray], dict[str, str]]:
     """Read every tensor of a file into numpy, MXFP8 tensors decoded, floats converted to ``dtype``.
 
     The ``.scale`` companions are consumed, not returned. Integer/bool tensors keep their dtype.
     ``dtype=None`` keeps plain tensors in their stored dtype and decodes MXFP8 to float32.
+    Tensors come back *as stored*: 2-D projections of an ``in_out`` file are ``[in, out]`` (the
+    transpose of ``nn.Linear.weight``). A file whose layout the plain recipe (transpose every
+    projection, load the rest as is) would get wrong -- ``orientation=out_in``, or folded norms of an
+    architecture that adds 1 -- gives a warning naming the file; :func:`mxfp8_codec.load_file`
+    returns torch tensors in transformers' layout for any file.
+
+    Args:
+        path: the file.
+        dtype: float dtype for floating tensors (np / ml_dtypes / torch float32, float16, float64,
+            ``ml_dtypes.bfloat16``). ``torch.bfloat16`` is refused: numpy arrays of bfloat16 are
+            ml_dtypes arrays, which ``torch.from_numpy`` cannot take -- use ``load_file``.
+        with_metadata: also return the file's ``__metadata__``.
+
+    Returns:
+        ``{name: array}``, or ``({name: array}, metadata)`` with ``with_metadata=True``.
 
     Example:
         >>> import numpy as np, tempfile, os
@@ -309,8 +367,22 @@ def read_mxfp8_safetensors(path: str | os.PathLike[str], *, dtype: Any = np.floa
         >>> write_mxfp8_safetensors(p, {"m.k_proj.weight": np.full((4, 32), 0.5, np.float32)})
         >>> read_mxfp8_safetensors(p)["m.k_proj.weight"].dtype
         dtype('float32')
+        >>> tensors, meta = read_mxfp8_safetensors(p, with_metadata=True)
+        >>> meta["orientation"], tensors["m.k_proj.weight"].shape  # [in, out]: transpose for nn.Linear
+        ('in_out', (4, 32))
     """
-    return dict(iter_mxfp8_safetensors(path, framework="np", dtype=dtype))
+    torch = sys.modules.get("torch")
+    if torch is not None and dtype is torch.bfloat16:
+        raise MXFP8Error(
+            f"{path}: read_mxfp8_safetensors returns numpy arrays, and torch.from_numpy cannot take numpy "
+            "bfloat16; for torch bfloat16 tensors use mxfp8_codec.load_file(path, dtype=torch.bfloat16), "
+            "or pass dtype=np.float32 here"
+        )
+    with open_mxfp8(path) as reader:
+        metadata = dict(reader.metadata)
+        _warn_if_recipe_misreads(path, metadata)
+        tensors = {name: reader.get(name, framework="np", dtype=dtype) for name in reader.keys()}
+    return (tensors, metadata) if with_metadata else tensors
 
 
 def validate(path: str | os.PathLike[str], *, require_mxfp8: bool = True, check_values: bool = False) -> Header:

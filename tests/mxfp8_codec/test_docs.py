@@ -128,12 +128,12 @@ def test_format_md_python_examples_run(tmp_path: Path, monkeypatch: pytest.Monke
 def test_readme_codec_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if not README.is_file():
         pytest.skip("no README.md")
-    _run_python_blocks(README.read_text(), README, tmp_path, monkeypatch)
+    assert _run_python_blocks(README.read_text(), README, tmp_path, monkeypatch) >= 1, "README has no python example"
 
 
 @pytest.mark.parametrize(
     "module", ["mxfp8_codec", "mxfp8_codec.header", "mxfp8_codec.reader", "mxfp8_codec.writer", "mxfp8_codec.rename", "mxfp8_codec.cli",
-     "mxfp8_codec.layout"]
+     "mxfp8_codec.layout", "mxfp8_codec.torch_io"]
 )
 def test_docstring_examples(module: str) -> None:
     import importlib
