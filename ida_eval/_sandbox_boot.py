@@ -70,6 +70,7 @@ ARGS = (
     "fresh",
     "sockets",
     "disk_bytes",
+    "job",  # "" for a Python program; else a ProgramJob's JSON spec (see run_job)
 )
 LIST_SEP = "\n"  # separates the paths of the hide/keep/fresh/sockets lists (a path with a newline is skipped)
 _OPTION_FLAGS = {
@@ -398,6 +399,67 @@ def _disk_full(cfg):
     return st.f_bavail == 0 or st.f_favail == 0
 
 
+def run_job(cfg, nonce):
+    """A ProgramJob (another language): compile, report, then exec the run command, never returning.
+
+    The compile command runs in its own session with stdout + stderr to the job's log; past its
+    ``compile_timeout`` its process group is killed (anything that escaped it dies with the PID
+    namespace). ``compiled <wait status> <1 if it counts as compiled else 0>;`` or ``compile-timeout;`` goes to the
+    status pipe. A
+    successful compile is followed by ``exec`` of the run command with the nonce waiting in a pipe
+    on stdin (the test driver copies it to stdout after its last check).
+    """
+    import json
+    import signal
+    import subprocess
+
+    job = json.loads(cfg["job"])
+    status_fd = cfg["status_fd"]
+    os.close(cfg["sentinel_fd"])
+    if job["compile"]:
+        try:
+            with open(job["log"], "wb") as log:
+                proc = subprocess.Popen(
+                    job["compile"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
+        except OSError as exc:  # the compiler is not there (or not executable): an ordinary failure
+            os.write(2, ("cannot run %s: %s\n" % (job["compile"][0], exc.strerror)).encode())
+            os.write(status_fd, b"compiled %d 0;" % (127 << 8))
+            os._exit(127)
+        try:
+            proc.wait(timeout=job["compile_timeout"])
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            os.write(status_fd, b"compile-timeout;")
+            os._exit(124)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # a compiler daemon left behind in its session
+        except OSError:
+            pass
+        status = proc.returncode
+        raw = (status & 0xFF) << 8 if status >= 0 else -status  # back to a raw wait status
+        ok = status in job["compile_ok"] and (
+            not job["compile_output_file"] or os.path.isfile(job["compile_output_file"])
+        )
+        os.write(status_fd, b"compiled %d %d;" % (raw, ok))
+        if not ok:  # the compiler's first lines go to stderr (the work dir is private to the sandbox)
+            with open(job["log"], "rb") as log:
+                os.write(2, log.read(job["compile_output_bytes"]))
+            os._exit(status if status > 0 else 1)
+    os.close(status_fd)
+    r, w = os.pipe()
+    os.write(w, nonce)
+    os.close(w)
+    os.dup2(r, 0)
+    os.close(r)
+    try:
+        os.execvp(job["run"][0], job["run"])
+    except OSError as exc:
+        os.write(2, ("cannot run %s: %s\n" % (job["run"][0], exc.strerror)).encode())
+        os._exit(127)
+
+
 def _setup_failed(status_fd, exc):
     os.write(status_fd, f"setup-error {exc!r}".encode())
     os._exit(SETUP_FAILED_EXIT)
@@ -433,6 +495,8 @@ def main():
     os.close(cfg["lifeline_fd"])
     try:
         nonce = enter_program_context(cfg)
+        if cfg["job"]:
+            run_job(cfg, nonce)
         with open(cfg["program"], "rb") as f:
             source = f.read()
     except BaseException as exc:  # noqa: BLE001

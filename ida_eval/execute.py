@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import queue
@@ -44,9 +45,11 @@ from tqdm import tqdm
 from ida_common.cli import ArgumentParser, CannotRunHere, Run, run_main
 from ida_eval.isolation import ISOLATION_LEVELS, isolation_description, probe_isolation
 from ida_common.jsonl import iter_jsonl, repair_torn_tail
+from ida_eval.languages import LANGUAGES, Language, LanguageError, assemble, environment, language_of, missing_tools
 from ida_eval.problems import ProblemsError, find_problems_file, load_problems
 from ida_eval.sandbox import (
     MiB,
+    ProgramJob,
     SandboxError,
     SandboxLimits,
     SandboxResult,
@@ -55,6 +58,9 @@ from ida_eval.sandbox import (
 )
 from ida_common.files import atomic_output
 from ida_eval.failures import (
+    BAD_INPUT,
+    COMPILE_ERROR,
+    COMPILE_TIMEOUT,
     EARLY_EXIT,
     EXIT_STATUS,
     KILLED,
@@ -62,7 +68,10 @@ from ida_eval.failures import (
     OTHER,
     OUTPUT_LIMIT,
     PASSED,
+    RUNTIME_ERROR,
     TIMEOUT,
+    TOOLCHAIN_MISSING,
+    WRONG_ANSWER,
 )
 
 __all__ = [
@@ -85,6 +94,21 @@ DEFAULT_TIMEOUT_S = 30.0  # MBPP/123 takes up to 18 s on two busy cores
 REASON_CHARS = 300  # longest "failed: <reason>" text kept
 MAX_LISTED_TASKS = 20  # task ids listed in a summary (the rest are only counted)
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
+COMPILE_TIMED_OUT = "timed out (compile)"  # result text of a compile step past its limit
+TOOLCHAIN_MISSING_TEXT = "toolchain missing"  # result text prefix: the language's tools are not installed here
+# "failed: <text>: ..." reasons of other languages' records and their result kinds
+_LANGUAGE_REASONS = (
+    ("compile error", COMPILE_ERROR),
+    ("wrong answer", WRONG_ANSWER),
+    ("runtime error", RUNTIME_ERROR),
+    ("bad input", BAD_INPUT),
+)
+COMPILE_ERROR_LINES = 5  # compiler output lines kept in a "compile error" result
+# the messages MBXP / HumanEval tests raise on a wrong value, in every language ("Exception -- test
+# case 2 did not pass", "Error at 3th assert statement", JavaScript's failing message builder, whose
+# JSON.stringify(x) of an undefined x throws "x is not defined")
+_ERROR_LINE = re.compile(r"Error\b|Exception\b|^panic:|error:|Uncaught|terminate called|^what\(\)|Fatal")  # a crash's message
+_TEST_FAILURE = re.compile(r"test case \d+|\d+th assert statement|\bx is not defined|Error at test case|assertion failed")
 
 
 class ResultsFileError(ValueError):
@@ -134,8 +158,16 @@ class ExecutionConfig:
     hash_seed: int | None = _SANDBOX_DEFAULTS.hash_seed
     site_packages: bool = _SANDBOX_DEFAULTS.site_packages
     tmp_root: str | None = None
+    compile_timeouts: tuple[tuple[str, float], ...] = ()
+    run_timeouts: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
+        for what, pairs in (("compile_timeouts", self.compile_timeouts), ("run_timeouts", self.run_timeouts)):
+            for lang, seconds in pairs:
+                if lang != "all" and lang not in LANGUAGES:
+                    raise ValueError(f"{what}: unknown language {lang!r} (known: all, {', '.join(LANGUAGES)})")
+                if not (isinstance(seconds, (int, float)) and seconds > 0):
+                    raise ValueError(f"{what}: {lang} must be > 0 seconds, got {seconds!r}")
         if not isinstance(self.workers, int) or isinstance(self.workers, bool) or not 1 <= self.workers <= 256:
             raise ValueError(f"workers must be an int in [1, 256], got {self.workers!r}")
         if self.isolation != "auto" and self.isolation not in ISOLATION_LEVELS:
@@ -145,8 +177,35 @@ class ExecutionConfig:
         self.limits()  # validates the resource limits
 
     def limits(self) -> SandboxLimits:
-        """The per-program :class:`~ida_eval.sandbox.SandboxLimits` of this config."""
+        """The per-program :class:`~ida_eval.sandbox.SandboxLimits` of this config (Python)."""
         return SandboxLimits(**{f.name: getattr(self, f.name) for f in dataclasses.fields(SandboxLimits)})
+
+    def compile_timeout(self, lang: Language) -> float:
+        """Compile seconds for ``lang``: its ``compile_timeouts`` entry, else ``all``'s, else its default."""
+        given = dict(self.compile_timeouts)
+        return float(given.get(lang.name, given.get("all", lang.compile_timeout)))
+
+    def run_timeout(self, lang: Language) -> float:
+        """Run seconds for ``lang``: its ``run_timeouts`` entry, else ``all``'s, else its default
+        (Python: ``timeout``)."""
+        given = dict(self.run_timeouts)
+        default = self.timeout if lang.name == "python" else lang.run_timeout
+        return float(given.get(lang.name, given.get("all", default)))
+
+    def language_limits(self, lang: Language) -> SandboxLimits:
+        """The limits of one ``lang`` program: this config's, with the language's run timeout and
+        its needs where they exceed the config's (a JVM or ``go build`` runs dozens of threads)."""
+        return dataclasses.replace(
+            self.limits(),
+            timeout=self.run_timeout(lang),
+            max_processes=max(self.max_processes, lang.max_processes),
+            memory_bytes=(
+                max(self.memory_bytes, lang.memory_bytes)
+                if self.memory_bytes == _SANDBOX_DEFAULTS.memory_bytes
+                else self.memory_bytes  # a limit the user chose applies to every language
+            ),
+            open_files=max(self.open_files, 1024),
+        )
 
 
 def isolation_in_force(isolation: str = "auto") -> str:
@@ -203,15 +262,57 @@ def _verdict(res: SandboxResult, max_output: int) -> tuple[bool, str, str | None
     return False, "failed: " + reason[:REASON_CHARS], exc_name
 
 
+def _job_verdict(lang: Language, res: SandboxResult, max_output: int) -> tuple[bool, str, str | None]:
+    """(passed, result text, None) of a :class:`~ida_eval.sandbox.ProgramJob` run (another language)."""
+    if res.compile_timed_out:
+        return False, COMPILE_TIMED_OUT, None
+    if lang.compiled and res.compile_ok is False:
+        head = "\n".join(res.compile_output.strip().splitlines()[:COMPILE_ERROR_LINES])
+        status = f"exit status {res.compile_status}" if res.compile_status is not None else "no status"
+        return False, ("failed: compile error: " + (head or status))[:REASON_CHARS], None
+    if res.timed_out:
+        return False, MXEVAL_TIMED_OUT, None
+    if res.output_exceeded:
+        return False, f"failed: output limit exceeded (over {max_output} bytes)", None
+    if res.passed:
+        return True, "passed", None
+    lines = [ln.strip() for ln in res.stderr_tail.splitlines() if ln.strip()]
+    failed_check = next((ln for ln in lines if _TEST_FAILURE.search(ln)), None)
+    if res.exit_status == 0:
+        return False, "failed: exited with status 0 before the test driver finished", None
+    if res.exit_status is not None and res.exit_status < 0:
+        try:
+            sig = signal.Signals(-res.exit_status).name
+        except ValueError:
+            sig = f"signal {-res.exit_status}"
+        status = f"killed by {sig}" + (" (out of memory: cgroup limit)" if res.oom_killed else "")
+    else:
+        status = f"exit status {res.exit_status}"
+    if failed_check is not None:
+        return False, f"failed: wrong answer: {failed_check}"[:REASON_CHARS], None
+    error = next((ln for ln in lines if _ERROR_LINE.search(ln)), lines[-1] if lines else "")
+    return False, (f"failed: runtime error: {status}" + (f": {error}" if error else ""))[:REASON_CHARS], None
+
+
 def result_class(result: str) -> str:
     """Result kind of an mxeval result text, for counting (:data:`ida_eval.failures.RESULT_KINDS`):
     ``"passed"``, ``"timeout"``, the exception type name (``"AssertionError"``), or
-    ``"early_exit"``, ``"killed"``, ``"output_limit"``, ``"exit_status"``, ``"other"``."""
+    ``"early_exit"``, ``"killed"``, ``"output_limit"``, ``"exit_status"``, ``"other"``; for other
+    languages also ``"compile_error"``, ``"compile_timeout"``, ``"wrong_answer"`` (a test check
+    failed), ``"runtime_error"``, ``"toolchain_missing"`` (not a model failure: see
+    :func:`summarize`) and ``"bad_input"`` (unknown language, no test, a test the driver cannot wrap)."""
     if result == PASSED:
         return PASSED
     if result == MXEVAL_TIMED_OUT:
         return TIMEOUT
+    if result == COMPILE_TIMED_OUT:
+        return COMPILE_TIMEOUT
+    if result.startswith(TOOLCHAIN_MISSING_TEXT):
+        return TOOLCHAIN_MISSING
     reason = result.removeprefix("failed: ")
+    for text, kind in _LANGUAGE_REASONS:
+        if reason.startswith(text + ":"):
+            return kind
     if reason.startswith("output limit"):
         return OUTPUT_LIMIT
     if reason.startswith("killed by"):
@@ -291,12 +392,36 @@ def _run_one(
     slots: queue.SimpleQueue[int],
     cancel: threading.Event,
 ) -> dict[str, Any]:
+    record = dict(sample)
+    try:
+        lang = LANGUAGES[language_of(sample, problem)]
+        if not isinstance(problem.get("test"), str):
+            raise LanguageError(f"task {sample['task_id']} has no test")
+        job = None
+        if lang.name != "python":
+            missing = _missing_tools(lang)
+            if missing:
+                record.update(_not_run(lang.name, f"{TOOLCHAIN_MISSING_TEXT}: {', '.join(missing)} not found ({lang.name})"))
+                return record
+            job = ProgramJob(
+                files=assemble(lang, problem, sample["completion"]),
+                run=lang.run,
+                compile=lang.compile,
+                compile_timeout=config.compile_timeout(lang) if lang.compiled else 0.0,
+                compile_ok=lang.compile_ok,
+                compile_output_file=lang.compile_output_file,
+                env=environment(lang),
+            )
+    except LanguageError as e:
+        record.update(_not_run(str(sample.get("language") or problem.get("language") or "unknown"), f"failed: bad input: {e}"))
+        return record
+    record["language"] = lang.name
     slot = slots.get()
     try:
         iso = probe_isolation(config.isolation)
         res = run_program(
-            build_program(problem, sample["completion"]),
-            config.limits(),
+            build_program(problem, sample["completion"]) if job is None else job,
+            config.limits() if job is None else config.language_limits(lang),
             isolation=iso,
             slot=slot,
             tmp_root=config.tmp_root,
@@ -304,8 +429,10 @@ def _run_one(
         )
     finally:
         slots.put(slot)
-    passed, result, exc = _verdict(res, config.max_output_bytes)
-    record = dict(sample)
+    if job is None:
+        passed, result, exc = _verdict(res, config.max_output_bytes)
+    else:
+        passed, result, exc = _job_verdict(lang, res, config.max_output_bytes)
     record.update(
         passed=passed,
         result=result,
@@ -316,7 +443,29 @@ def _run_one(
         output_bytes=res.output_bytes,
         isolation=iso.level,
     )
+    if job is not None and lang.compiled:
+        record.update(compile_status=res.compile_status, compile_time=round(res.compile_s * 1000.0, 1))
     return record
+
+
+def _not_run(language: str, result: str) -> dict[str, Any]:
+    """The result fields of a sample that was not run (no toolchain, bad input)."""
+    return {
+        "language": language,
+        "passed": False,
+        "result": result,
+        "exit_status": None,
+        "exception": None,
+        "time_elapsed": None,
+        "stderr_tail": "",
+        "output_bytes": 0,
+        "isolation": None,
+    }
+
+
+@functools.cache
+def _missing_tools(lang: Language) -> tuple[str, ...]:
+    return tuple(missing_tools(lang))
 
 
 def execute_samples(
@@ -358,13 +507,13 @@ def execute_samples(
     if canonical:
         if samples:
             raise ValueError("pass either samples or canonical=True, not both")
-        samples = []
-        for tid, p in problems.items():
-            if not isinstance(p.get("canonical_solution"), str):
-                raise ProblemsError(f"task {tid}: no canonical_solution to execute")
-            samples.append(
-                {"task_id": tid, "completion": p["canonical_solution"], "language": p.get("language", "python")}
-            )
+        samples = [
+            {"task_id": tid, "completion": p["canonical_solution"], **({"language": p["language"]} if p.get("language") else {})}
+            for tid, p in problems.items()
+            if isinstance(p.get("canonical_solution"), str)
+        ]
+        if not samples:
+            raise ProblemsError("no problem has a canonical_solution to execute (samples-only file)")
     if samples is None:
         raise ValueError("samples is required unless canonical=True")
 

@@ -20,6 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "BAD_INPUT",
+    "COMPILE_ERROR",
+    "COMPILE_TIMEOUT",
     "DEGENERATE",
     "EARLY_EXIT",
     "EXIT_STATUS",
@@ -36,6 +39,7 @@ __all__ = [
     "RUNTIME_ERROR",
     "SYNTAX_ERROR",
     "TIMEOUT",
+    "TOOLCHAIN_MISSING",
     "WRONG_ANSWER",
 ]
 
@@ -56,6 +60,7 @@ TIMEOUT = "timeout"
 SYNTAX_ERROR = "syntax_error"
 WRONG_ANSWER = "wrong_answer"
 RUNTIME_ERROR = "runtime_error"
+TOOLCHAIN_MISSING = "toolchain_missing"
 
 FAILURE_TABLE: tuple[FailureKind, ...] = (
     FailureKind(DEGENERATE, "the completion (or raw generation) shows repetition collapse"),
@@ -63,6 +68,7 @@ FAILURE_TABLE: tuple[FailureKind, ...] = (
     FailureKind(SYNTAX_ERROR, "prompt + completion does not parse (SyntaxError, IndentationError, TabError)"),
     FailureKind(WRONG_ANSWER, "the program ran and a test assertion failed"),
     FailureKind(RUNTIME_ERROR, "anything else: another exception, an early exit, a kill"),
+    FailureKind(TOOLCHAIN_MISSING, "not run: the language's toolchain is not installed (not a model failure)"),
 )
 FAILURE_CLASSES: tuple[str, ...] = tuple(k.name for k in FAILURE_TABLE)
 """Every failed task gets exactly one of these (in this precedence order)."""
@@ -72,6 +78,9 @@ KILLED = "killed"
 EARLY_EXIT = "early_exit"
 EXIT_STATUS = "exit_status"
 OTHER = "other"
+COMPILE_ERROR = "compile_error"
+COMPILE_TIMEOUT = "compile_timeout"
+BAD_INPUT = "bad_input"
 
 RESULT_KIND_TABLE: tuple[FailureKind, ...] = (
     FailureKind(PASSED, "check() returned"),
@@ -81,6 +90,13 @@ RESULT_KIND_TABLE: tuple[FailureKind, ...] = (
     FailureKind(EARLY_EXIT, "the program exited with status 0 before check() returned"),
     FailureKind(EXIT_STATUS, "the program exited non-zero without a traceback"),
     FailureKind(OTHER, "a failure text none of the rules recognise"),
+    # other MBXP languages (ida_eval.languages)
+    FailureKind(COMPILE_ERROR, "the compiler rejected the program (result text 'failed: compile error: ...')"),
+    FailureKind(COMPILE_TIMEOUT, "the compile step ran past its limit (result text 'timed out (compile)')"),
+    FailureKind(WRONG_ANSWER, "a test check failed (result text 'failed: wrong answer: ...')"),
+    FailureKind(RUNTIME_ERROR, "any other non-zero exit or signal (result text 'failed: runtime error: ...')"),
+    FailureKind(TOOLCHAIN_MISSING, "not run: the language's tools are not installed (result text 'toolchain missing: ...')"),
+    FailureKind(BAD_INPUT, "not run: unknown language, no test, a test the driver cannot wrap ('failed: bad input: ...')"),
 )
 RESULT_KINDS: tuple[str, ...] = tuple(k.name for k in RESULT_KIND_TABLE)
 """Executor result kinds besides exception type names."""

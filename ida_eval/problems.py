@@ -1,8 +1,11 @@
 """Read and validate an mxeval problems file (MBXP / multilingual HumanEval JSONL).
 
 Each line is one JSON object. The executor needs ``task_id``, ``prompt``, ``test`` and
-``entry_point`` (strings; ``entry_point`` a Python identifier); ``canonical_solution``,
-``language`` and ``description`` are kept when present. The program executed for a completion is
+``entry_point`` (strings; ``entry_point`` an identifier); ``canonical_solution``,
+``language`` and ``description`` are kept when present (``canonical_solution`` may be null: the
+go, perl, scala and swift MBXP files ship samples only; a missing or null ``test`` is loaded and
+its samples get a "bad input" result). The language of a task is its ``language`` field, else its
+task-id prefix (:func:`ida_eval.languages.language_of`). The program executed for a completion is
 ``prompt + completion + "\\n" + test + "\\n" + f"check({entry_point})"`` (mxeval's rule), so the
 texts are kept byte-for-byte: no stripping, tabs intact.
 
@@ -22,8 +25,10 @@ from ida_common.jsonl import iter_jsonl
 
 MBXP_PYTHON_FILE = "mbpp_release_v1.jsonl"  # MBXP Python problems (974 tasks) in mxeval's data/mbxp/
 MXEVAL_URL = "https://github.com/amazon-science/mxeval"  # upstream of the data (CC BY 4.0)
-REQUIRED_KEYS = ("task_id", "prompt", "test", "entry_point")  # what building a program needs
-OPTIONAL_STR_KEYS = ("canonical_solution", "language", "description")  # type-checked when present
+REQUIRED_KEYS = ("task_id", "prompt", "entry_point")  # what building a program needs (and a test)
+OPTIONAL_STR_KEYS = ("canonical_solution", "language", "description", "test")  # string or null when present
+# ``test`` missing or null: loaded, and every sample of that task gets a "bad input" result (the run
+# goes on); ``canonical_solution`` null: samples only (the go, perl, scala and swift MBXP files)
 
 
 class ProblemsError(ValueError):
@@ -45,8 +50,8 @@ def _check_problem(obj: Any, where: str) -> dict[str, Any]:
         if not isinstance(obj[key], str):
             raise ProblemsError(f"{where}: {key!r} must be a string, got {type(obj[key]).__name__}")
     for key in OPTIONAL_STR_KEYS:
-        if key in obj and not isinstance(obj[key], str):
-            raise ProblemsError(f"{where}: {key!r} must be a string, got {type(obj[key]).__name__}")
+        if obj.get(key) is not None and not isinstance(obj[key], str):
+            raise ProblemsError(f"{where}: {key!r} must be a string or null, got {type(obj[key]).__name__}")
     if not obj["task_id"]:
         raise ProblemsError(f"{where}: empty task_id")
     if not obj["entry_point"].isidentifier():

@@ -53,11 +53,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import secrets
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -83,6 +85,8 @@ SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"  # the only PATH a sandboxed program 
 WORK_PREFIX = "ida-exec-"  # work dirs are <tmp>/ida-exec-<runner pid>-<random>/w
 SUPERVISOR_GRACE_S = 5.0  # PID 1 kills the run by itself this long after the timeout (if we did not)
 KILL_GRACE_S = 0.5  # after the program's main process exits, wait this long for pipes to close
+COMPILE_LOG = "ida-compile.log"  # a ProgramJob's compiler output, in its work directory
+COMPILE_OUTPUT_BYTES = 2 * KiB  # bytes of it kept in SandboxResult.compile_output
 
 
 class SandboxError(RuntimeError):
@@ -159,10 +163,63 @@ class SandboxResult:
     elapsed_s: float
     oom_killed: bool = False  # the tree's cgroup memory limit was hit and the kernel killed a process
     disk_full: bool = False  # the program filled its disk cap (``disk_bytes``; namespaces only)
+    # a ProgramJob's compile step (None / False / "" / 0.0 when there was none or it did not end)
+    compile_status: int | None = None  # the compiler's exit code (negative: killed by that signal)
+    compile_ok: bool | None = None  # the status is one of the job's compile_ok (and its output exists)
+    compile_timed_out: bool = False
+    compile_output: str = ""  # the first bytes of the compiler's stdout + stderr
+    compile_s: float = 0.0
 
     @property
     def passed(self) -> bool:
         return self.finished and self.exit_status == 0 and not self.timed_out and not self.output_exceeded
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramJob:
+    """A program in another language than Python: files, an optional compile step, a run command.
+
+    The files are written into the work directory, the compile command (if any) runs there with its
+    own wall-clock limit (``compile_timeout``; the run's ``limits.timeout`` starts when it is done),
+    output to a log; a compile exit status outside ``compile_ok`` ends the job, and the log's first
+    ``COMPILE_OUTPUT_BYTES`` come back on stderr and as ``compile_output``. The run command then replaces the bootstrap's
+    child (same rlimits, uid, namespaces) with the nonce on its stdin: the job's test driver proves it
+    ran to its end by copying stdin to stdout as its last act, so ``finished`` means the nonce
+    arrived on stdout. Commands are argv lists resolved through the sandbox's ``PATH``; ``{work}``
+    in ``env`` values is replaced by the work directory. Per-language rules live in
+    :mod:`ida_eval.languages`.
+    """
+
+    files: tuple[tuple[str, str], ...]  # (file name, text) written into the work dir
+    run: tuple[str, ...]
+    compile: tuple[str, ...] | None = None
+    compile_timeout: float = 0.0
+    compile_ok: tuple[int, ...] = (0,)
+    compile_output_file: str | None = None  # the compile step must have produced this file
+    env: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.run:
+            raise ValueError("a ProgramJob needs a run command")
+        for name, _ in self.files:
+            if not name or "/" in name or name.startswith(".") or name == COMPILE_LOG:
+                raise ValueError(f"ProgramJob file name {name!r} must be a plain name")
+        if self.compile is not None and not self.compile_timeout > 0:
+            raise ValueError(f"compile_timeout must be > 0 seconds, got {self.compile_timeout!r}")
+
+    def spec(self) -> str:
+        """The job as the bootstrap reads it (JSON, one argv string)."""
+        return json.dumps(
+            {
+                "compile": list(self.compile) if self.compile else None,
+                "compile_timeout": self.compile_timeout,
+                "compile_ok": list(self.compile_ok),
+                "compile_output_file": self.compile_output_file,
+                "compile_output_bytes": COMPILE_OUTPUT_BYTES,
+                "run": list(self.run),
+                "log": COMPILE_LOG,
+            }
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,8 +245,11 @@ def _interpreter_args(limits: SandboxLimits) -> list[str]:
     return [sys.executable, *flags]
 
 
-def _environment(workdir: str, limits: SandboxLimits) -> dict[str, str]:
+def _environment(workdir: str, limits: SandboxLimits, job: ProgramJob | None = None) -> dict[str, str]:
     env = {"PATH": SAFE_PATH, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
+    if job is not None:
+        env.update((k, v.replace("{work}", workdir)) for k, v in job.env)
+        return env
     if limits.hash_seed is not None:
         env["PYTHONHASHSEED"] = str(limits.hash_seed)
         env["PYTHONIOENCODING"] = "utf-8"
@@ -197,8 +257,10 @@ def _environment(workdir: str, limits: SandboxLimits) -> dict[str, str]:
     return env
 
 
-def _rlimits(limits: SandboxLimits) -> list[tuple[str, int, int]]:
+def _rlimits(limits: SandboxLimits, job: ProgramJob | None = None) -> list[tuple[str, int, int]]:
     cpu = int(limits.timeout) + 1
+    if job is not None:  # compilers and VMs run several busy threads: CPU seconds outrun the wall clock
+        cpu = int((limits.timeout + job.compile_timeout) * max(2, os.cpu_count() or 1)) + 1
     return [
         ("RLIMIT_AS", limits.memory_bytes, limits.memory_bytes),
         ("RLIMIT_NPROC", limits.max_processes, limits.max_processes),
@@ -312,7 +374,7 @@ def _remove_work_dir(root: str) -> None:
 
 
 def run_program(
-    source: str,
+    source: str | ProgramJob,
     limits: SandboxLimits = SandboxLimits(),
     *,
     isolation: Isolation | None = None,
@@ -320,10 +382,11 @@ def run_program(
     tmp_root: str | None = None,
     cancel: threading.Event | None = None,
 ) -> SandboxResult:
-    """Run one Python program in a fresh sandboxed interpreter.
+    """Run one Python program in a fresh sandboxed interpreter (or a :class:`ProgramJob`).
 
     Args:
-        source: the program text (written to ``prog.py`` in a new temporary directory).
+        source: the program text (written to ``prog.py`` in a new temporary directory), or a
+            :class:`ProgramJob` (its files written there, compiled and run by its commands).
         limits: resource limits.
         isolation: how to isolate (default: :func:`probe_isolation`).
         slot: worker slot (0 .. 255); concurrent runs must use distinct slots (it picks the uid).
@@ -357,17 +420,23 @@ def run_program(
         os.chmod(root, 0o711)
         workdir = os.path.join(root, "w")
         os.mkdir(workdir, 0o700)
-        program = os.path.join(workdir, "prog.py")
-        with open(program, "w", encoding="utf-8", errors="surrogatepass") as f:
-            f.write(source)  # lone surrogates stay invalid UTF-8: the program then fails to compile
+        job = source if isinstance(source, ProgramJob) else None
+        files = job.files if job is not None else (("prog.py", source),)
+        for name, text in files:
+            path = os.path.join(workdir, name)
+            with open(path, "w", encoding="utf-8", errors="surrogatepass") as f:
+                f.write(text)  # lone surrogates stay invalid UTF-8: the program then fails to compile
+            if uid is not None:
+                os.chown(path, uid, gid)
+        program = os.path.join(workdir, files[0][0])
         if uid is not None:
             os.chown(workdir, uid, gid)
-            os.chown(program, uid, gid)
         groups = SandboxCgroups.create(limits.max_processes, limits.memory_bytes, slot)
         try:
-            return _spawn_and_wait(program, workdir, limits, iso, uid, gid, groups, cancel)
+            res = _spawn_and_wait(program, workdir, limits, iso, uid, gid, groups, cancel, job)
         finally:
             groups.remove()
+        return res
     finally:
         _remove_work_dir(root)
 
@@ -499,6 +568,7 @@ def _spawn_and_wait(
     gid: int | None,
     groups: SandboxCgroups,
     cancel: threading.Event | None,
+    job: ProgramJob | None = None,
 ) -> SandboxResult:
     hidden, kept, fresh = _hidden_paths(workdir) if iso.uses_namespaces else ([], [], [])
     sockets = _host_sockets(hidden + fresh) if iso.uses_namespaces else []
@@ -512,17 +582,18 @@ def _spawn_and_wait(
         "privilege": iso.privilege,
         "uid": uid,
         "gid": gid,
-        "rlimits": ",".join(f"{n}:{a}:{b}" for n, a, b in _rlimits(limits)),
+        "rlimits": ",".join(f"{n}:{a}:{b}" for n, a, b in _rlimits(limits, job)),
         "status_fd": stat_w,
         "sentinel_fd": sent_w,
         "cgroups": ":".join(groups.paths),
         "hide": _path_list(hidden),
         "keep": _path_list(kept),
         "lifeline_fd": life_r,
-        "deadline_s": limits.timeout + SUPERVISOR_GRACE_S,
+        "deadline_s": limits.timeout + (job.compile_timeout if job else 0.0) + SUPERVISOR_GRACE_S,
         "fresh": _path_list(fresh),
         "sockets": _path_list(sockets),
         "disk_bytes": limits.disk_bytes,
+        "job": job.spec() if job is not None else "",
     }
     args = [str(cfg[k]) if cfg[k] is not None else "" for k in _BOOT_ARGS]
     cmd: Sequence[str] = [*iso.unshare, *_interpreter_args(limits), BOOT_SCRIPT, *args]
@@ -535,7 +606,7 @@ def _spawn_and_wait(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             pass_fds=(sent_w, stat_w, life_r),
-            env=_environment(workdir, limits),
+            env=_environment(workdir, limits, job),
             cwd=workdir,
             start_new_session=True,
         )
@@ -560,7 +631,12 @@ def _spawn_and_wait(
     sel.register(proc.stderr.fileno(), selectors.EVENT_READ)
     sel.register(sent_r, selectors.EVENT_READ)
     sel.register(stat_r, selectors.EVENT_READ)
-    deadline = start + limits.timeout
+    deadline = start + limits.timeout + (job.compile_timeout if job is not None else 0.0)
+    compiling = job is not None and job.compile is not None
+    compile_status: int | None = None
+    compile_ok: bool | None = None
+    compile_timed_out = False
+    compile_s = 0.0
     timed_out = exceeded = cancelled = False
     exited_at: float | None = None
     try:
@@ -589,6 +665,17 @@ def _spawn_and_wait(
                     sentinel += data[:64]
                 else:
                     status += data[:256]
+            if compiling and b";" in status:  # the bootstrap's "compiled <status> <ms>;": the run clock starts
+                compiling = False
+                word, _, rest = bytes(status).partition(b";")[0].partition(b" ")
+                compile_s = time.monotonic() - start
+                if word == b"compiled":
+                    raw, _, ok = rest.partition(b" ")
+                    compile_status = os.waitstatus_to_exitcode(int(raw))
+                    compile_ok = ok == b"1"
+                    deadline = time.monotonic() + limits.timeout
+                else:
+                    compile_timed_out = word == b"compile-timeout"
             if out.total + err.total > limits.max_output_bytes:
                 exceeded = True
                 break
@@ -606,7 +693,9 @@ def _spawn_and_wait(
     elapsed = time.monotonic() - start
     if cancelled:
         raise Cancelled(f"cancelled after {elapsed:.1f} s")
-    text = status.decode("ascii", errors="replace")
+    text = status.decode("ascii", errors="replace").rpartition(";")[2]  # the compile report comes first
+    if timed_out and compiling:
+        compile_timed_out, compile_s = True, elapsed
     if text.startswith("setup-error"):
         raise SandboxError(f"sandbox setup failed ({iso.description}): {text[12:]}; stderr: {err.text()[-500:]}")
     exit_status: int | None
@@ -616,8 +705,13 @@ def _spawn_and_wait(
         exit_status = None
     else:
         exit_status = proc.returncode
+    if job is not None:  # the driver copied its stdin (the nonce) to stdout as its last act
+        finished = nonce.decode() in out.text()
+    else:
+        finished = bytes(sentinel) == nonce
+    compile_output = err.text() if compile_ok is False else ""  # nothing else wrote to stderr then
     return SandboxResult(
-        finished=bytes(sentinel) == nonce,
+        finished=finished,
         exit_status=exit_status,
         timed_out=timed_out,
         output_exceeded=exceeded,
@@ -627,6 +721,11 @@ def _spawn_and_wait(
         elapsed_s=elapsed,
         oom_killed=groups.oom_killed(),
         disk_full=text.endswith(" disk-full"),
+        compile_status=compile_status,
+        compile_ok=compile_ok,
+        compile_output=compile_output,
+        compile_timed_out=compile_timed_out,
+        compile_s=compile_s,
     )
 
 

@@ -1,0 +1,379 @@
+"""Per-language rules for executing MBXP / multilingual HumanEval programs: one table, one place.
+
+Every language but Python is run as a :class:`~ida_eval.sandbox.ProgramJob` in the same sandbox as
+Python (namespaces, read-only host, per-worker uid, rlimits, cgroups, process-tree kill). This
+module says, per language, how the reference executor (mxeval, see
+``shared/reference/mbxp_multilingual.md``) builds the program and which commands compile and run
+it, and what we add so that a pass means the tests really ran:
+
+* **Program text** = ``prompt + completion + test``, plain concatenation with no separator, exactly
+  like mxeval, written to the file name mxeval uses where it matters (Java: ``main.java``).
+* **End marker** (mxeval only looks at the exit status, so ``process.exit(0)``, ``System.exit(0)``,
+  ``os.Exit(0)`` or ``exit`` in a completion pass without running a test): the run step's stdin holds
+  a fresh nonce and a small *driver* copies stdin to stdout after the last check; the sandbox passes
+  a program only when the nonce arrived. The driver is a separate file where the language allows
+  (JavaScript/TypeScript: ``require("./prog.js")`` then copy; Java/Scala/Kotlin/C#: an ``IdaMain``
+  class calling the test's ``Main``; Ruby: an ``at_exit`` hook that only copies when no exception or
+  ``exit`` is in flight; PHP: ``require "prog.php"`` then copy; Perl: ``do "./prog.pl"`` then copy).
+  Go and C++ tests are a ``main`` function: the harness renames the test's ``main`` (in the test
+  text only) to ``ida_test_main`` and adds a ``main`` that calls it and then copies (Go: in a second
+  file of package main; C++: appended, returning the test's status). Swift appends a ``readLine``
+  copy to the program (no Swift toolchain in Debian: untested).
+* **Compile and run** with the reference executor's compilers and flags (``javac``; ``g++`` with no
+  ``-std``/``-O``; ``tsc --target es5 --lib es2016``; ``scalac``; ``kotlinc -include-runtime``), except:
+  Go is built with ``go build`` before running (mxeval's ``go run`` compiles inside the run timeout);
+  C# is compiled with Mono's ``mcs`` (no .NET SDK in Debian; see :data:`CSHARP_IMPLICIT_USINGS` and
+  ``ida_eval/resources/CompareNetObjects.cs``); JVM tools get ``-XX:+UseSerialGC -XX:-UsePerfData``
+  (fewer threads, no ``/tmp/hsperfdata``: start-up only, verdicts unchanged).
+* **TypeScript**: mxeval accepts only ``tsc`` exit status 2 ("errors, output emitted"), which every
+  MBTSP program gets because ``import * as assert from 'assert'`` has no type declarations
+  (TS2307); a program that type-checks cleanly (exit 0) would *fail* there. We accept 0 or 2 when
+  the ``.js`` was emitted and call exit 1 (nothing emitted) a compile error. Without ``@types/node``
+  (Debian has none) every program exits 0 or 2 exactly when mxeval's would exit 2, so verdicts stay
+  comparable; with type declarations installed, ours stay right where mxeval's turn to failures.
+* **Caches and daemons**: ``HOME`` and ``TMPDIR`` are the task's work directory; Go's build cache
+  (``GOCACHE``) and ``GOPATH`` live there too, so nothing is written to the user's home or shared
+  between tasks. No compile daemon is used (``kotlinc``/``scalac`` run in-process, Gradle/fsc never
+  start), and anything a compiler leaves running is killed with its process group after the compile
+  and with the PID namespace at the end.
+
+Time limits: ``compile_timeout`` (default per language below; mxeval uses 100 s for every
+compiler) and ``run_timeout`` are separate; a JVM start costs ~0.5 s, ``kotlinc`` and ``scalac``
+several seconds per task on a busy machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "LANGUAGES",
+    "Language",
+    "LanguageError",
+    "assemble",
+    "language_of",
+    "node_path",
+]
+
+GiB = 1 << 30
+RESOURCES = Path(__file__).with_name("resources")
+JVM_FLAGS = ("-XX:+UseSerialGC", "-XX:-UsePerfData")  # start-up only: fewer GC threads, no /tmp/hsperfdata
+# .NET 6 implicit usings of mxeval's C# template project (ImplicitUsings=enable), prepended for mcs
+CSHARP_IMPLICIT_USINGS = (
+    "System",
+    "System.Collections.Generic",
+    "System.IO",
+    "System.Linq",
+    "System.Net.Http",
+    "System.Threading",
+    "System.Threading.Tasks",
+)
+NODE_MODULE_DIRS = ("/usr/share/nodejs", "/usr/lib/nodejs", "/usr/lib/node_modules", "/usr/local/lib/node_modules")
+"""Where Debian (``node-lodash``) and npm put global modules; those present form ``NODE_PATH``."""
+
+
+class LanguageError(ValueError):
+    """A record's language is unknown, or its test cannot be wired to the end-marker driver."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Language:
+    """How one language's programs are built, compiled and run (see the module docstring).
+
+    Attributes:
+        name: the ``language`` field value (``"java"``).
+        prefixes: task-id prefixes that mean this language when a record has no ``language``.
+        source: the program's file name in the work directory.
+        compile: compiler argv (``None``: interpreted), run in the work directory.
+        run: run argv.
+        tools: commands that must be on ``PATH`` (:mod:`ida_eval.toolchains` checks them).
+        packages: Debian packages that provide the tools and libraries.
+        version_cmd: argv printing the toolchain version.
+        compile_timeout: default compile wall-clock limit, seconds.
+        run_timeout: default run wall-clock limit, seconds.
+        max_processes: processes + threads of the whole tree (a JVM or ``go build`` runs dozens).
+        memory_bytes: address space per process and memory of the tree.
+        compile_ok: compiler exit statuses that count as compiled.
+        compile_output_file: a file the compiler must have produced (TypeScript's ``.js``).
+        env: extra environment (``{work}`` = the work directory).
+        stop_sequences: generation stop strings for this language (mxeval/bigcode-style: the next
+            top-level declaration or the test block).
+        mbxp_file / humaneval_file: the file names in the MBXP / multilingual HumanEval data dirs.
+    """
+
+    name: str
+    prefixes: tuple[str, ...]
+    source: str
+    run: tuple[str, ...]
+    tools: tuple[str, ...]
+    packages: tuple[str, ...]
+    version_cmd: tuple[str, ...]
+    compile: tuple[str, ...] | None = None
+    compile_timeout: float = 60.0
+    run_timeout: float = 30.0
+    max_processes: int = 256
+    memory_bytes: int = 4 * GiB
+    compile_ok: tuple[int, ...] = (0,)
+    compile_output_file: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    stop_sequences: tuple[str, ...] = ()
+    mbxp_file: str | None = None
+    humaneval_file: str | None = None
+
+    @property
+    def compiled(self) -> bool:
+        return self.compile is not None
+
+
+def node_path() -> str:
+    """``NODE_PATH`` for sandboxed Node: the global module dirs that exist (lodash lives in one)."""
+    return ":".join(d for d in NODE_MODULE_DIRS if os.path.isdir(d))
+
+
+_JVM_OPTS = " ".join(JVM_FLAGS)
+_L = Language
+LANGUAGES: dict[str, Language] = {
+    lang.name: lang
+    for lang in (
+        _L("python", ("MBPP", "HumanEval"), "prog.py", ("python3", "prog.py"), ("python3",), ("python3",),
+           ("python3", "--version"), run_timeout=30.0, max_processes=64,
+           stop_sequences=("\nclass", "\nif", "\nprint", "\nassert", '\n"""', "\n```", "\n#"),
+           mbxp_file="mbpp_release_v1.jsonl", humaneval_file="HumanEval.jsonl"),
+        _L("javascript", ("MBJSP", "HumanEval_javascript"), "prog.js", ("node", "ida_main.js"), ("node",),
+           ("nodejs", "node-lodash"), ("node", "--version"),
+           env=(("NODE_PATH", "@node_path"),),
+           stop_sequences=("\nfunction ", "\n/*", "\n//", "\nconsole.log", "\nconst _"),
+           mbxp_file="mbjsp_release_v1.2.jsonl", humaneval_file="HumanEval_javascript_v1.1.jsonl"),
+        _L("typescript", ("MBTSP", "HumanEval_typescript"), "prog.ts", ("node", "ida_main.js"), ("tsc", "node"),
+           ("nodejs", "node-typescript", "node-lodash"), ("tsc", "--version"),
+           compile=("tsc", "--target", "es5", "--lib", "es2016", "prog.ts"), compile_ok=(0, 2),
+           compile_output_file="prog.js", env=(("NODE_PATH", "@node_path"),),
+           stop_sequences=("\nfunction ", "\n/*", "\n//", "\nclass", "\nimport "),
+           mbxp_file="mbtsp_release_v1.2.jsonl", humaneval_file="HumanEval_typescript_v1.jsonl"),
+        _L("java", ("MBJP", "HumanEval_java"), "main.java", ("java", *JVM_FLAGS, "-cp", ".", "IdaMain"),
+           ("javac", "java"), ("default-jdk-headless",), ("javac", "-version"),
+           compile=("javac", *(f"-J{f}" for f in JVM_FLAGS), "main.java", "IdaMain.java"),
+           run_timeout=40.0, stop_sequences=("\n    public", "\n    //", "\nclass", "\n}"),
+           mbxp_file="mbjp_release_v1.2.jsonl", humaneval_file="HumanEval_java_v1.1.jsonl"),
+        _L("go", ("MBGP", "HumanEval_go"), "prog.go", ("./prog",), ("go",), ("golang-go",), ("go", "version"),
+           compile=("go", "build", "-o", "prog", "prog.go", "ida_main.go"),
+           env=(("GOCACHE", "{work}/.gocache"), ("GOPATH", "{work}/.gopath"), ("GOPROXY", "off"),
+                ("GOFLAGS", "-mod=mod"), ("GOTOOLCHAIN", "local"), ("GOTELEMETRY", "off")),
+           stop_sequences=("\nfunc ", "\n//", "\ntype "),
+           mbxp_file="mbgp_release_v1.1.jsonl", humaneval_file="HumanEval_go_v1.jsonl"),
+        _L("cpp", ("MBCPP", "HumanEval_cpp"), "prog.cpp", ("./prog",), ("g++",), ("g++",), ("g++", "--version"),
+           compile=("g++", "prog.cpp", "-o", "prog"), max_processes=64,
+           stop_sequences=("\n}\n", "\nint main", "\n//", "\n/*"),
+           mbxp_file="mbcpp_release_v1.2.jsonl"),
+        _L("csharp", ("MBCSP", "HumanEval_csharp"), "Program.cs", ("mono", "prog.exe"), ("mcs", "mono"),
+           ("mono-mcs", "mono-runtime", "libmono-system-net-http4.0-cil", "libmono-system-numerics4.0-cil"), ("mcs", "--version"),
+           compile=("mcs", "-nologo", "-nowarn:105", "-out:prog.exe", "-main:IdaMain", "-r:System.Numerics.dll",
+                    "-r:System.Net.Http.dll", "Program.cs", "IdaMain.cs", "CompareNetObjects.cs"),
+           stop_sequences=("\n        public", "\n        ///", "\n    }", "\n}"),
+           mbxp_file="mbcsp_release_v1.2.jsonl", humaneval_file="HumanEval_csharp_v1.jsonl"),
+        _L("ruby", ("MBRBP", "HumanEval_ruby"), "prog.rb", ("ruby", "-r", "./ida_end.rb", "prog.rb"), ("ruby",),
+           ("ruby",), ("ruby", "--version"), max_processes=64,
+           stop_sequences=("\ndef ", "\n#", "\nputs", "\nclass"),
+           mbxp_file="mbrbp_release_v1.2.jsonl", humaneval_file="HumanEval_ruby_v1.1.jsonl"),
+        _L("php", ("MBPHP", "HumanEval_php"), "prog.php", ("php", "ida_main.php"), ("php",), ("php-cli",),
+           ("php", "--version"), max_processes=64,
+           stop_sequences=("\nfunction ", "\n/*", "\n//", "\n?>", "\n$"),
+           mbxp_file="mbphp_release_v1.2.jsonl", humaneval_file="HumanEval_php_v1.1.jsonl"),
+        _L("perl", ("MBPLP", "HumanEval_perl"), "prog.pl", ("perl", "ida_main.pl"), ("perl",),
+           ("perl", "libdata-compare-perl"), ("perl", "-e", "print $^V"), max_processes=64,
+           stop_sequences=("\nsub ", "\n#", "\nuse ", "\nmy "),
+           mbxp_file="mbplp_release_v1.jsonl", humaneval_file="HumanEval_perl_v1.1.jsonl"),
+        _L("scala", ("MBSCP", "HumanEval_scala"), "main.scala", ("scala", "-nc", "-cp", ".", "IdaMain"),
+           ("scalac", "scala"), ("scala",), ("scalac", "-version"),
+           compile=("scalac", "-d", ".", "main.scala", "IdaMain.scala"), compile_timeout=120.0, run_timeout=40.0,
+           env=(("JAVA_OPTS", _JVM_OPTS),),
+           stop_sequences=("\n    def ", "\n    //", "\n    /*", "\n}", "\nobject"),
+           mbxp_file="mbscp_release_v1.jsonl", humaneval_file="HumanEval_scala_v1.1.jsonl"),
+        _L("kotlin", ("MBKP", "HumanEval_kotlin"), "prog.kt", ("java", *JVM_FLAGS, "-cp", "prog.jar", "IdaMain"),
+           ("kotlinc", "java"), ("kotlin",), ("kotlinc", "-version"),
+           compile=("kotlinc", "prog.kt", "IdaMain.kt", "-include-runtime", "-d", "prog.jar"),
+           compile_timeout=120.0, run_timeout=40.0, env=(("JAVA_OPTS", _JVM_OPTS),),
+           stop_sequences=("\nfun ", "\n//", "\n/*", "\nclass"),
+           mbxp_file="mbkp_release_v1.2.jsonl", humaneval_file="HumanEval_kotlin_v1.1.jsonl"),
+        _L("swift", ("MBSWP", "HumanEval_swift"), "prog.swift", ("swift", "prog.swift"), ("swift",), (),
+           ("swift", "--version"), stop_sequences=("\nfunc ", "\n//", "\n/*"),
+           mbxp_file="mbswp_release_v1.jsonl", humaneval_file="HumanEval_swift_v1.1.jsonl"),
+    )
+}
+"""Every language, keyed by the ``language`` field value."""
+
+_PREFIXES = sorted(((p, lang.name) for lang in LANGUAGES.values() for p in lang.prefixes), key=lambda x: -len(x[0]))
+
+
+def language_of(record: Mapping[str, Any], problem: Mapping[str, Any] | None = None) -> str:
+    """The language of a sample: its ``language`` field, else its problem's, else the task-id prefix
+    (``MBJP/3`` -> java, ``HumanEval_go/0`` -> go, ``MBPP/1`` -> python).
+
+    Raises:
+        LanguageError: a ``language`` value that is not in :data:`LANGUAGES`, or no way to tell.
+    """
+    for source in (record, problem or {}):
+        lang = source.get("language")
+        if isinstance(lang, str) and lang:
+            if lang.lower() not in LANGUAGES:
+                raise LanguageError(f"unknown language {lang!r} (known: {', '.join(LANGUAGES)})")
+            return lang.lower()
+    tid = str(record.get("task_id", ""))
+    head = tid.split("/", 1)[0]
+    for prefix, name in _PREFIXES:
+        if head == prefix:
+            return name
+    raise LanguageError(f"task {tid!r}: no 'language' field and an unknown task-id prefix {head!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# drivers: the end marker (copy stdin -> stdout after the last check)
+
+_JS_DRIVER = 'require("./prog.js");\nprocess.stdout.write(require("fs").readFileSync(0));\n'
+_JAVA_DRIVER = """class IdaMain {
+    public static void main(String[] args) throws Exception {
+        Main.main(args);
+        System.out.flush();
+        byte[] buf = new byte[4096];
+        for (int n; (n = System.in.read(buf)) > 0; ) System.out.write(buf, 0, n);
+        System.out.flush();
+    }
+}
+"""
+_SCALA_DRIVER = """object IdaMain {
+  def main(args: Array[String]): Unit = {
+    Main.main(args)
+    Console.out.flush()
+    System.out.flush()
+    val buf = new Array[Byte](4096)
+    var n = System.in.read(buf)
+    while (n > 0) { System.out.write(buf, 0, n); n = System.in.read(buf) }
+    System.out.flush()
+  }
+}
+"""
+_KOTLIN_DRIVER = """private fun idaRunTests() { main() }
+
+class IdaMain {
+    companion object {
+        @JvmStatic fun main(args: Array<String>) {
+            idaRunTests()
+            System.out.flush()
+            val buf = ByteArray(4096)
+            var n = System.`in`.read(buf)
+            while (n > 0) { System.out.write(buf, 0, n); n = System.`in`.read(buf) }
+            System.out.flush()
+        }
+    }
+}
+"""
+_CSHARP_DRIVER = """public static class IdaMain
+{
+    public static void Main(string[] args)
+    {
+        Solution.Program.Main(args);
+        System.Console.Out.Flush();
+        var stdout = System.Console.OpenStandardOutput();
+        System.Console.OpenStandardInput().CopyTo(stdout);
+        stdout.Flush();
+    }
+}
+"""
+_GO_DRIVER = """package main
+
+import (
+\t"io"
+\t"os"
+)
+
+func main() {
+\tida_test_main()
+\tio.Copy(os.Stdout, os.Stdin)
+}
+"""
+_CPP_DRIVER = """
+
+#include <iostream>
+int main(int argc, char* argv[]) {
+    int ida_status = ida_test_main(%s);
+    if (ida_status == 0) {
+        std::cout << std::flush;
+        std::cout << std::cin.rdbuf() << std::flush;
+    }
+    return ida_status;
+}
+"""
+_RUBY_DRIVER = "at_exit { if $!.nil? then STDOUT.write(STDIN.read); STDOUT.flush end }\n"
+_PHP_DRIVER = '<?php\nrequire __DIR__ . "/prog.php";\nfwrite(STDOUT, stream_get_contents(STDIN));\n'
+_PERL_DRIVER = 'do "./prog.pl";\nif ($@) { print STDERR $@; exit 255; }\n{ local $/; my $end = <STDIN>; print STDOUT $end; }\n'
+_SWIFT_DRIVER = '\nif let idaEnd = readLine(strippingNewline: false) { print(idaEnd, terminator: "") }\n'
+
+_GO_MAIN = re.compile(r"^func\s+main\s*\(\s*\)\s*\{", re.M)
+_CPP_MAIN = re.compile(r"\bint\s+main\s*\(([^)]*)\)\s*\{")
+
+
+def _compare_net_objects() -> str:
+    return (RESOURCES / "CompareNetObjects.cs").read_text(encoding="utf-8")
+
+
+def assemble(lang: Language, problem: Mapping[str, Any], completion: str) -> tuple[tuple[str, str], ...]:
+    """The files of one program: ``(name, text)`` pairs, the program itself first.
+
+    The program is mxeval's ``prompt + completion + test``; the driver files (or, for Go and C++,
+    the renamed test ``main`` plus a new one) add the end marker (module docstring).
+
+    Raises:
+        LanguageError: Python (it has its own path), or a Go/C++ test without a ``main`` to wrap.
+    """
+    prompt, test = problem["prompt"], problem["test"]
+    name = lang.name
+    if name == "python":
+        raise LanguageError("python programs are built by ida_eval.execute.build_program")
+    if name == "go":
+        test, n = _GO_MAIN.subn("func ida_test_main() {", test, count=1)
+        if not n:
+            raise LanguageError(f"task {problem.get('task_id')}: the go test has no 'func main() {{' to wrap")
+        return ((lang.source, prompt + completion + test), ("ida_main.go", _GO_DRIVER))
+    if name == "cpp":
+        m = _CPP_MAIN.search(test)
+        if m is None:
+            raise LanguageError(f"task {problem.get('task_id')}: the C++ test has no 'int main(...) {{' to wrap")
+        args = "" if m.group(1).strip() in ("", "void") else "argc, argv"
+        test = test[: m.start()] + f"int ida_test_main({m.group(1)}) {{" + test[m.end() :]
+        return ((lang.source, prompt + completion + test + _CPP_DRIVER % args),)
+    program = prompt + completion + test
+    if name == "csharp":
+        usings = "".join(f"using {u}; " for u in CSHARP_IMPLICIT_USINGS)
+        return ((lang.source, usings + program), ("IdaMain.cs", _CSHARP_DRIVER),
+                ("CompareNetObjects.cs", _compare_net_objects()))
+    drivers = {
+        "javascript": (("ida_main.js", _JS_DRIVER),),
+        "typescript": (("ida_main.js", _JS_DRIVER),),
+        "java": (("IdaMain.java", _JAVA_DRIVER),),
+        "scala": (("IdaMain.scala", _SCALA_DRIVER),),
+        "kotlin": (("IdaMain.kt", _KOTLIN_DRIVER),),
+        "ruby": (("ida_end.rb", _RUBY_DRIVER),),
+        "php": (("ida_main.php", _PHP_DRIVER),),
+        "perl": (("ida_main.pl", _PERL_DRIVER),),
+    }
+    if name == "swift":
+        return ((lang.source, program + _SWIFT_DRIVER),)
+    return ((lang.source, program), *drivers[name])
+
+
+def environment(lang: Language) -> tuple[tuple[str, str], ...]:
+    """The language's extra environment with host-dependent values filled in (``@node_path``)."""
+    return tuple((k, node_path() if v == "@node_path" else v) for k, v in lang.env)
+
+
+def missing_tools(lang: Language) -> list[str]:
+    """The language's tools not found on the sandbox's ``PATH`` (empty: it can run here)."""
+    from ida_eval.sandbox import SAFE_PATH
+
+    return [t for t in lang.tools if shutil.which(t, path=SAFE_PATH) is None]
