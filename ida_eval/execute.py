@@ -623,6 +623,11 @@ def summarize(
     ``missing_tasks_count`` counts the tasks of ``problems`` without any sample and
     ``missing_tasks_first`` lists the first :data:`MAX_LISTED_TASKS` of them in ``problems`` order.
     ``pass@1_all_problems`` counts those tasks as failed.
+
+    Samples whose language has no toolchain here (``toolchain missing``) are no model failure:
+    ``toolchain_missing`` counts them, ``pass@1_runnable`` is pass@1 over the other samples'
+    tasks (``pass@1`` stays over all, as mxeval's), and ``languages`` gives pass@1, samples, passed
+    and toolchain-missing counts per language (records without a ``language`` are python's).
     """
     tasks = {r["task_id"] for r in results}
     missing = [t for t in problems if t not in tasks] if problems is not None else []
@@ -640,6 +645,22 @@ def summarize(
     }
     if problems is not None and problems:
         out["pass@1_all_problems"] = p1 * len(tasks) / len(problems)
+    runnable = [r for r in results if result_class(r["result"]) != "toolchain missing"]
+    out["toolchain_missing"] = len(results) - len(runnable)
+    out["pass@1_runnable"] = pass_at_1(runnable)
+    out["timed_out_compile"] = sum(r["result"] == COMPILE_TIMED_OUT for r in results)
+    by_lang: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in results:
+        by_lang[str(r.get("language") or "python")].append(r)
+    out["languages"] = {
+        lang: {
+            "pass@1": pass_at_1(rs),
+            "samples": len(rs),
+            "passed": sum(bool(r["passed"]) for r in rs),
+            "toolchain_missing": sum(result_class(r["result"]) == "toolchain missing" for r in rs),
+        }
+        for lang, rs in sorted(by_lang.items())
+    }
     return out
 
 
@@ -655,7 +676,21 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", required=True, help="results JSONL (appended; a rerun resumes)")
     ap.add_argument("--canonical", action="store_true", help="execute each problem's canonical_solution")
     ap.add_argument("--workers", type=int, default=None, help="programs at once (default: nproc)")
-    ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per program (default 30)")
+    ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per Python program (default 30)")
+    ap.add_argument(
+        "--run-timeout",
+        action="append",
+        default=[],
+        metavar="LANG=S",
+        help="run seconds for a language (or all), e.g. java=60; repeatable (defaults: ida_eval.languages)",
+    )
+    ap.add_argument(
+        "--compile-timeout",
+        action="append",
+        default=[],
+        metavar="LANG=S",
+        help="compile seconds for a language (or all), e.g. kotlin=200; repeatable",
+    )
     ap.add_argument(
         "--memory-mb",
         type=int,
@@ -669,6 +704,15 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.canonical == bool(args.samples):
         ap.error("give exactly one of --samples or --canonical")
+    for flag in ("run_timeout", "compile_timeout"):
+        pairs = []
+        for item in getattr(args, flag):
+            lang, _, value = item.partition("=")
+            try:
+                pairs.append((lang.strip(), float(value)))
+            except ValueError:
+                ap.error(f"--{flag.replace('_', '-')} wants LANG=SECONDS, got {item!r}")
+        setattr(args, flag, tuple(pairs))
     return args
 
 
@@ -694,7 +738,9 @@ def _main(run: Run) -> int:
     cfg_kwargs: dict[str, Any] = {"timeout": args.timeout, "memory_bytes": args.memory_mb * MiB}
     if args.workers is not None:
         cfg_kwargs["workers"] = args.workers
-    config = ExecutionConfig(isolation=args.isolation, **cfg_kwargs)
+    config = ExecutionConfig(
+        isolation=args.isolation, run_timeouts=args.run_timeout, compile_timeouts=args.compile_timeout, **cfg_kwargs
+    )
     try:
         print(f"isolation: {isolation_in_force(args.isolation)}", file=sys.stderr)
         results = execute_samples(problems, samples, out_path=args.out, config=config, canonical=args.canonical,
@@ -711,9 +757,16 @@ def _main(run: Run) -> int:
             f"(e.g. {', '.join(summary['missing_tasks_first'][:5])}); "
             f"pass@1 over all problems = {summary['pass@1_all_problems']:.4f}"
         )
+    if summary["toolchain_missing"]:
+        print(
+            f"toolchain missing for {summary['toolchain_missing']} samples (not run); "
+            f"pass@1 over the runnable ones = {summary['pass@1_runnable']:.4f}"
+        )
+    if len(summary["languages"]) > 1:
+        print("by language: " + ", ".join(f"{k} {v['pass@1']:.4f} ({v['passed']}/{v['samples']})" for k, v in summary["languages"].items()))
     print("results by class: " + ", ".join(f"{k}: {v}" for k, v in summary["result_classes"].items()))
     isolation = ", ".join(summary["isolation"]) or "none (nothing ran)"
-    print(f"timed out: {summary['timed_out']}; isolation: {isolation}")
+    print(f"timed out: {summary['timed_out']} (compile: {summary['timed_out_compile']}); isolation: {isolation}")
     if args.summary:
         with atomic_output(args.summary) as f:
             f.write((json.dumps(summary, indent=2) + "\n").encode("utf-8"))

@@ -1,0 +1,471 @@
+"""Every MBXP language through the real executor and sandbox with real toolchains.
+
+Each language gets a small MBXP-shaped problem (prompt + completion + test, the test signalling a
+wrong value the way that language's MBXP tests do) and completions that must pass, fail as a wrong
+answer, exit 0 early (mxeval passes those; we must not), fail to compile, or break the assembly.
+A language whose toolchain is not installed is skipped with the missing command named
+(``python -m ida_eval.toolchains --install --yes`` installs them on Debian). Hostile programs in
+JavaScript, Java and Go (write outside, network, fork bomb, daemon, output flood) must be contained
+and leave no process behind. Scala and Kotlin compile for several seconds per task: marked slow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ida_eval import execute as ex
+from ida_eval.languages import LANGUAGES, LanguageError, assemble, language_of, missing_tools
+from tests.conftest import mbxp_dir
+
+FAST = ex.ExecutionConfig(workers=2, timeout=10.0, run_timeouts=(("all", 15.0),), max_output_bytes=1 << 20)
+
+
+def need(lang: str) -> None:
+    missing = missing_tools(LANGUAGES[lang])
+    if missing:
+        pytest.skip(f"{lang} toolchain missing: {', '.join(missing)} (python -m ida_eval.toolchains --install)")
+
+
+def processes_with(marker: str) -> list[int]:
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if marker.encode() in (d / "cmdline").read_bytes():
+                    found.append(int(d.name))
+            except OSError:
+                pass
+    return found
+
+
+# ------------------------------------------------------------------ one toy problem per language
+# right / wrong / early-exit completions; "compile" = a completion that must not compile
+
+TOYS: dict[str, dict[str, Any]] = {
+    "javascript": {
+        "prompt": "/**\n * Add two numbers.\n */\nfunction add(a, b) {\n",
+        "test": '\nconst _ = require("lodash")\n\nfunction compare(object1, object2){\n    return _.isEqual(object1, object2)\n}\n\n'
+        "var x0 = add(1, 2);\nif(!compare(x0, 3)){\n    throw 'Error at 1th assert statement. Value = ' + JSON.stringify(x)\n}\n",
+        "right": "    return a + b;\n}",
+        "wrong": "    return a - b;\n}",
+        "early": "    process.exit(0);\n}",
+    },
+    "typescript": {
+        "prompt": "const add = function (a: number, b: number) : number  {\n",
+        "test": "\nimport * as assert from 'assert'\n\nlet actual_1 = add(1, 2);\nlet expected_1 = 3;\n"
+        'assert.deepEqual(actual_1, expected_1, "Exception --- test case 0 failed to pass");\n',
+        "right": "    return a + b;\n}",
+        "wrong": "    return a - b;\n}",
+        "early": "    process.exit(0);\n    return 0;\n}",
+    },
+    "java": {
+        "prompt": "import java.io.*;\nimport java.lang.*;\nimport java.util.*;\nimport java.math.*;\n\n\nclass Add {\n"
+        "    public static int add(int a, int b) {\n",
+        "test": "\n\nclass Main {\n    public static void main(String[] args) throws Exception {\n        int x0 = Add.add(1, 2);\n"
+        "        if (x0 != 3) {\n            throw new java.lang.Exception(\"Exception -- test case 0 did not pass. x0 = \" + x0);\n"
+        "        }\n\n\n}\n}\n",
+        "right": "        return a + b;\n    }\n}",
+        "wrong": "        return a - b;\n    }\n}",
+        "early": "        System.exit(0);\n        return 0;\n    }\n}",
+        "compile": '        return "three";\n    }\n}',
+        "closes_early": "        return a + b;\n    }\n}\n}\n}",
+    },
+    "go": {
+        "prompt": 'package main\n\nimport (\n\t"encoding/json"\n\t"os"\n\t"reflect"\n)\n\nvar _ = os.Args\n\nfunc add(a int, b int) int {\n',
+        "test": "\n\nfunc deepCompare(a interface{}, b interface{}, msg string) bool {\n\taJSON, _ := json.Marshal(a)\n"
+        "\tbJSON, _ := json.Marshal(b)\n\tvar aVal, bVal interface{}\n\tjson.Unmarshal(aJSON, &aVal)\n\tjson.Unmarshal(bJSON, &bVal)\n"
+        "\tif !reflect.DeepEqual(aVal, bVal) {\n\t\tpanic(msg)\n\t}\n\treturn true\n}\n\nfunc main() {\n"
+        '\tdeepCompare(add(1, 2), 3, "Exception --- test case 0 failed to pass")\n\n}',
+        "right": "\treturn a + b\n}",
+        "wrong": "\treturn a - b\n}",
+        "early": "\tos.Exit(0)\n\treturn 0\n}",
+        "compile": '\treturn "three"\n}',
+    },
+    "cpp": {
+        "prompt": "#include <bits/stdc++.h>\nusing namespace std;\n\n\nint add(int a, int b) {\n",
+        "test": "\n\ntemplate <typename T> bool compare(T a, T b){ \n    return a == b; \n}\n\nint main(int argc, char* argv[]) {\n"
+        "    int x0 = add(1, 2);\n    if (!(compare(x0, 3))) {\n"
+        '        throw runtime_error("Exception -- test case 0 did not pass.");\n    }\n\n    return 0;\n}',
+        "right": "    return a + b;\n}",
+        "wrong": "    return a - b;\n}",
+        "early": "    exit(0);\n}",
+        "compile": '    return string("three");\n}',
+    },
+    "csharp": {
+        "prompt": "using System;\nusing System.Collections.Generic;\nusing System.Linq;\nusing System.Text.RegularExpressions;\n"
+        "using KellermanSoftware.CompareNetObjects;\n\nnamespace Solution\n{\n    public class Program\n    {\n"
+        "        public static List<int> Add (int a, int b) \n        {\n",
+        "test": "\n\n        public static void Main(string[] args)\n        {\n            CompareLogic compareLogic = new CompareLogic();\n"
+        "            var actual1 = Add(1, 2);\n            var expected1 = new List<int> {3};\n"
+        "            var result1 = compareLogic.Compare(actual1, expected1);\n"
+        '            if (!result1.AreEqual) {throw new Exception("Exception --- test case 0 failed to pass");}\n\n'
+        "        }\n    }\n}\n",
+        "right": "            return new List<int> {a + b};\n        }",
+        "wrong": "            return new List<int> {a - b};\n        }",
+        "early": "            Environment.Exit(0);\n            return null;\n        }",
+        "compile": "            return 3;\n        }",
+        "closes_early": "            return new List<int> {a + b};\n        }\n    }\n}",
+    },
+    "ruby": {
+        "prompt": "##\n# Add two numbers.\ndef add(a, b)\n",
+        "test": '\n\nx0 = add(1, 2)\nif x0 != 3\n    raise StandardError, "Error at test case 1"\nend\n\n',
+        "right": "  a + b\nend",
+        "wrong": "  a - b\nend",
+        "early": "  exit 0\nend",
+    },
+    "php": {
+        "prompt": "<?php\n/**\n * Add two numbers.\n */\nfunction add($a, $b){\n",
+        "test": "\n\nfunction compare($x, $y) {\n    return $x == $y;\n}\n\n$x0 = add(1, 2);\nif (!compare($x0, 3)) {\n"
+        '    throw new Exception("Error at 1th assert statement.");\n}\n',
+        "right": "    return $a + $b;\n}",
+        "wrong": "    return $a - $b;\n}",
+        "early": "    exit(0);\n}",
+    },
+    "perl": {
+        "prompt": "# Add two numbers.\nsub add\n{\n  my ($x, $y) = @_;\n",
+        "test": "\n\nuse Data::Compare;\n\nmy $x0 = add(1, 2);\nunless(Compare($x0, 3)) {\n"
+        '    die "Exception -- test case 0 did not pass.";\n}\n',
+        "right": "  return $x + $y;\n}",
+        "wrong": "  return $x - $y;\n}",
+        "early": "  exit 0;\n}",
+    },
+    "scala": {
+        "prompt": "import scala.math._\nimport scala.collection.mutable._\nobject Main extends App {\n"
+        "    def add(a : Int, b : Int) : Int = {\n",
+        "test": '\n\n    var x0 : Int = add(1, 2)\n    assert(x0 == 3, "Exception -- test case 0 did not pass. x0 = " + x0)\n\n\n}\n',
+        "right": "        a + b\n    }",
+        "wrong": "        a - b\n    }",
+        "early": "        sys.exit(0)\n    }",
+        "compile": '        "three"\n    }',
+    },
+    "kotlin": {
+        "prompt": "/**\n * Add two numbers.\n */\nfun add(a : Int, b : Int) : Int {\n",
+        "test": "\nfun main() {\n    var x0 : Int = add(1, 2);\n    if (x0 != 3) {\n"
+        '        throw Exception("Exception -- test case 0 did not pass. x0 = " + x0)\n    }\n\n\n}\n',
+        "right": "    return a + b\n}",
+        "wrong": "    return a - b\n}",
+        "early": "    kotlin.system.exitProcess(0)\n}",
+        "compile": '    return "three"\n}',
+    },
+}
+SLOW_LANGUAGES = ("scala", "kotlin")
+PARAMS = [pytest.param(lang, marks=pytest.mark.slow) if lang in SLOW_LANGUAGES else lang for lang in TOYS]
+
+
+def toy_problem(lang: str, tid: str = "0") -> dict[str, Any]:
+    toy = TOYS[lang]
+    prefix = LANGUAGES[lang].prefixes[0]
+    return {"task_id": f"{prefix}/{tid}", "language": lang, "prompt": toy["prompt"], "test": toy["test"], "entry_point": "add"}
+
+
+def run_toy(lang: str, completions: dict[str, str], config: ex.ExecutionConfig = FAST) -> dict[str, dict[str, Any]]:
+    problems = {}
+    samples = []
+    for i, (name, completion) in enumerate(completions.items()):
+        p = toy_problem(lang, str(i))
+        problems[p["task_id"]] = p
+        samples.append({"task_id": p["task_id"], "completion": completion, "name": name})
+    res = ex.execute_samples(problems, samples, config=config, progress=False)
+    return {r["name"]: r for r in res}
+
+
+@pytest.mark.parametrize("lang", PARAMS)
+def test_right_wrong_and_early_exit(lang: str) -> None:
+    need(lang)
+    toy = TOYS[lang]
+    cases = {k: toy[k] for k in ("right", "wrong", "early", "compile") if k in toy}
+    res = run_toy(lang, cases)
+    assert res["right"]["passed"], res["right"]["result"] + "\n" + res["right"]["stderr_tail"]
+    assert res["right"]["result"] == "passed" and res["right"]["language"] == lang
+    assert not res["wrong"]["passed"]
+    assert ex.result_class(res["wrong"]["result"]) == "wrong answer", res["wrong"]["result"]
+    # mxeval scores this as passed (exit status 0): the test driver never reached its end
+    assert not res["early"]["passed"]
+    assert ex.result_class(res["early"]["result"]) == "early exit", res["early"]["result"]
+    if "compile" in res:
+        assert ex.result_class(res["compile"]["result"]) == "compile error", res["compile"]["result"]
+        assert res["compile"]["compile_status"] not in (0, None)
+        assert len(res["compile"]["result"]) > len("failed: compile error: ")  # the compiler's first lines
+
+
+@pytest.mark.parametrize("lang", ["java", "csharp"])
+def test_completion_that_closes_the_class_early_is_a_compile_error(lang: str) -> None:
+    need(lang)
+    res = run_toy(lang, {"closes": TOYS[lang]["closes_early"]})["closes"]
+    assert not res["passed"] and ex.result_class(res["result"]) == "compile error", res["result"]
+
+
+def test_csharp_compare_net_objects_stand_in() -> None:
+    """Our CompareLogic stand-in follows the library's default rules (resources/CompareNetObjects.cs)."""
+    need("csharp")
+    checks = [  # (expression pair, equal?)
+        ("new List<int> {1, 2}", "new List<int> {1, 2}", True),
+        ("new List<int> {1, 2}", "new List<int> {2, 1}", False),
+        ("new List<int> {1, 2}", "new List<int> {1, 2, 3}", False),
+        ("new List<long> {1}", "new List<int> {1}", False),  # different types
+        ("3", "3L", False),
+        ("new int[] {1, 2}", "new int[] {1, 2}", True),
+        ('new Dictionary<string, int> {{"a", 1}, {"b", 2}}', 'new Dictionary<string, int> {{"a", 1}, {"b", 2}}', True),
+        ('new Dictionary<string, int> {{"a", 1}, {"b", 2}}', 'new Dictionary<string, int> {{"a", 1}, {"b", 3}}', False),
+        ("new Tuple<int, string>(1, \"x\")", "new Tuple<int, string>(1, \"x\")", True),
+        ("new Tuple<int, string>(1, \"x\")", "new Tuple<int, string>(1, \"y\")", False),
+        ("new List<List<int>> {new List<int> {1}}", "new List<List<int>> {new List<int> {1}}", True),
+        ("0.1 + 0.2", "0.3", False),
+        ("double.NaN", "double.NaN", True),
+        ("(string)null", "(string)null", True),
+        ('"abc"', '"abd"', False),
+        ("new HashSet<int> {1, 2}", "new HashSet<int> {1, 2}", True),
+    ]
+    body = "".join(
+        f"            if (compareLogic.Compare({a}, {b}).AreEqual != {str(eq).lower()}) "
+        f'throw new Exception("Exception --- test case {i} failed to pass: {a.replace(chr(34), "")} vs {b.replace(chr(34), "")}");\n'
+        for i, (a, b, eq) in enumerate(checks)
+    )
+    toy = dict(TOYS["csharp"])
+    test = toy["test"].replace("            var actual1", body + "            var actual1")
+    p = toy_problem("csharp") | {"test": test}
+    res = ex.execute_samples({p["task_id"]: p}, [{"task_id": p["task_id"], "completion": toy["right"]}], config=FAST, progress=False)
+    assert res[0]["passed"], res[0]["result"] + "\n" + res[0]["stderr_tail"]
+
+
+# ------------------------------------------------------------------ bad input: a record, never a crash
+
+
+def test_bad_input_gives_records_not_crashes() -> None:
+    need("java")
+    need("go")
+    java = toy_problem("java", "1")
+    no_test = toy_problem("java", "2")
+    del no_test["test"]
+    cobol = toy_problem("java", "3") | {"language": "cobol"}
+    go_no_main = toy_problem("go", "4") | {"test": "\n// no main here\n"}
+    problems = {p["task_id"]: p for p in (java, no_test, cobol, go_no_main)}
+    samples = [
+        {"task_id": java["task_id"], "completion": TOYS["java"]["right"]},
+        {"task_id": no_test["task_id"], "completion": TOYS["java"]["right"]},
+        {"task_id": cobol["task_id"], "completion": "x"},
+        {"task_id": go_no_main["task_id"], "completion": TOYS["go"]["right"]},
+        {"task_id": java["task_id"], "completion": "}}}}", "language": "klingon"},
+    ]
+    res = ex.execute_samples(problems, samples, config=FAST, progress=False)
+    assert res[0]["passed"]
+    classes = [ex.result_class(r["result"]) for r in res[1:]]
+    assert classes == ["bad input"] * 4, [r["result"] for r in res]
+    assert "has no test" in res[1]["result"]
+    assert "unknown language 'cobol'" in res[2]["result"]
+    assert "no 'func main() {' to wrap" in res[3]["result"]
+    assert "unknown language 'klingon'" in res[4]["result"]
+
+
+def test_toolchain_missing_is_reported_apart() -> None:
+    if not missing_tools(LANGUAGES["swift"]):
+        pytest.skip("swift is installed here: no language without a toolchain to test with")
+    need("javascript")
+    sw = {"task_id": "MBSWP/1", "language": "swift", "prompt": "func add(a: Int, b: Int) -> Int {\n",
+          "test": "\nassert(add(a: 1, b: 2) == 3)\n", "entry_point": "add"}
+    js = toy_problem("javascript")
+    problems = {sw["task_id"]: sw, js["task_id"]: js}
+    samples = [{"task_id": sw["task_id"], "completion": "    return a + b\n}"},
+               {"task_id": js["task_id"], "completion": TOYS["javascript"]["right"]}]
+    res = ex.execute_samples(problems, samples, config=FAST, progress=False)
+    assert res[0]["result"] == "toolchain missing: swift not found (swift)" and not res[0]["passed"]
+    summary = ex.summarize(res, problems)
+    assert summary["toolchain_missing"] == 1
+    assert summary["pass@1"] == 0.5 and summary["pass@1_runnable"] == 1.0
+    assert summary["languages"]["swift"]["toolchain_missing"] == 1
+    assert summary["languages"]["javascript"]["pass@1"] == 1.0
+
+
+def test_language_comes_from_the_record_else_the_task_prefix() -> None:
+    assert language_of({"task_id": "MBJP/3"}) == "java"
+    assert language_of({"task_id": "HumanEval_go/0"}) == "go"
+    assert language_of({"task_id": "MBPP/1"}) == "python"
+    assert language_of({"task_id": "MBJP/3", "language": "Kotlin"}) == "kotlin"
+    assert language_of({"task_id": "X/1"}, {"language": "ruby"}) == "ruby"
+    with pytest.raises(LanguageError, match="unknown task-id prefix 'X'"):
+        language_of({"task_id": "X/1"})
+    with pytest.raises(LanguageError, match="unknown language 'cobol'"):
+        language_of({"task_id": "MBJP/3", "language": "cobol"})
+
+
+def test_assembly_is_prompt_completion_test() -> None:
+    for lang in TOYS:
+        p = toy_problem(lang)
+        files = assemble(LANGUAGES[lang], p, "<C>")
+        name, text = files[0]
+        assert name == LANGUAGES[lang].source
+        if lang in ("go", "cpp"):  # the test's main is renamed (only there) and wrapped
+            assert text.startswith(p["prompt"] + "<C>") and "ida_test_main(" in text
+        elif lang == "csharp":  # net6's implicit usings first, for mcs
+            assert text.endswith(p["prompt"] + "<C>" + p["test"]) and text.startswith("using System; ")
+        else:
+            assert text == p["prompt"] + "<C>" + p["test"]
+    assert assemble(LANGUAGES["java"], toy_problem("java"), "")[0][0] == "main.java"  # mxeval's file name
+
+
+def test_per_language_time_limits() -> None:
+    cfg = ex.ExecutionConfig(run_timeouts=(("java", 7.0), ("all", 9.0)), compile_timeouts=(("kotlin", 300.0),))
+    assert cfg.run_timeout(LANGUAGES["java"]) == 7.0 and cfg.run_timeout(LANGUAGES["go"]) == 9.0
+    assert cfg.compile_timeout(LANGUAGES["kotlin"]) == 300.0
+    assert cfg.compile_timeout(LANGUAGES["java"]) == LANGUAGES["java"].compile_timeout
+    assert ex.ExecutionConfig().run_timeout(LANGUAGES["python"]) == ex.DEFAULT_TIMEOUT_S
+    with pytest.raises(ValueError, match="unknown language 'cobol'"):
+        ex.ExecutionConfig(run_timeouts=(("cobol", 1.0),))
+    with pytest.raises(ValueError, match="must be > 0"):
+        ex.ExecutionConfig(compile_timeouts=(("java", 0.0),))
+
+
+@pytest.mark.parametrize("lang", ["go", "java"])
+def test_compile_and_run_timeouts_are_told_apart(lang: str) -> None:
+    need(lang)
+    loop = {"go": "\tfor {\n\t}\n}", "java": "        while (true) {}\n    }\n}"}[lang]
+    cfg = ex.ExecutionConfig(workers=1, run_timeouts=((lang, 2.0),), compile_timeouts=((lang, 0.05),))
+    res = run_toy(lang, {"right": TOYS[lang]["right"]}, cfg)["right"]
+    assert res["result"] == "timed out (compile)" and ex.result_class(res["result"]) == "timed out (compile)"
+    cfg = ex.ExecutionConfig(workers=1, run_timeouts=((lang, 2.0),))
+    res = run_toy(lang, {"loop": loop}, cfg)["loop"]
+    assert res["result"] == "timed out" and res["compile_status"] == 0
+
+
+def test_cli_runs_another_language(tmp_path: Path) -> None:
+    need("ruby")
+    import subprocess
+    import sys
+
+    p = toy_problem("ruby")
+    (tmp_path / "p.jsonl").write_text(json.dumps(p) + "\n")
+    (tmp_path / "s.jsonl").write_text(json.dumps({"task_id": p["task_id"], "completion": TOYS["ruby"]["right"]}) + "\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "ida_eval.execute", "--problems", str(tmp_path / "p.jsonl"), "--samples",
+         str(tmp_path / "s.jsonl"), "--out", str(tmp_path / "r.jsonl"), "--no-progress", "--run-timeout", "ruby=20",
+         "--summary", str(tmp_path / "sum.json")],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "pass@1 = 1.0000" in proc.stdout
+    assert json.loads((tmp_path / "sum.json").read_text())["languages"] == {
+        "ruby": {"pass@1": 1.0, "samples": 1, "passed": 1, "toolchain_missing": 0}
+    }
+    bad = subprocess.run(
+        [sys.executable, "-m", "ida_eval.execute", "--problems", str(tmp_path / "p.jsonl"), "--canonical",
+         "--out", str(tmp_path / "r2.jsonl"), "--run-timeout", "ruby"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert bad.returncode == 2 and "--run-timeout wants LANG=SECONDS" in bad.stderr
+
+
+# ------------------------------------------------------------------ hostile programs
+
+
+def _marker() -> str:
+    return f"0.{secrets.randbelow(10**12):012d}7"  # a valid extra `sleep` interval carrying a unique marker
+
+
+HOSTILE: dict[str, dict[str, tuple[str, str]]] = {
+    # case -> (prompt additions before the function, function body returning a + b only if the attack worked)
+    "javascript": {
+        "write": ("", '    try { require("fs").writeFileSync("{outside}", "x"); } catch (e) { return -1; }\n    return a + b;\n}'),
+        "network": ("", '    try { require("child_process").execFileSync("bash", ["-c", "exec 3<>/dev/tcp/127.0.0.1/{port}"]); }'
+                    " catch (e) { return -1; }\n    return a + b;\n}"),
+        "forkbomb": ("", '    for (;;) { try { require("child_process").spawn("sleep", ["300", "{marker}"]); } catch (e) {} }\n}'),
+        "daemon": ("", '    require("child_process").spawn("sleep", ["300", "{marker}"], {detached: true, stdio: "ignore"}).unref();\n'
+                   "    return a + b;\n}"),
+        "flood": ("", '    for (;;) { require("fs").writeSync(1, "x".repeat(65536)); }\n}'),
+    },
+    "java": {
+        "write": ("", '        try { new java.io.FileWriter("{outside}").close(); } catch (Exception e) { return -1; }\n'
+                  "        return a + b;\n    }\n}"),
+        "network": ("", '        try { new java.net.Socket("127.0.0.1", {port}).close(); } catch (Exception e) { return -1; }\n'
+                    "        return a + b;\n    }\n}"),
+        "forkbomb": ("", '        for (;;) { try { new ProcessBuilder("sleep", "300", "{marker}").start(); } catch (Exception e) {} }\n    }\n}'),
+        "daemon": ("", '        try { new ProcessBuilder("setsid", "sleep", "300", "{marker}").start(); } catch (Exception e) { return -1; }\n'
+                   "        return a + b;\n    }\n}"),
+        "flood": ("", '        for (;;) { System.out.print("xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"); }\n    }\n}'),
+    },
+    "go": {
+        "write": ('import "os"\n', '\tif os.WriteFile("{outside}", []byte("x"), 0o644) != nil {\n\t\treturn -1\n\t}\n\treturn a + b\n}'),
+        "network": ('import "net"\n', '\tc, err := net.Dial("tcp", "127.0.0.1:{port}")\n\tif err != nil {\n\t\treturn -1\n\t}\n'
+                    "\tc.Close()\n\treturn a + b\n}"),
+        "forkbomb": ('import "os/exec"\n', '\tfor {\n\t\texec.Command("sleep", "300", "{marker}").Start()\n\t}\n}'),
+        "daemon": ('import (\n\t"os/exec"\n\t"syscall"\n)\n',
+                   '\tc := exec.Command("sleep", "300", "{marker}")\n\tc.SysProcAttr = &syscall.SysProcAttr{Setsid: true}\n'
+                   "\tif c.Start() != nil {\n\t\treturn -1\n\t}\n\treturn a + b\n}"),
+        "flood": ('import "fmt"\n', '\tfor {\n\t\tfmt.Print("xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx")\n\t}\n}'),
+    },
+}
+
+
+@pytest.fixture
+def listener():
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(8)
+    yield s.getsockname()[1]
+    s.close()
+
+
+@pytest.mark.parametrize("lang", list(HOSTILE))
+def test_hostile_programs_are_contained(lang: str, tmp_path: Path, listener: int) -> None:
+    need(lang)
+    marker = _marker()
+    outside = tmp_path / f"ida-hostile-{marker}"
+    os.chmod(tmp_path, 0o777)  # world-writable: only the sandbox can stop a write here
+    problems, samples = {}, []
+    for i, (case, (extra, body)) in enumerate(HOSTILE[lang].items()):
+        p = toy_problem(lang, str(i))
+        if extra:  # Go: the package clause stays first, imports right after it
+            head, _, rest = p["prompt"].partition("\n")
+            p["prompt"] = head + "\n" + extra + rest
+        problems[p["task_id"]] = p
+        text = body.replace("{outside}", str(outside)).replace("{port}", str(listener)).replace("{marker}", marker)
+        samples.append({"task_id": p["task_id"], "completion": text, "case": case})
+    cfg = ex.ExecutionConfig(workers=2, run_timeouts=((lang, 8.0),), max_output_bytes=1 << 20, max_processes=64)
+    t0 = time.monotonic()
+    res = {r["case"]: r for r in ex.execute_samples(problems, samples, config=cfg, progress=False)}
+    for case in ("write", "network"):
+        assert not res[case]["passed"], (case, res[case]["result"], res[case]["stderr_tail"])
+        assert ex.result_class(res[case]["result"]) == "wrong answer", (case, res[case]["result"])
+    assert not outside.exists()
+    assert not res["forkbomb"]["passed"]
+    assert res["flood"]["result"].startswith("failed: output limit exceeded"), res["flood"]["result"]
+    assert res["daemon"]["passed"] or ex.result_class(res["daemon"]["result"]) == "wrong answer", res["daemon"]["result"]
+    deadline = time.monotonic() + 3.0
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_with(marker) == [], "a process of a sandboxed program survived its run"
+    assert time.monotonic() - t0 < 120
+
+
+# ------------------------------------------------------------------ MBXP data (skipped when absent)
+
+
+def _mbxp_file(lang: str) -> Path:
+    d = mbxp_dir()
+    if d is None:
+        pytest.skip("MBXP data not found (set IDA_MBXP_DIR or place it at ../shared/mbxp)")
+    path = d / str(LANGUAGES[lang].mbxp_file)
+    if not path.is_file():
+        pytest.skip(f"{path} not found")
+    return path
+
+
+@pytest.mark.parametrize("lang", [lang for lang in LANGUAGES if lang != "python"])
+def test_every_mbxp_file_loads_and_assembles(lang: str) -> None:
+    """Every task of every language loads (null canonical_solution included) and assembles."""
+    from ida_eval.problems import load_problems
+
+    problems = load_problems(_mbxp_file(lang))
+    for p in problems.values():
+        assert language_of(p) == lang
+        if lang != "swift":
+            files = assemble(LANGUAGES[lang], p, "")
+            assert files[0][0] == LANGUAGES[lang].source
