@@ -14,6 +14,11 @@ vocabulary every classifier uses), checked in this order:
    ``IndentationError`` / ``TabError``.
 4. ``wrong_answer``: an ``AssertionError`` — the program ran and a test assertion failed.
 5. ``runtime_error``: anything else (an exception before or during the tests, an early exit).
+6. ``toolchain_missing``: not run, the language's toolchain is not installed (not a model failure).
+
+Other languages (:mod:`ida_eval.languages`): the executor's ``compile error`` (and ``timed out
+(compile)``) count as ``syntax_error`` / ``timeout``, its ``wrong answer`` (a test check failed) as
+``wrong_answer``; the independent ``ast.parse`` check applies to Python records only.
 
 Degenerate-output thresholds (:data:`REPEAT_UNIT_MIN_COPIES` etc.) were chosen so that none of the
 974 canonical MBXP solutions is flagged (tested) while short collapses are: a completion of 40+
@@ -42,6 +47,8 @@ from ida_eval.failures import (  # the one vocabulary (ida_eval.failures); FAILU
     RUNTIME_ERROR,
     SYNTAX_ERROR,
     TIMEOUT,
+    TOOLCHAIN_MISSING,
+    TOOLCHAIN_MISSING_TEXT,
     WRONG_ANSWER,
 )
 
@@ -180,20 +187,24 @@ def classify_failure(result: Mapping[str, Any], prompt: str | None = None, raw: 
     """
     if result.get("passed"):
         return PASSED
+    message = str(result.get("result", ""))
+    if message.startswith(TOOLCHAIN_MISSING_TEXT):
+        return TOOLCHAIN_MISSING
     completion = str(result.get("completion", ""))
     if is_degenerate(completion) or (raw is not None and is_degenerate(raw)):
         return DEGENERATE
-    message = str(result.get("result", ""))
     exception = str(result.get("exception") or "")  # the executor's exception type name, when recorded
-    if MXEVAL_TIMED_OUT in message.lower():
+    python = result.get("language") in (None, "python")  # the ast.parse check is for Python only
+    if MXEVAL_TIMED_OUT in message.lower():  # also "timed out (compile)"
         return TIMEOUT
     if (
-        (prompt is not None and not compiles(prompt, completion))
+        (prompt is not None and python and not compiles(prompt, completion))
         or exception in _SYNTAX_NAMES
         or any(message.startswith(f"failed: {n}") for n in _SYNTAX_NAMES)
+        or message.startswith("failed: compile error")
     ):
         return SYNTAX_ERROR
-    if exception == "AssertionError" or message.startswith("failed: AssertionError"):
+    if exception == "AssertionError" or message.startswith(("failed: AssertionError", "failed: wrong answer")):
         return WRONG_ANSWER
     return RUNTIME_ERROR
 

@@ -60,6 +60,7 @@ from ida_common.files import atomic_output
 from ida_eval.failures import (
     BAD_INPUT,
     COMPILE_ERROR,
+    COMPILE_TIMED_OUT_TEXT,
     COMPILE_TIMEOUT,
     EARLY_EXIT,
     EXIT_STATUS,
@@ -71,6 +72,7 @@ from ida_eval.failures import (
     RUNTIME_ERROR,
     TIMEOUT,
     TOOLCHAIN_MISSING,
+    TOOLCHAIN_MISSING_TEXT,
     WRONG_ANSWER,
 )
 
@@ -94,8 +96,7 @@ DEFAULT_TIMEOUT_S = 30.0  # MBPP/123 takes up to 18 s on two busy cores
 REASON_CHARS = 300  # longest "failed: <reason>" text kept
 MAX_LISTED_TASKS = 20  # task ids listed in a summary (the rest are only counted)
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
-COMPILE_TIMED_OUT = "timed out (compile)"  # result text of a compile step past its limit
-TOOLCHAIN_MISSING_TEXT = "toolchain missing"  # result text prefix: the language's tools are not installed here
+COMPILE_TIMED_OUT = COMPILE_TIMED_OUT_TEXT
 # "failed: <text>: ..." reasons of other languages' records and their result kinds
 _LANGUAGE_REASONS = (
     ("compile error", COMPILE_ERROR),
@@ -645,7 +646,7 @@ def summarize(
     }
     if problems is not None and problems:
         out["pass@1_all_problems"] = p1 * len(tasks) / len(problems)
-    runnable = [r for r in results if result_class(r["result"]) != "toolchain missing"]
+    runnable = [r for r in results if result_class(r["result"]) != TOOLCHAIN_MISSING]
     out["toolchain_missing"] = len(results) - len(runnable)
     out["pass@1_runnable"] = pass_at_1(runnable)
     out["timed_out_compile"] = sum(r["result"] == COMPILE_TIMED_OUT for r in results)
@@ -657,7 +658,7 @@ def summarize(
             "pass@1": pass_at_1(rs),
             "samples": len(rs),
             "passed": sum(bool(r["passed"]) for r in rs),
-            "toolchain_missing": sum(result_class(r["result"]) == "toolchain missing" for r in rs),
+            "toolchain_missing": sum(result_class(r["result"]) == TOOLCHAIN_MISSING for r in rs),
         }
         for lang, rs in sorted(by_lang.items())
     }

@@ -23,6 +23,7 @@ __all__ = [
     "BAD_INPUT",
     "COMPILE_ERROR",
     "COMPILE_TIMEOUT",
+    "COMPILE_TIMED_OUT_TEXT",
     "DEGENERATE",
     "EARLY_EXIT",
     "EXIT_STATUS",
@@ -40,6 +41,7 @@ __all__ = [
     "SYNTAX_ERROR",
     "TIMEOUT",
     "TOOLCHAIN_MISSING",
+    "TOOLCHAIN_MISSING_TEXT",
     "WRONG_ANSWER",
 ]
 
@@ -54,6 +56,8 @@ class FailureKind:
 
 PASSED = "passed"  # not a failure; the first key of every count
 MXEVAL_TIMED_OUT = "timed out"  # mxeval's result text for a timeout (results files keep it)
+COMPILE_TIMED_OUT_TEXT = "timed out (compile)"  # result text of a compile step past its limit
+TOOLCHAIN_MISSING_TEXT = "toolchain missing"  # result text prefix: the language's tools are not installed
 
 DEGENERATE = "degenerate"
 TIMEOUT = "timeout"

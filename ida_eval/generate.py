@@ -36,8 +36,11 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-STOP_STRINGS: tuple[str, ...] = ("\nclass", "\nif", "\nprint", "\nassert", '\n"""', "\n```", "\n#")
-"""Stop strings (bigcode MBPP set plus markdown fence and comment; deliberately no ``"\\ndef"``)."""
+from ida_eval.languages import LANGUAGES
+
+STOP_STRINGS: tuple[str, ...] = LANGUAGES["python"].stop_sequences
+"""Stop strings (bigcode MBPP set plus markdown fence and comment; deliberately no ``"\\ndef"``).
+Other languages' sets are in :data:`ida_eval.languages.LANGUAGES` (``stop_sequences``)."""
 
 DEFAULT_BATCH_SIZE = 8  # prompts per generate() call
 DEFAULT_MAX_NEW_TOKENS = 256  # canonical MBXP solutions: median 117 chars, max 1231 chars

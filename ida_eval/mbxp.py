@@ -63,15 +63,17 @@ from ida_eval.generate import (
     Generation,
     generate_completions,
 )
-from ida_common.jsonl import iter_jsonl, repair_torn_tail
-from ida_eval.loader import describe_checkpoint, load_model
-from ida_eval.problems import find_problems_file, load_problems
 from ida_common.files import atomic_output
+from ida_common.jsonl import iter_jsonl, repair_torn_tail
+from ida_eval.languages import LANGUAGES, language_of
+from ida_eval.loader import describe_checkpoint, load_model
+from ida_eval.problems import find_problems_file, language_files, load_problems
 
 SAMPLES_FILE = "samples.jsonl"
 RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.json"
 RUN_FILE = "run.json"
+LANGUAGES_FILE = "languages.json"  # the table over languages of a --language all run
 
 
 class RunDirError(ValueError):
@@ -164,6 +166,15 @@ def _sha_of(info: Mapping[str, Any] | None) -> list[str] | None:
 # the harness
 
 
+def stop_strings_for(problems: Mapping[str, Mapping[str, Any]]) -> tuple[str, ...]:
+    """The generation stop strings of the problems' language (one language per run: a mixed file
+    is refused, since one decoding setting is pinned per run directory)."""
+    langs = {language_of(p) for p in problems.values()}
+    if len(langs) > 1:
+        raise ValueError(f"problems of several languages ({', '.join(sorted(langs))}): run one language per --out")
+    return LANGUAGES[langs.pop()].stop_sequences if langs else STOP_STRINGS
+
+
 def select_problems(problems: Mapping[str, Mapping[str, Any]] | str | Path, limit: int | None) -> dict[str, Any]:
     """Problems as a dict in file order, the first ``limit`` of them when given."""
     if isinstance(problems, (str, Path)):
@@ -186,7 +197,7 @@ def evaluate_model(
     exec_config: ExecutionConfig | None = None,
     progress: bool = True,
     checkpoint_info: Mapping[str, Any] | None = None,
-    stop_strings: Sequence[str] = STOP_STRINGS,
+    stop_strings: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Generate, execute and score MBXP problems with an in-memory model (the trainer's entry point).
 
@@ -202,7 +213,9 @@ def evaluate_model(
         progress: tqdm bars for generation and execution.
         checkpoint_info: provenance recorded in the summary (see
             :func:`ida_eval.loader.describe_checkpoint`).
-        stop_strings: generation stop strings (recorded).
+        stop_strings: generation stop strings (recorded; default: the problems' language's,
+            :data:`ida_eval.languages.LANGUAGES` ``stop_sequences``, Python's being
+            :data:`~ida_eval.generate.STOP_STRINGS`).
 
     Returns:
         The summary dict also written to ``out_dir/summary.json``.
@@ -213,6 +226,8 @@ def evaluate_model(
     """
     t_start = time.perf_counter()
     chosen = select_problems(problems, limit)
+    if stop_strings is None:
+        stop_strings = stop_strings_for(chosen)
     decoding = DecodingConfig(batch_size=batch_size, max_new_tokens=max_new_tokens, stop_strings=tuple(stop_strings))
     out = Path(out_dir)
     run = _run_record(decoding, checkpoint_info)
@@ -242,12 +257,14 @@ def evaluate_model(
     results = execute_samples(chosen, samples, out_path=out / RESULTS_FILE, config=config, progress=progress)
     exec_seconds = time.perf_counter() - t0
 
-    prompts = {t: p["prompt"] for t, p in chosen.items()}
+    # the independent ast.parse check is for Python prompts only
+    prompts = {t: p["prompt"] for t, p in chosen.items() if language_of(p) == "python"}
     raws = {s["task_id"]: s["raw"] for s in samples if isinstance(s.get("raw"), str)}
     counts, per_task = failure_counts(results, prompts, raws)
     exec_summary = summarize(results, chosen)
     summary: dict[str, Any] = {
         "pass@1": exec_summary["pass@1"],
+        "languages": exec_summary["languages"],
         "n_tasks": len(chosen),
         "passed": counts["passed"],
         "counts": counts,
@@ -265,6 +282,7 @@ def evaluate_model(
         "executor": {
             "result_classes": exec_summary["result_classes"],
             "timed_out": exec_summary["timed_out"],
+            "pass@1_runnable": exec_summary["pass@1_runnable"],
             "timeout_s": config.timeout,
             "workers": config.workers,
         },
@@ -334,15 +352,37 @@ def evaluate_checkpoint(
     """
     problems = select_problems(load_problems(find_problems_file(problems_path)), limit)
     info = describe_checkpoint(checkpoint_dir)
-    decoding = DecodingConfig(batch_size=batch_size, max_new_tokens=max_new_tokens)
-    _check_run_file(Path(out_dir), _run_record(decoding, info))  # refuse a different run before a long load
-    have = read_samples(Path(out_dir) / SAMPLES_FILE)
+    loaded: list[Any] = []
+
+    def model_and_tokenizer() -> tuple[Any, Any]:
+        if not loaded:
+            loaded.extend(load_model(checkpoint_dir, dtype=dtype, device_map=_device_map_for(device, device_map),
+                                     progress=progress, weights=weights))
+        return loaded[0], loaded[1]
+
+    return _evaluate_loaded(problems, Path(out_dir), info, model_and_tokenizer, batch_size, max_new_tokens, limit,
+                            exec_config, progress)
+
+
+def _evaluate_loaded(
+    problems: Mapping[str, Mapping[str, Any]],
+    out_dir: Path,
+    info: Mapping[str, Any],
+    model_and_tokenizer: Any,
+    batch_size: int,
+    max_new_tokens: int,
+    limit: int | None,
+    exec_config: ExecutionConfig | None,
+    progress: bool,
+) -> dict[str, Any]:
+    """:func:`evaluate_model` with the model loaded (by ``model_and_tokenizer()``) only when some
+    task still needs generating, and a run with other settings refused before that load."""
+    decoding = DecodingConfig(batch_size=batch_size, max_new_tokens=max_new_tokens, stop_strings=stop_strings_for(problems))
+    _check_run_file(out_dir, _run_record(decoding, info))  # refuse a different run before a long load
+    have = read_samples(out_dir / SAMPLES_FILE)
     model = tokenizer = None
     if any(t not in have for t in problems):
-        model, tokenizer = load_model(
-            checkpoint_dir, dtype=dtype, device_map=_device_map_for(device, device_map), progress=progress,
-            weights=weights,
-        )
+        model, tokenizer = model_and_tokenizer()
     return evaluate_model(
         model,
         tokenizer,
@@ -357,6 +397,71 @@ def evaluate_checkpoint(
     )
 
 
+def evaluate_checkpoint_languages(
+    checkpoint_dir: str | Path,
+    files: Mapping[str, str | Path],
+    *,
+    out_dir: str | Path,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    limit: int | None = None,
+    device: str = "auto",
+    device_map: Any = None,
+    dtype: torch.dtype = torch.bfloat16,
+    exec_config: ExecutionConfig | None = None,
+    progress: bool = True,
+    on_language: Any = None,
+    weights: str = "bf16",
+) -> dict[str, Any]:
+    """Score a checkpoint on several languages' problems files in turn (the model loaded once).
+
+    Each language's run goes to ``out_dir/<language>/`` (a full run directory: samples, results,
+    summary, resumable); ``out_dir/languages.json`` (written atomically) holds one row per language:
+    ``pass@1``, ``n_tasks``, ``passed``, ``toolchain_missing``, ``pass@1_runnable`` and the
+    failure-class counts. ``on_language(language, summary)`` is called after each language.
+    """
+    info = describe_checkpoint(checkpoint_dir)
+    loaded: list[Any] = []
+
+    def model_and_tokenizer() -> tuple[Any, Any]:
+        if not loaded:
+            loaded.extend(load_model(checkpoint_dir, dtype=dtype, device_map=_device_map_for(device, device_map),
+                                     progress=progress, weights=weights))
+        return loaded[0], loaded[1]
+
+    out = Path(out_dir)
+    table: dict[str, Any] = {}
+    for lang, path in files.items():
+        problems = select_problems(load_problems(path), limit)
+        summary = _evaluate_loaded(problems, out / lang, info, model_and_tokenizer, batch_size, max_new_tokens, limit,
+                                   exec_config, progress)
+        lang_row = summary["languages"].get(lang, {})
+        table[lang] = {
+            "pass@1": summary["pass@1"],
+            "n_tasks": summary["n_tasks"],
+            "passed": summary["passed"],
+            "toolchain_missing": lang_row.get("toolchain_missing", 0),
+            "pass@1_runnable": summary["executor"].get("pass@1_runnable", summary["pass@1"]),
+            "counts": summary["counts"],
+            "problems_file": str(path),
+        }
+        if on_language is not None:
+            on_language(lang, summary)
+    result = {"languages": table, "checkpoint": dict(info) if info else None}
+    _write_json_atomic(out / LANGUAGES_FILE, result)
+    return result
+
+
+def format_language_table(table: Mapping[str, Mapping[str, Any]]) -> str:
+    """One line per language: pass@1, passed/tasks, runnable pass@1 and toolchain-missing count."""
+    w = max([len(k) for k in table] + [8])
+    lines = [f"{'language':<{w}}  pass@1  passed/tasks  runnable pass@1  toolchain missing"]
+    for lang, r in table.items():
+        lines.append(f"{lang:<{w}}  {r['pass@1']:.4f}  {r['passed']:>6}/{r['n_tasks']:<5}  "
+                     f"{r['pass@1_runnable']:.4f}           {r['toolchain_missing']}")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------------------------
 # CLI
 
@@ -369,7 +474,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "Exit status: 0 done, 2 bad input, 3 no sandbox here, 130 interrupted (docs/cli.md).",
     )
     ap.add_argument("--checkpoint", help="checkpoint directory (MXFP8 or plain safetensors, config + tokenizer)")
-    ap.add_argument("--problems", help="problems JSONL (default: an installed mxeval's MBXP Python data)")
+    ap.add_argument("--problems", help="problems JSONL of any language (default: an installed mxeval's MBXP Python data)")
+    ap.add_argument("--language", help="a language's file from the benchmark directory's metadata.json, or 'all' "
+                    "(each language in turn into OUT/<language>/, plus OUT/languages.json)")
+    ap.add_argument("--benchmark", choices=("mbxp", "humaneval"), default="mbxp",
+                    help="with --language: MBXP or multilingual HumanEval (default mbxp)")
+    ap.add_argument("--data-dir", help="with --language: the benchmark directory (default $IDA_MBXP_DIR / "
+                    "$IDA_HUMANEVAL_DIR, else an installed mxeval's data/)")
     ap.add_argument("--out", help="output directory (default: ./mbxp-<checkpoint name>)")
     ap.add_argument("--limit", type=int, help="only the first N problems")
     ap.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
@@ -391,6 +502,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.compare is None and not args.checkpoint:
         ap.error("give --checkpoint DIR (or --compare DIR_A DIR_B)")
+    if args.language and args.problems:
+        ap.error("give --problems FILE or --language LANG, not both")
     return args
 
 
@@ -417,7 +530,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(run: Run) -> int:
     args = _parse_args(run.argv)
     if args.compare:
-        print(format_comparison(compare_runs(*args.compare)))
+        a, b = (Path(d) for d in args.compare)
+        if (a / LANGUAGES_FILE).is_file() and (b / LANGUAGES_FILE).is_file():  # two --language all runs
+            common = [lang for lang in json.loads((a / LANGUAGES_FILE).read_text())["languages"]
+                      if (a / lang / SUMMARY_FILE).is_file() and (b / lang / SUMMARY_FILE).is_file()]
+            for lang in common:
+                print(f"=== {lang}")
+                print(format_comparison(compare_runs(a / lang, b / lang)))
+            return 0
+        print(format_comparison(compare_runs(a, b)))
         return 0
     out = Path(args.out) if args.out else Path(f"mbxp-{Path(args.checkpoint).resolve().name}")
     run.kept = f"finished samples and results are kept in {out}: rerun the same command (same --out) to resume"
@@ -426,6 +547,33 @@ def _main(run: Run) -> int:
         cfg["workers"] = args.workers
     if args.timeout is not None:
         cfg["timeout"] = args.timeout
+    common = dict(
+        out_dir=out,
+        batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens,
+        limit=args.limit,
+        device=args.device,
+        device_map=args.device_map,
+        dtype=getattr(torch, args.dtype),
+        weights=args.weights,
+        exec_config=ExecutionConfig(**cfg),
+        progress=not args.no_progress,
+    )
+    if args.language:
+        files = language_files(args.benchmark, args.data_dir)
+        if args.language != "all" and args.language not in files:
+            raise ValueError(f"--language {args.language!r}: not in the {args.benchmark} metadata.json "
+                             f"(there: all, {', '.join(files)})")
+        chosen = files if args.language == "all" else {args.language: files[args.language]}
+        try:
+            result = evaluate_checkpoint_languages(
+                args.checkpoint, chosen, on_language=lambda lang, s: _print_summary(s, out / lang), **common
+            )
+        except SandboxError as e:
+            raise sandbox_unavailable(e) from None
+        print(format_language_table(result["languages"]))
+        print(f"-> {out / LANGUAGES_FILE}")
+        return 0
     try:
         summary = evaluate_checkpoint(
             args.checkpoint,

@@ -140,3 +140,55 @@ def find_problems_file(explicit: str | Path | None = None) -> Path:
         f"no MBXP problems file given and none found{where}. Pass --problems PATH, or get "
         f"data/mbxp/{MBXP_PYTHON_FILE} from {MXEVAL_URL} (git clone; `pip install -e mxeval` makes it findable)"
     )
+
+
+BENCHMARK_DIRS = {"mbxp": "mbxp", "humaneval": "multilingual_humaneval"}  # under an mxeval checkout's data/
+DATA_DIR_ENV = {"mbxp": "IDA_MBXP_DIR", "humaneval": "IDA_HUMANEVAL_DIR"}  # environment overrides
+
+
+def benchmark_dir(benchmark: str = "mbxp", explicit: str | Path | None = None) -> Path:
+    """The directory holding a benchmark's per-language files and its ``metadata.json``.
+
+    Looked for in order: ``explicit``; ``$IDA_MBXP_DIR`` / ``$IDA_HUMANEVAL_DIR``; an installed
+    mxeval checkout's ``data/mbxp`` / ``data/multilingual_humaneval``.
+
+    Raises:
+        ProblemsError: an unknown benchmark, or no directory with a ``metadata.json`` found.
+    """
+    import os
+
+    if benchmark not in BENCHMARK_DIRS:
+        raise ProblemsError(f"unknown benchmark {benchmark!r} (known: {', '.join(BENCHMARK_DIRS)})")
+    candidates = [Path(explicit)] if explicit is not None else []
+    if explicit is None and os.environ.get(DATA_DIR_ENV[benchmark]):
+        candidates.append(Path(os.environ[DATA_DIR_ENV[benchmark]]))
+    if explicit is None:
+        try:
+            spec = importlib.util.find_spec("mxeval")
+        except (ImportError, ValueError):
+            spec = None
+        for pkg_dir in [Path(p) for p in ((spec.submodule_search_locations or []) if spec else [])]:
+            candidates.append(pkg_dir.parent / "data" / BENCHMARK_DIRS[benchmark])
+    for c in candidates:
+        if (c / "metadata.json").is_file():
+            return c
+    looked = ", ".join(str(c) for c in candidates) or "nowhere: give --data-dir"
+    raise ProblemsError(
+        f"no {benchmark} data directory with a metadata.json found (looked in {looked}); pass --data-dir DIR, "
+        f"set {DATA_DIR_ENV[benchmark]}, or get data/{BENCHMARK_DIRS[benchmark]} from {MXEVAL_URL}"
+    )
+
+
+def language_files(benchmark: str = "mbxp", data_dir: str | Path | None = None) -> dict[str, Path]:
+    """``{language: problems file}`` from the benchmark directory's ``metadata.json`` (file order)."""
+    import json
+
+    d = benchmark_dir(benchmark, data_dir)
+    try:
+        meta = json.loads((d / "metadata.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ProblemsError(f"{d / 'metadata.json'}: cannot read ({e})") from None
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise ProblemsError(f"{d / 'metadata.json'}: expected an object mapping language -> file name")
+    return {lang: d / name for lang, name in meta.items()}
+

@@ -390,7 +390,7 @@ HOSTILE: dict[str, dict[str, tuple[str, str]]] = {
         "flood": ("", '        for (;;) { System.out.print("xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"); }\n    }\n}'),
     },
     "go": {
-        "write": ('import "os"\n', '\tif os.WriteFile("{outside}", []byte("x"), 0o644) != nil {\n\t\treturn -1\n\t}\n\treturn a + b\n}'),
+        "write": ("", '\tif os.WriteFile("{outside}", []byte("x"), 0o644) != nil {\n\t\treturn -1\n\t}\n\treturn a + b\n}'),
         "network": ('import "net"\n', '\tc, err := net.Dial("tcp", "127.0.0.1:{port}")\n\tif err != nil {\n\t\treturn -1\n\t}\n'
                     "\tc.Close()\n\treturn a + b\n}"),
         "forkbomb": ('import "os/exec"\n', '\tfor {\n\t\texec.Command("sleep", "300", "{marker}").Start()\n\t}\n}'),
@@ -469,3 +469,24 @@ def test_every_mbxp_file_loads_and_assembles(lang: str) -> None:
         if lang != "swift":
             files = assemble(LANGUAGES[lang], p, "")
             assert files[0][0] == LANGUAGES[lang].source
+
+
+def test_docs_language_table_matches_the_table_in_code() -> None:
+    """docs/eval.md's language table: every language, its file and default limits, as in LANGUAGES."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "eval.md").read_text()
+    block = text.split("<!-- check:language-table -->", 1)[1].strip().split("\n\n", 1)[0]
+    rows = {}
+    for line in block.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = cells
+    assert set(rows) == set(LANGUAGES) - {"python"}
+    for name, cells in rows.items():
+        lang = LANGUAGES[name]
+        assert cells[1] == f"`{lang.source}`", name
+        assert (cells[2] == "none") == (lang.compile is None), name
+        compile_s, run_s = (c.strip() for c in cells[4].split("/"))
+        assert run_s == f"{lang.run_timeout:g}", name
+        assert compile_s == ("none" if lang.compile is None else f"{lang.compile_timeout:g}"), name
+        if lang.compile is not None and "..." not in cells[2]:
+            shown = cells[2].strip("`").split()
+            assert [w for w in lang.compile if not w.startswith("-J")] == shown, name

@@ -1,0 +1,113 @@
+"""Executor speed per language: ida_eval's sandboxed executor vs a plain unsandboxed runner.
+
+For each language, the canonical solutions (or, for the samples-only go/perl/scala files, the
+example samples) of the first ``--limit`` tasks are executed twice, alternating:
+
+* baseline ``plain``: per program a temporary directory, the *same files* (program + driver, from
+  :func:`ida_eval.languages.assemble`), the *same* compile and run commands, environment (Go's
+  build cache in that directory, ``NODE_PATH``) and time limits through ``subprocess.run``, with the
+  same worker count; pass = compile ok and run exit 0. No namespaces, no limits, no tree kill.
+* ``ida_eval``: :func:`ida_eval.execute.execute_samples` with the default isolation.
+
+It prints wall seconds of each, the ratio ours / plain, and pass counts (which must agree but for
+the early-exit trap, which the plain runner lacks). The machine is shared: run it twice and quote
+``uptime`` with the figures.
+
+Usage:
+    python benchmarks/bench_executor_languages.py [--languages java,go] [--limit N] [--workers N]
+        [--repeats R] [--data-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from ida_eval.execute import ExecutionConfig, execute_samples, isolation_in_force
+from ida_eval.languages import LANGUAGES, assemble, environment, missing_tools
+from ida_eval.problems import language_files, load_problems
+from ida_eval.sandbox import SAFE_PATH
+
+DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "mbxp"
+
+
+def tasks_for(lang: str, data_dir: Path, limit: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    problems = load_problems(language_files("mbxp", data_dir)[lang])
+    samples = [{"task_id": t, "completion": p["canonical_solution"]} for t, p in problems.items()
+               if isinstance(p.get("canonical_solution"), str)]
+    if not samples:  # samples-only file: the example samples
+        stem = Path(LANGUAGES[lang].mbxp_file or "").name.split("_")[0]
+        path = data_dir / "examples" / f"{stem}_samples.jsonl"
+        samples = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return problems, samples[:limit]
+
+
+def plain_runner(lang: str, problems: dict[str, Any], samples: list[dict[str, Any]], workers: int,
+                 cfg: ExecutionConfig) -> int:
+    """The baseline: same files and commands, plain subprocesses; returns how many passed."""
+    language = LANGUAGES[lang]
+
+    def one(sample: dict[str, Any]) -> bool:
+        with tempfile.TemporaryDirectory(prefix="bench-plain-") as d:
+            for name, text in assemble(language, problems[sample["task_id"]], sample["completion"]):
+                Path(d, name).write_text(text, encoding="utf-8")
+            env = {"PATH": SAFE_PATH, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": d, "TMPDIR": d}
+            env.update((k, v.replace("{work}", d)) for k, v in environment(language))
+            try:
+                if language.compile is not None:
+                    c = subprocess.run(language.compile, cwd=d, env=env, capture_output=True,
+                                       timeout=cfg.compile_timeout(language), check=False)
+                    if c.returncode not in language.compile_ok:
+                        return False
+                r = subprocess.run(language.run, cwd=d, env=env, capture_output=True, stdin=subprocess.DEVNULL,
+                                   timeout=cfg.run_timeout(language), check=False)
+            except subprocess.TimeoutExpired:
+                return False
+            return r.returncode == 0
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return sum(pool.map(one, samples))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--languages", default="javascript,typescript,java,go,cpp,csharp,ruby,php,perl")
+    ap.add_argument("--limit", type=int, default=40, help="tasks per language")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--data-dir", default=str(DEFAULT_DIR))
+    args = ap.parse_args(argv)
+    cfg = ExecutionConfig(workers=args.workers)
+    print(f"isolation: {isolation_in_force()}; workers {args.workers}; load {os.getloadavg()}")
+    print(f"{'language':<11} {'tasks':>5} {'plain s':>8} {'ida s':>8} {'ratio':>6}  passed plain/ida")
+    for lang in args.languages.split(","):
+        if missing_tools(LANGUAGES[lang]):
+            print(f"{lang:<11} toolchain missing: {', '.join(missing_tools(LANGUAGES[lang]))}")
+            continue
+        problems, samples = tasks_for(lang, Path(args.data_dir), args.limit)
+        plain_t, ours_t = [], []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            plain_pass = plain_runner(lang, problems, samples, args.workers, cfg)
+            plain_t.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            res = execute_samples(problems, samples, config=cfg, progress=False)
+            ours_t.append(time.perf_counter() - t0)
+            ours_pass = sum(r["passed"] for r in res)
+        p, o = statistics.median(plain_t), statistics.median(ours_t)
+        print(f"{lang:<11} {len(samples):>5} {p:>8.1f} {o:>8.1f} {o / p:>6.2f}  {plain_pass}/{ours_pass}", flush=True)
+    print(f"load after: {os.getloadavg()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
