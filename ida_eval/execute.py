@@ -640,7 +640,7 @@ def summarize(
         "passed": sum(bool(r["passed"]) for r in results),
         "timed_out": sum(r["result"] == MXEVAL_TIMED_OUT for r in results),
         "result_classes": dict(Counter(result_class(r["result"]) for r in results).most_common()),
-        "isolation": sorted({str(r.get("isolation", "unknown")) for r in results}),
+        "isolation": sorted({str(r.get("isolation", "unknown")) for r in results if r.get("isolation", "") is not None}),
         "missing_tasks_count": len(missing),
         "missing_tasks_first": missing[:MAX_LISTED_TASKS],
     }

@@ -85,7 +85,19 @@ def test_classify_failure():
     # a collapse cut away by truncation is still seen through the raw generation
     assert classify_failure(_result(False, "failed: AssertionError", completion=""), PROMPT, raw="\n#\n#\n#\n#\n#") \
         == "degenerate"
-    assert set(FAILURE_CLASSES) == {"degenerate", "timeout", "syntax_error", "wrong_answer", "runtime_error"}
+    assert set(FAILURE_CLASSES) == {
+        "degenerate", "timeout", "syntax_error", "wrong_answer", "runtime_error", "toolchain_missing"
+    }
+    # other languages: the executor's classes map onto these; no Python parse of a Java prompt
+    java = {"language": "java", "completion": "        return a + b;\n    }\n}"}
+    assert classify_failure({**java, "passed": False, "result": "failed: compile error: x"}, "class A {") == "syntax_error"
+    assert classify_failure({**java, "passed": False, "result": "failed: wrong answer: test case 1"}, "class A {") \
+        == "wrong_answer"
+    assert classify_failure({**java, "passed": False, "result": "failed: runtime error: exit status 1"}, "class A {") \
+        == "runtime_error"
+    assert classify_failure({**java, "passed": False, "result": "timed out (compile)"}, "class A {") == "timeout"
+    assert classify_failure({**java, "passed": False, "result": "toolchain missing: javac not found (java)"}) \
+        == "toolchain_missing"
 
 
 def test_degenerate_report_counts_and_examples():

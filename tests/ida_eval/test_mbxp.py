@@ -178,3 +178,44 @@ def test_public_api_and_docstring_examples():
     for module in (ida_eval, analysis, generate):
         failed, attempted = doctest.testmod(module)
         assert failed == 0 and attempted > 0, module.__name__
+
+
+def test_language_all_scores_each_language_and_writes_the_table(setup, tmp_path, capsys):
+    """``--language all`` over a benchmark directory: one run dir per language (its own stop strings
+    pinned), the model loaded once, languages.json + the table; --compare walks the languages."""
+    from ida_eval.languages import LANGUAGES, missing_tools
+    from tests.ida_eval.support import save_mxfp8_checkpoint
+    from tests.ida_eval.test_languages import TOYS, toy_problem
+
+    if missing_tools(LANGUAGES["javascript"]):
+        pytest.skip("javascript toolchain missing")
+    model, tok, problems = setup
+    ckpt = save_mxfp8_checkpoint(model, tok, tmp_path / "ckpt")
+    data = tmp_path / "data"
+    data.mkdir()
+    write_problems(data / "py.jsonl", SMALL_PROBLEMS[:2])
+    js = [toy_problem("javascript", str(i)) for i in range(2)]
+    write_problems(data / "js.jsonl", js)
+    (data / "metadata.json").write_text(json.dumps({"python": "py.jsonl", "javascript": "js.jsonl"}))
+    out = tmp_path / "run"
+    args = ["--checkpoint", str(ckpt), "--language", "all", "--data-dir", str(data), "--out", str(out),
+            "--batch-size", "2", "--max-new-tokens", "8", "--device", "cpu", "--workers", "2", "--no-progress"]
+    assert main(args) == 0
+    table = json.loads((out / "languages.json").read_text())["languages"]
+    assert list(table) == ["python", "javascript"] and all(r["n_tasks"] == 2 for r in table.values())
+    for lang in table:
+        run = json.loads((out / lang / "run.json").read_text())
+        assert tuple(run["decoding"]["stop_strings"]) == LANGUAGES[lang].stop_sequences
+        summary = json.loads((out / lang / "summary.json").read_text())
+        assert summary["languages"] == {lang: {"pass@1": table[lang]["pass_at_1"], "samples": 2,
+                                               "passed": table[lang]["passed"], "toolchain_missing": 0}}
+        if lang == "javascript":  # no Python syntax check on JavaScript prompts
+            assert summary["counts"]["syntax_error"] == 0
+    printed = capsys.readouterr().out
+    assert "javascript" in printed and "languages.json" in printed
+    assert main(["--compare", str(out), str(out)]) == 0
+    assert "=== javascript" in capsys.readouterr().out
+    # a language the metadata does not list is bad input (status 2)
+    assert main(args[:2] + ["--language", "cobol", "--data-dir", str(data), "--out", str(out)]) == 2
+    assert "--language 'cobol'" in capsys.readouterr().err
+    assert TOYS  # the toy problems come from the language tests
