@@ -490,3 +490,54 @@ def test_docs_language_table_matches_the_table_in_code() -> None:
         if lang.compile is not None and "..." not in cells[2]:
             shown = cells[2].strip("`").split()
             assert [w for w in lang.compile if not w.startswith("-J")] == shown, name
+
+
+# ------------------------------------------------------------------ anchors (docs/eval.md "Anchors")
+
+ANCHORS = json.loads((Path(__file__).with_name("mbxp_language_anchors.json")).read_text())
+FULL = os.environ.get("IDA_MBXP_FULL") == "1"  # every recorded task, not the CI subset
+SUBSET_PASSING, SUBSET_FAILING = 4, 3  # CI: the first passing and failing tasks of each anchor
+
+
+def _anchor_params() -> list[Any]:
+    params = []
+    for lang, modes in ANCHORS.items():
+        for mode in modes:
+            marks = [pytest.mark.slow] if lang in SLOW_LANGUAGES or FULL else []
+            params.append(pytest.param(lang, mode, marks=marks, id=f"{lang}-{mode}"))
+    return params
+
+
+@pytest.mark.parametrize("lang, mode", _anchor_params())
+def test_anchor_verdicts(lang: str, mode: str) -> None:
+    """Our verdicts on the canonical solutions / example samples, task for task, as recorded in
+    mbxp_language_anchors.json (and summarised in docs/eval.md). CI runs a subset of each; set
+    IDA_MBXP_FULL=1 for every recorded task (the command in docs/eval.md)."""
+    need(lang)
+    from ida_eval.problems import load_problems
+
+    path = _mbxp_file(lang)
+    anchor = ANCHORS[lang][mode]
+    problems = load_problems(path)
+    if mode == "canonical":
+        samples = [{"task_id": t, "completion": p["canonical_solution"]} for t, p in problems.items()
+                   if isinstance(p.get("canonical_solution"), str)]
+    else:
+        stem = path.name.split("_")[0]
+        samples = [json.loads(x) for x in (path.parent / "examples" / f"{stem}_samples.jsonl").read_text().splitlines()]
+    samples = samples[: anchor["n"]]
+    assert len(samples) == anchor["n"]
+    if not FULL:
+        passing = [s for s in samples if s["task_id"] not in anchor["failed"]][:SUBSET_PASSING]
+        failing = [s for s in samples if s["task_id"] in anchor["failed"]
+                   and anchor["failed"][s["task_id"]] not in ("timed out", "timed out (compile)")][:SUBSET_FAILING]
+        samples = passing + failing
+    cfg = ex.ExecutionConfig(workers=2)
+    res = ex.execute_samples(problems, samples, config=cfg, progress=False)
+    got = {r["task_id"]: ex.result_class(r["result"]) for r in res if not r["passed"]}
+    want = {s["task_id"]: anchor["failed"][s["task_id"]] for s in samples if s["task_id"] in anchor["failed"]}
+    timing = ("timed out", "timed out (compile)")  # load-dependent: only pass/fail is compared for those
+    assert set(got) == set(want), f"{lang} {mode}: failing tasks differ: now {sorted(set(got) - set(want))}, " \
+        f"no longer {sorted(set(want) - set(got))}"
+    assert {t: c for t, c in got.items() if c not in timing and want[t] not in timing} == \
+        {t: c for t, c in want.items() if c not in timing and got[t] not in timing}
