@@ -207,7 +207,7 @@ def test_language_all_scores_each_language_and_writes_the_table(setup, tmp_path,
         run = json.loads((out / lang / "run.json").read_text())
         assert tuple(run["decoding"]["stop_strings"]) == LANGUAGES[lang].stop_sequences
         summary = json.loads((out / lang / "summary.json").read_text())
-        assert summary["languages"] == {lang: {"pass@1": table[lang]["pass_at_1"], "samples": 2,
+        assert summary["languages"] == {lang: {"pass@1": table[lang]["pass@1"], "samples": 2,
                                                "passed": table[lang]["passed"], "toolchain_missing": 0}}
         if lang == "javascript":  # no Python syntax check on JavaScript prompts
             assert summary["counts"]["syntax_error"] == 0
