@@ -5,9 +5,10 @@
 //   * null equals only null; objects of different runtime types are different (IgnoreObjectTypes=false);
 //   * strings, primitives, decimal, enums, DateTime, Guid etc. compare with Equals (double: exact,
 //     NaN equals NaN, as the library's default DoublePrecision of 0);
-//   * dictionaries, sets, lists, arrays and other enumerables compare element by element in
-//     enumeration order with equal counts (IgnoreCollectionOrder=false; a Dictionary's or HashSet's
-//     order is its insertion history, as in the library);
+//   * dictionaries compare by key (equal counts, every key present, values equal), whatever their
+//     insertion order (MBCSP/87 passes under the real library with the keys in another order);
+//   * sets, lists, arrays and other enumerables compare element by element in enumeration order
+//     with equal counts (IgnoreCollectionOrder=false; a HashSet's order is its insertion history);
 //   * other objects (tuples, KeyValuePair, classes, structs) compare their public instance
 //     properties (no indexers) and public fields, recursively.
 // Known differences from the real library: its type-specific comparers (DataSet, DataTable, streams,
@@ -67,6 +68,18 @@ namespace KellermanSoftware.CompareNetObjects
                     return Math.Abs(x - y) <= Config.DoublePrecision ? null : path + ": " + a + " != " + b;
                 }
                 return a.Equals(b) ? null : path + ": " + a + " != " + b;
+            }
+            if (a is IDictionary && b is IDictionary)  // by key, as the library's dictionary comparer
+            {
+                IDictionary da = (IDictionary)a, db = (IDictionary)b;
+                if (da.Count != db.Count) return path + ": different counts";
+                foreach (object key in da.Keys)
+                {
+                    if (!db.Contains(key)) return path + "[" + key + "]: missing";
+                    string d = Difference(da[key], db[key], path + "[" + key + "]", depth + 1);
+                    if (d != null) return d;
+                }
+                return null;
             }
             if (a is IEnumerable && b is IEnumerable)
             {

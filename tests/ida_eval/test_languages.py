@@ -214,6 +214,7 @@ def test_csharp_compare_net_objects_stand_in() -> None:
         ("new int[] {1, 2}", "new int[] {1, 2}", True),
         ('new Dictionary<string, int> {{"a", 1}, {"b", 2}}', 'new Dictionary<string, int> {{"a", 1}, {"b", 2}}', True),
         ('new Dictionary<string, int> {{"a", 1}, {"b", 2}}', 'new Dictionary<string, int> {{"a", 1}, {"b", 3}}', False),
+        ('new Dictionary<string, int> {{"a", 1}, {"b", 2}}', 'new Dictionary<string, int> {{"b", 2}, {"a", 1}}', True),
         ("new Tuple<int, string>(1, \"x\")", "new Tuple<int, string>(1, \"x\")", True),
         ("new Tuple<int, string>(1, \"x\")", "new Tuple<int, string>(1, \"y\")", False),
         ("new List<List<int>> {new List<int> {1}}", "new List<List<int>> {new List<int> {1}}", True),
