@@ -41,7 +41,8 @@ unset or ``0``) prints the line, the other ranks exit with the same status silen
 itself prints afterwards (its ``ChildFailedError`` summary) is the launcher's and is documented in
 docs/cli.md.
 
-Checks before work: :func:`check_output_dir` and :func:`check_input_file` are the pre-flight checks
+Checks before work: :func:`check_output_dir`, :func:`check_output_file` and :func:`check_input_file` are
+the pre-flight checks
 every command runs on its paths before it loads a model or creates a directory.
 
 Example:
@@ -84,6 +85,7 @@ __all__ = [
     "Run",
     "check_input_file",
     "check_output_dir",
+    "check_output_file",
     "debug_requested",
     "describe",
     "exit_code",
@@ -367,6 +369,29 @@ def check_output_dir(path: str | os.PathLike[str], what: str = "--out") -> Path:
     except OSError as e:
         raise ValueError(f"{what} {target}: cannot create a directory in {base} ({e.strerror or e})") from None
     os.rmdir(probe)
+    return target
+
+
+def check_output_file(path: str | os.PathLike[str], what: str = "--out") -> Path:
+    """Check that the file ``path`` can be written (its directory is or can become a writable
+    directory; ``path`` itself is not a directory), creating nothing.
+
+    Raises:
+        ValueError: ``WHAT FILE: reason``.
+
+    Example:
+        >>> check_output_file("/proc/x/results.jsonl")
+        Traceback (most recent call last):
+        ...
+        ValueError: --out /proc/x/results.jsonl: cannot create a directory in /proc (No such file or directory)
+    """
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"{what} {target}: is a directory, expected a file")
+    try:
+        check_output_dir(target.parent, what)
+    except ValueError as e:
+        raise ValueError(str(e).replace(f"{what} {target.parent}:", f"{what} {target}:", 1)) from None
     return target
 
 

@@ -78,6 +78,20 @@ _WS_RUN_RE = re.compile(r"\s{6,}")
 _SYNTAX_NAMES = ("SyntaxError", "IndentationError", "TabError")
 
 
+def format_pass_at_1(passed: int, total: int) -> str:
+    """pass@1 as people read it: a percentage with one decimal and the count it comes from.
+
+    Example:
+        >>> format_pass_at_1(37, 48)
+        '77.1 % (37/48)'
+        >>> format_pass_at_1(0, 0)
+        'n/a (0/0)'
+    """
+    if total <= 0:
+        return f"n/a ({passed}/{total})"
+    return f"{100.0 * passed / total:.1f} % ({passed}/{total})"
+
+
 def _show(s: str, limit: int = 24) -> str:
     return repr(s if len(s) <= limit else s[:limit] + "...")
 

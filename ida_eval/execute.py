@@ -42,7 +42,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ida_common.cli import ArgumentParser, CannotRunHere, Run, run_main
+from ida_common.cli import ArgumentParser, CannotRunHere, Run, check_output_file, run_main
 from ida_eval.isolation import ISOLATION_LEVELS, isolation_description, probe_isolation
 from ida_common.jsonl import iter_jsonl, repair_torn_tail
 from ida_eval.languages import LANGUAGES, Language, LanguageError, assemble, environment, language_of, missing_tools
@@ -547,6 +547,9 @@ def execute_samples(
                 )
             results[i] = rec
     todo = [i for i, r in enumerate(results) if r is None]
+    if path is not None and len(todo) < len(items):
+        print(f"resumed: {len(items) - len(todo)} of {len(items)} already done (execution, {path})", file=sys.stderr,
+              flush=True)
     if not todo:
         return [r for r in results if r is not None]
 
@@ -734,6 +737,7 @@ def sandbox_unavailable(err: SandboxError) -> CannotRunHere:
 def _main(run: Run) -> int:
     args = _parse_args(run.argv)
     run.kept = f"finished results are kept in {args.out}: rerun the same command (same --out) to resume"
+    check_output_file(args.out, "--out")
     problems = load_problems(find_problems_file(args.problems))
     samples = None if args.canonical else load_samples(args.samples, problems)
     cfg_kwargs: dict[str, Any] = {"timeout": args.timeout, "memory_bytes": args.memory_mb * MiB}

@@ -73,6 +73,35 @@ class CheckpointLoadError(ValueError):
     """A checkpoint directory cannot be loaded; the message names the directory/file/tensor and why."""
 
 
+# Files any transformers tokenizer is built from (fast JSON, sentencepiece, BPE/WordPiece vocabularies);
+# tokenizer_config.json alone builds nothing. ``*.tiktoken`` files count too.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
+                   "sentencepiece.bpe.model")
+
+
+def check_checkpoint_dir(checkpoint_dir: str | Path, what: str = "checkpoint") -> Path:
+    """The cheap checks before a load: a directory with ``config.json`` and tokenizer files.
+
+    Run before anything is loaded or created, so a directory with weights but no tokenizer fails in one
+    line instead of deep inside transformers (which asks to install sentencepiece or tiktoken).
+
+    Raises:
+        CheckpointLoadError: ``WHAT DIR: no such directory``, ``DIR: no config.json ...`` or
+            ``no tokenizer files in DIR ...``.
+    """
+    ckpt = Path(checkpoint_dir)
+    if not ckpt.is_dir():
+        raise CheckpointLoadError(f"{what} {ckpt}: no such directory")
+    if not (ckpt / "config.json").is_file():
+        raise CheckpointLoadError(f"{ckpt}: no config.json (not a checkpoint directory)")
+    if not any((ckpt / f).is_file() for f in TOKENIZER_FILES) and not any(ckpt.glob("*.tiktoken")):
+        raise CheckpointLoadError(
+            f"no tokenizer files in {ckpt} (looked for {', '.join(TOKENIZER_FILES)}, *.tiktoken): copy the "
+            "base model's tokenizer files into it"
+        )
+    return ckpt
+
+
 @dataclass(frozen=True)
 class WeightFile:
     """How one safetensors file of a checkpoint is stored.
@@ -469,11 +498,9 @@ def load_model(
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    ckpt = Path(checkpoint_dir)
     if weights not in WEIGHTS_CHOICES:
         raise CheckpointLoadError(f"weights={weights!r}, expected one of {WEIGHTS_CHOICES}")
-    if not (ckpt / "config.json").is_file():
-        raise CheckpointLoadError(f"{ckpt}: no config.json (not a checkpoint directory)")
+    ckpt = check_checkpoint_dir(checkpoint_dir)
     files = _weight_files(ckpt)
     if weights == "mxfp8":
         if any(f.mxfp8 for f in files):

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -47,7 +48,7 @@ from ida_eval.analysis import (
     failure_counts,
     format_comparison,
 )
-from ida_common.cli import ArgumentParser, Run, run_main
+from ida_common.cli import ArgumentParser, Run, check_output_dir, run_main
 from ida_eval.execute import (
     ExecutionConfig,
     SandboxError,
@@ -66,7 +67,7 @@ from ida_eval.generate import (
 from ida_common.files import atomic_output
 from ida_common.jsonl import iter_jsonl, repair_torn_tail
 from ida_eval.languages import LANGUAGES, language_of
-from ida_eval.loader import describe_checkpoint, load_model
+from ida_eval.loader import check_checkpoint_dir, describe_checkpoint, load_model
 from ida_eval.problems import find_problems_file, language_files, load_problems
 
 SAMPLES_FILE = "samples.jsonl"
@@ -236,6 +237,9 @@ def evaluate_model(
     samples_path = out / SAMPLES_FILE
     have = read_samples(samples_path)
     todo = {t: p["prompt"] for t, p in chosen.items() if t not in have}
+    if len(todo) < len(chosen):
+        print(f"resumed: {len(chosen) - len(todo)} of {len(chosen)} already done (generation, {samples_path})",
+              file=sys.stderr, flush=True)
     if todo and model is None:
         raise ValueError(f"{out}: {len(todo)} tasks still need generating but no model was given")
     if unpinned:  # the inputs are valid and work starts: only now is the directory this run's
@@ -243,6 +247,8 @@ def evaluate_model(
 
     gen_seconds, new_tokens = 0.0, 0
     if todo:
+        _phase(f"generate: {len(todo)} problems, {decoding.batch_size} at a time, up to {decoding.max_new_tokens} "
+               "new tokens each (greedy)")
         t0 = time.perf_counter()
         gens = generate_completions(
             model, tokenizer, todo, decoding, progress=progress, on_batch=lambda b: _append_samples(samples_path, b)
@@ -254,6 +260,7 @@ def evaluate_model(
 
     t0 = time.perf_counter()
     config = exec_config if exec_config is not None else ExecutionConfig()
+    _phase(f"execute: {len(samples)} programs in the sandbox, {config.workers} at a time -> {out / RESULTS_FILE}")
     results = execute_samples(chosen, samples, out_path=out / RESULTS_FILE, config=config, progress=progress)
     exec_seconds = time.perf_counter() - t0
 
@@ -294,6 +301,30 @@ def evaluate_model(
     }
     _write_json_atomic(out / SUMMARY_FILE, summary)
     return summary
+
+
+def _phase(line: str) -> None:
+    """One line on stderr when a phase of the evaluation starts (load, generate, execute)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def _lazy_model(
+    checkpoint_dir: str | Path, info: Mapping[str, Any] | None, dtype: torch.dtype, device_map: Any, progress: bool,
+    weights: str,
+) -> Any:
+    """A function that loads the checkpoint on its first call (with a phase line) and returns it after."""
+    loaded: list[Any] = []
+
+    def model_and_tokenizer() -> tuple[Any, Any]:
+        if not loaded:
+            kind = (info or {}).get("format", "")
+            _phase(f"load: {checkpoint_dir} ({kind + ' ' if kind else ''}safetensors -> "
+                   f"{str(dtype).removeprefix('torch.')} model, weights {weights})")
+            loaded.extend(load_model(checkpoint_dir, dtype=dtype, device_map=device_map, progress=progress,
+                                     weights=weights))
+        return loaded[0], loaded[1]
+
+    return model_and_tokenizer
 
 
 def _model_info(model: Any) -> dict[str, Any] | None:
@@ -350,15 +381,11 @@ def evaluate_checkpoint(
     Example:
         >>> evaluate_checkpoint("runs/sft/final", out_dir="runs/sft/final-mbxp", limit=100)  # doctest: +SKIP
     """
+    check_output_dir(out_dir, "--out")  # checks before work: nothing loaded or created until they pass
     problems = select_problems(load_problems(find_problems_file(problems_path)), limit)
+    check_checkpoint_dir(checkpoint_dir, "--checkpoint")
     info = describe_checkpoint(checkpoint_dir)
-    loaded: list[Any] = []
-
-    def model_and_tokenizer() -> tuple[Any, Any]:
-        if not loaded:
-            loaded.extend(load_model(checkpoint_dir, dtype=dtype, device_map=_device_map_for(device, device_map),
-                                     progress=progress, weights=weights))
-        return loaded[0], loaded[1]
+    model_and_tokenizer = _lazy_model(checkpoint_dir, info, dtype, _device_map_for(device, device_map), progress, weights)
 
     return _evaluate_loaded(problems, Path(out_dir), info, model_and_tokenizer, batch_size, max_new_tokens, limit,
                             exec_config, progress)
@@ -420,14 +447,10 @@ def evaluate_checkpoint_languages(
     ``pass@1``, ``n_tasks``, ``passed``, ``toolchain_missing``, ``pass@1_runnable`` and the
     failure-class counts. ``on_language(language, summary)`` is called after each language.
     """
+    check_output_dir(out_dir, "--out")
+    check_checkpoint_dir(checkpoint_dir, "--checkpoint")
     info = describe_checkpoint(checkpoint_dir)
-    loaded: list[Any] = []
-
-    def model_and_tokenizer() -> tuple[Any, Any]:
-        if not loaded:
-            loaded.extend(load_model(checkpoint_dir, dtype=dtype, device_map=_device_map_for(device, device_map),
-                                     progress=progress, weights=weights))
-        return loaded[0], loaded[1]
+    model_and_tokenizer = _lazy_model(checkpoint_dir, info, dtype, _device_map_for(device, device_map), progress, weights)
 
     out = Path(out_dir)
     table: dict[str, Any] = {}

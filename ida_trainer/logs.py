@@ -234,8 +234,14 @@ class RunLogger:
         self.mllog.event("eval_accuracy", rec["pass@1"], {"step_num": step, "samples_count": samples_count,
                                                              "num_degenerate": rec["num_degenerate"]})
         self.mllog.end("eval_stop", None, {"step_num": step})
-        self.print(f"eval  step {step}: pass@1 {rec['pass@1']} on {rec['num_problems']} problems, "
-                   f"degenerate outputs {rec['num_degenerate']}")
+        passed, n = summary.get("passed"), rec["num_problems"]
+        if isinstance(passed, int) and isinstance(n, int):
+            from ida_eval.analysis import format_pass_at_1
+
+            score = format_pass_at_1(passed, n)
+        else:
+            score = f"{rec['pass@1']} on {n} problems"
+        self.print(f"eval  step {step}: pass@1 {score}, degenerate outputs {rec['num_degenerate']}")
 
     def close(self) -> None:
         """Close the progress bar."""
@@ -250,10 +256,9 @@ class RunLogger:
             atomic_write_text(path, json.dumps(report, indent=2, default=str) + "\n")
         return path
 
-    def plot_loss(self, *, title: str) -> Path | None:
-        """Write ``loss.png`` (loss per step, eval pass@1 on a second axis when there is any)."""
-        if not self.enabled or not self.losses:
-            return None
+    def loss_figure(self, *, title: str) -> Any:
+        """The matplotlib figure of :meth:`plot_loss`: the loss curve, and pass@1 of each eval as red dots on
+        a second axis, with one legend naming both."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -261,19 +266,32 @@ class RunLogger:
 
         fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
         steps, losses = zip(*self.losses)
-        ax.plot(steps, losses, lw=1.2, label="train loss")
+        ax.plot(steps, losses, lw=1.2, label="train loss (left axis)")
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("loss (nats / supervised token)")
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
+        handles, labels = ax.get_legend_handles_labels()
         evals = [e for e in self.evals if e["pass@1"] is not None]
         if evals:
             ax2 = ax.twinx()
             ax2.plot([e["step"] for e in evals], [e["pass@1"] for e in evals], "o--", color="tab:red",
-                     label="pass@1")
+                     label="pass@1 of the eval (right axis)")
             ax2.set_ylabel("pass@1")
             ax2.set_ylim(-0.02, 1.02)
+            h2, l2 = ax2.get_legend_handles_labels()
+            handles, labels = handles + h2, labels + l2
+        ax.legend(handles, labels, loc="upper right", fontsize=8)
         fig.tight_layout()
+        return fig
+
+    def plot_loss(self, *, title: str) -> Path | None:
+        """Write ``loss.png`` (loss per step, eval pass@1 on a second axis when there is any)."""
+        if not self.enabled or not self.losses:
+            return None
+        import matplotlib.pyplot as plt
+
+        fig = self.loss_figure(title=title)
         path = self.out / "loss.png"
         tmp = self.out / ".loss.png.tmp.png"
         fig.savefig(tmp)

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ida_common.cli import check_input_file, check_output_dir
 from ida_trainer import checkpoint as ckpt
 from ida_trainer.cli import to_toml
 from ida_trainer.config import JobConfig, to_dict, warn_ignored, with_overrides
@@ -154,9 +155,25 @@ class Trainer:
 
         return Path(self.cfg.data.path) if self.cfg.data.path else corpus_path()
 
+    def preflight(self) -> None:
+        """Checks before work, on every rank, before any directory is created or anything is loaded: the
+        run directory can be written, the data and problems files exist, the base model directory has a
+        config and tokenizer files. Each failure is one ``ValueError`` naming the flag and the path."""
+        cfg = self.cfg
+        check_output_dir(cfg.out, "--out")
+        if cfg.data.path:
+            check_input_file(cfg.data.path, "--data")
+        if cfg.eval.problems:
+            check_input_file(cfg.eval.problems, "--eval.problems")
+        if not cfg.is_demo:
+            from ida_eval.loader import check_checkpoint_dir
+
+            check_checkpoint_dir(cfg.model.base, "--base")
+
     def setup(self) -> None:
         """Build everything, resume if asked; all user errors surface here, before step 1."""
         cfg = self.cfg
+        self.preflight()
         if self.is_main:
             prepare_run_dir(cfg, say=self._say)
             self.out.mkdir(parents=True, exist_ok=True)
@@ -315,8 +332,6 @@ class Trainer:
                       f"{dict(zip(self.untrained.reinitialised, self.untrained.tokens))}")
         elif self.start_step == 0:
             self._say("special tokens: no untrained (duplicate or near-zero) embedding rows among used tokens")
-        if cfg.is_demo and self.start_step == 0:
-            self._say(DEMO_NOTE)
 
     @staticmethod
     def _backend() -> str:
@@ -391,14 +406,16 @@ class Trainer:
                                               rename=ckpt.parse_prefix_mapping(cfg.checkpoint.export_prefix))
             export = {"dir": str(export_dir), "data_sha256": manifest["data_sha256"],
                       "num_tensors": len(manifest["tensors"])}
-            self._say(f"exported {export_dir} (header-only rename, {export['num_tensors']} tensors sha256-checked, "
-                      f"data sha256 {manifest['data_sha256'][:16]}...)")
+            self._say(f"export: {final_ckpt} -> {export_dir} (header-only rename, {export['num_tensors']} tensors "
+                      f"sha256-checked, data sha256 {manifest['data_sha256'][:16]}...)")
         final_eval = None
         if cfg.eval.final and self.is_main and final_ckpt is not None:
             final_eval = self.evaluate(cfg.train.steps, checkpoint_dir=Path(export.get("dir", final_ckpt)))
             if cfg.is_demo and final_eval is not None:
-                self._say(f"demo: pass@1 {final_eval.get('pass@1')} on {final_eval.get('n_tasks')} problems whose "
-                          "solutions are in the training corpus. " + DEMO_NOTE)
+                from ida_eval.analysis import format_pass_at_1
+
+                score = format_pass_at_1(int(final_eval.get("passed") or 0), int(final_eval.get("n_tasks") or 0))
+                self._say(f"demo: pass@1 {score} on problems whose solutions are in the training corpus. {DEMO_NOTE}")
         return self._report(records, time.perf_counter() - t_start, final_ckpt, export, final_eval)
 
     def _report(self, records: list[dict[str, Any]], wall: float, final_ckpt: Path | None,

@@ -498,7 +498,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="MXFP8 (E4M3 + UE8M0/32) safetensors checkpoint tool. Exit status: 0 ok, 1 verify/demo "
         "check failed, 2 bad input, 3 cannot run here, 70 internal error, 130 interrupted (docs/cli.md).",
     )
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(
+        dest="command", required=True, help="the command (python -m mxfp8_codec COMMAND --help for its options)"
+    )
 
     s = sub.add_parser("inspect", help="tensor table and metadata of a file or checkpoint directory")
     s.add_argument("path", help="a .safetensors file or a checkpoint directory")

@@ -123,6 +123,9 @@ def test_cli_ctrl_c_and_sandbox_failure_end_in_one_line_and_resume(setup, tmp_pa
         return generate(*args, on_batch=append_then_interrupt, **kwargs)
 
     out = tmp_path / "run"
+    (tmp_path / "ckpt").mkdir()  # what the CLI checks before work: a config and tokenizer files
+    (tmp_path / "ckpt" / "config.json").write_text("{}")
+    (tmp_path / "ckpt" / "tokenizer.json").write_text("{}")
     args = ["--checkpoint", str(tmp_path / "ckpt"), "--problems", str(problems), "--out", str(out),
             "--limit", "3", "--batch-size", "2", "--max-new-tokens", "10", "--device", "cpu",
             "--workers", "2", "--no-progress"]

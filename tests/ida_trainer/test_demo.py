@@ -4,6 +4,7 @@ demo pipeline (train nvfp4 -> checkpoint -> header-only export -> sandboxed eval
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -77,8 +78,13 @@ def test_demo_pipeline_end_to_end(tmp_path, capsys):
                "--eval.max_new_tokens", "24", "--train.global_batch_size", "2", "--model.hidden_size", "32",
                "--model.intermediate_size", "64", "--model.num_heads", "2", "--train.progress", "false"])
     assert rc == 0
-    text = capsys.readouterr().out
-    assert "says nothing about model quality" in text and "pass@1" in text
+    captured = capsys.readouterr()
+    text = captured.out
+    assert text.count("says nothing about model quality") == 1  # the NOTE once, beside the score
+    assert re.search(r"^demo: pass@1 \d+\.\d % \(\d/3\) on problems", text, re.M), text
+    assert re.search(r"^export: \S+ckpt-\d+ -> \S+export \(header-only rename", text, re.M), text
+    for phase in ("load: ", "generate: ", "execute: "):  # one line as each phase of the final eval starts
+        assert any(line.startswith(phase) for line in captured.err.splitlines()), (phase, captured.err)
     assert [r["step"] for r in read_train_log(out / "train_log.jsonl")] == [1, 2, 3, 4]
     report = json.loads((out / "report.json").read_text())
     assert report["demo"] and report["precision"]["recipe"] == "nvfp4"

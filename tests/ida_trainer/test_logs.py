@@ -101,6 +101,8 @@ def test_report_and_plot(tmp_path):
     assert json.loads(log.write_report({"a": 1}).read_text()) == {"a": 1}
     png = log.plot_loss(title="t")
     assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    legend = log.loss_figure(title="t").axes[0].get_legend()  # the red pass@1 dot is named, not guessed
+    assert [t.get_text() for t in legend.get_texts()] == ["train loss (left axis)", "pass@1 of the eval (right axis)"]
 
 
 def test_disabled_logger_writes_nothing(tmp_path):

@@ -1,0 +1,233 @@
+"""Every command line speaks with one voice (docs/cli.md): each bad input of issue 9 ends in ONE line
+``PROG: error: ...`` naming what is wrong, with the documented exit status, no traceback, and nothing
+created. The real CLIs run as subprocesses (``python -m ...``) with this checkout first on the path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ida_common.cli import EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE
+
+REPO = Path(__file__).resolve().parents[1]
+TIMEOUT = 300
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("IDA_DEBUG", "RANK")}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def cli(module: str, *args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=cwd,
+                          env=_env(**env), timeout=TIMEOUT, check=False)
+
+
+def assert_one_line(res: subprocess.CompletedProcess[str], status: int, prefix: str) -> str:
+    """The run ended with ``status`` and exactly one error line starting with ``prefix``; returns it."""
+    assert "Traceback" not in res.stderr, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ": error: " in ln or ": internal error: " in ln]
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith(prefix), (lines[0], prefix)
+    assert res.returncode == status, (res.returncode, res.stderr)
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def base_without_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model directory with config and weights but no tokenizer files."""
+    d = tmp_path_factory.mktemp("base")
+    (d / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    from mxfp8_codec import write_safetensors
+
+    write_safetensors(d / "model.safetensors", {"lm_head.weight": np.zeros((4, 4), np.float32)})
+    return d
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    f = tmp_path_factory.mktemp("data") / "sft.jsonl"
+    f.write_text(json.dumps({"instruction": "x", "output": "y"}) + "\n")
+    return f
+
+
+# ------------------------------------------------------------------------------------------ mxfp8_codec
+
+
+def test_codec(tmp_path: Path) -> None:
+    res = cli("mxfp8_codec", "demo", "/proc/x", cwd=tmp_path)
+    assert_one_line(res, EXIT_USAGE, "mxfp8_codec: error: OUT_DIR /proc/x: cannot create a directory in /proc")
+    res = cli("mxfp8_codec", "verify", str(tmp_path / "nope.safetensors"), cwd=tmp_path)
+    assert_one_line(res, EXIT_USAGE, f"mxfp8_codec: error: {tmp_path / 'nope.safetensors'}: no such file")
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}      ")
+    res = cli("mxfp8_codec", "verify", str(bad), cwd=tmp_path)  # verify ran and the file failed it: 1
+    assert_one_line(res, EXIT_FAILED, f"mxfp8_codec: error: {bad}: ")
+    res = cli("mxfp8_codec", "inspect", str(bad), cwd=tmp_path)  # the same file as input to inspect: 2
+    assert_one_line(res, EXIT_USAGE, f"mxfp8_codec: error: {bad}: ")
+    res = cli("mxfp8_codec", "rename", str(bad), str(tmp_path / "o.safetensors"), "--prefix", "novalue", cwd=tmp_path)
+    assert_one_line(res, EXIT_USAGE, "mxfp8_codec: error: ")
+    res = cli("mxfp8_codec", "inspect", cwd=tmp_path)
+    line = assert_one_line(res, EXIT_USAGE, "mxfp8_codec: error: the following arguments are required: path")
+    assert line.endswith("(see python -m mxfp8_codec inspect --help)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.safetensors"]
+
+
+def test_every_positional_and_flag_has_help() -> None:
+    """--help of every command: each positional and option carries help text; no RST backticks."""
+    import argparse
+
+    from ida_eval import execute, mbxp
+    from mxfp8_codec.cli import build_parser
+
+    def parsers(p: argparse.ArgumentParser):
+        yield p
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for sub in a.choices.values():
+                    yield from parsers(sub)
+
+    captured = []
+    for main in (mbxp.main, execute.main):
+        from tests.ida_eval.test_docs import _capture_parser
+
+        captured.append(_capture_parser(main))
+    nvfp4_help = subprocess.run([sys.executable, "-m", "nvfp4_cuda", "--help"], capture_output=True, text=True,
+                                env=_env(), timeout=TIMEOUT, check=True).stdout
+    assert "``" not in nvfp4_help and "`" not in nvfp4_help
+    for top in (build_parser(), *captured):
+        for p in parsers(top):
+            for a in p._actions:
+                if isinstance(a, argparse._HelpAction):
+                    continue
+                assert a.help, f"{p.prog}: {a.option_strings or a.dest} has no help text"
+            assert "``" not in p.format_help(), p.prog
+
+
+# ------------------------------------------------------------------------------------------ ida_trainer
+
+
+def test_trainer_checks_before_work(tmp_path: Path, base_without_tokenizer: Path, data_file: Path) -> None:
+    res = cli("ida_trainer", "--out", "/proc/x", cwd=tmp_path)
+    assert_one_line(res, EXIT_USAGE, "ida_trainer: error: --out /proc/x: cannot create a directory in /proc")
+    res = cli("ida_trainer", "--data", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "r1"), cwd=tmp_path)
+    assert_one_line(res, EXIT_USAGE, f"ida_trainer: error: --data {tmp_path / 'nope.jsonl'}: no such file")
+    real = ["--preset", "minitron-4b", "--base", str(base_without_tokenizer)]
+    res = cli("ida_trainer", *real, "--data", str(data_file), "--out", str(tmp_path / "r2"), cwd=tmp_path)
+    assert_one_line(res, EXIT_USAGE, f"ida_trainer: error: no tokenizer files in {base_without_tokenizer}")
+    # the data file is checked before the model directory
+    res = cli("ida_trainer", *real, "--data", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "r3"), cwd=tmp_path)
+    assert_one_line(res, EXIT_USAGE, f"ida_trainer: error: --data {tmp_path / 'nope.jsonl'}: no such file")
+    res = cli("ida_trainer", "--bogus", cwd=tmp_path)
+    line = assert_one_line(res, EXIT_USAGE, "ida_trainer: error: command line: unknown argument '--bogus'")
+    assert line.endswith("(see python -m ida_trainer --help)")
+    res = cli("ida_trainer", "--train.steps", "zero", cwd=tmp_path)
+    assert_one_line(res, EXIT_USAGE, "ida_trainer: error: invalid setting train.steps = 'zero'")
+    assert list(tmp_path.iterdir()) == []  # no run directory, no config.toml, nothing
+    res = cli("ida_trainer.memory", "--stages", "x", cwd=tmp_path)
+    assert_one_line(res, EXIT_USAGE, "ida_trainer.memory: error: argument --stages: invalid int value: 'x'")
+
+
+def test_trainer_non_zero_rank_is_silent(tmp_path: Path) -> None:
+    """Under torchrun every rank fails the same check; only rank 0 prints it."""
+    res = cli("ida_trainer", "--out", "/proc/x", cwd=tmp_path, RANK="1", WORLD_SIZE="2")
+    assert res.returncode == EXIT_USAGE and res.stderr == ""
+    res = cli("ida_trainer", "--out", "/proc/x", cwd=tmp_path, RANK="0", WORLD_SIZE="2")
+    assert_one_line(res, EXIT_USAGE, "ida_trainer: error: --out /proc/x")
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    res = cli("ida_trainer", "--out", "/proc/x", "--debug", cwd=tmp_path)
+    assert res.returncode == 1 and "Traceback" in res.stderr and "ValueError: --out /proc/x" in res.stderr
+    res = cli("mxfp8_codec", "verify", str(tmp_path / "nope"), cwd=tmp_path, IDA_DEBUG="1")
+    assert "Traceback" in res.stderr
+
+
+# ------------------------------------------------------------------------------------------ ida_eval
+
+
+def test_eval_checks_before_work(tmp_path: Path, base_without_tokenizer: Path) -> None:
+    problems = tmp_path / "p.jsonl"
+    problems.write_text(json.dumps({"task_id": "T/0", "prompt": "def f():\n", "entry_point": "f",
+                                    "canonical_solution": "    return 1\n", "test": "def check(c):\n    assert c() == 1\n"})
+                        + "\n")
+    res = cli("ida_eval.mbxp", "--checkpoint", str(base_without_tokenizer), "--problems", str(problems),
+              "--out", "/proc/x", cwd=tmp_path)
+    assert_one_line(res, EXIT_USAGE, "ida_eval.mbxp: error: --out /proc/x: cannot create a directory in /proc")
+    res = cli("ida_eval.mbxp", "--checkpoint", str(base_without_tokenizer), "--problems", str(problems),
+              "--out", str(tmp_path / "run"), cwd=tmp_path)
+    assert_one_line(res, EXIT_USAGE, f"ida_eval.mbxp: error: no tokenizer files in {base_without_tokenizer}")
+    res = cli("ida_eval.mbxp", "--checkpoint", str(tmp_path / "nockpt"), "--problems", str(problems),
+              "--out", str(tmp_path / "run"), cwd=tmp_path)
+    assert_one_line(res, EXIT_USAGE, f"ida_eval.mbxp: error: --checkpoint {tmp_path / 'nockpt'}: no such directory")
+    res = cli("ida_eval.mbxp", "--compare", str(tmp_path), str(tmp_path), cwd=tmp_path)
+    assert_one_line(res, EXIT_USAGE, "ida_eval.mbxp: error: ")
+    res = cli("ida_eval.mbxp", cwd=tmp_path)
+    assert_one_line(res, EXIT_USAGE, "ida_eval.mbxp: error: give --checkpoint DIR")
+    res = cli("ida_eval.execute", "--problems", str(problems), "--canonical", "--out", "/proc/x/r.jsonl", cwd=tmp_path)
+    assert_one_line(res, EXIT_USAGE, "ida_eval.execute: error: --out /proc/x/r.jsonl: cannot create a directory")
+    res = cli("ida_eval.execute", "--problems", str(tmp_path / "nope.jsonl"), "--canonical",
+              "--out", str(tmp_path / "r.jsonl"), cwd=tmp_path)
+    assert_one_line(res, EXIT_USAGE, f"ida_eval.execute: error: {tmp_path / 'nope.jsonl'}")
+    res = cli("ida_eval.execute", "--problems", str(problems), "--out", str(tmp_path / "r.jsonl"), cwd=tmp_path)
+    assert_one_line(res, EXIT_USAGE, "ida_eval.execute: error: give exactly one of --samples or --canonical")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.jsonl"]  # no run directory, no results file
+
+
+def test_load_model_names_missing_tokenizer_files(base_without_tokenizer: Path) -> None:
+    from ida_eval import CheckpointLoadError, load_model
+
+    with pytest.raises(CheckpointLoadError, match=f"^no tokenizer files in {base_without_tokenizer} "):
+        load_model(base_without_tokenizer)
+
+
+def test_execute_resumes_and_says_so_and_ctrl_c_is_one_line(tmp_path: Path) -> None:
+    problems = tmp_path / "p.jsonl"
+    rows = [{"task_id": f"T/{i}", "prompt": "def f():\n", "entry_point": "f", "canonical_solution": "    return 1\n",
+             "test": "def check(c):\n    assert c() == 1\n"} for i in range(3)]
+    problems.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "r.jsonl"
+    args = ("--problems", str(problems), "--canonical", "--out", str(out), "--no-progress", "--workers", "1")
+    assert cli("ida_eval.execute", *args, cwd=tmp_path).returncode == 0
+    res = cli("ida_eval.execute", *args, cwd=tmp_path)
+    assert res.returncode == 0 and f"resumed: 3 of 3 already done (execution, {out})" in res.stderr.splitlines()
+
+    samples = tmp_path / "s.jsonl"  # a program that runs long enough to be interrupted
+    samples.write_text(json.dumps({"task_id": "T/0", "completion": "    import time; time.sleep(60); return 1\n"}) + "\n")
+    out2 = tmp_path / "r2.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "ida_eval.execute", "--problems", str(problems), "--samples",
+                             str(samples), "--out", str(out2), "--no-progress"], cwd=tmp_path, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + TIMEOUT
+    assert proc.stderr is not None
+    first = proc.stderr.readline()  # "isolation: ..." is printed just before the programs start
+    assert first.startswith("isolation: "), first
+    time.sleep(2.0)
+    assert time.monotonic() < deadline
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == EXIT_INTERRUPTED, err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1] == (f"ida_eval.execute: interrupted; finished results are kept in {out2}: "
+                                    "rerun the same command (same --out) to resume")
+
+
+def test_cannot_run_here_is_status_3(tmp_path: Path) -> None:
+    res = subprocess.run([sys.executable, "-m", "nvfp4_cuda", "build"], capture_output=True, text=True, cwd=tmp_path,
+                         env=_env(PATH=str(tmp_path), HOME=str(tmp_path), NVFP4_CUDA_CACHE_DIR=str(tmp_path / "c"),
+                                  IDA_CACHE_DIR=str(tmp_path / "c"), CUDA_HOME=str(tmp_path / "none")),
+                         timeout=TIMEOUT, check=False)
+    assert_one_line(res, EXIT_CANNOT_RUN, "nvfp4_cuda: error: ")
+    res = cli("nvfp4_cuda", "bogus", cwd=tmp_path)
+    assert_one_line(res, EXIT_USAGE, "nvfp4_cuda: error: argument")
