@@ -206,14 +206,15 @@ class Run:
         argv: the arguments, ``--debug`` removed.
         debug: tracebacks wanted (``--debug`` or ``IDA_DEBUG=1``).
         kept: what an interruption keeps and how to resume (``"finished results are kept in r.jsonl:
-            rerun the same command to resume"``); set it as soon as there is something to resume.
+            rerun the same command to resume"``); set it as soon as there is something to resume. A
+            callable is asked at the moment of the interruption (it may look at what is on disk).
             ``None``: the Ctrl-C line says only ``interrupted``.
     """
 
     prog: str
     argv: list[str]
     debug: bool = False
-    kept: str | None = None
+    kept: str | Callable[[], str | None] | None = None
 
     def warn(self, message: str) -> None:
         """Print ``PROG: warning: message`` once (rank 0)."""
@@ -234,8 +235,13 @@ def _print(line: str, stream: TextIO | None = None) -> None:
         pass
 
 
-def _line(prog: str, exc: BaseException, status: int, kept: str | None) -> str:
+def _line(prog: str, exc: BaseException, status: int, kept: str | Callable[[], str | None] | None) -> str:
     if status == EXIT_INTERRUPTED and isinstance(exc, KeyboardInterrupt):
+        if callable(kept):
+            try:
+                kept = kept()
+            except Exception:  # noqa: BLE001 - the interruption line must still be printed
+                kept = None
         return f"{prog}: interrupted" + (f"; {kept}" if kept else "")
     text = describe(exc)
     if status == EXIT_INTERNAL:

@@ -9,8 +9,13 @@ only rank 0 prints.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ida_common.cli import CheckFailed, Run, run_main
+
+if TYPE_CHECKING:
+    from ida_trainer.config import JobConfig
 
 PROG = "ida_trainer"
 
@@ -30,13 +35,25 @@ def _run(run: Run) -> int:
     from ida_trainer.engine import NonFiniteError
     from ida_trainer.trainer import run as run_job
 
-    run.kept = (f"checkpoints written so far are kept in {cfg.out}/checkpoints: rerun the same command with "
-                "--resume to continue from the newest one")
+    run.kept = lambda: _kept(cfg)
     try:
         run_job(cfg)
     except NonFiniteError as err:
         raise CheckFailed(f"training failed: {err}") from None
     return 0
+
+
+def _kept(cfg: JobConfig) -> str:
+    """What a Ctrl-C keeps: the newest complete checkpoint to resume from, or nothing yet."""
+    from ida_trainer.checkpoint import latest_checkpoint
+    from ida_trainer.rundir import DEMO_OUT
+
+    root = Path(cfg.out) / "checkpoints"
+    newest = latest_checkpoint(root) if root.is_dir() else None
+    if newest is not None:
+        return f"the newest checkpoint is {newest}: rerun the same command with --resume to continue from it"
+    again = "rerun the same command" + ("" if cfg.out == DEMO_OUT and cfg.is_demo else " with --overwrite")
+    return f"no checkpoint was written yet (checkpoint.every sets how often): {again} to start again"
 
 
 if __name__ == "__main__":

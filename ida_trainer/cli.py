@@ -32,6 +32,7 @@ from ida_trainer.config import (
     SECTIONS,
     JobConfig,
 )
+from ida_trainer.demo.build import DEMO_DURATION
 
 # --------------------------------------------------------------------------------------------------
 # Presets: real configurations (the base directory comes from the user).
@@ -275,7 +276,7 @@ def _is_number(s: str) -> bool:
 def usage() -> str:
     """One-screen help text listing presets, friendly flags and every dotted setting."""
     lines = ["usage: python -m ida_trainer [--config FILE.toml] [--preset NAME] [--section.key VALUE ...]",
-             "  no arguments: the embedded demo (tiny Nemotron, nvfp4, a few minutes on CPU)",
+             f"  no arguments: the embedded demo (tiny Nemotron, nvfp4 on CPU, {DEMO_DURATION}; writes runs/demo)",
              f"  presets: {', '.join(PRESETS)}",
              "  --debug: full tracebacks instead of one-line errors (also IDA_DEBUG=1); exit status 0 ok, "
              "1 training diverged, 2 bad input, 3 cannot run here, 70 internal error, 130 interrupted (docs/cli.md)",

@@ -6,6 +6,7 @@ See :mod:`ida_trainer.demo.build` for what the demo shows and what it does not (
 from ida_trainer.demo.build import (
     CHAT_TEMPLATE,
     DEMO_DIR,
+    DEMO_DURATION,
     EOS_TOKEN,
     SPECIAL_TOKENS,
     build_demo_model,
@@ -18,6 +19,7 @@ from ida_trainer.demo.build import (
 __all__ = [
     "CHAT_TEMPLATE",
     "DEMO_DIR",
+    "DEMO_DURATION",
     "EOS_TOKEN",
     "SPECIAL_TOKENS",
     "build_demo_model",
