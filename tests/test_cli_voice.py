@@ -255,3 +255,31 @@ def test_trainer_ctrl_c_is_one_line_and_resume_warning_is_in_the_voice(tmp_path:
     warning = f"ida_trainer: warning: --resume: no complete checkpoint in {tmp_path / 'fresh' / 'checkpoints'}"
     assert any(ln.startswith(warning) for ln in res.stderr.splitlines()), res.stderr
     assert "UserWarning" not in res.stderr and "warnings.warn(" not in res.stderr
+
+
+# ------------------------------------------------------------------------------------------ set-up commands
+
+
+def test_readme_commands_and_ci_agree() -> None:
+    """README's first two commands are the demo and the tests through scripts/dev.py; .ci/run runs the second."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    block = readme.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    commands = [line.split("#", 1)[0].strip() for line in block]
+    assert commands[:2] == ["python3 scripts/dev.py demo", "python3 scripts/dev.py test"]
+    assert "Python >= 3.10" in readme and "--index-url https://download.pytorch.org/whl/cpu" in readme
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    assert 'scripts/dev.py test "$@"' in ci
+    import tomllib
+
+    assert tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"] == ">=3.10"
+
+
+def test_dev_script_errors_are_one_line(tmp_path: Path) -> None:
+    dev = [sys.executable, str(REPO / "scripts" / "dev.py")]
+    res = subprocess.run([*dev, "bogus"], capture_output=True, text=True, env=_env(), timeout=TIMEOUT, check=False)
+    assert_one_line(res, EXIT_USAGE, "dev.py: error: unknown command 'bogus': use demo, test or setup")
+    res = subprocess.run([*dev, "setup"], capture_output=True, text=True, timeout=TIMEOUT, check=False,
+                         env=_env(IDA_PYTHON=str(tmp_path / "nope" / "python")))
+    assert_one_line(res, EXIT_USAGE, f"dev.py: error: IDA_PYTHON={tmp_path / 'nope' / 'python'}: no such interpreter")
+    res = subprocess.run([*dev, "--help"], capture_output=True, text=True, env=_env(), timeout=TIMEOUT, check=False)
+    assert res.returncode == 0 and "usage: python3 scripts/dev.py {demo,test,setup}" in res.stdout
