@@ -1,6 +1,6 @@
 """Builders for the embedded demo: a tiny NemotronForCausalLM, a tokenizer trained on the spot, a shipped code corpus.
 
-``python -m ida_trainer`` with no arguments trains this model for a few minutes on CPU with the nvfp4
+``python -m ida_trainer`` with no arguments trains this model on CPU (:data:`DEMO_DURATION`) with the nvfp4
 recipe, exports the MXFP8 checkpoint and scores it with ``ida_eval`` on problems whose solutions are in
 the corpus. It demonstrates that every stage of the pipeline runs end to end on real components
 (tokenizers BPE, transformers' Nemotron with relu^2 MLP and LayerNorm1P, NVFP4 linears, the MXFP8
