@@ -213,6 +213,9 @@ def test_not_a_checkpoint(tmp_path):
     with pytest.raises(CheckpointLoadError, match="no config.json"):
         load_model(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(CheckpointLoadError, match=f"^no tokenizer files in {tmp_path} "):  # before transformers'
+        load_model(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{}")
     with pytest.raises(CheckpointLoadError, match="no loadable safetensors"):
         load_model(tmp_path)
 
