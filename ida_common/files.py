@@ -64,6 +64,7 @@ from ida_common.killpoint import kill_point
 __all__ = [
     "atomic_directory",
     "atomic_output",
+    "atomic_write_text",
     "check_output",
     "copy_file_atomic",
     "fsync_tree",
@@ -235,6 +236,12 @@ def fsync_tree(root: str | os.PathLike[str]) -> None:
                 _fsync_path(p, directory=False)
         with contextlib.suppress(OSError):
             _fsync_path(Path(dirpath), directory=True)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` through :func:`atomic_output`: complete or not at all."""
+    with atomic_output(path) as f:
+        f.write(text.encode("utf-8"))
 
 
 def copy_file_atomic(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:

@@ -64,7 +64,7 @@ from ida_eval.generate import (
     Generation,
     generate_completions,
 )
-from ida_common.files import atomic_output
+from ida_common.files import atomic_write_text
 from ida_common.jsonl import iter_jsonl, repair_torn_tail
 from ida_eval.languages import LANGUAGES, language_of
 from ida_eval.loader import check_checkpoint_dir, describe_checkpoint, load_model
@@ -86,8 +86,7 @@ class RunDirError(ValueError):
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:
-    with atomic_output(path) as f:
-        f.write((json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+    atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
 
 def read_samples(path: Path) -> dict[str, dict[str, Any]]:

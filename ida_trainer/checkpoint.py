@@ -42,8 +42,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ida_common.files import atomic_write_text
 from ida_common.killpoint import kill_point
-from ida_trainer.logs import atomic_write_text
 
 CKPT_PREFIX = "ckpt-"
 TMP_SUFFIX = ".tmp"

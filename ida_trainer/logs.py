@@ -34,21 +34,15 @@ from typing import Any
 
 import torch
 
+from ida_common.files import atomic_output, atomic_write_text
 from ida_common.jsonl import iter_jsonl, repair_torn_tail
 from ida_common.killpoint import kill_point
-from ida_common.files import atomic_output
 
 MLLOG_PREFIX = ":::MLLOG "
 POINT_IN_TIME = "POINT_IN_TIME"
 INTERVAL_START = "INTERVAL_START"
 INTERVAL_END = "INTERVAL_END"
 STEP_KEYS = ("step", "loss", "grad_norm", "lr", "tokens_per_s", "mem_gib", "step_time_s", "valid_tokens")
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically: temp file in the same directory, fsync, ``os.replace``."""
-    with atomic_output(path) as f:
-        f.write(text.encode("utf-8"))
 
 
 def peak_memory_gib() -> float:

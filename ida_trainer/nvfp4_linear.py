@@ -33,13 +33,13 @@ import torch.nn as nn
 import nvfp4_cuda
 from mxfp8_codec import decode_mxfp8, encode_mxfp8
 from mxfp8_codec.constants import BLOCK_SIZE as MXFP8_BLOCK_SIZE  # along the last (out) axis of the master
+from nvfp4_cuda.formats import NVFP4_BLOCK  # elements per NVFP4 block (and side of a 2-D weight tile)
 
 if TYPE_CHECKING:
     from ida_trainer.config import PrecisionConfig
 
 __all__ = ["NVFP4Linear", "NVFP4LinearFunction", "nvfp4_modules", "tensor_id"]
 
-NVFP4_BLOCK = 16  # elements per NVFP4 block (and side of a 2-D weight tile)
 TENSOR_ID_MASK = 0x7FFF_FFFF  # tensor ids are 31-bit crc32 values of "name#use"
 
 

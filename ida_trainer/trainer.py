@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from ida_common.cli import check_input_file, check_output_dir
+from ida_common.files import atomic_write_text
 from ida_trainer import checkpoint as ckpt
 from ida_trainer.cli import to_toml
 from ida_trainer.config import JobConfig, to_dict, warn_ignored, with_overrides
@@ -52,7 +53,7 @@ from ida_trainer.engine import (
     grad_norm_and_clip,
     lr_at,
 )
-from ida_trainer.logs import RunLogger, atomic_write_text, peak_memory_gib
+from ida_trainer.logs import RunLogger, peak_memory_gib
 from ida_trainer.rundir import new_run_id, prepare_run_dir
 from ida_trainer.special_tokens import (
     UntrainedReport,
