@@ -1037,7 +1037,7 @@ for src in (
     "import os\\nfor i in range(3000):\\n    os.mkdir('d')\\n    os.chdir('d')",
     "open('/tmp/big', 'wb').write(b'x' * (8 << 20))",
     "import ctypes\\nassert ctypes.CDLL(None, use_errno=True).unshare(0x10000000) == -1",
-    "import os\\nassert os.listdir('/run') == [] and len(os.listdir('/tmp')) == 1",
+    "import os\\nassert os.listdir('/run') == [] and not os.path.exists(%r)" % {marker!r},  # the task's own /tmp
 ):
     res = sb.run_program(src, limits)
     out.append((res.passed, res.disk_full))
@@ -1058,15 +1058,18 @@ def test_a_non_root_runner_gets_the_same_sandbox_through_a_user_namespace() -> N
     if python is None or not readable:
         pytest.skip("no interpreter or checkout that the user nobody can read")
     tmp = Path(tempfile.mkdtemp(prefix="ida-nobody-"))  # (pytest's tmp_path is not searchable by others)
+    marker = Path(f"/tmp/ida-host-marker-{os.getpid()}")  # in the host's /tmp, so never in the task's
+    marker.touch()
     try:
         os.chown(tmp, 65534, 65534)
-        code = NON_ROOT_RUNNER.format(pkg_dir=pkg_dir, tmp=str(tmp))
+        code = NON_ROOT_RUNNER.format(pkg_dir=pkg_dir, tmp=str(tmp), marker=str(marker))
         env = {"PATH": sb.SAFE_PATH, "HOME": str(tmp), "TMPDIR": str(tmp)}
         r = subprocess.run(
             [runuser, "-u", "nobody", "--", python, "-c", code], env=env, capture_output=True, text=True, timeout=300
         )
     finally:
         shutil.rmtree(tmp)
+        marker.unlink()
     if r.returncode != 0 and "no sandbox isolation level" in r.stderr:
         pytest.skip(f"no isolation for an unprivileged user here: {r.stderr[-300:]}")
     assert r.returncode == 0, r.stderr[-2000:]
