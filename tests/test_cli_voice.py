@@ -194,12 +194,13 @@ def test_load_model_names_missing_tokenizer_files(base_without_tokenizer: Path) 
 
 def test_execute_resumes_and_says_so_and_ctrl_c_is_one_line(tmp_path: Path) -> None:
     problems = tmp_path / "p.jsonl"
-    rows = [{"task_id": f"T/{i}", "prompt": "def f():\n", "entry_point": "f", "canonical_solution": "    return 1\n",
-             "test": "def check(c):\n    assert c() == 1\n"} for i in range(3)]
+    rows = [{"task_id": f"T/{i}", "language": "python", "prompt": "def f():\n", "entry_point": "f",
+             "canonical_solution": "    return 1\n", "test": "def check(c):\n    assert c() == 1\n"} for i in range(3)]
     problems.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "r.jsonl"
     args = ("--problems", str(problems), "--canonical", "--out", str(out), "--no-progress", "--workers", "1")
     assert cli("ida_eval.execute", *args, cwd=tmp_path).returncode == 0
+    assert [json.loads(line)["passed"] for line in out.read_text().splitlines()] == [True] * 3
     res = cli("ida_eval.execute", *args, cwd=tmp_path)
     assert res.returncode == 0 and f"resumed: 3 of 3 already done (execution, {out})" in res.stderr.splitlines()
 
