@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,26 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _spawn_two(worker: Any, *args: Any) -> None:
+    """Run ``worker(rank, port, *args)`` in two processes on a fresh port.
+
+    A rank killed by a signal inside torch's C++ (gloo / TCPStore) is retried once: CI once saw rank 1
+    of the chunked-loss run abort with "terminate called without an active exception" (SIGABRT), and
+    1 of 73 local runs did the same, ~10 s in (before the first pipeline step), with no Python error;
+    the other 72, under CPU and disk load too, passed. A Python exception in a worker (a wrong result)
+    is never retried, and neither is a second crash.
+    """
+    for attempt in (1, 2):
+        try:
+            mp.spawn(worker, args=(_free_port(), *args), nprocs=2, join=True)
+            return
+        except mp.ProcessExitedException as exc:
+            if attempt == 2 or exc.signal_name is None:
+                raise
+            warnings.warn(f"rank {exc.error_index} died by {exc.signal_name}; running both ranks once more",
+                          stacklevel=2)
+
+
 def _init(rank: int, world: int, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
@@ -169,7 +190,7 @@ def chunked_grad_worker(rank: int, port: int, out: str) -> None:
 
 @pytest.mark.slow
 def test_pipeline_chunked_loss_gives_the_same_loss_and_gradients(tmp_path: Path) -> None:
-    mp.spawn(chunked_grad_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    _spawn_two(chunked_grad_worker, str(tmp_path))
     got = torch.load(tmp_path / "chunked.pt", weights_only=False)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -217,7 +238,7 @@ def fsdp_worker(rank: int, port: int, out: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["nvfp4", "bf16"])
 def test_pipeline_1f1b_equals_single_process_bit_for_bit(recipe: str, tmp_path: Path) -> None:
-    mp.spawn(pipeline_worker, args=(_free_port(), recipe, str(tmp_path)), nprocs=2, join=True)
+    _spawn_two(pipeline_worker, recipe, str(tmp_path))
     got = torch.load(tmp_path / "pipeline.pt", weights_only=False)
     ref_losses, ref_state = single_process_run(recipe)
     assert got["losses"] == ref_losses  # exact, step for step
@@ -234,7 +255,7 @@ def test_pipeline_1f1b_equals_single_process_bit_for_bit(recipe: str, tmp_path: 
 
 @pytest.mark.slow
 def test_fsdp_bf16_equals_single_process(tmp_path: Path) -> None:
-    mp.spawn(fsdp_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    _spawn_two(fsdp_worker, str(tmp_path))
     got = torch.load(tmp_path / "fsdp.pt", weights_only=False)
     ref_losses, ref_state = single_process_run("bf16")
     # Same computation; only the order of float32 gradient sums differs (two ranks' partial sums are
