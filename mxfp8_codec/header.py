@@ -203,6 +203,7 @@ def _object_hook(path: str) -> Any:
     are :class:`TensorEntry` named by their key. Equal shapes share one tuple.
     """
     shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
+    new_tuple = tuple.__new__  # TensorEntry(key, *spec) without the named tuple's Python-level __new__
 
     def duplicate(key: str) -> MXFP8Error:
         return _fail(path, key, "duplicate key in header JSON (safetensors would keep the last one)")
@@ -214,16 +215,18 @@ def _object_hook(path: str) -> Any:
             pairs[i] = None  # release each (key, compact) pair as its entry is made: one copy at a time
             if key in out:
                 raise duplicate(key)
-            out[key] = TensorEntry(key, *value) if type(value) is _Spec else value
+            out[key] = new_tuple(TensorEntry, (key, *value)) if type(value) is _Spec else value
         return out
 
     def hook(pairs: list[tuple[str, Any]]) -> Any:
         if len(pairs) != 3:
             return build(pairs)
-        d = dict(pairs)
-        if len(d) != 3:
-            return build(pairs)  # raises on the duplicate
-        dtype, shape, offsets = d.get("dtype"), d.get("shape"), d.get("data_offsets")
+        (k0, dtype), (k1, shape), (k2, offsets) = pairs
+        if k0 != "dtype" or k1 != "shape" or k2 != "data_offsets":  # keys in another order, or not an entry
+            d = dict(pairs)
+            if len(d) != 3:
+                return build(pairs)  # raises on the duplicate
+            dtype, shape, offsets = d.get("dtype"), d.get("shape"), d.get("data_offsets")
         if type(dtype) is not str or type(shape) is not list or type(offsets) is not list or len(offsets) != 2:
             return build(pairs)
         itemsize = _ITEMSIZE.get(dtype)
@@ -243,7 +246,7 @@ def _object_hook(path: str) -> Any:
         if nonzero > MAX_NONZERO_NUMEL or (0 if empty else nonzero) * itemsize != end - begin:
             return build(pairs)
         t = tuple(shape)
-        return _Spec((dtype, shapes.setdefault(t, t), begin, end))
+        return new_tuple(_Spec, (dtype, shapes.setdefault(t, t), begin, end))
 
     return hook
 

@@ -93,7 +93,10 @@ def _write_items(
         raise MXFP8Error(
             f"{path}: tensor {dup[0]!r}: name used twice (a '.scale' name collides with a quantized tensor's scale?)"
         )
-    prefix, _ = encode_header(((it.name, it.dtype, it.shape, it.nbytes) for it in items), metadata)
+    try:
+        prefix, _ = encode_header(((it.name, it.dtype, it.shape, it.nbytes) for it in items), metadata)
+    except MXFP8Error as exc:
+        raise MXFP8Error(f"{path}: {exc}") from None
     with atomic_output(path) as f:
         f.write(prefix)
         for it in tqdm(
