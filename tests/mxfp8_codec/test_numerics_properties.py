@@ -12,7 +12,7 @@ import math
 import ml_dtypes
 import numpy as np
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
@@ -189,6 +189,9 @@ def test_bf16_decode_is_exact_value_rounded_once(data: st.DataObject, shape: tup
         elements=st.floats(-(2.0**-118), 2.0**-118, width=32, exclude_min=True, exclude_max=True),
     )
 )
+# found by the explore profile (seed 9): at scale byte 1 a value below E4M3's smallest step 2^-135 is off
+# by up to half that step, 2^-136 -- more than the 2^-137 this test allowed for every scale
+@example(x=np.array([[2.7182724e-36, 3.8360545e-41]], np.float32))
 def test_tiny_blocks_encoded_exactly(x: np.ndarray) -> None:
     q, s = encode_mxfp8(x)
     # the rule asks for e < -127 below 1.75 * 2^-119 (clamped to byte 0), else e = -126 (byte 1)
@@ -200,7 +203,9 @@ def test_tiny_blocks_encoded_exactly(x: np.ndarray) -> None:
     ref = torch.from_numpy(x.astype(np.float64) * np.ldexp(1.0, -e)).to(torch.float8_e4m3fn).view(torch.uint8)
     assert np.array_equal(q, ref.numpy())
     d = decode_mxfp8(q, s).astype(np.float64)
-    assert (np.abs(d - x) <= np.maximum(np.abs(x) / 16, 2.0**-137)).all()
+    # E4M3 rounds to 3 mantissa bits (error <= |x| / 16) above its subnormals, and to half its smallest
+    # step, 2^-9 * 2^e, below them
+    assert (np.abs(d - x) <= np.maximum(np.abs(x) / 16, np.ldexp(1.0, e - 10))).all()
 
 
 @SETTINGS
