@@ -13,6 +13,7 @@ what it finds as an explicit example or test::
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,13 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 settings.register_profile("explore", derandomize=False, print_blob=True)
 settings.load_profile("ci")  # ``--hypothesis-profile explore`` on the command line wins
+
+# A runner that starts the suite in the background (``cmd &`` in a non-interactive shell, nohup) hands
+# it SIGINT *ignored*, and an ignored signal stays ignored across fork and exec: the Ctrl-C tests (which
+# send SIGINT to this process or to a command they start) would see programs run to their end. Take
+# Ctrl-C back; the commands these tests start then get the default disposition and install their own.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def mbxp_dir() -> Path | None:
