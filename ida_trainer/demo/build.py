@@ -33,7 +33,7 @@ from ida_trainer.config import ModelConfig
 DEMO_DIR = Path(__file__).resolve().parent
 # How long `python -m ida_trainer` (the demo) takes; README.md, --help and docs/trainer.md quote this string
 # (tests/ida_trainer/test_docs_trainer.py). Measured: docs/cli.md, "Set-up and durations".
-DEMO_DURATION = "about 2-3 min on 2 idle CPU cores"
+DEMO_DURATION = "about 1 min on 2 idle CPU cores"
 EOS_TOKEN = "<|endoftext|>"  # end of document, also the pad token
 SPECIAL_TOKENS = (EOS_TOKEN, "<|im_start|>", "<|im_end|>", "<think>", "</think>")
 DEMO_VOCAB_SIZE = 1024  # BPE target; the demo corpus saturates around 840 merges+bytes
