@@ -116,13 +116,16 @@ def how_to_load(path: str | os.PathLike[str]) -> str | None:
     p = Path(path)
     directory = p if p.is_dir() else p.parent
     cfg_path = directory / "config.json"
-    qc = None
-    if cfg_path.is_file():
-        try:
-            cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-            qc = cfg.get("quantization_config") if isinstance(cfg, dict) else None
-        except (OSError, ValueError):
-            qc = None
+    if not cfg_path.is_file():  # a lone file, not a transformers checkpoint directory
+        return (
+            f"how to load: mxfp8_codec.load_file({str(p)!r}) (torch tensors in transformers' layout); "
+            f"from_pretrained needs a config.json beside it, and {directory} has none"
+        )
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+        qc = cfg.get("quantization_config") if isinstance(cfg, dict) else None
+    except (OSError, ValueError):
+        qc = None
     named = isinstance(qc, dict) and qc.get("quant_method") == QUANT_METHOD
     how = (
         f"import mxfp8_codec.hf; AutoModelForCausalLM.from_pretrained({str(directory)!r})"

@@ -52,7 +52,10 @@ def test_inspect_prints_table_metadata_and_histogram(ckpt: Path, capsys: pytest.
 
 def test_verify_exit_codes(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["verify", str(ckpt)]) == 0
-    assert "OK" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "OK" in out
+    # a lone file (no config.json beside it) is not pointed at from_pretrained
+    assert f"how to load: mxfp8_codec.load_file({str(ckpt)!r})" in out and "from_pretrained(" not in out
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(ckpt.read_bytes()[:-1])
     assert main(["verify", str(bad)]) == 1
