@@ -56,7 +56,7 @@ from ida_eval.sandbox import (
     run_program,
     sweep_stale,
 )
-from ida_common.files import atomic_output
+from ida_common.files import atomic_write_text
 from ida_eval.failures import (
     BAD_INPUT,
     COMPILE_ERROR,
@@ -773,8 +773,7 @@ def _main(run: Run) -> int:
     isolation = ", ".join(summary["isolation"]) or "none (nothing ran)"
     print(f"timed out: {summary['timed_out']} (compile: {summary['timed_out_compile']}); isolation: {isolation}")
     if args.summary:
-        with atomic_output(args.summary) as f:
-            f.write((json.dumps(summary, indent=2) + "\n").encode("utf-8"))
+        atomic_write_text(args.summary, json.dumps(summary, indent=2) + "\n")
     return 0
 
 

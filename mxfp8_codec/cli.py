@@ -49,7 +49,7 @@ import ml_dtypes
 import numpy as np
 
 from ida_common.cli import ArgumentParser, CheckFailed, Run, check_output_dir, run_main
-from ida_common.files import atomic_directory, atomic_output, check_output, copy_file_atomic
+from ida_common.files import atomic_directory, atomic_write_text, check_output, copy_file_atomic
 from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.hf_config import write_config_json
 from mxfp8_codec.header import DTYPES, SCALE_RULES, SCALE_SUFFIX, read_header
@@ -391,8 +391,7 @@ def dequantize_checkpoint(
                     weight_map.update({n: name for n in r.keys()})
             index["weight_map"] = weight_map
             index.setdefault("metadata", {})["total_size"] = sum(read_header(tmp / n).data_size for n in names)
-            with atomic_output(tmp / INDEX_FILE) as fh:
-                fh.write(json.dumps(index, indent=2).encode())
+            atomic_write_text(tmp / INDEX_FILE, json.dumps(index, indent=2))
     return [out_p / name for name in names]
 
 

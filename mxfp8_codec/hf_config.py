@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ida_common.files import atomic_output
+from ida_common.files import atomic_write_text
 from mxfp8_codec.constants import WEIGHTS_DTYPE
 from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.header import read_header
@@ -105,8 +105,7 @@ def write_config_json(
     out = {k: v for k, v in config.items() if k != "quantization_config"}
     if weights is not None:
         out["quantization_config"] = quantization_config_from_metadata(read_header(weights).metadata)
-    with atomic_output(path) as f:
-        f.write((json.dumps(out, indent=2, sort_keys=True) + "\n").encode())
+    atomic_write_text(path, json.dumps(out, indent=2, sort_keys=True) + "\n")
     return path
 
 
