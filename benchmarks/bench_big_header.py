@@ -68,10 +68,10 @@ def _run(checkout: Path, args: list[str]) -> tuple[float, float, int, str]:
     wall = field("Elapsed (wall clock) time (h:mm:ss or m:ss)")
     secs = sum(float(x) * 60**i for i, x in enumerate(reversed(wall.split(":"))))
     cpu = float(field("User time (seconds)")) + float(field("System time (seconds)"))
-    outcome = "ok"
-    if field("Exit status") != "0":
+    outcome, status = "ok", field("Exit status")
+    if status != "0":
         lines = [line for line in r.stderr.replace("\r", "\n").splitlines() if "error" in line]
-        outcome = lines[-1].strip() if lines else f"exit status {field('Exit status')}"
+        outcome = lines[-1].strip() if lines else f"exit status {status}"
     return secs, cpu, int(field("Maximum resident set size (kbytes)")), outcome
 
 
