@@ -56,11 +56,11 @@ from tqdm.auto import tqdm
 
 from mxfp8_codec import WEIGHTS_DTYPE, CheckpointLayout, MXFP8Error, checkpoint_files, decode_mxfp8, open_mxfp8
 from mxfp8_codec.layout import file_norm_convention, file_orientation
+from mxfp8_codec.numerics import SPLIT_MIN_VALUES, decode_mxfp8_split
 import mxfp8_codec.hf  # noqa: F401,E402  registers the "mxfp8_codec" quantization method with transformers
 
 PREFETCH_MAX_BYTES = 32 << 20  # 32 MiB: larger tensors are not decoded ahead (bounds peak memory)
 _STORED_TORCH_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}  # copied as bits
-SPLIT_MIN_VALUES = 1 << 18  # 256 Ki values: larger MXFP8 tensors are decoded in parts on several threads
 MAX_DECODE_THREADS = 4  # threads sharing one tensor's decode (at most the CPUs this process may use)
 HASH_CHUNK = 8 << 20  # 8 MiB read size for sha256
 MAX_LISTED_KEYS = 20  # key names shown in a missing/unexpected error
@@ -190,36 +190,6 @@ def _decode_threads() -> int:
     return max(1, min(MAX_DECODE_THREADS, cpus))
 
 
-def _split_decode(
-    payload: np.ndarray, scales: np.ndarray, out: np.ndarray, flip: bool, name: str, helpers: Any, parts: int
-) -> None:
-    """Decode ``payload`` into ``out`` in ``parts`` disjoint pieces, all but one on ``helpers``.
-
-    Transposed: block-aligned column ranges of the payload -> row ranges of ``out``; otherwise row
-    ranges -> row ranges. Each piece is a plain ``decode_mxfp8`` call (same bits as one call: every
-    value depends only on its own code and block scale); the codec's C kernel releases the GIL.
-    """
-    rows = payload.shape[1] if flip else payload.shape[0]
-    unit = 32 if flip else 1  # split columns only at block boundaries
-    step = -(-rows // (parts * unit)) * unit
-    pieces = []
-    for a in range(0, rows, step):
-        b = min(rows, a + step)
-        if flip:
-            pieces.append((payload[:, a:b], scales[:, a // 32 : -(-b // 32)], out[a:b]))
-        else:
-            pieces.append((payload[a:b], scales[a:b], out[a:b]))
-    futures = [
-        helpers.submit(decode_mxfp8, p, sc, dtype=o.dtype, name=name, out=o, transpose=flip) for p, sc, o in pieces[1:]
-    ]
-    try:
-        p, sc, o = pieces[0]
-        decode_mxfp8(p, sc, dtype=o.dtype, name=name, out=o, transpose=flip)
-    finally:
-        for f in futures:
-            f.result()
-
-
 def _split_copy(src: np.ndarray, dst: np.ndarray, helpers: Any, parts: int) -> None:
     """``dst[...] = src`` in ``parts`` row ranges, all but one on ``helpers`` (numpy copies of
     plain integer arrays release the GIL)."""
@@ -254,7 +224,7 @@ def _stream(
     there as payload + scales (1.03 bytes per value) and decoded (and transposed) on the GPU by
     the codec's torch path. Other tensors come from the reader, untransposed.
 
-    Tensors of :data:`SPLIT_MIN_VALUES` or more are decoded (or, when stored in the target
+    Tensors of ``mxfp8_codec.numerics.SPLIT_MIN_VALUES`` or more are decoded (or, when stored in the target
     dtype, copied) in parts on up to
     :data:`MAX_DECODE_THREADS` threads (the usable CPUs): disjoint slices of one output, so the
     bits are those of one call. The next tensor is decoded on a worker thread while the caller
@@ -310,10 +280,7 @@ def _stream(
         payload, scales = r.raw_view(name)
         out = torch.empty((shape[1], shape[0]) if flip else shape, dtype=dtype)
         out_np = _host_out_view(out)
-        if parts > 1 and payload.ndim == 2 and payload.size >= SPLIT_MIN_VALUES:
-            _split_decode(payload, scales, out_np, flip, name, helpers, parts)
-        else:
-            decode_mxfp8(payload, scales, dtype=out_np.dtype, name=name, out=out_np, transpose=flip)
+        decode_mxfp8_split(payload, scales, out_np, pool=helpers, parts=parts, transpose=flip, name=name)
         return out, flip
 
     try:

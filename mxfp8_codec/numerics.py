@@ -100,6 +100,7 @@ __all__ = [
     "backend_info",
     "decode_mxfp8",
     "decode_mxfp8_numpy",
+    "decode_mxfp8_split",
     "decode_mxfp8_torch",
     "decode_table",
     "e4m3_values",
@@ -111,6 +112,8 @@ __all__ = [
 ]
 
 ArrayLike = Union[np.ndarray, "torch.Tensor"]
+
+SPLIT_MIN_VALUES = 1 << 18  # 256 Ki values: smaller payloads are decoded in one call (decode_mxfp8_split)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -360,3 +363,50 @@ def decode_mxfp8(
     if out is not None and not isinstance(out, np.ndarray):
         raise MXFP8Error(f"tensor {name!r}: out must be a numpy array for numpy input")
     return _decode_numpy_dispatch(payload, scales, dtype, name, out, transpose)
+
+
+def decode_mxfp8_split(
+    payload: ArrayLike,
+    scales: ArrayLike,
+    out: ArrayLike,
+    *,
+    pool: Any,
+    parts: int,
+    transpose: bool = False,
+    name: str | None = None,
+) -> None:
+    """:func:`decode_mxfp8` into ``out`` in up to ``parts`` disjoint pieces, all but the first on
+    ``pool`` (a ``concurrent.futures`` executor); returns when every piece is done.
+
+    The bits are those of one call (every value depends only on its own code and block scale), in
+    about ``1/parts`` of the time: the native kernel releases the GIL. The pieces are row ranges of
+    a 2-D payload and of ``out``, or, with ``transpose``, block-aligned column ranges of the payload
+    (row ranges of the ``[C, R]`` ``out``). numpy arrays, or CPU torch tensors (viewed as numpy,
+    no copy; ``out`` contiguous float32 / bfloat16). A payload of fewer than
+    :data:`SPLIT_MIN_VALUES` values, not 2-D, or ``parts <= 1`` is decoded in one call.
+    """
+    if _is_torch(payload):
+        payload, scales = _torch_cpu_to_numpy(payload), _torch_cpu_to_numpy(scales)
+        out = _torch_out_view(out, name)
+    if parts <= 1 or payload.ndim != 2 or payload.size < SPLIT_MIN_VALUES:
+        decode_mxfp8(payload, scales, dtype=out.dtype, name=name, out=out, transpose=transpose)
+        return
+    rows = payload.shape[1] if transpose else payload.shape[0]
+    unit = 32 if transpose else 1  # columns split only at block boundaries
+    step = -(-rows // (parts * unit)) * unit
+    pieces = []
+    for a in range(0, rows, step):
+        b = min(rows, a + step)
+        if transpose:
+            pieces.append((payload[:, a:b], scales[:, a // 32 : -(-b // 32)], out[a:b]))
+        else:
+            pieces.append((payload[a:b], scales[a:b], out[a:b]))
+    futures = [
+        pool.submit(decode_mxfp8, p, sc, dtype=o.dtype, name=name, out=o, transpose=transpose) for p, sc, o in pieces[1:]
+    ]
+    try:
+        p, sc, o = pieces[0]
+        decode_mxfp8(p, sc, dtype=o.dtype, name=name, out=o, transpose=transpose)
+    finally:
+        for f in futures:
+            f.result()

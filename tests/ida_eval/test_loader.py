@@ -241,12 +241,15 @@ def test_split_decode_over_threads_is_bit_identical(dtype, tok, tmp_path, monkey
     """Every MXFP8 tensor decoded in parts on several threads (SPLIT_MIN_VALUES=1) gives the same
     parameters as the reference decode(encode(w)); each parameter is contiguous, owns its storage."""
     import ida_eval.loader as loader
+    import mxfp8_codec.numerics as numerics
 
     model = tiny_model("nemotron", len(tok), hidden=96)
     ckpt = save_mxfp8_checkpoint(model, tok, tmp_path / "m")
-    monkeypatch.setattr(loader, "SPLIT_MIN_VALUES", 1)
+    for module, threshold in ((loader, 1), (numerics, 1)):
+        monkeypatch.setattr(module, "SPLIT_MIN_VALUES", threshold)
     split, _ = load_model(ckpt, dtype=dtype)
-    monkeypatch.setattr(loader, "SPLIT_MIN_VALUES", 1 << 62)
+    for module in (loader, numerics):
+        monkeypatch.setattr(module, "SPLIT_MIN_VALUES", 1 << 62)
     whole, _ = load_model(ckpt, dtype=dtype)
     ref = mxfp8_reference(model).to(dtype).state_dict()
     bits = torch.int16 if dtype == torch.bfloat16 else torch.int32

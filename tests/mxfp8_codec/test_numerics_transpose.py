@@ -196,3 +196,29 @@ def test_aligned_and_unaligned_outputs(misalign: int) -> None:
         assert (out.ctypes.data - misalign * raw.itemsize) % 64 == 0
         decode_mxfp8(q, s, dtype=dtype, out=out, transpose=True)
         assert np.array_equal(out.view(view), ref)
+
+
+@pytest.mark.parametrize("shape", [(31, 33), (257, 65), (300, 530), (512, 512)])
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("parts", [1, 2, 3, 7])
+def test_split_decode_equals_one_call(shape: tuple[int, int], transpose: bool, parts: int,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """decode_mxfp8_split: disjoint pieces on a thread pool give the bits of one decode, for numpy
+    arrays and CPU torch tensors, both layouts, every dtype; uneven and block-aligned splits."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import mxfp8_codec.numerics as numerics
+
+    monkeypatch.setattr(numerics, "SPLIT_MIN_VALUES", 1)  # split even these small cases
+    q, s = _case(shape, seed=parts)
+    out_shape = shape[::-1] if transpose else shape
+    with ThreadPoolExecutor(max_workers=max(1, parts - 1)) as pool:
+        for np_dtype, bits, torch_dtype in DTYPES:
+            want = decode_mxfp8(q, s, dtype=np_dtype, transpose=transpose).view(bits)
+            got = np.full(out_shape, 0x5A, dtype=np_dtype)
+            numerics.decode_mxfp8_split(q, s, got, pool=pool, parts=parts, transpose=transpose, name="w")
+            np.testing.assert_array_equal(got.view(bits), want)
+            got_t = torch.full(out_shape, 7.0, dtype=torch_dtype)
+            numerics.decode_mxfp8_split(torch.from_numpy(q), torch.from_numpy(s), got_t, pool=pool, parts=parts,
+                                        transpose=transpose, name="w")
+            np.testing.assert_array_equal(numerics._torch_cpu_to_numpy(got_t).view(bits), want)
