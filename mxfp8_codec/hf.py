@@ -26,24 +26,31 @@ How loading works (transformers 5.x, the quantizer hooks every 5.x release has):
    :class:`MXFP8Linear` without a ``weight`` parameter, so transformers' own loader skips the
    stored ``X.weight`` / ``X.weight.scale`` entries (listed in ``_keys_to_ignore_on_load_unexpected``)
    and loads everything else (embeddings, norms, biases, ``lm_head``) as it always does.
-3. After transformers' loader (``_process_model_after_weight_loading``) the projections are read
-   from the memory-mapped files: the E4M3 payload and UE8M0 scale bytes are copied unchanged, in
-   the file's layout, onto the device of the module's decoder layer (1.03 bytes per weight). With
+3. After transformers' loader (``_process_model_after_weight_loading``) the projections are taken
+   from the files: the E4M3 payload and UE8M0 scale bytes, unchanged and in the file's layout
+   (1.03 bytes per weight). On the CPU they are views of a private (copy-on-write) mapping of the
+   file, as transformers keeps bf16 weights: nothing is copied or read at load, pages are read on
+   first use and belong to the page cache; a write to a payload stays in this process. (Rewriting
+   the file in place while the model is loaded is unsupported, as for any mapped weights; our
+   writers and ``save_pretrained`` replace files, which is safe.) On a GPU they are copied onto the
+   device of the module's decoder layer. With
    ``dequantize=True`` each is decoded once instead into a plain bf16 ``nn.Linear`` (the codec's
    decode, transposed for ``in_out`` files: the same call ``ida_eval.load_model`` makes). Folded
    norm gains are re-read and unfolded (``w = gamma - 1`` in float32, rounded once) where the
    architecture's norms add 1 at run time (``mxfp8_codec.layout.norm_adds_one`` by
    ``config.model_type``: NemotronLayerNorm1P, GemmaRMSNorm).
 
-At each forward an :class:`MXFP8Linear` decodes its weight into one scratch buffer shared by all
-projections on that device and dtype (no allocation per call): on CPU the codec's native C kernel
-(``decode_mxfp8(..., out=, transpose=)``, split over torch's intra-op threads: disjoint slices,
-same bits); on other devices torch ops (:func:`decode_into`). The decoded weight is the
-``[out, in]`` contiguous matrix ``ida_eval.load_model`` would hold, bit for bit, and ``F.linear``
-is called with it exactly as ``nn.Linear`` would, so logits are bit-identical to the bf16 model
-``load_model`` builds (tests/mxfp8_codec/test_hf.py checks ``torch.equal`` on logits). When
-autograd would save the weight (grad enabled and the input requires grad), a fresh tensor is used
-instead of the shared scratch.
+At each forward an :class:`MXFP8Linear` decodes its weight, in the file's layout (no transpose
+pass), into one scratch buffer shared by all projections on that device and dtype (no allocation
+per call): on CPU the codec's native C kernel (``decode_mxfp8(..., out=)``, split over torch's
+intra-op threads: disjoint row ranges, same bits); on other devices torch ops
+(:func:`decode_into`). The values are those of the ``[out, in]`` matrix ``ida_eval.load_model``
+holds, bit for bit; ``F.linear`` gets the ``[out, in]`` view of the buffer (for ``in_out`` files a
+transposed view, which BLAS reads as it is). The same GEMM on the same values: on the CPU the
+logits are bit-identical to the bf16 model ``load_model`` builds (tests/mxfp8_codec/test_hf.py
+checks ``torch.equal`` on logits for both orientations; a BLAS that picked a different reduction
+order for a transposed operand could change the last bits). When autograd would save the weight
+(grad enabled and the input requires grad), a fresh tensor is used instead of the shared scratch.
 
 ``model.save_pretrained(out)`` writes our format again: the payload and scale bytes as loaded,
 every other tensor in the file's orientation and norm convention (a folded gain is written as
@@ -60,7 +67,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -73,7 +79,7 @@ from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.hf_config import FORMAT_VERSION, QUANT_METHOD, quantization_config_dict
 from mxfp8_codec.header import SCALE_SUFFIX
 from mxfp8_codec.layout import NORM_CONVENTIONS, ORIENTATIONS, is_projection_weight, norm_adds_one, unfold_norm
-from mxfp8_codec.numerics import decode_mxfp8, scales_shape
+from mxfp8_codec.numerics import decode_mxfp8, decode_mxfp8_split, scales_shape
 from mxfp8_codec.reader import open_mxfp8
 
 __all__ = [
@@ -88,7 +94,6 @@ __all__ = [
     "quantization_config_dict",
 ]
 
-MIN_SPLIT_VALUES = 1 << 18  # 256 Ki values: smaller weights are decoded on one thread
 
 
 class MXFP8LoadError(MXFP8Error):
@@ -228,34 +233,10 @@ def _threads() -> Any:
 
 
 def _decode_cpu(payload: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, transpose: bool, name: str) -> None:
-    """The codec's C kernel into ``out``, split in disjoint pieces over torch's intra-op threads
-    (the kernel releases the GIL; every value depends only on its own code and block scale, so the
-    bits are those of one call)."""
-    parts = min(torch.get_num_threads(), 8)
-    rows, cols = payload.shape
-    if parts <= 1 or payload.numel() < MIN_SPLIT_VALUES:
-        decode_mxfp8(payload, scales, dtype=out.dtype, out=out, transpose=transpose, name=name)
-        return
-    if transpose:  # column ranges of the payload (block aligned) -> row ranges of out
-        step = -(-cols // (parts * 32)) * 32
-        pieces = [
-            (payload[:, a : a + step], scales[:, a // 32 : -(-(min(cols, a + step)) // 32)], out[a : a + step])
-            for a in range(0, cols, step)
-        ]
-        pieces = [(p.contiguous(), s.contiguous(), o) for p, s, o in pieces]
-    else:
-        step = -(-rows // parts)
-        pieces = [(payload[a : a + step], scales[a : a + step], out[a : a + step]) for a in range(0, rows, step)]
-    pool = _threads()
-    futures = [
-        pool.submit(decode_mxfp8, p, s, dtype=o.dtype, out=o, transpose=transpose, name=name) for p, s, o in pieces[1:]
-    ]
-    try:
-        p, s, o = pieces[0]
-        decode_mxfp8(p, s, dtype=o.dtype, out=o, transpose=transpose, name=name)
-    finally:
-        for f in futures:
-            f.result()
+    """The codec's C kernel into ``out``, split over torch's intra-op threads (same bits as one call)."""
+    decode_mxfp8_split(
+        payload, scales, out, pool=_threads(), parts=min(torch.get_num_threads(), 8), transpose=transpose, name=name
+    )
 
 
 class _Scratch:
@@ -325,25 +306,33 @@ class MXFP8Linear(nn.Module):
     def decode_weight(self, out: torch.Tensor | None = None) -> torch.Tensor:
         """The weight as ``nn.Linear`` holds it: ``[out, in]``, contiguous, ``self.dtype``; into
         ``out`` when given (else a new tensor)."""
-        if self.payload is None:
-            raise MXFP8Error(f"{self.name}: MXFP8 weight not loaded")
         if out is None:
-            out = torch.empty((self.out_features, self.in_features), dtype=self.dtype, device=self.payload.device)
-        flip = self.orientation == "in_out"
-        if self.dtype not in (torch.bfloat16, torch.float32):
-            tmp = torch.empty(out.shape, dtype=torch.float32, device=out.device)
-            self._decode(tmp, flip)
-            out.copy_(tmp)  # float32 holds every decoded value exactly: one rounding
-            return out
-        self._decode(out, flip)
-        return out
+            out = torch.empty((self.out_features, self.in_features), dtype=self.dtype, device=self._payload().device)
+        return self._decode(out, transpose=self.orientation == "in_out")
 
-    def _decode(self, out: torch.Tensor, flip: bool) -> None:
-        assert self.payload is not None and self.scales is not None
-        if self.payload.device.type == "cpu":
-            _decode_cpu(self.payload, self.scales, out, flip, self.name)
+    def decode_stored(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The weight decoded in the file's layout (``stored_shape``, contiguous, ``self.dtype``):
+        ``[in, out]`` for ``in_out``, i.e. the transpose of :meth:`decode_weight`, the same values.
+        No transpose pass: what each forward decodes (into ``out``, else a new tensor)."""
+        if out is None:
+            out = torch.empty(self.stored_shape, dtype=self.dtype, device=self._payload().device)
+        return self._decode(out, transpose=False)
+
+    def _payload(self) -> torch.Tensor:
+        if self.payload is None or self.scales is None:
+            raise MXFP8Error(f"{self.name}: MXFP8 weight not loaded")
+        return self.payload
+
+    def _decode(self, out: torch.Tensor, *, transpose: bool) -> torch.Tensor:
+        if out.dtype not in (torch.bfloat16, torch.float32):
+            tmp = self._decode(torch.empty(out.shape, dtype=torch.float32, device=out.device), transpose=transpose)
+            return out.copy_(tmp)  # float32 holds every decoded value exactly: one rounding
+        payload = self._payload()
+        if payload.device.type == "cpu":
+            _decode_cpu(payload, self.scales, out, transpose, self.name)
         else:
-            decode_into(self.payload, self.scales, out, transpose=flip)
+            decode_into(payload, self.scales, out, transpose=transpose)
+        return out
 
     @property
     def weight(self) -> torch.Tensor:
@@ -351,10 +340,13 @@ class MXFP8Linear(nn.Module):
         return self.decode_weight()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Decode in the file's layout and hand F.linear the [out, in] view of it: for in_out files
+        # a transposed view, which BLAS takes as it is (no transpose pass over the weight).
         if torch.is_grad_enabled() and x.requires_grad:  # autograd keeps the weight: no shared scratch
-            w = self.decode_weight()
+            stored = self.decode_stored()
         else:
-            w = self.decode_weight(SCRATCH.get((self.out_features, self.in_features), self.dtype, self.payload.device))
+            stored = self.decode_stored(SCRATCH.get(self.stored_shape, self.dtype, self._payload().device))
+        w = stored.t() if self.orientation == "in_out" else stored
         return F.linear(x, w.to(x.dtype) if w.dtype != x.dtype else w, self.bias)
 
 
@@ -573,11 +565,11 @@ class MXFP8HfQuantizer(HfQuantizer):
             for module_name in plan.projections:
                 name = module_name + ".weight"
                 s = plan.stored[name]
-                r = readers.get(s.path) or readers.setdefault(s.path, open_mxfp8(s.path))
+                r = readers.get(s.path) or readers.setdefault(s.path, open_mxfp8(s.path, copy_on_write=True))
                 module = model.get_submodule(module_name)
                 device = _module_device(model, module_name)
-                self._load_projection(model, module_name, module, r, name, s, device)
-                r.release_pages(name)
+                if not self._load_projection(model, module_name, module, r, name, s, device):
+                    r.release_pages(name)  # read and copied: drop the file pages from our resident set
             for name in plan.unfold:
                 s = plan.stored[name]
                 r = readers.get(s.path) or readers.setdefault(s.path, open_mxfp8(s.path))
@@ -595,27 +587,27 @@ class MXFP8HfQuantizer(HfQuantizer):
         return model
 
     def _load_projection(self, model: Any, module_name: str, module: MXFP8Linear, r: Any, name: str,
-                         s: _Stored, device: torch.device) -> None:
+                         s: _Stored, device: torch.device) -> bool:
+        """Load one projection; True when its tensors still view the file's mapping (CPU, MXFP8)."""
         flip = s.orientation == "in_out"
         if s.quantized and not self.quantization_config.dequantize:
-            raw = r.get_raw(name)
-            module.payload = torch.from_numpy(np.array(raw.payload, dtype=np.uint8)).to(device)
-            module.scales = torch.from_numpy(np.array(raw.scales, dtype=np.uint8)).to(device)
-            return
+            payload, scales = r.raw_view(name)  # views of the private mapping: no copy, no read yet
+            module.payload = torch.from_numpy(payload).to(device)
+            module.scales = torch.from_numpy(scales).to(device)
+            return device.type == "cpu"
         # plain bf16 Linear: decoded once (MXFP8) or read (stored plain), in nn.Linear's layout
         if s.quantized:
             shape = (module.out_features, module.in_features)
             if device.type == "cpu" and self._dtype in (torch.bfloat16, torch.float32):
                 weight = torch.empty(shape, dtype=self._dtype)
-                raw = r.get_raw(name)
-                _decode_cpu(torch.from_numpy(np.asarray(raw.payload)), torch.from_numpy(np.asarray(raw.scales)),
-                            weight, flip, name)
+                payload, scales = r.raw_view(name)
+                _decode_cpu(torch.from_numpy(payload), torch.from_numpy(scales), weight, flip, name)
             else:
                 tmp = MXFP8Linear(module.in_features, module.out_features, bias=None, orientation=s.orientation,
                                   dtype=self._dtype, name=name)
-                raw = r.get_raw(name)
-                tmp.payload = torch.from_numpy(np.array(raw.payload)).to(device)
-                tmp.scales = torch.from_numpy(np.array(raw.scales)).to(device)
+                payload, scales = r.raw_view(name)
+                tmp.payload = torch.from_numpy(payload).to(device)
+                tmp.scales = torch.from_numpy(scales).to(device)
                 weight = tmp.decode_weight()
         else:
             weight = r.get(name, framework="pt", dtype=self._dtype)
@@ -627,6 +619,7 @@ class MXFP8HfQuantizer(HfQuantizer):
             linear.bias = module.bias
         parent_name, _, leaf = module_name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, leaf, linear)
+        return False
 
     # ------------------------------------------------------------------ save
 

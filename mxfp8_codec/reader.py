@@ -70,7 +70,7 @@ class MXFP8Reader:
         header: the validated :class:`~mxfp8_codec.header.Header`.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, require_mxfp8: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, require_mxfp8: bool = False, copy_on_write: bool = False) -> None:
         self.path = str(path)
         try:
             self._file: BinaryIO | None = open(self.path, "rb")
@@ -78,7 +78,8 @@ class MXFP8Reader:
             raise MXFP8Error(f"{self.path}: cannot open: {exc.strerror or exc}") from None
         try:
             self.header: Header = read_header_from(self._file, self.path, require_mxfp8=require_mxfp8)
-            self._mm: mmap.mmap | None = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+            access = mmap.ACCESS_COPY if copy_on_write else mmap.ACCESS_READ
+            self._mm: mmap.mmap | None = mmap.mmap(self._file.fileno(), 0, access=access)
             if len(self._mm) != self.header.file_size:
                 raise MXFP8Error(
                     f"{self.path}: file changed size while opening ({len(self._mm)} != {self.header.file_size})"
@@ -192,9 +193,10 @@ class MXFP8Reader:
                 self._mm.madvise(getattr(mmap, advice), first, start + e.nbytes - first)
 
     def raw_view(self, name: str) -> MXFP8Tensor | np.ndarray:
-        """Undecoded data as zero-copy read-only views of the map: :class:`MXFP8Tensor` of uint8
-        ``(payload, scales)`` for a quantized tensor, else the stored array. Valid while the
-        reader is open; use :meth:`get_raw` for copies that outlive it."""
+        """Undecoded data as zero-copy views of the map: :class:`MXFP8Tensor` of uint8
+        ``(payload, scales)`` for a quantized tensor, else the stored array. Read-only, or
+        writable with copy-on-write for a reader opened with ``copy_on_write=True``. The views
+        keep the mapping alive after :meth:`close`; use :meth:`get_raw` for copies."""
         e = self._entry(name)
         if name in self._quantized:
             s = self.header.entries[name + SCALE_SUFFIX]
@@ -269,8 +271,14 @@ class MXFP8Reader:
                         )
 
 
-def open_mxfp8(path: str | os.PathLike[str], *, require_mxfp8: bool = False) -> MXFP8Reader:
+def open_mxfp8(path: str | os.PathLike[str], *, require_mxfp8: bool = False, copy_on_write: bool = False) -> MXFP8Reader:
     """Open a checkpoint file for reading (validates the header, memory-maps the data).
+
+    ``copy_on_write=True`` maps the file privately and writable (``MAP_PRIVATE``): views from
+    :meth:`MXFP8Reader.raw_view` can be handed to torch as ordinary tensors; a write to one copies
+    that page into this process and never reaches the file. (Pages stay the file's, shared with the
+    page cache, until written. As with any mapping, the file must not be rewritten in place while
+    views are alive; the codec's writers replace files by rename, which is safe.)
 
     Example:
         >>> import numpy as np, tempfile, os
@@ -281,7 +289,7 @@ def open_mxfp8(path: str | os.PathLike[str], *, require_mxfp8: bool = False) -> 
         ...     r.keys(), r.is_quantized("a.o_proj.weight"), r.get("a.o_proj.weight")[3, 3]
         (['a.o_proj.weight'], True, np.float32(1.0))
     """
-    return MXFP8Reader(path, require_mxfp8=require_mxfp8)
+    return MXFP8Reader(path, require_mxfp8=require_mxfp8, copy_on_write=copy_on_write)
 
 
 def iter_mxfp8_safetensors(

@@ -163,6 +163,44 @@ def test_save_pretrained_writes_identical_bytes(arch, orientation, folded, tok, 
     assert torch.equal(_logits(again, ids), _logits(got, ids))
 
 
+def _mapped_ranges(path: Path) -> list[tuple[int, int]]:
+    """Address ranges of this process's mappings of ``path`` (/proc/self/maps)."""
+    out = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].strip() == str(path.resolve()):
+                a, b = (int(x, 16) for x in fields[0].split("-"))
+                out.append((a, b))
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc/self/maps (Linux)")
+def test_resident_weights_map_the_file_copy_on_write(tok, ids, tmp_path):
+    """MXFP8-resident payloads and scales are views of a private mapping of the checkpoint (no copy
+    at load); writing to them never reaches the file; saving into the source directory itself
+    writes the same bytes and leaves the loaded model intact."""
+    model = tiny_model("llama", len(tok))
+    d = _save(model, tok, tmp_path / "c")
+    f = d / "model.safetensors"
+    want = _tensor_sha256(f)
+    file_bytes = f.read_bytes()
+    got = _from_pretrained(d)
+    logits = _logits(got, ids)
+    ranges = _mapped_ranges(f)
+    for _, m in mxhf.mxfp8_modules(got):
+        for t in (m.payload, m.scales):
+            assert any(a <= t.data_ptr() < b for a, b in ranges), m.name
+    q = got.model.layers[0].self_attn.q_proj
+    code = int(q.payload[0, 0])
+    q.payload[0, 0] = code ^ 1  # copy-on-write: this process only
+    assert f.read_bytes() == file_bytes
+    q.payload[0, 0] = code
+    got.save_pretrained(d)
+    assert _tensor_sha256(f) == want
+    assert torch.equal(_logits(got, ids), logits)
+
+
 def _edit_config(d: Path, **changes) -> None:
     cfg = json.loads((d / "config.json").read_text())
     cfg["quantization_config"].update(changes)
