@@ -41,8 +41,8 @@ How loading works (transformers 5.x, the quantizer hooks every 5.x release has):
    ``config.model_type``: NemotronLayerNorm1P, GemmaRMSNorm).
 
 At each forward an :class:`MXFP8Linear` decodes its weight, in the file's layout (no transpose
-pass), into one scratch buffer shared by all projections on that device and dtype (no allocation
-per call): on CPU the codec's native C kernel (``decode_mxfp8(..., out=)``, split over torch's
+pass), into one scratch buffer shared by all projections on that device and dtype (one per thread;
+no allocation per call): on CPU the codec's native C kernel (``decode_mxfp8(..., out=)``, split over torch's
 intra-op threads: disjoint row ranges, same bits); on other devices torch ops
 (:func:`decode_into`). The values are those of the ``[out, in]`` matrix ``ida_eval.load_model``
 holds, bit for bit; ``F.linear`` gets the ``[out, in]`` view of the buffer (for ``in_out`` files a
@@ -240,12 +240,19 @@ def _decode_cpu(payload: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, 
 
 
 class _Scratch:
-    """One decode buffer per (device, dtype), grown to the largest weight: every MXFP8Linear on
-    that device decodes into it (forwards run one layer at a time)."""
+    """One decode buffer per (thread, device, dtype), grown to the largest weight: every
+    MXFP8Linear on that device decodes into it (a forward runs one layer at a time). Per thread,
+    so that forwards of the same model in several threads never share a buffer."""
 
     def __init__(self) -> None:
-        self._buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
         self._local = threading.local()
+
+    @property
+    def _buffers(self) -> dict[tuple[str, torch.dtype], torch.Tensor]:
+        buffers = getattr(self._local, "buffers", None)
+        if buffers is None:
+            buffers = self._local.buffers = {}
+        return buffers
 
     def get(self, shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         key = (str(device), dtype)
@@ -257,6 +264,7 @@ class _Scratch:
         return buf[:n].view(shape)
 
     def clear(self) -> None:
+        """Free this thread's buffers."""
         self._buffers.clear()
 
 

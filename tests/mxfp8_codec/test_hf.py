@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -282,6 +283,32 @@ def test_forward_uses_shared_scratch_but_not_under_autograd(tok, tmp_path):
     x2 = x.detach().clone().requires_grad_(True)
     torch.nn.functional.linear(x2.to(torch.bfloat16), w.clone()).float().sum().backward()
     assert torch.equal(x.grad, x2.grad)
+
+
+def test_forwards_in_several_threads_use_their_own_scratch(tok, ids, tmp_path):
+    """The decode scratch is per thread: concurrent forwards of one model give the sequential logits."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    got = _from_pretrained(_save(tiny_model("llama", len(tok), hidden=96), tok, tmp_path / "c"))
+    want = _logits(got, ids)
+    barrier, ptrs = threading.Barrier(2), []
+
+    def grab() -> None:
+        buf = mxhf.SCRATCH.get((8, 8), torch.float32, torch.device("cpu"))
+        barrier.wait()  # both threads hold their buffer now
+        ptrs.append(buf.data_ptr())
+
+    threads = [threading.Thread(target=grab) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(ptrs) == 2 and ptrs[0] != ptrs[1]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda _: [_logits(got, ids) for _ in range(5)], range(4)))
+    for run in results:
+        for logits in run:
+            assert torch.equal(logits, want)
 
 
 def test_without_the_quantizer_transformers_only_warns(tok, tmp_path):
