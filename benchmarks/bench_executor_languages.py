@@ -9,9 +9,10 @@ example samples) of the first ``--limit`` tasks are executed twice, alternating:
   same worker count; pass = compile ok and run exit 0. No namespaces, no limits, no tree kill.
 * ``ida_eval``: :func:`ida_eval.execute.execute_samples` with the default isolation.
 
-It prints wall seconds of each, the ratio ours / plain, and pass counts (which must agree but for
-the early-exit trap, which the plain runner lacks). The machine is shared: run it twice and quote
-``uptime`` with the figures.
+It prints wall seconds of each, the ratio ours / plain, the CPU seconds each used (this process and
+its waited-for descendants: compilers, runtimes, the sandbox), and pass counts (which must agree but
+for the early-exit trap, which the plain runner lacks). Wall time is the target's measure; it needs
+an idle machine (quote ``uptime``). The CPU ratio is steadier on a busy one.
 
 Usage:
     python benchmarks/bench_executor_languages.py [--languages java,go] [--limit N] [--workers N]
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import tempfile
@@ -78,6 +80,12 @@ def plain_runner(lang: str, problems: dict[str, Any], samples: list[dict[str, An
         return sum(pool.map(one, samples))
 
 
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its waited-for descendants so far."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--languages", default="javascript,typescript,java,go,cpp,csharp,ruby,php,perl")
@@ -88,23 +96,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cfg = ExecutionConfig(workers=args.workers)
     print(f"isolation: {isolation_in_force()}; workers {args.workers}; load {os.getloadavg()}")
-    print(f"{'language':<11} {'tasks':>5} {'plain s':>8} {'ida s':>8} {'ratio':>6}  passed plain/ida")
+    print(f"{'language':<11} {'tasks':>5} {'plain s':>8} {'ida s':>8} {'ratio':>6} {'plain cpu':>9} {'ida cpu':>8} "
+          f"{'ratio':>6}  passed plain/ida")
     for lang in args.languages.split(","):
         if missing_tools(LANGUAGES[lang]):
             print(f"{lang:<11} toolchain missing: {', '.join(missing_tools(LANGUAGES[lang]))}")
             continue
         problems, samples = tasks_for(lang, Path(args.data_dir), args.limit)
-        plain_t, ours_t = [], []
+        plain_t, ours_t, plain_c, ours_c = [], [], [], []
         for _ in range(args.repeats):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), _cpu_seconds()
             plain_pass = plain_runner(lang, problems, samples, args.workers, cfg)
             plain_t.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
+            plain_c.append(_cpu_seconds() - c0)
+            t0, c0 = time.perf_counter(), _cpu_seconds()
             res = execute_samples(problems, samples, config=cfg, progress=False)
             ours_t.append(time.perf_counter() - t0)
+            ours_c.append(_cpu_seconds() - c0)
             ours_pass = sum(r["passed"] for r in res)
         p, o = statistics.median(plain_t), statistics.median(ours_t)
-        print(f"{lang:<11} {len(samples):>5} {p:>8.1f} {o:>8.1f} {o / p:>6.2f}  {plain_pass}/{ours_pass}", flush=True)
+        pc, oc = statistics.median(plain_c), statistics.median(ours_c)
+        print(f"{lang:<11} {len(samples):>5} {p:>8.1f} {o:>8.1f} {o / p:>6.2f} {pc:>9.1f} {oc:>8.1f} {oc / pc:>6.2f}  "
+              f"{plain_pass}/{ours_pass}", flush=True)
     print(f"load after: {os.getloadavg()}")
     return 0
 
