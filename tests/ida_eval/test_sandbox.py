@@ -1088,3 +1088,26 @@ def _runs_as_nobody(runuser: str, python: str) -> bool:
         return r.returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
+
+
+def test_bootstrap_imports_stay_cheap_for_an_interpreted_job(monkeypatch):
+    """The bootstrap starts once per program: for a job without a compile step it must not import
+    json, re, enum, signal or subprocess (~25 ms of CPU per program, as much as a Node.js run), and
+    its SIGKILL constant and job spec must agree with the modules it avoids. Checked on a real run
+    with the bootstrap's ``-X importtime`` report (its stderr, before it execs the job)."""
+    import marshal
+    import signal
+
+    from ida_eval import _sandbox_boot as boot
+
+    assert boot.SIGKILL == signal.SIGKILL
+    job = sb.ProgramJob(files=(("a.txt", "x"),), run=("cat",))
+    spec = marshal.loads(bytes.fromhex(job.spec()))
+    assert spec["run"] == ["cat"] and spec["compile"] is None and spec["log"] == sb.COMPILE_LOG
+    plain = sb._interpreter_args
+    monkeypatch.setattr(sb, "_interpreter_args", lambda limits: [*plain(limits), "-X", "importtime"])
+    res = sb.run_program(job)
+    assert res.passed, res
+    imported = {line.rpartition("|")[2].strip() for line in res.stderr_tail.splitlines() if line.startswith("import time:")}
+    assert "os" in imported  # the report is there
+    assert not imported & {"json", "re", "enum", "signal", "subprocess"}, sorted(imported)
