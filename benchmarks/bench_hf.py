@@ -2,7 +2,8 @@
 
 A random model (default: NemotronForCausalLM, ~400 M parameters) is saved twice: as a plain
 transformers BF16 checkpoint (``save_pretrained``) and in our MXFP8 format (projections in the
-native [in, out] orientation, config.json naming ``quant_method = "mxfp8_codec"``). Each variant
+native [in, out] orientation, or [out, in] with ``--orientation out_in``; config.json naming
+``quant_method = "mxfp8_codec"``). Each variant
 runs in a fresh subprocess (same imports before the clock) and reports:
 
 * ``added peak RSS``: peak resident set (``VmHWM``, reset after the imports) minus the resident
@@ -87,8 +88,11 @@ def _build(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     mx_dir.mkdir()
     cfg.save_pretrained(mx_dir)
     tok.save_pretrained(mx_dir)
-    native = {n: (t.t().contiguous() if is_projection_weight(n) else t) for n, t in sd.items()}
-    write_mxfp8_safetensors(mx_dir / "model.safetensors", native)
+    if args.orientation == "in_out":  # the trainer's native layout: projections [in, out]
+        native = {n: (t.t().contiguous() if is_projection_weight(n) else t) for n, t in sd.items()}
+    else:  # transformers' [out, in] (quantize --orientation out_in, compressed-tensors' layout)
+        native = sd
+    write_mxfp8_safetensors(mx_dir / "model.safetensors", native, orientation=args.orientation)
     write_config_json(mx_dir, mx_dir / "model.safetensors")
     return {"n_params": n_params, "bf16_bytes": 2 * n_params, "bf16_dir": str(bf16_dir), "mxfp8_dir": str(mx_dir),
             "vocab": args.vocab, "forwards": args.forwards, "new_tokens": args.new_tokens}
@@ -155,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--forwards", type=int, default=5, help="64-token forwards timed after the first (median)")
     ap.add_argument("--new-tokens", type=int, default=32, help="greedy tokens generated for tokens/s")
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--orientation", choices=("in_out", "out_in"), default="in_out",
+                    help="stored orientation of the MXFP8 projections (default: the trainer's in_out)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--info", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -170,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         info = _build(args, root)
         mx_bytes = (root / "mxfp8" / "model.safetensors").stat().st_size
-        print(f"random Nemotron: {info['n_params'] / 1e6:.1f} M params, BF16 {info['bf16_bytes'] / 2**20:.0f} MiB, "
+        print(f"random Nemotron: {info['n_params'] / 1e6:.1f} M params, MXFP8 {args.orientation}, BF16 {info['bf16_bytes'] / 2**20:.0f} MiB, "
               f"MXFP8 file {mx_bytes / 2**20:.0f} MiB (built in {time.perf_counter() - t0:.0f} s); "
               f"torch {torch.__version__} ({torch.get_num_threads()} threads), {os.cpu_count()} CPUs; "
               f"load {os.getloadavg()[0]:.2f}")

@@ -42,8 +42,8 @@ How loading works (transformers 5.x, the quantizer hooks every 5.x release has):
 
 At each forward an :class:`MXFP8Linear` decodes its weight, in the file's layout (no transpose
 pass), into one scratch buffer shared by all projections on that device and dtype (one per thread;
-no allocation per call): on CPU the codec's native C kernel (``decode_mxfp8(..., out=)``, split over torch's
-intra-op threads: disjoint row ranges, same bits); on other devices torch ops
+no allocation per call): on CPU the codec's native C kernel (``decode_mxfp8(..., out=)``, one thread: see
+:func:`_decode_cpu`); on other devices torch ops
 (:func:`decode_into`). The values are those of the ``[out, in]`` matrix ``ida_eval.load_model``
 holds, bit for bit; ``F.linear`` gets the ``[out, in]`` view of the buffer (for ``in_out`` files a
 transposed view, which BLAS reads as it is). The same GEMM on the same values: on the CPU the
@@ -232,10 +232,15 @@ def _threads() -> Any:
         return _pool
 
 
-def _decode_cpu(payload: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, transpose: bool, name: str) -> None:
-    """The codec's C kernel into ``out``, split over torch's intra-op threads (same bits as one call)."""
+def _decode_cpu(payload: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, transpose: bool, name: str,
+                *, split: bool = False) -> None:
+    """The codec's C kernel into ``out``; with ``split``, in pieces over torch's intra-op threads
+    (same bits as one call). Only loading splits: at a forward, torch's OpenMP threads are still
+    spinning from the previous GEMM, and a decode thread competing with them made 64-token forwards
+    ~1.5x and greedy tokens ~1.7x slower than one thread (benchmarks/bench_hf.py)."""
     decode_mxfp8_split(
-        payload, scales, out, pool=_threads(), parts=min(torch.get_num_threads(), 8), transpose=transpose, name=name
+        payload, scales, out, pool=_threads(), parts=min(torch.get_num_threads(), 8) if split else 1,
+        transpose=transpose, name=name,
     )
 
 
@@ -609,7 +614,7 @@ class MXFP8HfQuantizer(HfQuantizer):
             if device.type == "cpu" and self._dtype in (torch.bfloat16, torch.float32):
                 weight = torch.empty(shape, dtype=self._dtype)
                 payload, scales = r.raw_view(name)
-                _decode_cpu(torch.from_numpy(payload), torch.from_numpy(scales), weight, flip, name)
+                _decode_cpu(torch.from_numpy(payload), torch.from_numpy(scales), weight, flip, name, split=True)
             else:
                 tmp = MXFP8Linear(module.in_features, module.out_features, bias=None, orientation=s.orientation,
                                   dtype=self._dtype, name=name)
