@@ -22,7 +22,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import statistics
@@ -34,22 +33,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ida_eval.execute import ExecutionConfig, execute_samples, isolation_in_force
+from ida_eval.execute import ExecutionConfig, canonical_samples, execute_samples, isolation_in_force, load_samples
 from ida_eval.languages import LANGUAGES, assemble, environment, missing_tools
-from ida_eval.problems import language_files, load_problems
+from ida_eval.problems import example_samples_file, language_files, load_problems
 from ida_eval.sandbox import SAFE_PATH
 
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "mbxp"
 
 
 def tasks_for(lang: str, data_dir: Path, limit: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    problems = load_problems(language_files("mbxp", data_dir)[lang])
-    samples = [{"task_id": t, "completion": p["canonical_solution"]} for t, p in problems.items()
-               if isinstance(p.get("canonical_solution"), str)]
-    if not samples:  # samples-only file: the example samples
-        stem = Path(LANGUAGES[lang].mbxp_file or "").name.split("_")[0]
-        path = data_dir / "examples" / f"{stem}_samples.jsonl"
-        samples = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    path = language_files("mbxp", data_dir)[lang]
+    problems = load_problems(path)
+    samples = canonical_samples(problems) or load_samples(example_samples_file(path), problems)  # samples-only file
     return problems, samples[:limit]
 
 

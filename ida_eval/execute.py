@@ -469,6 +469,16 @@ def _missing_tools(lang: Language) -> tuple[str, ...]:
     return tuple(missing_tools(lang))
 
 
+def canonical_samples(problems: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One sample per problem that has a ``canonical_solution`` (file order): the anchors' input.
+    Samples-only files (go, perl, scala) give an empty list."""
+    return [
+        {"task_id": tid, "completion": p["canonical_solution"], **({"language": p["language"]} if p.get("language") else {})}
+        for tid, p in problems.items()
+        if isinstance(p.get("canonical_solution"), str)
+    ]
+
+
 def execute_samples(
     problems: Mapping[str, Mapping[str, Any]],
     samples: Sequence[Mapping[str, Any]] | None = None,
@@ -508,11 +518,7 @@ def execute_samples(
     if canonical:
         if samples:
             raise ValueError("pass either samples or canonical=True, not both")
-        samples = [
-            {"task_id": tid, "completion": p["canonical_solution"], **({"language": p["language"]} if p.get("language") else {})}
-            for tid, p in problems.items()
-            if isinstance(p.get("canonical_solution"), str)
-        ]
+        samples = canonical_samples(problems)
         if not samples:
             raise ProblemsError("no problem has a canonical_solution to execute (samples-only file)")
     if samples is None:

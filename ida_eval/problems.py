@@ -192,3 +192,9 @@ def language_files(benchmark: str = "mbxp", data_dir: str | Path | None = None) 
         raise ProblemsError(f"{d / 'metadata.json'}: expected an object mapping language -> file name")
     return {lang: d / name for lang, name in meta.items()}
 
+
+def example_samples_file(problems_file: str | Path) -> Path:
+    """mxeval's example samples beside an MBXP problems file: ``examples/<stem>_samples.jsonl``
+    (``mbjsp_release_v1.2.jsonl`` -> ``examples/mbjsp_samples.jsonl``)."""
+    path = Path(problems_file)
+    return path.parent / "examples" / f"{path.name.split('_')[0]}_samples.jsonl"

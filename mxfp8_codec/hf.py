@@ -238,9 +238,11 @@ def _decode_cpu(payload: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, 
     (same bits as one call). Only loading splits: at a forward, torch's OpenMP threads are still
     spinning from the previous GEMM, and a decode thread competing with them made 64-token forwards
     ~1.5x and greedy tokens ~1.7x slower than one thread (benchmarks/bench_hf.py)."""
+    if not split:  # the forward's path: no pool, no lock
+        decode_mxfp8(payload, scales, dtype=out.dtype, out=out, transpose=transpose, name=name)
+        return
     decode_mxfp8_split(
-        payload, scales, out, pool=_threads(), parts=min(torch.get_num_threads(), 8) if split else 1,
-        transpose=transpose, name=name,
+        payload, scales, out, pool=_threads(), parts=min(torch.get_num_threads(), 8), transpose=transpose, name=name
     )
 
 

@@ -43,7 +43,7 @@ from typing import Any
 
 from ida_common.files import atomic_write_text
 from ida_eval import execute as ex
-from ida_eval.problems import language_files, load_problems
+from ida_eval.problems import example_samples_file, language_files, load_problems
 
 ANCHORS = Path(__file__).resolve().parent.parent / "tests" / "ida_eval" / "mbxp_language_anchors.json"
 
@@ -53,10 +53,9 @@ def task_samples(lang: str, which: str, data_dir: str | None, limit: int | None)
     path = language_files("mbxp", data_dir)[lang]
     problems = load_problems(path)
     if which == "canonical":
-        samples = [{"task_id": t, "completion": p["canonical_solution"]} for t, p in problems.items()
-                   if isinstance(p.get("canonical_solution"), str)]
+        samples = ex.canonical_samples(problems)
     else:
-        samples = ex.load_samples(path.parent / "examples" / f"{path.name.split('_')[0]}_samples.jsonl", problems)
+        samples = ex.load_samples(example_samples_file(path), problems)
     samples = samples[:limit] if limit else samples
     seen: Counter[str] = Counter()
     for s in samples:  # the same (task_id, completion_id) keys as execute_samples gives
