@@ -1,9 +1,11 @@
 """In-sandbox bootstrap: run as a script (``python -s -P -S _sandbox_boot.py ARGS``), never imported.
 
 :mod:`ida_eval.sandbox` starts this file, under ``unshare`` when namespaces are available, once per
-program. Standard library only, and only cheap imports (no ``json``/``re``/``signal``/``subprocess``,
-which pull in ``enum`` and ``re``: ~25 ms of CPU per program, as much as a Node.js run): it runs once
-per program, 974 times per MBXP pass.
+program; a ProgramJob run by a root runner goes through :func:`serve` instead (one warm copy per
+worker slot forks each program's sandbox and runs :func:`boot` in it). Standard library only, and
+only cheap imports (no ``json``/``re``/``signal``/``subprocess``, which pull in ``enum`` and ``re``:
+~25 ms of CPU per program, as much as a Node.js run): it runs once per program, 974 times per MBXP
+pass.
 
 1. As the first process of the new PID namespace ("PID 1"; still privileged) it joins the run's
    cgroups (``0`` written to each ``cgroup.procs``) and, with namespaces, builds the program's view
@@ -36,16 +38,16 @@ import sys
 
 # Linux constants (uapi/linux/mount.h, prctl.h, capability.h, securebits.h)
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC = 32, 4096, 8192, 16384
+MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 32, 4096, 8192, 16384, 1 << 18
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
-PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS = 24, 28, 38
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS = 1, 24, 28, 38
 SECURE_ALL_NOROOT_LOCKED = 0x2F  # NOROOT | NOROOT_LOCKED | NO_SETUID_FIXUP | its LOCKED | KEEP_CAPS_LOCKED
 CAP_VERSION_3 = 0x20080522  # _LINUX_CAPABILITY_VERSION_3
 SETUP_FAILED_EXIT = 125  # exit code when the sandbox itself could not be set up
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
-CLONE_NEWUSER = 0x10000000
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0x10000000, 0x20000000, 0x40000000
 # NEWTIME | NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
-CLONE_NEW_ANY = 0x80 | 0x20000 | 0x02000000 | 0x04000000 | 0x08000000 | CLONE_NEWUSER | 0x20000000 | 0x40000000
+CLONE_NEW_ANY = 0x80 | CLONE_NEWNS | 0x02000000 | 0x04000000 | 0x08000000 | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
 EPERM, ENOSYS = 1, 38
 SIGKILL = 9  # Linux, every architecture (importing ``signal`` imports ``enum``)
 # seccomp: per architecture (AUDIT_ARCH_*, clone, unshare, clone3, x32 syscall bit)
@@ -466,8 +468,8 @@ def _setup_failed(status_fd, exc):
     os._exit(SETUP_FAILED_EXIT)
 
 
-def main():
-    cfg = _parse(sys.argv[1:])
+def boot(cfg):
+    """Steps 1-3 of the module docstring for one program (the caller is PID 1 of its namespaces)."""
     status_fd, sentinel_fd = cfg["status_fd"], cfg["sentinel_fd"]
     sys.argv = [cfg["program"]]
     try:
@@ -510,6 +512,109 @@ def main():
     del source, cfg
     exec(code, {"__name__": "__main__", "__file__": sys.argv[0], "__builtins__": builtins})  # noqa: S102 - the point
     write(sentinel_fd, nonce)  # reached only when the program (and its check(...)) returned
+
+
+# ---------------------------------------------------------------------------------------------
+# The job server: one per worker slot, forks every ProgramJob's sandbox from a warm interpreter
+
+
+def serve(sock_fd):
+    """Answer run requests on the unix socket ``sock_fd`` until the caller closes it.
+
+    A request is one message: ``marshal`` data ``{"argv": [...ARGS values], "env": {...},
+    "unshare": flags}`` with six descriptors (the program's stdin, stdout, stderr, then the
+    sentinel, status and lifeline pipes). For each we fork a child that does what
+    ``unshare --fork --kill-child --propagation private`` plus ``subprocess.Popen(...,
+    start_new_session=True, env=..., cwd=...)`` did for a bootstrap started per program: a new
+    session, the descriptors as 0-2, the environment, ``unshare(flags)``, mount propagation
+    private, then a fork whose child is PID 1 of the new namespaces (killed when the session leader
+    dies) and runs :func:`boot`; the session leader waits for it and exits with its status. We
+    answer ``started <pid>`` with a pidfd of the session leader, then ``exit <raw wait status>``. One
+    request at a time: a slot runs one program at a time.
+    """
+    import marshal
+    import socket
+
+    sock = socket.socket(fileno=sock_fd)
+    with open("/proc/self/oom_score_adj", "rb") as f:
+        own_score = f.read().strip()
+    try:  # its cgroups' OOM killer then picks a run's process, never the server
+        _oom_score_adj(b"-1000")
+    except OSError:  # no CAP_SYS_RESOURCE (some containers): the server is small, rarely the pick
+        own_score = None
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 6)
+        except OSError:
+            os._exit(0)
+        if not msg:  # the caller closed its end (or died): nothing of ours outlives it
+            os._exit(0)
+        req = marshal.loads(msg)
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            _served_session(req, fds, own_score)
+        for fd in fds:
+            os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        try:
+            socket.send_fds(sock, [b"started %d" % pid], [pidfd])
+        finally:
+            os.close(pidfd)
+        _, status = os.waitpid(pid, 0)
+        try:
+            sock.send(b"exit %d" % status)
+        except OSError:
+            os._exit(0)
+
+
+def _oom_score_adj(value):
+    with open("/proc/self/oom_score_adj", "wb") as f:
+        f.write(value)
+
+
+def _served_session(req, fds, score):
+    """The forked session leader of one served program (see :func:`serve`); never returns."""
+    cfg = _parse(req["argv"])
+    stdin, stdout, stderr, cfg["sentinel_fd"], cfg["status_fd"], cfg["lifeline_fd"] = fds
+    try:
+        if score is not None:
+            _oom_score_adj(score)
+        os.setsid()
+        for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.chdir(cfg["workdir"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        ctypes, libc = _libc()
+        if libc.unshare(req["unshare"]) != 0:
+            raise OSError(ctypes.get_errno(), "unshare")
+        if req["unshare"] & CLONE_NEWNS and libc.mount(b"none", b"/", None, ctypes.c_ulong(MS_REC | MS_PRIVATE), None):
+            raise OSError(ctypes.get_errno(), "mount propagation private")
+        pid = os.fork()
+    except BaseException as exc:  # noqa: BLE001 - the sandbox could not be set up
+        _setup_failed(cfg["status_fd"], exc)
+    if pid == 0:  # PID 1 of the new namespaces
+        try:
+            if libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), "PR_SET_PDEATHSIG")
+        except BaseException as exc:  # noqa: BLE001
+            _setup_failed(cfg["status_fd"], exc)
+        boot(cfg)
+        os._exit(0)
+    for fd in (0, 1, 2, cfg["sentinel_fd"], cfg["status_fd"], cfg["lifeline_fd"]):
+        os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):  # as unshare(1) does: die of the same signal
+        os.kill(os.getpid(), os.WTERMSIG(status))
+    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+
+
+def main():
+    if sys.argv[1:2] == ["--serve"]:
+        serve(int(sys.argv[2]))
+    boot(_parse(sys.argv[1:]))
 
 
 if __name__ == "__main__":

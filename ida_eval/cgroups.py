@@ -133,8 +133,9 @@ class SandboxCgroups:
             raise
         return group
 
-    def oom_killed(self) -> bool:
-        """Whether the kernel OOM-killed a process of this group (memory limit hit)."""
+    def oom_kills(self) -> int:
+        """How many processes of this group the kernel OOM-killed so far (memory limit hit)."""
+        kills = 0
         for path in self.paths:
             for fname in ("memory.oom_control", "memory.events"):
                 try:
@@ -143,9 +144,18 @@ class SandboxCgroups:
                     continue
                 for line in text.splitlines():
                     key, _, value = line.partition(" ")
-                    if key == "oom_kill" and int(value or 0) > 0:
-                        return True
-        return False
+                    if key == "oom_kill":
+                        kills += int(value or 0)
+        return kills
+
+    def oom_killed(self) -> bool:
+        """Whether the kernel OOM-killed a process of this group (memory limit hit)."""
+        return self.oom_kills() > 0
+
+    def join(self, pid: int) -> None:
+        """Move process ``pid`` (not its existing children) into the groups."""
+        for path in self.paths:
+            Path(path, "cgroup.procs").write_text(str(pid))
 
     def kill(self) -> None:
         """SIGKILL every process in the groups (whatever session or process group it moved to)."""
@@ -169,16 +179,44 @@ class SandboxCgroups:
         self.paths = []
 
     @staticmethod
-    def _kill_members(path: str) -> None:
+    def _kill_members(path: str, spare: int | None = None) -> None:
         try:
             pids = Path(path, "cgroup.procs").read_text().split()
         except OSError:
             return
         for pid in pids:
+            if int(pid) == spare:
+                continue
             try:
                 os.kill(int(pid), signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+class ServerRunCgroups(SandboxCgroups):
+    """One run inside the groups a job server lives in (:class:`ida_eval.sandbox` forks each
+    ProgramJob's sandbox from a per-slot server, one run at a time): joining a group costs a
+    kernel RCU grace period (~10 ms of wall time per program on cgroup v1), being born in it costs
+    nothing. Seen by the sandbox as the run's own fresh groups: nothing to join (``paths`` is empty;
+    PID 1 is forked inside), OOM kills counted from the run's start, and :meth:`remove` kills
+    whatever of the run is left, sparing only the server. What the groups charge for memory
+    carries over between runs (page cache of files earlier runs read; the kernel reclaims it before
+    it OOM-kills anything)."""
+
+    def __init__(self, groups: SandboxCgroups, server_pid: int) -> None:
+        super().__init__([], groups.version)
+        self.groups, self.server_pid = groups, server_pid
+        self.baseline = groups.oom_kills()
+
+    def oom_kills(self) -> int:
+        return self.groups.oom_kills() - self.baseline
+
+    def kill(self) -> None:
+        for path in self.groups.paths:
+            self._kill_members(path, spare=self.server_pid)
+
+    def remove(self) -> None:
+        self.kill()
 
 
 def cgroup_parents() -> list[str]:

@@ -53,6 +53,7 @@ from ida_eval.sandbox import (
     SandboxError,
     SandboxLimits,
     SandboxResult,
+    close_job_servers,
     run_program,
     sweep_stale,
 )
@@ -601,6 +602,7 @@ def execute_samples(
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+        close_job_servers()  # and their cgroups
         bar.close()
         if fd >= 0:
             os.close(fd)

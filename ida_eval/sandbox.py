@@ -27,6 +27,13 @@ at the timeout. Here every program gets:
   There is no network (only a down loopback), and when PID 1 exits or is killed the kernel kills
   every process of the namespace, daemonized grandchildren included. In every mode a seccomp
   filter denies new namespaces (no nested user namespace).
+* **Job servers** for ProgramJobs (other languages) where the runner is root and has
+  namespaces: a per-slot server (``_sandbox_boot.py --serve``, started on the slot's first job,
+  stopped by :func:`close_job_servers` or with the runner) forks each job's sandbox instead of
+  starting ``unshare`` and a bootstrap interpreter per program; the fork makes the same namespaces
+  (``unshare(2)``) and runs the same bootstrap code as PID 1. It lives in the slot's cgroups so
+  each run is born inside them (joining a cgroup v1 group costs a ~10 ms RCU grace period per
+  program; see :class:`ida_eval.cgroups.ServerRunCgroups`). ``JOB_SERVER = False`` turns it off.
 * **Fallbacks** with a warning: ``setuid`` (root without namespaces: per-worker uid, rlimits, and
   ``kill(-1, SIGKILL)`` issued *as that uid* to reap escaped processes; no network isolation and
   world-writable directories stay writable) and ``rlimits`` (process group kill only).
@@ -51,16 +58,17 @@ at the timeout. Here every program gets:
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
-import json
 import marshal
 import os
 import secrets
+import select
 import selectors
 import shutil
 import signal
-import stat
+import socket
 import subprocess
 import sys
 import tempfile
@@ -69,10 +77,17 @@ import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, ClassVar
 
 from ida_eval._sandbox_boot import ARGS as _BOOT_ARGS
+from ida_eval._sandbox_boot import CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID
 from ida_eval._sandbox_boot import LIST_SEP as _LIST_SEP
-from ida_eval.cgroups import SandboxCgroups, cgroup_parents, remove_group
+from ida_eval.cgroups import (
+    SandboxCgroups,
+    ServerRunCgroups,
+    cgroup_parents,
+    remove_group,
+)
 from ida_eval.cleanup import remove_tree
 from ida_eval.isolation import Isolation, probe_isolation
 
@@ -360,7 +375,10 @@ def _kill_uid(uid: int, gid: int) -> None:
         )
 
 
-def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
+def _kill_tree(proc: subprocess.Popen[bytes] | _ServedSession) -> None:
+    if isinstance(proc, _ServedSession):  # its PID 1 dies with it, and the namespace with PID 1
+        proc.kill()
+        return
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -434,14 +452,195 @@ def run_program(
         program = os.path.join(workdir, files[0][0])
         if uid is not None:
             os.chown(workdir, uid, gid)
-        groups = SandboxCgroups.create(limits.max_processes, limits.memory_bytes, slot)
+        server = _JobServer.for_slot(slot, limits) if job is not None and _served_unshare_flags(iso) else None
+        groups = server.run_groups() if server else SandboxCgroups.create(limits.max_processes, limits.memory_bytes, slot)
         try:
-            res = _spawn_and_wait(program, workdir, limits, iso, uid, gid, groups, cancel, job)
+            res = _spawn_and_wait(program, workdir, limits, iso, uid, gid, groups, cancel, job, server)
         finally:
             groups.remove()
         return res
     finally:
         _remove_work_dir(root)
+
+
+# ---------------------------------------------------------------------------------------------
+# Job servers: a warm bootstrap per worker slot that forks each ProgramJob's sandbox
+
+JOB_SERVER = True  # run ProgramJobs through a per-slot job server where it can reproduce the isolation
+_UNSHARE_FLAGS = {"--net": CLONE_NEWNET, "--pid": CLONE_NEWPID, "--mount": CLONE_NEWNS}
+_UNSHARE_SERVED = ("--fork", "--kill-child", "--propagation", "private")  # what the server itself does
+SERVER_START_TIMEOUT_S = 30.0  # a job server must answer a request within this (it only forks)
+
+
+def _served_unshare_flags(iso: Isolation) -> int:
+    """The ``unshare(2)`` flags with which a job server reproduces ``iso.unshare`` exactly; 0 where
+    it cannot: no PID + mount namespaces, a user namespace (``--user``: a non-root runner), or an
+    option it does not know."""
+    if not (JOB_SERVER and iso.uses_namespaces and os.geteuid() == 0):
+        return 0
+    flags = 0
+    for arg in iso.unshare[1:]:
+        if arg in _UNSHARE_FLAGS:
+            flags |= _UNSHARE_FLAGS[arg]
+        elif arg not in _UNSHARE_SERVED:
+            return 0
+    return flags if flags & CLONE_NEWPID and flags & CLONE_NEWNS else 0
+
+
+class _JobServer:
+    """``_sandbox_boot.py --serve`` (see :func:`ida_eval._sandbox_boot.serve`): one per executing
+    process and worker slot, started on its first ProgramJob, one request at a time.
+
+    Starting a bootstrap per program cost an interpreter start-up and an ``unshare(1)`` exec, ~25 ms
+    of CPU: more than a whole PHP or Perl test run. The server pays it once; each program's sandbox
+    is then a fork of it that makes the same namespaces and runs the same bootstrap code as PID 1.
+    It exits when this process closes its socket or dies."""
+
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+    _servers: ClassVar[dict[tuple[int, int], _JobServer]] = {}
+
+    def __init__(self, slot: int, limits: SandboxLimits) -> None:
+        self.limits = (limits.max_processes, limits.memory_bytes)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-s", "-P", "-S", BOOT_SCRIPT, "--serve", str(theirs.fileno())],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                env={"PATH": SAFE_PATH, "LANG": "C.UTF-8"},
+                cwd="/",
+                start_new_session=True,
+            )
+        except OSError as e:
+            ours.close()
+            raise SandboxError(f"cannot start the job server {sys.executable!r}: {e}") from e
+        finally:
+            theirs.close()
+        self.sock = ours
+        try:  # before its first fork: every run is born inside (+2 processes: the server, the session)
+            self.groups = SandboxCgroups.create(limits.max_processes + 2, limits.memory_bytes, slot)
+            self.groups.join(self.proc.pid)
+        except OSError as e:
+            self.close()
+            raise SandboxError(f"cannot put the job server into its cgroups: {e}") from e
+
+    @classmethod
+    def for_slot(cls, slot: int, limits: SandboxLimits) -> _JobServer:
+        """The slot's server (a new one if it died or was started with other limits). Only the
+        thread that holds the slot uses its server."""
+        key = (os.getpid(), slot)  # a forked runner starts servers of its own
+        with cls._lock:
+            server = cls._servers.get(key)
+        if server is not None and (server.proc.poll() is not None or server.limits != (limits.max_processes, limits.memory_bytes)):
+            server.close()
+            server = None
+        if server is None:
+            server = cls(slot, limits)
+            with cls._lock:
+                cls._servers[key] = server
+        return server
+
+    def run_groups(self) -> ServerRunCgroups:
+        """The cgroups of the next run (see :class:`ida_eval.cgroups.ServerRunCgroups`)."""
+        return ServerRunCgroups(self.groups, self.proc.pid)
+
+    @classmethod
+    def close_all(cls) -> None:
+        with cls._lock:
+            servers = [s for (pid, _), s in cls._servers.items() if pid == os.getpid()]
+            cls._servers.clear()
+        for server in servers:
+            server.close()
+
+    def close(self) -> None:
+        self.sock.close()  # EOF: the server exits
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if hasattr(self, "groups"):
+            self.groups.remove()
+
+    def start(self, argv: list[str], env: dict[str, str], flags: int, fds: Sequence[int]) -> _ServedSession:
+        """Send one run request; returns once the server has forked its session."""
+        self.sock.settimeout(SERVER_START_TIMEOUT_S)
+        try:
+            socket.send_fds(self.sock, [marshal.dumps({"argv": argv, "env": env, "unshare": flags})], fds)
+            reply, got, _, _ = socket.recv_fds(self.sock, 64, 1)
+        except OSError as e:
+            raise SandboxError(f"job server (pid {self.proc.pid}, exit {self.proc.poll()}) did not start the run: {e}") from e
+        finally:
+            self.sock.settimeout(None)
+        if not reply.startswith(b"started ") or len(got) != 1:
+            for fd in got:
+                os.close(fd)
+            raise SandboxError(f"job server (pid {self.proc.pid}) answered {reply!r}")
+        return _ServedSession(self.sock, int(reply.split()[1]), got[0])
+
+
+class _ServedSession:
+    """A job server's forked session leader, seen as much like a ``Popen`` as ``_spawn_and_wait``
+    needs: ``pid`` (it leads its own session and process group), ``poll``, ``wait``, ``returncode``,
+    ``kill`` (through a pidfd: never another process that got its pid)."""
+
+    def __init__(self, sock: socket.socket, pid: int, pidfd: int) -> None:
+        self.sock, self.pid, self.pidfd = sock, pid, pidfd
+        self.returncode: int | None = None
+        self.stdin: Any = None
+        self.stdout: Any = None
+        self.stderr: Any = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self.pidfd], [], [], 0)[0]:
+            return self.wait()
+        return self.returncode
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            reply = self.sock.recv(64)  # the server reaps the leader, then reports its wait status
+            if not reply.startswith(b"exit "):
+                raise SandboxError(f"job server answered {reply!r} instead of the exit status")
+            self.returncode = os.waitstatus_to_exitcode(int(reply.split()[1]))
+            os.close(self.pidfd)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)  # PID 1 follows it (PDEATHSIG)
+            except ProcessLookupError:
+                pass
+
+
+def _start_served(server: _JobServer, argv: list[str], env: dict[str, str], flags: int, pipes: Sequence[int]) -> _ServedSession:
+    """Start one program through a job server, with new stdin/stdout/stderr pipes; ``pipes`` are
+    the sentinel, status and lifeline ends."""
+    ends = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr
+    theirs = [ends[0][0], ends[1][1], ends[2][1], *pipes]
+    try:
+        session = server.start(argv, env, flags, theirs)
+    except BaseException:
+        for fd in (ends[0][1], ends[1][0], ends[2][0]):
+            os.close(fd)
+        raise
+    finally:
+        for fd in theirs[:3]:
+            os.close(fd)
+    session.stdin = open(ends[0][1], "wb", buffering=0)  # noqa: SIM115 - closed by _spawn_and_wait
+    session.stdout = open(ends[1][0], "rb", buffering=0)  # noqa: SIM115
+    session.stderr = open(ends[2][0], "rb", buffering=0)  # noqa: SIM115
+    return session
+
+
+def close_job_servers() -> None:
+    """Stop this process' job servers and remove their cgroups (``execute_samples`` does it when
+    it is done; otherwise they end with the process)."""
+    _JobServer.close_all()
+
+
+atexit.register(_JobServer.close_all)
 
 
 HIDDEN_DIRS = ("/run", "/var/run")  # covered by an empty tmpfs inside namespaces (daemons' sockets)
@@ -559,6 +758,7 @@ def _spawn_and_wait(
     groups: SandboxCgroups,
     cancel: threading.Event | None,
     job: ProgramJob | None = None,
+    server: _JobServer | None = None,
 ) -> SandboxResult:
     hidden, kept, fresh = _hidden_paths(workdir) if iso.uses_namespaces else ([], [], [])
     sockets = _host_sockets(hidden + fresh) if iso.uses_namespaces else []
@@ -589,20 +789,27 @@ def _spawn_and_wait(
     cmd: Sequence[str] = [*iso.unshare, *_interpreter_args(limits), BOOT_SCRIPT, *args]
     nonce = _new_nonce()
     start = time.monotonic()
+    proc: subprocess.Popen[bytes] | _ServedSession
     try:
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            pass_fds=(sent_w, stat_w, life_r),
-            env=_environment(workdir, limits, job),
-            cwd=workdir,
-            start_new_session=True,
-        )
-    except OSError as e:
+        if server is None:
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(sent_w, stat_w, life_r),
+                env=_environment(workdir, limits, job),
+                cwd=workdir,
+                start_new_session=True,
+            )
+        else:
+            env = _environment(workdir, limits, job)
+            proc = _start_served(server, args, env, _served_unshare_flags(iso), (sent_w, stat_w, life_r))
+    except (OSError, SandboxError) as e:
         for fd in (sent_r, sent_w, stat_r, stat_w, life_r, life_w):
             os.close(fd)
+        if isinstance(e, SandboxError):
+            raise
         raise SandboxError(f"cannot start sandbox {cmd[0]!r}: {e}") from e
     os.close(sent_w)
     os.close(stat_w)

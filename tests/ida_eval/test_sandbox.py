@@ -85,6 +85,7 @@ def clean(tmp_path: Path, marker: str):
         time.sleep(0.05)
     assert _processes_with(marker) == [], "a process of the sandboxed program survived"
     assert list(root.iterdir()) == [], "work directory left behind"
+    sb.close_job_servers()  # ProgramJobs' per-slot servers live on (a cache): their groups go with them
     assert leftover_groups() == [], "cgroups left behind"
 
 
@@ -1105,9 +1106,112 @@ def test_bootstrap_imports_stay_cheap_for_an_interpreted_job(monkeypatch):
     spec = marshal.loads(bytes.fromhex(job.spec()))
     assert spec["run"] == ["cat"] and spec["compile"] is None and spec["log"] == sb.COMPILE_LOG
     plain = sb._interpreter_args
+    monkeypatch.setattr(sb, "JOB_SERVER", False)  # a bootstrap per program (as without root)
     monkeypatch.setattr(sb, "_interpreter_args", lambda limits: [*plain(limits), "-X", "importtime"])
     res = sb.run_program(job)
     assert res.passed, res
     imported = {line.rpartition("|")[2].strip() for line in res.stderr_tail.splitlines() if line.startswith("import time:")}
     assert "os" in imported  # the report is there
     assert not imported & {"json", "re", "enum", "signal", "subprocess"}, sorted(imported)
+
+
+# ------------------------------------------------------------------ job servers (ProgramJobs as root)
+
+
+def needs_job_server(iso: isolation.Isolation) -> None:
+    if not sb._served_unshare_flags(iso):
+        pytest.skip(f"no job server here (needs root and namespaces; isolation in force: {iso.description})")
+
+
+def sh_job(script: str) -> sb.ProgramJob:
+    """A shell job whose driver ends by copying stdin (the nonce) to stdout, as language drivers do."""
+    return sb.ProgramJob(files=(("a.sh", textwrap.dedent(script) + "cat\n"),), run=("/bin/sh", "a.sh"))
+
+
+def test_jobs_share_a_warm_server_per_slot_yet_each_gets_fresh_namespaces(clean: str, iso: isolation.Isolation) -> None:
+    needs_job_server(iso)
+    job = sh_job("echo $$ $(readlink /proc/self/ns/net) $(readlink /proc/self/ns/mnt) $(ls /tmp)\ntouch /tmp/left-over\n")
+    runs = [sb.run_program(job, FAST, tmp_root=clean, slot=slot) for slot in (0, 0, 1)]
+    assert all(r.passed for r in runs), runs
+    servers = {slot: s.proc.pid for (pid, slot), s in sb._JobServer._servers.items() if pid == os.getpid()}
+    assert sorted(servers) == [0, 1] and servers[0] != servers[1]
+    seen = [r.stdout_tail.split()[:3] for r in runs]
+    host = {os.readlink("/proc/self/ns/net"), os.readlink("/proc/self/ns/mnt")}
+    assert all(pid == "2" for pid, *_ in seen)  # a fresh PID namespace: PID 1 is the bootstrap, the driver its child
+    assert not {ns for _, net, mnt in seen for ns in (net, mnt)} & host
+    assert not any("left-over" in r.stdout_tail for r in runs)  # each run's /tmp is its own
+    groups = sb._JobServer._servers[(os.getpid(), 0)].groups.paths
+    assert groups and all(str(servers[0]) in Path(g, "cgroup.procs").read_text().split() for g in groups)
+    sb.close_job_servers()
+    assert not any(os.path.exists(g) for g in groups) and not sb._JobServer._servers
+
+
+def test_a_served_run_that_hits_the_memory_limit_says_so_and_the_next_does_not(clean: str, iso: isolation.Isolation) -> None:
+    needs_job_server(iso)
+    if cgroup_support().memory_parent is None:
+        pytest.skip("no writable memory cgroup here")
+    python = shutil.which("python3", path=sb.SAFE_PATH)
+    if python is None:
+        pytest.skip("no python3 on the sandbox's PATH")
+    # four children under RLIMIT_AS (512 MiB) each, together over the tree's 512 MiB
+    bomb = sh_job(f"for i in 1 2 3 4; do {python} -c 'import time; b = bytearray(200 << 20); b[::4096] = bytes(len(range(0, 200 << 20, 4096))); time.sleep(1)' & done; wait\n")
+    limits = sb.SandboxLimits(timeout=20.0, memory_bytes=512 << 20)
+    first = sb.run_program(bomb, limits, tmp_root=clean)
+    assert first.oom_killed, first
+    after = sb.run_program(sh_job("true\n"), limits, tmp_root=clean)
+    assert after.passed and not after.oom_killed  # the group's OOM count is taken per run
+
+
+def test_a_dead_job_server_is_replaced(clean: str, iso: isolation.Isolation) -> None:
+    needs_job_server(iso)
+    assert sb.run_program(sh_job(""), FAST, tmp_root=clean).passed
+    old = sb._JobServer._servers[(os.getpid(), 0)].proc
+    old.kill()
+    old.wait()
+    assert sb.run_program(sh_job(""), FAST, tmp_root=clean).passed
+    assert sb._JobServer._servers[(os.getpid(), 0)].proc.pid != old.pid
+
+
+RUNNER_JOB = """
+import sys, types
+pkg = types.ModuleType("ida_eval")
+pkg.__path__ = [{pkg_dir!r}]
+sys.modules["ida_eval"] = pkg
+from ida_eval import sandbox
+job = sandbox.ProgramJob(files=(("a.sh", {script!r}),), run=("/bin/sh", "a.sh"))
+sandbox.run_program(job, sandbox.SandboxLimits(timeout=120.0))
+"""
+
+
+def test_a_killed_runner_takes_its_served_programs_and_servers_with_it(marker: str, iso: isolation.Isolation) -> None:
+    needs_job_server(iso)
+    script = f"sleep 300 {marker} &\nwhile :; do :; done\n"
+    runner = subprocess.Popen([sys.executable, "-c", RUNNER_JOB.format(pkg_dir=str(Path(sb.__file__).parent), script=script)])
+    try:
+        deadline = time.monotonic() + 30
+        while set(_processes_with(marker)) <= {runner.pid} and time.monotonic() < deadline:  # (its argv has it too)
+            time.sleep(0.05)
+        assert set(_processes_with(marker)) - {runner.pid}, "the program never started"
+        servers = [p for p in _processes_with("--serve") if _parent_of(p) == runner.pid]
+        assert len(servers) == 1
+    finally:
+        runner.kill()
+        runner.wait()
+    deadline = time.monotonic() + 5
+    while (_processes_with(marker) or _pid_exists(servers[0])) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _processes_with(marker) == [] and not _pid_exists(servers[0])
+    sb.sweep_stale()
+    tag = f"ida-exec-{runner.pid}-"
+    assert not [g for parent in cgroup_parents() for g in os.listdir(parent) if g.startswith(tag)]
+
+
+def _parent_of(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+    except OSError:
+        return -1
+
+
+def _pid_exists(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[:1]
