@@ -16,7 +16,7 @@ an idle machine (quote ``uptime``). The CPU ratio is steadier on a busy one.
 
 Usage:
     python benchmarks/bench_executor_languages.py [--languages java,go] [--limit N] [--workers N]
-        [--repeats R] [--data-dir DIR]
+        [--repeats R] [--data-dir DIR] [--no-job-server]
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ida_eval import sandbox
 from ida_eval.execute import ExecutionConfig, canonical_samples, execute_samples, isolation_in_force, load_samples
 from ida_eval.languages import LANGUAGES, assemble, environment, missing_tools
 from ida_eval.problems import example_samples_file, language_files, load_problems
@@ -88,9 +89,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--data-dir", default=str(DEFAULT_DIR))
+    ap.add_argument("--no-job-server", action="store_true",
+                    help="start a bootstrap per program, as before job servers (ida_eval.sandbox.JOB_SERVER)")
     args = ap.parse_args(argv)
     cfg = ExecutionConfig(workers=args.workers)
-    print(f"isolation: {isolation_in_force()}; workers {args.workers}; load {os.getloadavg()}")
+    sandbox.JOB_SERVER = not args.no_job_server
+    print(f"isolation: {isolation_in_force()}; job server {'off' if args.no_job_server else 'on'}; "
+          f"workers {args.workers}; load {os.getloadavg()}")
     print(f"{'language':<11} {'tasks':>5} {'plain s':>8} {'ida s':>8} {'ratio':>6} {'plain cpu':>9} {'ida cpu':>8} "
           f"{'ratio':>6}  passed plain/ida")
     for lang in args.languages.split(","):

@@ -88,10 +88,15 @@ _OPTION_FLAGS = {
 }
 
 
-def _libc():
-    import ctypes
+_LOADED = {}  # what a job server prepares once for every run it forks (see serve)
 
-    return ctypes, ctypes.CDLL(None, use_errno=True)
+
+def _libc():
+    if "libc" not in _LOADED:
+        import ctypes
+
+        _LOADED["libc"] = ctypes, ctypes.CDLL(None, use_errno=True)
+    return _LOADED["libc"]
 
 
 def _unescape(field):
@@ -250,9 +255,20 @@ def deny_new_namespaces():
 
     Returns False where it cannot be installed (unknown architecture, kernel without seccomp).
     """
+    fprog = _seccomp_program()
+    if fprog is None:
+        return False
+    ctypes, libc = _libc()
+    return libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) == 0
+
+
+def _seccomp_program():
+    """The filter of :func:`deny_new_namespaces` as a ``sock_fprog`` (None: unknown architecture)."""
+    if "seccomp" in _LOADED:
+        return _LOADED["seccomp"]
     arch = SECCOMP_ARCHES.get(os.uname().machine)
     if arch is None:
-        return False
+        return None
     audit_arch, nr_clone, nr_unshare, nr_clone3, x32_bit = arch
     ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
     allow, errno_ret = 0x7FFF0000, 0x00050000
@@ -272,7 +288,7 @@ def deny_new_namespaces():
         (ret, 0, 0, errno_ret | EPERM),
         (ret, 0, 0, allow),
     ]
-    ctypes, libc = _libc()
+    ctypes, _ = _libc()
 
     class SockFilter(ctypes.Structure):
         _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
@@ -281,10 +297,8 @@ def deny_new_namespaces():
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
 
     filters = (SockFilter * len(prog))(*[SockFilter(*row) for row in prog])
-    fprog = SockFprog(len(prog), filters)
-    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
-        return False
-    return True
+    _LOADED["seccomp"] = SockFprog(len(prog), filters)  # (it keeps a reference to filters)
+    return _LOADED["seccomp"]
 
 
 def enter_program_context(cfg):
@@ -530,11 +544,23 @@ def serve(sock_fd):
     private, then a fork whose child is PID 1 of the new namespaces (killed when the session leader
     dies) and runs :func:`boot`; the session leader waits for it and exits with its status. We
     answer ``started <pid>`` with a pidfd of the session leader, then ``exit <raw wait status>``. One
-    request at a time: a slot runs one program at a time.
+    request at a time: a slot runs one program at a time. ``CLONE_NEWNET`` is done once, by the
+    server itself: its runs share one empty network namespace (loopback down), one run after
+    another, as a new one per run costs the kernel milliseconds to make and tear down. The modules
+    and the seccomp filter every run's bootstrap needs are loaded here once.
     """
+    import gc
     import marshal
+    import resource  # noqa: F401 - imported once here for every run's bootstrap (see boot)
+    import select  # noqa: F401
     import socket
+    import stat  # noqa: F401
+    import time  # noqa: F401
 
+    _libc()
+    _seccomp_program()
+    gc.freeze()  # what is loaded now is never collected: forks don't copy its pages for the collector
+    own_net = False
     sock = socket.socket(fileno=sock_fd)
     with open("/proc/self/oom_score_adj", "rb") as f:
         own_score = f.read().strip()
@@ -550,6 +576,13 @@ def serve(sock_fd):
         if not msg:  # the caller closed its end (or died): nothing of ours outlives it
             os._exit(0)
         req = marshal.loads(msg)
+        if req["unshare"] & CLONE_NEWNET:  # one network namespace (empty, loopback down) for all runs
+            if not own_net:  # of this slot: making and tearing down one per run costs the kernel ~ms
+                ctypes, libc = _libc()
+                if libc.unshare(CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET)")
+                own_net = True
+            req["unshare"] &= ~CLONE_NEWNET
         pid = os.fork()
         if pid == 0:
             sock.close()
