@@ -555,6 +555,7 @@ def serve(sock_fd):
     import select  # noqa: F401
     import socket
     import stat  # noqa: F401
+    import subprocess  # noqa: F401 - (a compile step's)
     import time  # noqa: F401
 
     _libc()

@@ -515,17 +515,15 @@ def test_anchor_verdicts(lang: str, mode: str) -> None:
     mbxp_language_anchors.json (and summarised in docs/eval.md). CI runs a subset of each; set
     IDA_MBXP_FULL=1 for every recorded task (the command in docs/eval.md)."""
     need(lang)
-    from ida_eval.problems import load_problems
+    from ida_eval.problems import example_samples_file, load_problems
 
     path = _mbxp_file(lang)
     anchor = ANCHORS[lang][mode]
     problems = load_problems(path)
     if mode == "canonical":
-        samples = [{"task_id": t, "completion": p["canonical_solution"]} for t, p in problems.items()
-                   if isinstance(p.get("canonical_solution"), str)]
+        samples = ex.canonical_samples(problems)
     else:
-        stem = path.name.split("_")[0]
-        samples = [json.loads(x) for x in (path.parent / "examples" / f"{stem}_samples.jsonl").read_text().splitlines()]
+        samples = ex.load_samples(example_samples_file(path), problems)
     samples = samples[: anchor["n"]]
     assert len(samples) == anchor["n"]
     if not FULL:
