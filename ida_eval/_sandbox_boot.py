@@ -578,16 +578,16 @@ def serve(sock_fd):
             os._exit(0)
         req = marshal.loads(msg)
         if req["unshare"] & CLONE_NEWNET:  # one network namespace (empty, loopback down) for all runs
-            if not own_net:  # of this slot: making and tearing down one per run costs the kernel ~ms
-                ctypes, libc = _libc()
-                if libc.unshare(CLONE_NEWNET) != 0:
-                    raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET)")
-                own_net = True
-            req["unshare"] &= ~CLONE_NEWNET
+            own_net = own_net or _libc()[1].unshare(CLONE_NEWNET) == 0  # of this slot (else: per run)
+            if own_net:
+                req["unshare"] &= ~CLONE_NEWNET
         pid = os.fork()
         if pid == 0:
-            sock.close()
-            _served_session(req, fds, own_score)
+            try:
+                sock.close()
+                _served_session(req, fds, own_score)
+            finally:  # never back into the server's loop
+                os._exit(SETUP_FAILED_EXIT)
         for fd in fds:
             os.close(fd)
         pidfd = os.pidfd_open(pid)
@@ -609,9 +609,9 @@ def _oom_score_adj(value):
 
 def _served_session(req, fds, score):
     """The forked session leader of one served program (see :func:`serve`); never returns."""
-    cfg = _parse(req["argv"])
-    stdin, stdout, stderr, cfg["sentinel_fd"], cfg["status_fd"], cfg["lifeline_fd"] = fds
     try:
+        cfg = _parse(req["argv"])
+        stdin, stdout, stderr, cfg["sentinel_fd"], cfg["status_fd"], cfg["lifeline_fd"] = fds
         if score is not None:
             _oom_score_adj(score)
         os.setsid()
@@ -628,15 +628,17 @@ def _served_session(req, fds, score):
             raise OSError(ctypes.get_errno(), "mount propagation private")
         pid = os.fork()
     except BaseException as exc:  # noqa: BLE001 - the sandbox could not be set up
-        _setup_failed(cfg["status_fd"], exc)
+        _setup_failed(fds[4], exc)
     if pid == 0:  # PID 1 of the new namespaces
         try:
             if libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0:
                 raise OSError(ctypes.get_errno(), "PR_SET_PDEATHSIG")
         except BaseException as exc:  # noqa: BLE001
             _setup_failed(cfg["status_fd"], exc)
-        boot(cfg)
-        os._exit(0)
+        try:
+            boot(cfg)  # a job's bootstrap ends in exec or _exit
+        finally:
+            os._exit(SETUP_FAILED_EXIT)
     for fd in (0, 1, 2, cfg["sentinel_fd"], cfg["status_fd"], cfg["lifeline_fd"]):
         os.close(fd)
     _, status = os.waitpid(pid, 0)

@@ -256,11 +256,12 @@ def test_a_killed_runner_takes_its_programs_with_it(marker: str) -> None:
     src = f"import subprocess\nsubprocess.Popen(['sleep', '300', '{marker}'])\nwhile True: pass"
     code = RUNNER.format(pkg_dir=str(Path(sb.__file__).parent), src=src)
     runner = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL)
+    sleeper = f"300\0{marker}"  # the sleep's argv, not the runner's (nor its forks' before they exec)
     try:
         deadline = time.monotonic() + 30
-        while not _processes_with(marker) and time.monotonic() < deadline:
+        while not _processes_with(sleeper) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _processes_with(marker), "the program never started"
+        assert _processes_with(sleeper), "the program never started"
     finally:
         runner.kill()  # SIGKILL: no cleanup code of the runner runs
         runner.wait()
@@ -1128,7 +1129,7 @@ def sh_job(script: str) -> sb.ProgramJob:
     return sb.ProgramJob(files=(("a.sh", textwrap.dedent(script) + "cat\n"),), run=("/bin/sh", "a.sh"))
 
 
-def test_jobs_share_a_warm_server_per_slot_yet_each_gets_fresh_namespaces(clean: str, iso: isolation.Isolation) -> None:
+def test_jobs_share_a_warm_server_per_slot_yet_each_gets_its_own_pids_mounts_and_tmp(clean: str, iso: isolation.Isolation) -> None:
     needs_job_server(iso)
     job = sh_job("echo $$ $(readlink /proc/self/ns/net) $(readlink /proc/self/ns/mnt) $(ls /tmp)\ntouch /tmp/left-over\n")
     runs = [sb.run_program(job, FAST, tmp_root=clean, slot=slot) for slot in (0, 0, 1)]
@@ -1139,6 +1140,7 @@ def test_jobs_share_a_warm_server_per_slot_yet_each_gets_fresh_namespaces(clean:
     host = {os.readlink("/proc/self/ns/net"), os.readlink("/proc/self/ns/mnt")}
     assert all(pid == "2" for pid, *_ in seen)  # a fresh PID namespace: PID 1 is the bootstrap, the driver its child
     assert not {ns for _, net, mnt in seen for ns in (net, mnt)} & host
+    assert seen[0][1] == seen[1][1] != seen[2][1]  # one empty network namespace per slot (its server's)
     assert not any("left-over" in r.stdout_tail for r in runs)  # each run's /tmp is its own
     groups = sb._JobServer._servers[(os.getpid(), 0)].groups.paths
     assert groups and all(str(servers[0]) in Path(g, "cgroup.procs").read_text().split() for g in groups)
@@ -1188,19 +1190,20 @@ def test_a_killed_runner_takes_its_served_programs_and_servers_with_it(marker: s
     script = f"sleep 300 {marker} &\nwhile :; do :; done\n"
     runner = subprocess.Popen([sys.executable, "-c", RUNNER_JOB.format(pkg_dir=str(Path(sb.__file__).parent), script=script)])
     try:
+        sleeper = f"300\0{marker}"  # the sleep's argv (the runner's, and its forks before they exec, have "300 ")
         deadline = time.monotonic() + 30
-        while set(_processes_with(marker)) <= {runner.pid} and time.monotonic() < deadline:  # (its argv has it too)
+        while not _processes_with(sleeper) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert set(_processes_with(marker)) - {runner.pid}, "the program never started"
+        assert _processes_with(sleeper), "the program never started"
         servers = [p for p in _processes_with("--serve") if _parent_of(p) == runner.pid]
         assert len(servers) == 1
     finally:
         runner.kill()
         runner.wait()
     deadline = time.monotonic() + 5
-    while (_processes_with(marker) or _pid_exists(servers[0])) and time.monotonic() < deadline:
+    while (_processes_with(sleeper) or _pid_exists(servers[0])) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _processes_with(marker) == [] and not _pid_exists(servers[0])
+    assert _processes_with(sleeper) == [] and not _pid_exists(servers[0])
     sb.sweep_stale()
     tag = f"ida-exec-{runner.pid}-"
     assert not [g for parent in cgroup_parents() for g in os.listdir(parent) if g.startswith(tag)]
