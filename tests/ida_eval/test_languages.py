@@ -509,6 +509,24 @@ def _anchor_params() -> list[Any]:
     return params
 
 
+def test_docs_anchor_table_matches_the_recorded_anchors() -> None:
+    """docs/eval.md's anchors table quotes mbxp_language_anchors.json: tasks, our passes, mxeval's
+    passes and how many verdicts differ, row for row, and nothing recorded is left out."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "eval.md").read_text()
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 7 and cells[0] in ANCHORS and cells[1] in ("canonical", "samples"):
+            rows[cells[0], cells[1]] = cells[2:6]
+    want = {}
+    for lang, modes in ANCHORS.items():
+        for mode, a in modes.items():
+            ref = a.get("reference")
+            want[lang, mode] = [str(a["n"]), str(a["passed"]), str(ref["passed"]) if ref else "not run",
+                                str(len(ref["differ"])) if ref else "-"]
+    assert rows == want
+
+
 @pytest.mark.parametrize("lang, mode", _anchor_params())
 def test_anchor_verdicts(lang: str, mode: str) -> None:
     """Our verdicts on the canonical solutions / example samples, task for task, as recorded in
