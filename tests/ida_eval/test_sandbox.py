@@ -1209,12 +1209,19 @@ def test_a_killed_runner_takes_its_served_programs_and_servers_with_it(marker: s
     assert not [g for parent in cgroup_parents() for g in os.listdir(parent) if g.startswith(tag)]
 
 
-def _parent_of(pid: int) -> int:
+def _proc_stat(pid: int) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state, ppid, ...); [] once it is gone."""
     try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     except OSError:
-        return -1
+        return []
+
+
+def _parent_of(pid: int) -> int:
+    fields = _proc_stat(pid)
+    return int(fields[1]) if fields else -1
 
 
 def _pid_exists(pid: int) -> bool:
-    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[:1]
+    fields = _proc_stat(pid)
+    return bool(fields) and fields[0] != "Z"  # a zombie has exited
