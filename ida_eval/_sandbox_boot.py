@@ -537,13 +537,15 @@ def serve(sock_fd):
 
     A request is one message: ``marshal`` data ``{"argv": [...ARGS values], "env": {...},
     "unshare": flags}`` with six descriptors (the program's stdin, stdout, stderr, then the
-    sentinel, status and lifeline pipes). For each we fork a child that does what
-    ``unshare --fork --kill-child --propagation private`` plus ``subprocess.Popen(...,
-    start_new_session=True, env=..., cwd=...)`` did for a bootstrap started per program: a new
-    session, the descriptors as 0-2, the environment, ``unshare(flags)``, mount propagation
-    private, then a fork whose child is PID 1 of the new namespaces (killed when the session leader
-    dies) and runs :func:`boot`; the session leader waits for it and exits with its status. We
-    answer ``started <pid>`` with a pidfd of the session leader, then ``exit <raw wait status>``. One
+    sentinel, status and lifeline pipes). For each we ``unshare(CLONE_NEWPID)`` and fork: the child
+    is PID 1 of a new PID namespace (and dies with us: ``PR_SET_PDEATHSIG``); then ``setns`` takes
+    us back to forking into our own. The child does what ``unshare --fork --kill-child
+    --propagation private`` plus ``subprocess.Popen(..., start_new_session=True, env=..., cwd=...)``
+    did for a bootstrap started per program: a new session, the descriptors as 0-2, the
+    environment, ``unshare`` of the other namespaces, mount propagation private, then
+    :func:`boot`. We answer ``started <pid>`` with a pidfd of that PID 1 (killing it ends the
+    namespace), then ``exit <raw wait status>``. (No session leader between us and PID 1, as
+    ``unshare(1)`` has: each fork of a Python process costs ~1 ms of CPU here.) One
     request at a time: a slot runs one program at a time. ``CLONE_NEWNET`` is done once, by the
     server itself: its runs share one empty network namespace (loopback down), one run after
     another, as a new one per run costs the kernel milliseconds to make and tear down. The modules
@@ -558,10 +560,11 @@ def serve(sock_fd):
     import subprocess  # noqa: F401 - (a compile step's)
     import time  # noqa: F401
 
-    _libc()
+    ctypes, libc = _libc()
     _seccomp_program()
     gc.freeze()  # what is loaded now is never collected: forks don't copy its pages for the collector
     own_net = False
+    own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY)
     sock = socket.socket(fileno=sock_fd)
     with open("/proc/self/oom_score_adj", "rb") as f:
         own_score = f.read().strip()
@@ -578,16 +581,24 @@ def serve(sock_fd):
             os._exit(0)
         req = marshal.loads(msg)
         if req["unshare"] & CLONE_NEWNET:  # one network namespace (empty, loopback down) for all runs
-            own_net = own_net or _libc()[1].unshare(CLONE_NEWNET) == 0  # of this slot (else: per run)
+            own_net = own_net or libc.unshare(CLONE_NEWNET) == 0  # of this slot (else: per run)
             if own_net:
                 req["unshare"] &= ~CLONE_NEWNET
+        if libc.unshare(CLONE_NEWPID) != 0:  # our next child is PID 1 of a new PID namespace
+            err = ctypes.get_errno()
+            for fd in fds:
+                os.close(fd)
+            sock.send(b"failed unshare(CLONE_NEWPID): %s" % os.strerror(err).encode())
+            continue
         pid = os.fork()
         if pid == 0:
             try:
                 sock.close()
-                _served_session(req, fds, own_score)
+                _served_pid1(req, fds, own_score)
             finally:  # never back into the server's loop
                 os._exit(SETUP_FAILED_EXIT)
+        if libc.setns(own_pid_ns, CLONE_NEWPID) != 0:  # our later children: back in our own
+            os._exit(SETUP_FAILED_EXIT)  # (cannot fail for root; if it did, no run could start)
         for fd in fds:
             os.close(fd)
         pidfd = os.pidfd_open(pid)
@@ -607,11 +618,14 @@ def _oom_score_adj(value):
         f.write(value)
 
 
-def _served_session(req, fds, score):
-    """The forked session leader of one served program (see :func:`serve`); never returns."""
+def _served_pid1(req, fds, score):
+    """PID 1 of one served program's new PID namespace (see :func:`serve`); never returns."""
     try:
         cfg = _parse(req["argv"])
         stdin, stdout, stderr, cfg["sentinel_fd"], cfg["status_fd"], cfg["lifeline_fd"] = fds
+        ctypes, libc = _libc()
+        if libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0:  # the server's end is ours
+            raise OSError(ctypes.get_errno(), "PR_SET_PDEATHSIG")
         if score is not None:
             _oom_score_adj(score)
         os.setsid()
@@ -621,30 +635,14 @@ def _served_session(req, fds, score):
         os.chdir(cfg["workdir"])
         os.environ.clear()
         os.environ.update(req["env"])
-        ctypes, libc = _libc()
-        if libc.unshare(req["unshare"]) != 0:
+        flags = req["unshare"] & ~CLONE_NEWPID
+        if flags and libc.unshare(flags) != 0:
             raise OSError(ctypes.get_errno(), "unshare")
-        if req["unshare"] & CLONE_NEWNS and libc.mount(b"none", b"/", None, ctypes.c_ulong(MS_REC | MS_PRIVATE), None):
+        if flags & CLONE_NEWNS and libc.mount(b"none", b"/", None, ctypes.c_ulong(MS_REC | MS_PRIVATE), None):
             raise OSError(ctypes.get_errno(), "mount propagation private")
-        pid = os.fork()
     except BaseException as exc:  # noqa: BLE001 - the sandbox could not be set up
         _setup_failed(fds[4], exc)
-    if pid == 0:  # PID 1 of the new namespaces
-        try:
-            if libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0:
-                raise OSError(ctypes.get_errno(), "PR_SET_PDEATHSIG")
-        except BaseException as exc:  # noqa: BLE001
-            _setup_failed(cfg["status_fd"], exc)
-        try:
-            boot(cfg)  # a job's bootstrap ends in exec or _exit
-        finally:
-            os._exit(SETUP_FAILED_EXIT)
-    for fd in (0, 1, 2, cfg["sentinel_fd"], cfg["status_fd"], cfg["lifeline_fd"]):
-        os.close(fd)
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):  # as unshare(1) does: die of the same signal
-        os.kill(os.getpid(), os.WTERMSIG(status))
-    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+    boot(cfg)  # ends in exec or _exit
 
 
 def main():

@@ -377,8 +377,8 @@ def _kill_uid(uid: int, gid: int) -> None:
         )
 
 
-def _kill_tree(proc: subprocess.Popen[bytes] | _ServedSession) -> None:
-    if isinstance(proc, _ServedSession):  # its PID 1 dies with it, and the namespace with PID 1
+def _kill_tree(proc: subprocess.Popen[bytes] | _ServedRun) -> None:
+    if isinstance(proc, _ServedRun):  # the namespace dies with its PID 1
         proc.kill()
         return
     try:
@@ -520,8 +520,8 @@ class _JobServer:
         finally:
             theirs.close()
         self.sock = ours
-        try:  # before its first fork: every run is born inside (+2 processes: the server, the session)
-            self.groups = SandboxCgroups.create(limits.max_processes + 2, limits.memory_bytes, slot)
+        try:  # before its first fork: every run is born inside (+1 process: the server)
+            self.groups = SandboxCgroups.create(limits.max_processes + 1, limits.memory_bytes, slot)
             self.groups.join(self.proc.pid)
         except OSError as e:
             self.close()
@@ -565,8 +565,8 @@ class _JobServer:
         if hasattr(self, "groups"):
             self.groups.remove()
 
-    def start(self, argv: list[str], env: dict[str, str], flags: int, fds: Sequence[int]) -> _ServedSession:
-        """Send one run request; returns once the server has forked its session."""
+    def start(self, argv: list[str], env: dict[str, str], flags: int, fds: Sequence[int]) -> _ServedRun:
+        """Send one run request; returns once the server has forked the run's PID 1."""
         self.sock.settimeout(SERVER_START_TIMEOUT_S)
         try:
             socket.send_fds(self.sock, [marshal.dumps({"argv": argv, "env": env, "unshare": flags})], fds)
@@ -579,11 +579,11 @@ class _JobServer:
             for fd in got:
                 os.close(fd)
             raise SandboxError(f"job server (pid {self.proc.pid}) answered {reply!r}")
-        return _ServedSession(self.sock, int(reply.split()[1]), got[0])
+        return _ServedRun(self.sock, int(reply.split()[1]), got[0])
 
 
-class _ServedSession:
-    """A job server's forked session leader, seen as much like a ``Popen`` as ``_spawn_and_wait``
+class _ServedRun:
+    """A job server's forked PID 1 of one run, seen as much like a ``Popen`` as ``_spawn_and_wait``
     needs: ``pid`` (it leads its own session and process group), ``poll``, ``wait``, ``returncode``,
     ``kill`` (through a pidfd: never another process that got its pid)."""
 
@@ -601,7 +601,7 @@ class _ServedSession:
 
     def wait(self) -> int:
         if self.returncode is None:
-            reply = self.sock.recv(64)  # the server reaps the leader, then reports its wait status
+            reply = self.sock.recv(64)  # the server reaps PID 1, then reports its wait status
             if not reply.startswith(b"exit "):
                 raise SandboxError(f"job server answered {reply!r} instead of the exit status")
             self.returncode = os.waitstatus_to_exitcode(int(reply.split()[1]))
@@ -611,12 +611,12 @@ class _ServedSession:
     def kill(self) -> None:
         if self.returncode is None:
             try:
-                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)  # PID 1 follows it (PDEATHSIG)
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)  # the PID namespace ends with it
             except ProcessLookupError:
                 pass
 
 
-def _start_served(server: _JobServer, argv: list[str], env: dict[str, str], flags: int, pipes: Sequence[int]) -> _ServedSession:
+def _start_served(server: _JobServer, argv: list[str], env: dict[str, str], flags: int, pipes: Sequence[int]) -> _ServedRun:
     """Start one program through a job server, with new stdin/stdout/stderr pipes; ``pipes`` are
     the sentinel, status and lifeline ends."""
     ends = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr
@@ -791,7 +791,7 @@ def _spawn_and_wait(
     cmd: Sequence[str] = [*iso.unshare, *_interpreter_args(limits), BOOT_SCRIPT, *args]
     nonce = _new_nonce()
     start = time.monotonic()
-    proc: subprocess.Popen[bytes] | _ServedSession
+    proc: subprocess.Popen[bytes] | _ServedRun
     try:
         if server is None:
             proc = subprocess.Popen(
