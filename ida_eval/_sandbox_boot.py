@@ -29,6 +29,11 @@ pass.
    the program's own ``SyntaxError``) and ``exec``s it as ``__main__``. Only if that returns does it
    write the nonce to the sentinel pipe.
 
+A ProgramJob (another language) has no Python child: after step 1, PID 1 takes on the program's
+identity and limits itself, makes itself unreachable to the program (not dumpable; signals from
+inside the namespace never reach a PID 1 without handlers) and ``posix_spawn``s the job's compile
+and run commands (see :func:`run_job`); steps 2 and 3 otherwise hold as written.
+
 Any failure before the program starts is reported as ``setup-error <repr>`` on the status pipe,
 so the caller can tell a broken sandbox from a failing program.
 """
@@ -40,7 +45,7 @@ import sys
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 32, 4096, 8192, 16384, 1 << 18
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
-PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS = 1, 24, 28, 38
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS = 1, 4, 24, 28, 38
 SECURE_ALL_NOROOT_LOCKED = 0x2F  # NOROOT | NOROOT_LOCKED | NO_SETUID_FIXUP | its LOCKED | KEEP_CAPS_LOCKED
 CAP_VERSION_3 = 0x20080522  # _LINUX_CAPABILITY_VERSION_3
 SETUP_FAILED_EXIT = 125  # exit code when the sandbox itself could not be set up
@@ -370,29 +375,33 @@ def _kill_everything(pid, cfg):
     os.killpg(0, SIGKILL)  # includes this process: in a PID namespace that ends it all
 
 
-def _supervise(pid, cfg):
-    """Wait for the program; kill the whole run at its own deadline or when the caller goes away.
+def _supervise(pid, cfg, until=None):
+    """Wait for process ``pid``; kill the whole run at its own deadline or when the caller goes away.
 
     The caller normally enforces the timeout itself. This is the second line: if the caller is
-    killed (its end of the lifeline pipe closes) or stalls past ``deadline_s``, nothing of the run
-    outlives it. Waits on a pidfd and the lifeline with ``select`` (no polling). Returns the raw
-    wait status.
+    killed (its end of the lifeline pipe closes) or stalls past the run's deadline (``deadline_s``
+    after the bootstrap started), nothing of the run outlives it. Waits on a pidfd and the
+    lifeline with ``select`` (no polling). Returns the raw wait status, or None once the monotonic
+    time ``until`` (a step's own limit, e.g. a compile timeout) has passed with ``pid`` running.
     """
     import select
     import time
 
-    deadline = time.monotonic() + cfg["deadline_s"]
     lifeline = cfg["lifeline_fd"]
     try:
         pidfd = os.pidfd_open(pid)
     except (AttributeError, OSError):  # kernel < 5.3: plain wait, the caller's timeout still applies
         pidfd = None
     while pidfd is not None:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        now = time.monotonic()
+        if now >= cfg["deadline"]:
             _kill_everything(pid, cfg)
-        ready, _, _ = select.select([pidfd, lifeline], [], [], remaining)
+        if until is not None and now >= until:
+            os.close(pidfd)
+            return None
+        ready, _, _ = select.select([pidfd, lifeline], [], [], min(cfg["deadline"], until or cfg["deadline"]) - now)
         if pidfd in ready:
+            os.close(pidfd)
             break
         if lifeline in ready:  # the caller never writes: readable means EOF, i.e. it is gone or done
             _kill_everything(pid, cfg)
@@ -416,65 +425,90 @@ def _disk_full(cfg):
     return st.f_bavail == 0 or st.f_favail == 0
 
 
-def run_job(cfg, nonce):
-    """A ProgramJob (another language): compile, report, then exec the run command, never returning.
+def run_job(cfg):
+    """PID 1 runs a ProgramJob (another language) itself, step by step; never returns.
 
-    The compile command runs in its own session with stdout + stderr to the job's log; past its
-    ``compile_timeout`` its process group is killed (anything that escaped it dies with the PID
-    namespace). ``compiled <wait status> <1 if it counts as compiled else 0>;`` or ``compile-timeout;`` goes to the
-    status pipe. A
-    successful compile is followed by ``exec`` of the run command with the nonce waiting in a pipe
-    on stdin (the test driver copies it to stdout after its last check).
+    It takes on the program's identity and limits (:func:`enter_program_context`: rlimits, uid or
+    capabilities, ``no_new_privs``, the seccomp filter), makes itself unreachable to the program
+    (:func:`_guard_pid1`), and starts each step with ``posix_spawn`` (``vfork`` + ``exec``: no
+    copy of this interpreter, whose fork cost ~1 ms of CPU per program). The compile command runs
+    in its own session with stdout + stderr to the job's log; past its ``compile_timeout`` its
+    process group is killed (anything that escaped it dies with the PID namespace).
+    ``compiled <wait status> <1 if it counts as compiled else 0>;`` or ``compile-timeout;`` goes to
+    the status pipe. After a successful compile the run command starts with the nonce waiting in a
+    pipe on stdin (the test driver copies it to stdout after its last check); its wait status is
+    reported as ``exit <status>``, as for a Python program.
     """
     import marshal
+    import time
 
     job = marshal.loads(bytes.fromhex(cfg["job"]))  # ProgramJob.spec()
     status_fd = cfg["status_fd"]
-    os.close(cfg["sentinel_fd"])
+    try:
+        os.close(cfg["sentinel_fd"])
+        for fd in (status_fd, cfg["lifeline_fd"]):
+            os.set_inheritable(fd, False)  # the steps get 0-2 only
+        nonce = enter_program_context(cfg)
+        _guard_pid1()
+    except BaseException as exc:  # noqa: BLE001
+        _setup_failed(status_fd, exc)
     if job["compile"]:
-        import subprocess  # only here: interpreted languages exec their run command directly
-
-        try:
-            with open(job["log"], "wb") as log:
-                proc = subprocess.Popen(
-                    job["compile"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-                )
-        except OSError as exc:  # the compiler is not there (or not executable): an ordinary failure
-            os.write(2, ("cannot run %s: %s\n" % (job["compile"][0], exc.strerror)).encode())
+        with open(job["log"], "wb") as log:
+            pid = _spawn_step(job["compile"], [(os.POSIX_SPAWN_DUP2, log.fileno(), 1), (os.POSIX_SPAWN_DUP2, log.fileno(), 2)])
+        if pid is None:  # the compiler is not there (or not executable): an ordinary failure
             os.write(status_fd, b"compiled %d 0;" % (127 << 8))
-            os._exit(127)
+            _report_exit(cfg, 127 << 8)
+        status = _supervise(pid, cfg, until=time.monotonic() + job["compile_timeout"])
         try:
-            proc.wait(timeout=job["compile_timeout"])
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, SIGKILL)
-            proc.wait()
-            os.write(status_fd, b"compile-timeout;")
-            os._exit(124)
-        try:
-            os.killpg(proc.pid, SIGKILL)  # a compiler daemon left behind in its session
+            os.killpg(pid, SIGKILL)  # on a timeout the compiler, else a daemon it left in its session
         except OSError:
             pass
-        status = proc.returncode
-        raw = (status & 0xFF) << 8 if status >= 0 else -status  # back to a raw wait status
-        ok = status in job["compile_ok"] and (
-            not job["compile_output_file"] or os.path.isfile(job["compile_output_file"])
-        )
-        os.write(status_fd, b"compiled %d %d;" % (raw, ok))
+        if status is None:
+            _supervise(pid, cfg)
+            os.write(status_fd, b"compile-timeout;")
+            _report_exit(cfg, 124 << 8)
+        code = os.waitstatus_to_exitcode(status)
+        ok = code in job["compile_ok"] and (not job["compile_output_file"] or os.path.isfile(job["compile_output_file"]))
+        os.write(status_fd, b"compiled %d %d;" % (status, ok))
         if not ok:  # the compiler's first lines go to stderr (the work dir is private to the sandbox)
             with open(job["log"], "rb") as log:
                 os.write(2, log.read(job["compile_output_bytes"]))
-            os._exit(status if status > 0 else 1)
-    os.close(status_fd)
+            _report_exit(cfg, (code if code > 0 else 1) << 8)
     r, w = os.pipe()
     os.write(w, nonce)
     os.close(w)
-    os.dup2(r, 0)
+    pid = _spawn_step(job["run"], [(os.POSIX_SPAWN_DUP2, r, 0)], setsid=False)
     os.close(r)
+    _report_exit(cfg, 127 << 8 if pid is None else _supervise(pid, cfg))
+
+
+def _spawn_step(argv, actions, setsid=True):
+    """``posix_spawnp`` one step of a job (PATH and environment: ours); None (and a line on stderr)
+    if it cannot be started."""
     try:
-        os.execvp(job["run"][0], job["run"])
+        return os.posix_spawnp(argv[0], argv, os.environ, file_actions=actions, setsid=setsid)
     except OSError as exc:
-        os.write(2, ("cannot run %s: %s\n" % (job["run"][0], exc.strerror)).encode())
-        os._exit(127)
+        os.write(2, ("cannot run %s: %s\n" % (argv[0], exc.strerror)).encode())
+        return None
+
+
+def _guard_pid1():
+    """Keep the program, which now has our uid, from reaching us: not dumpable (no ``ptrace``, no
+    ``/proc/1/mem`` or ``fd``), and SIGINT back to its default, which PID 1 of a namespace never
+    receives from the namespace's members (Python's own handler would let them raise
+    ``KeyboardInterrupt`` in us). ``exec`` makes each step dumpable again, as usual."""
+    import _signal
+
+    ctypes, libc = _libc()
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "PR_SET_DUMPABLE")
+    _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+
+
+def _report_exit(cfg, status):
+    """PID 1's last words: the program's raw wait status (and whether the disk cap was hit)."""
+    os.write(cfg["status_fd"], b"exit %d%s" % (status, b" disk-full" if _disk_full(cfg) else b""))
+    os._exit(0)
 
 
 def _setup_failed(status_fd, exc):
@@ -484,6 +518,9 @@ def _setup_failed(status_fd, exc):
 
 def boot(cfg):
     """Steps 1-3 of the module docstring for one program (the caller is PID 1 of its namespaces)."""
+    import time
+
+    cfg["deadline"] = time.monotonic() + cfg["deadline_s"]
     status_fd, sentinel_fd = cfg["status_fd"], cfg["sentinel_fd"]
     sys.argv = [cfg["program"]]
     try:
@@ -500,20 +537,19 @@ def boot(cfg):
                 cfg["disk_bytes"],
                 (cfg["uid"], cfg["gid"]) if cfg["uid"] is not None else None,
             )
-        pid = os.fork()
+        if not cfg["job"]:
+            pid = os.fork()
     except BaseException as exc:  # noqa: BLE001 - everything here is a sandbox failure
         _setup_failed(status_fd, exc)
+    if cfg["job"]:
+        run_job(cfg)
     if pid:  # PID 1: watch the program, the deadline and the caller; report the program's status
         os.close(sentinel_fd)
         os.close(0)
-        status = _supervise(pid, cfg)
-        os.write(status_fd, b"exit %d%s" % (status, b" disk-full" if _disk_full(cfg) else b""))
-        os._exit(0)
+        _report_exit(cfg, _supervise(pid, cfg))
     os.close(cfg["lifeline_fd"])
     try:
         nonce = enter_program_context(cfg)
-        if cfg["job"]:
-            run_job(cfg, nonce)
         with open(cfg["program"], "rb") as f:
             source = f.read()
     except BaseException as exc:  # noqa: BLE001
@@ -557,7 +593,6 @@ def serve(sock_fd):
     import select  # noqa: F401
     import socket
     import stat  # noqa: F401
-    import subprocess  # noqa: F401 - (a compile step's)
     import time  # noqa: F401
 
     ctypes, libc = _libc()

@@ -103,6 +103,7 @@ class SandboxCgroups:
     def __init__(self, paths: list[str], version: str) -> None:
         self.paths = paths
         self.version = version
+        self._oom_files: list[str] | None = None
 
     @classmethod
     def create(cls, max_processes: int, memory_bytes: int, slot: int) -> SandboxCgroups:
@@ -135,17 +136,19 @@ class SandboxCgroups:
 
     def oom_kills(self) -> int:
         """How many processes of this group the kernel OOM-killed so far (memory limit hit)."""
+        if self._oom_files is None:  # looked up once: a job server's groups are read twice per run
+            names = ("memory.oom_control", "memory.events")  # v1, v2
+            self._oom_files = [f for p in self.paths for f in (os.path.join(p, n) for n in names) if os.path.exists(f)]
         kills = 0
-        for path in self.paths:
-            for fname in ("memory.oom_control", "memory.events"):
-                try:
-                    text = Path(path, fname).read_text()
-                except OSError:
-                    continue
-                for line in text.splitlines():
-                    key, _, value = line.partition(" ")
-                    if key == "oom_kill":
-                        kills += int(value or 0)
+        for fname in self._oom_files:
+            try:
+                text = Path(fname).read_text()
+            except OSError:
+                continue
+            for line in text.splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    kills += int(value or 0)
         return kills
 
     def oom_killed(self) -> bool:

@@ -387,9 +387,19 @@ def _kill_tree(proc: subprocess.Popen[bytes] | _ServedRun) -> None:
         pass
 
 
-def _remove_work_dir(root: str) -> None:
+def _remove_work_dir(root: str, names: Sequence[str] = ()) -> None:
     """Remove a run's work directory; a failure is a warning, never an exception (the program's
-    verdict stands and the run goes on; :func:`sweep_stale` retries once this process is gone)."""
+    verdict stands and the run goes on; :func:`sweep_stale` retries once this process is gone).
+    ``names``: the files we wrote into ``root/w``; when they are all that is there (a program in
+    namespaces writes to its own tmpfs), they go without a walk of the tree."""
+    try:
+        for name in names:
+            os.unlink(os.path.join(root, "w", name))
+        os.rmdir(os.path.join(root, "w"))
+        os.rmdir(root)
+        return
+    except OSError:
+        pass
     try:
         remove_tree(root)
     except Exception as e:  # noqa: BLE001 - whatever the program left, the verdict must survive
@@ -439,12 +449,12 @@ def run_program(
         uid_base, gid_base = _slot_ids()
         uid, gid = uid_base + slot, gid_base + slot
     root = os.path.realpath(tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-", dir=tmp_root))
+    job = source if isinstance(source, ProgramJob) else None
+    files = job.files if job is not None else (("prog.py", source),)
     try:
         os.chmod(root, 0o711)
         workdir = os.path.join(root, "w")
         os.mkdir(workdir, 0o700)
-        job = source if isinstance(source, ProgramJob) else None
-        files = job.files if job is not None else (("prog.py", source),)
         for name, text in files:
             path = os.path.join(workdir, name)
             with open(path, "w", encoding="utf-8", errors="surrogatepass") as f:
@@ -462,7 +472,7 @@ def run_program(
             groups.remove()
         return res
     finally:
-        _remove_work_dir(root)
+        _remove_work_dir(root, [name for name, _ in files])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -663,19 +673,26 @@ def _hidden_paths(workdir: str) -> tuple[list[str], list[str], list[str]]:
     pytest dir, which would lock the per-worker uid out of its own directory). Fresh (private,
     writable, inside the disk cap): ``/tmp``, ``/var/tmp``, ``/dev/shm``, whatever ``TMPDIR``
     says. Kept: the interpreter's directories, when they lie under a hidden or fresh one.
+    (What they are depends only on the temp root, the home and the temp dir: worked out once for
+    each, as it costs ~0.5 ms per program.)
     """
+    hidden, kept, fresh = _hidden_paths_for(os.path.dirname(os.path.dirname(workdir)), os.path.expanduser("~"), tempfile.gettempdir())
+    return list(hidden), list(kept), list(fresh)
+
+
+@functools.lru_cache(maxsize=64)
+def _hidden_paths_for(temp_root: str, home: str, temp_dir: str) -> tuple[tuple[str, ...], ...]:
     fresh: list[str] = []
     for d in FRESH_DIRS:
         d = os.path.realpath(d)
         if d != "/" and os.path.isdir(d) and d not in fresh:
             fresh.append(d)
-    task_root = os.path.dirname(workdir)
     hidden: list[str] = []
-    for d in (os.path.expanduser("~"), tempfile.gettempdir(), os.path.dirname(task_root), *HIDDEN_DIRS):
+    for d in (home, temp_dir, temp_root, *HIDDEN_DIRS):
         d = os.path.realpath(d)
         if d != "/" and os.path.isdir(d) and not _under(d, fresh):
             hidden.append(d)
-    parts = Path(task_root).parent.parts
+    parts = Path(temp_root).parts
     for i in range(2, len(parts) + 1):
         ancestor = str(Path(*parts[:i]))
         try:
@@ -696,7 +713,7 @@ def _hidden_paths(workdir: str) -> tuple[list[str], list[str], list[str]]:
             continue
         if not _under(path, kept):  # else visible through a kept ancestor
             kept.append(path)
-    return sorted(set(hidden)), kept, fresh
+    return tuple(sorted(set(hidden))), tuple(kept), tuple(fresh)
 
 
 def _unix_socket_tables() -> list[str]:
