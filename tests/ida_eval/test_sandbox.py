@@ -1148,6 +1148,35 @@ def test_jobs_share_a_warm_server_per_slot_yet_each_gets_its_own_pids_mounts_and
     assert not any(os.path.exists(g) for g in groups) and not sb._JobServer._servers
 
 
+@pytest.mark.parametrize("served", [True, False], ids=["served", "bootstrap-per-program"])
+def test_a_job_cannot_reach_its_pid_1_which_shares_its_uid(clean: str, iso: isolation.Isolation, served: bool, monkeypatch) -> None:
+    """A job's PID 1 runs as the program's uid (it spawns the steps itself): signals from inside
+    the namespace must not reach it (not even SIGINT, which Python handles), nor ``ptrace`` or
+    its ``/proc`` files; the run must still end with PID 1's report."""
+    if not iso.uses_namespaces:
+        pytest.skip(f"no PID namespace here ({iso.description})")
+    if served:
+        needs_job_server(iso)
+    monkeypatch.setattr(sb, "JOB_SERVER", served)
+    python = shutil.which("python3", path=sb.SAFE_PATH)
+    if python is None:
+        pytest.skip("no python3 on the sandbox's PATH")
+    ptrace = "import ctypes; c = ctypes.CDLL(None, use_errno=True); print('ptrace', c.ptrace(16, 1, 0, 0), ctypes.get_errno())"
+    job = sh_job(f"""
+        for sig in INT TERM HUP USR1 QUIT KILL STOP; do kill -s $sig 1 2>/dev/null && echo sent-$sig; done
+        sleep 0.2
+        cat /proc/1/environ >/dev/null 2>&1 && echo read-environ
+        ls /proc/1/fd >/dev/null 2>&1 && echo read-fds
+        {python} -c "{ptrace}"
+        echo uid $(id -u) pid1 $(stat -c %u /proc/1)
+    """)
+    res = sb.run_program(job, FAST, tmp_root=clean)
+    assert res.passed, res
+    assert "read-" not in res.stdout_tail, res.stdout_tail
+    assert "ptrace -1 1" in res.stdout_tail, res.stdout_tail  # EPERM
+    # a signal may be "sent" (same uid) but is dropped: PID 1 lived to report exit 0
+
+
 def test_a_served_run_that_hits_the_memory_limit_says_so_and_the_next_does_not(clean: str, iso: isolation.Isolation) -> None:
     needs_job_server(iso)
     if cgroup_support().memory_parent is None:
