@@ -110,6 +110,7 @@ COMPILE_ERROR_LINES = 5  # compiler output lines kept in a "compile error" resul
 # case 2 did not pass", "Error at 3th assert statement", JavaScript's failing message builder, whose
 # JSON.stringify(x) of an undefined x throws "x is not defined")
 _ERROR_LINE = re.compile(r"Error\b|Exception\b|^panic:|error:|Uncaught|terminate called|^what\(\)|Fatal")  # a crash's message
+_JVM_WARNING = re.compile(r"\S.* VM warning: ")  # e.g. kotlinc 1.3 on JDK 17 (deprecated -noverify), before any error
 _TEST_FAILURE = re.compile(r"test case \d+|\d+th assert statement|\bx is not defined|Error at test case|assertion failed")
 
 
@@ -269,7 +270,8 @@ def _job_verdict(lang: Language, res: SandboxResult, max_output: int) -> tuple[b
     if res.compile_timed_out:
         return False, COMPILE_TIMED_OUT, None
     if lang.compiled and res.compile_ok is False:
-        head = "\n".join(res.compile_output.strip().splitlines()[:COMPILE_ERROR_LINES])
+        lines = [ln for ln in res.compile_output.strip().splitlines() if not _JVM_WARNING.match(ln)]
+        head = "\n".join(lines[:COMPILE_ERROR_LINES])
         status = f"exit status {res.compile_status}" if res.compile_status is not None else "no status"
         return False, ("failed: compile error: " + (head or status))[:REASON_CHARS], None
     if res.timed_out:

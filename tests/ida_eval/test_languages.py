@@ -193,6 +193,7 @@ def test_right_wrong_and_early_exit(lang: str) -> None:
         assert ex.result_class(res["compile"]["result"]) == "compile_error", res["compile"]["result"]
         assert res["compile"]["compile_status"] not in (0, None)
         assert len(res["compile"]["result"]) > len("failed: compile error: ")  # the compiler's first lines
+        assert "VM warning" not in res["compile"]["result"]  # a JVM's warnings are not the compiler's error
 
 
 @pytest.mark.parametrize("lang", ["java", "csharp"])
