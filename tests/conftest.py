@@ -53,3 +53,18 @@ def mbxp_problems_file() -> Path:
     if d is None:
         pytest.skip("MBXP data not found (set IDA_MBXP_DIR or place it at ../shared/mbxp)")
     return d / "mbpp_release_v1.jsonl"
+
+
+def processes_with(marker: str) -> list[int]:
+    """PIDs of this machine's processes whose command line contains ``marker`` (sandbox tests look
+    for what a program left running)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (d / "cmdline").read_bytes():
+                found.append(int(d.name))
+        except OSError:
+            pass
+    return found

@@ -22,7 +22,7 @@ import pytest
 
 from ida_eval import execute as ex
 from ida_eval.languages import LANGUAGES, LanguageError, assemble, language_of, missing_tools
-from tests.conftest import mbxp_dir
+from tests.conftest import mbxp_dir, processes_with
 
 FAST = ex.ExecutionConfig(workers=2, timeout=10.0, run_timeouts=(("all", 15.0),), max_output_bytes=1 << 20)
 
@@ -31,18 +31,6 @@ def need(lang: str) -> None:
     missing = missing_tools(LANGUAGES[lang])
     if missing:
         pytest.skip(f"{lang} toolchain missing: {', '.join(missing)} (python -m ida_eval.toolchains --install)")
-
-
-def processes_with(marker: str) -> list[int]:
-    found = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if marker.encode() in (d / "cmdline").read_bytes():
-                    found.append(int(d.name))
-            except OSError:
-                pass
-    return found
 
 
 # ------------------------------------------------------------------ one toy problem per language

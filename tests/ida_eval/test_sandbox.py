@@ -27,6 +27,7 @@ from ida_eval import cleanup, isolation
 from ida_eval import sandbox as sb
 from ida_eval.cgroups import cgroup_parents, cgroup_support, leftover_groups
 from ida_eval.cleanup import remove_tree
+from tests.conftest import processes_with
 
 FAST = sb.SandboxLimits(timeout=3.0, memory_bytes=1 << 30)
 
@@ -61,19 +62,6 @@ def wait_for(marker, n=1):
 """Program prelude: wait until ``n`` processes carrying the marker run (a positive control)."""
 
 
-def _processes_with(marker: str) -> list[int]:
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            if marker.encode() in (d / "cmdline").read_bytes():
-                found.append(int(d.name))
-        except OSError:
-            pass
-    return found
-
-
 @pytest.fixture
 def clean(tmp_path: Path, marker: str):
     """Yields a tmp root for work dirs; afterwards checks nothing of the run survives."""
@@ -81,9 +69,9 @@ def clean(tmp_path: Path, marker: str):
     root.mkdir()
     yield str(root)
     deadline = time.monotonic() + 2.0
-    while _processes_with(marker) and time.monotonic() < deadline:
+    while processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _processes_with(marker) == [], "a process of the sandboxed program survived"
+    assert processes_with(marker) == [], "a process of the sandboxed program survived"
     assert list(root.iterdir()) == [], "work directory left behind"
     sb.close_job_servers()  # ProgramJobs' per-slot servers live on (a cache): their groups go with them
     assert leftover_groups() == [], "cgroups left behind"
@@ -228,7 +216,7 @@ def test_timeout_kills_whole_tree(clean: str, marker: str) -> None:
     res = run(WAIT_FOR_MARKER + textwrap.dedent(src), clean, sb.SandboxLimits(timeout=2.0, memory_bytes=1 << 30))
     assert res.timed_out
     assert res.stdout_tail.startswith("up")
-    assert _processes_with(marker) == []  # checked again (with a grace period) by `clean`
+    assert processes_with(marker) == []  # checked again (with a grace period) by `clean`
 
 
 def test_daemonized_grandchild_does_not_survive(clean: str, marker: str, iso: isolation.Isolation) -> None:
@@ -237,9 +225,9 @@ def test_daemonized_grandchild_does_not_survive(clean: str, marker: str, iso: is
     assert res.passed  # the program itself finished normally, with its daemon running ...
     assert res.stdout_tail.startswith("up")
     deadline = time.monotonic() + 2.0
-    while _processes_with(marker) and time.monotonic() < deadline:
+    while processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _processes_with(marker) == []  # ... and its daemon is gone
+    assert processes_with(marker) == []  # ... and its daemon is gone
 
 
 RUNNER = """
@@ -259,16 +247,16 @@ def test_a_killed_runner_takes_its_programs_with_it(marker: str) -> None:
     sleeper = f"300\0{marker}"  # the sleep's argv, not the runner's (nor its forks' before they exec)
     try:
         deadline = time.monotonic() + 30
-        while not _processes_with(sleeper) and time.monotonic() < deadline:
+        while not processes_with(sleeper) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _processes_with(sleeper), "the program never started"
+        assert processes_with(sleeper), "the program never started"
     finally:
         runner.kill()  # SIGKILL: no cleanup code of the runner runs
         runner.wait()
     deadline = time.monotonic() + 5
-    while _processes_with(marker) and time.monotonic() < deadline:
+    while processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _processes_with(marker) == []  # PID 1 saw the lifeline close and killed the run
+    assert processes_with(marker) == []  # PID 1 saw the lifeline close and killed the run
     sb.sweep_stale()  # (another runner on this machine may have swept them already: same effect)
     tag = f"ida-exec-{runner.pid}-"
     assert not [n for n in os.listdir(tempfile.gettempdir()) if n.startswith(tag)], "work dir left behind"
@@ -597,11 +585,11 @@ def test_every_mode_that_works_here_contains_the_basics(mode: isolation.Isolatio
     assert res.passed and res.stdout_tail.startswith("up")
     if mode.level != "rlimits" or cgroup_support().pids_parent:  # the weakest level without cgroups cannot
         deadline = time.monotonic() + 2.0
-        while _processes_with(marker) and time.monotonic() < deadline:
+        while processes_with(marker) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _processes_with(marker) == []
+        assert processes_with(marker) == []
     else:
-        for pid in _processes_with(marker):
+        for pid in processes_with(marker):
             os.kill(pid, 9)
     if mode.uses_namespaces:
         res = run("open('/etc/ida-sandbox-test', 'w')", clean, isolation=mode)
@@ -1221,18 +1209,18 @@ def test_a_killed_runner_takes_its_served_programs_and_servers_with_it(marker: s
     try:
         sleeper = f"300\0{marker}"  # the sleep's argv (the runner's, and its forks before they exec, have "300 ")
         deadline = time.monotonic() + 30
-        while not _processes_with(sleeper) and time.monotonic() < deadline:
+        while not processes_with(sleeper) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _processes_with(sleeper), "the program never started"
-        servers = [p for p in _processes_with("--serve") if _parent_of(p) == runner.pid]
+        assert processes_with(sleeper), "the program never started"
+        servers = [p for p in processes_with("--serve") if _parent_of(p) == runner.pid]
         assert len(servers) == 1
     finally:
         runner.kill()
         runner.wait()
     deadline = time.monotonic() + 5
-    while (_processes_with(sleeper) or _pid_exists(servers[0])) and time.monotonic() < deadline:
+    while (processes_with(sleeper) or _pid_exists(servers[0])) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _processes_with(sleeper) == [] and not _pid_exists(servers[0])
+    assert processes_with(sleeper) == [] and not _pid_exists(servers[0])
     sb.sweep_stale()
     tag = f"ida-exec-{runner.pid}-"
     assert not [g for parent in cgroup_parents() for g in os.listdir(parent) if g.startswith(tag)]
