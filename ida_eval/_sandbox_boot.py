@@ -399,7 +399,8 @@ def _supervise(pid, cfg, until=None):
         if until is not None and now >= until:
             os.close(pidfd)
             return None
-        ready, _, _ = select.select([pidfd, lifeline], [], [], min(cfg["deadline"], until or cfg["deadline"]) - now)
+        limit = cfg["deadline"] if until is None else min(until, cfg["deadline"])
+        ready, _, _ = select.select([pidfd, lifeline], [], [], limit - now)
         if pidfd in ready:
             os.close(pidfd)
             break

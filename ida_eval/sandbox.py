@@ -18,7 +18,7 @@ at the timeout. Here every program gets:
   of ``disk_bytes`` that holds the work directory and private ``/tmp``, ``/var/tmp`` and
   ``/dev/shm`` (the total disk cap; nothing reaches the host's disk), covers home, the temp root,
   ``/run`` and the host's unix sockets, mounts a fresh ``/proc`` and remounts *every* other mount
-  read-only (per-mount flags, so the host is untouched). The program then runs in a forked child with
+  read-only (per-mount flags, so the host is untouched). The program then runs with
   rlimits, ``no_new_privs`` and either a per-worker unprivileged uid (``setuid``: real
   ``RLIMIT_NPROC`` accounting, no permission on other users' files; used when that uid can read
   the interpreter) or uid 0 with every capability dropped (``capdrop``: the read-only mounts and
@@ -34,8 +34,10 @@ at the timeout. Here every program gets:
   (``unshare(2)``; the network namespace is the server's own, shared by the slot's runs one after
   another: empty, loopback down) and runs the same bootstrap code as PID 1. It lives in the slot's
   cgroups so each run is born inside them (joining a cgroup v1 group costs a ~10 ms RCU grace
-  period per program; see :class:`ida_eval.cgroups.ServerRunCgroups`). A ``/bin/sh`` job costs
-  ~8 ms instead of ~60 ms. ``JOB_SERVER = False`` turns it off.
+  period per program; see :class:`ida_eval.cgroups.ServerRunCgroups`). ``JOB_SERVER = False``
+  turns it off. A Python program runs in a forked child of PID 1; for a job, PID 1 takes on the
+  program's uid and limits itself and ``posix_spawn``s the compile and run steps (no copy of the
+  interpreter per program; see :func:`ida_eval._sandbox_boot.run_job`).
 * **Fallbacks** with a warning: ``setuid`` (root without namespaces: per-worker uid, rlimits, and
   ``kill(-1, SIGKILL)`` issued *as that uid* to reap escaped processes; no network isolation and
   world-writable directories stay writable) and ``rlimits`` (process group kill only).
@@ -387,15 +389,15 @@ def _kill_tree(proc: subprocess.Popen[bytes] | _ServedRun) -> None:
         pass
 
 
-def _remove_work_dir(root: str, names: Sequence[str] = ()) -> None:
+def _remove_work_dir(root: str, workdir: str, names: Sequence[str]) -> None:
     """Remove a run's work directory; a failure is a warning, never an exception (the program's
     verdict stands and the run goes on; :func:`sweep_stale` retries once this process is gone).
-    ``names``: the files we wrote into ``root/w``; when they are all that is there (a program in
-    namespaces writes to its own tmpfs), they go without a walk of the tree."""
+    ``names``: the files we wrote into ``workdir`` (under ``root``); when they are all that is there
+    (a program in namespaces writes to its own tmpfs), they go without a walk of the tree."""
     try:
         for name in names:
-            os.unlink(os.path.join(root, "w", name))
-        os.rmdir(os.path.join(root, "w"))
+            os.unlink(os.path.join(workdir, name))
+        os.rmdir(workdir)
         os.rmdir(root)
         return
     except OSError:
@@ -449,11 +451,11 @@ def run_program(
         uid_base, gid_base = _slot_ids()
         uid, gid = uid_base + slot, gid_base + slot
     root = os.path.realpath(tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-", dir=tmp_root))
+    workdir = os.path.join(root, "w")
     job = source if isinstance(source, ProgramJob) else None
     files = job.files if job is not None else (("prog.py", source),)
     try:
         os.chmod(root, 0o711)
-        workdir = os.path.join(root, "w")
         os.mkdir(workdir, 0o700)
         for name, text in files:
             path = os.path.join(workdir, name)
@@ -472,7 +474,7 @@ def run_program(
             groups.remove()
         return res
     finally:
-        _remove_work_dir(root, [name for name, _ in files])
+        _remove_work_dir(root, workdir, [name for name, _ in files])
 
 
 # ---------------------------------------------------------------------------------------------
