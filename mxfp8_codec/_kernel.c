@@ -61,7 +61,7 @@
 #define MX_AVX512 0
 #endif
 
-#define MX_KERNEL_VERSION 7
+#define MX_KERNEL_VERSION 8
 #define MX_TILE 32 /* transposed decode: 32 x 32 tiles (2 KiB bf16, 4 KiB f32: stay in L1) */
 #define MX_GROUP 8 /* transposed decode: tiles per group side (256 x 256 values) */
 
@@ -187,6 +187,36 @@ MX_DEFINE_DECODE(mx_decode_bf16, uint16_t, mx_decode_block_bf16_fast)
 
 /* the same, float32 bits */
 MX_DEFINE_DECODE(mx_decode_f32, uint32_t, mx_decode_block_f32_fast)
+
+/* Row decode on an OpenMP team: the body that GOMP_parallel(body, args, threads, 0) runs on every
+ * thread of the team. The kernel does not link an OpenMP runtime: the caller passes the running
+ * runtime's omp_get_thread_num / omp_get_num_threads, so the work lands on that runtime's threads
+ * (torch's intra-op threads) instead of new ones competing with them. Each thread decodes one
+ * contiguous row range of the team's actual size (1 when nested): the rows of one call, the same
+ * bits. */
+typedef struct {
+    const uint8_t *q;
+    const uint8_t *s;
+    int64_t rows, k;
+    void *out;
+    const void *lut;
+    int (*thread_num)(void);
+    int (*num_threads)(void);
+} mx_team_args;
+
+#define MX_DEFINE_TEAM(NAME, ROWS_FN, T)                                                        \
+void NAME(void *arg) {                                                                          \
+    const mx_team_args *a = (const mx_team_args *)arg;                                          \
+    const int64_t t = a->thread_num(), n = a->num_threads();                                    \
+    const int64_t r0 = a->rows * t / n, r1 = a->rows * (t + 1) / n;                             \
+    const int64_t nb = (a->k + MX_BLOCK_SIZE - 1) / MX_BLOCK_SIZE;                              \
+    if (r1 > r0)                                                                                \
+        ROWS_FN(a->q + r0 * a->k, a->s + r0 * nb, r1 - r0, a->k, (T *)a->out + r0 * a->k,       \
+                (const T *)a->lut);                                                             \
+}
+
+MX_DEFINE_TEAM(mx_decode_bf16_team, mx_decode_bf16, uint16_t)
+MX_DEFINE_TEAM(mx_decode_f32_team, mx_decode_f32, uint32_t)
 
 /* Full 32 x 32 tile transpose: row c of the result (column c of buf) goes to out + c * ld, for
  * c < n. With AVX-512 BW (bf16 only) the tile lives in 32 registers and is transposed in 5

@@ -68,11 +68,21 @@ void mx_decode_bf16_t(const uint8_t *q, int64_t ldq, const uint8_t *s, int64_t l
                       int64_t k, uint16_t *out, int64_t ld, const uint16_t *lut);
 void mx_decode_f32_t(const uint8_t *q, int64_t ldq, const uint8_t *s, int64_t lds, int64_t rows,
                      int64_t k, uint32_t *out, int64_t ld, const uint32_t *lut);
+typedef struct {
+    const uint8_t *q; const uint8_t *s; int64_t rows, k; void *out; const void *lut;
+    int (*thread_num)(void); int (*num_threads)(void);
+} mx_team_args;
+void mx_decode_bf16_team(void *arg);
+void mx_decode_f32_team(void *arg);
+void GOMP_parallel(void (*fn)(void *), void *data, unsigned num_threads, unsigned flags);
+int omp_get_thread_num(void);
+int omp_get_num_threads(void);
 int64_t mx_encode_grid(const void *x, int bf16, int64_t rows, int64_t k, uint8_t *q, uint8_t *s, int rceil,
                        int sr, uint64_t index0, uint32_t k2, uint32_t k3);
 """
-_EXPECTED_VERSION = 7  # MX_KERNEL_VERSION in _kernel.c
+_EXPECTED_VERSION = 8  # MX_KERNEL_VERSION in _kernel.c
 _lock = threading.Lock()
+_openmp_libs: dict[str, Any] = {}  # NativeKernel._openmp: runtime path -> cffi library
 
 
 def cache_dir() -> Path:
@@ -168,11 +178,26 @@ class NativeKernel:
                                            self._ptr("uint8_t *", q), self._ptr("uint8_t *", s), int(rceil),
                                            int(stochastic), index0, keys[0], keys[1]))
 
-    def decode(self, q: np.ndarray, s: np.ndarray, out: np.ndarray, table: np.ndarray) -> None:
-        """Decode rows into ``out`` (uint16 bfloat16 bits or uint32 float32 bits)."""
+    def decode(self, q: np.ndarray, s: np.ndarray, out: np.ndarray, table: np.ndarray,
+               team: tuple[str, int] | None = None) -> None:
+        """Decode rows into ``out`` (uint16 bfloat16 bits or uint32 float32 bits).
+
+        ``team = (runtime, threads)`` runs the decode on the thread team of the OpenMP runtime
+        library ``runtime`` (the path of one already loaded in this process, e.g. torch's
+        libgomp), ``threads`` wide, each thread one row range; the same bits as one thread."""
         rows, k = q.shape
         assert q.flags.c_contiguous and s.flags.c_contiguous and out.flags.c_contiguous
         assert out.shape == q.shape and table.dtype == out.dtype and table.size == 65536
+        if team is not None and rows > 1:
+            omp = self._openmp(team[0])
+            args = self.ffi.new("mx_team_args *", {
+                "q": self._ptr("const uint8_t *", q), "s": self._ptr("const uint8_t *", s), "rows": rows, "k": k,
+                "out": self._ptr("void *", out), "lut": self._ptr("const void *", table),
+                "thread_num": omp.omp_get_thread_num, "num_threads": omp.omp_get_num_threads,
+            })
+            body = self.lib.mx_decode_bf16_team if out.dtype == np.uint16 else self.lib.mx_decode_f32_team
+            omp.GOMP_parallel(body, args, max(1, team[1]), 0)
+            return
         if out.dtype == np.uint16:
             self.lib.mx_decode_bf16(self._ptr("const uint8_t *", q), self._ptr("const uint8_t *", s),
                                     rows, k, self._ptr("uint16_t *", out),
@@ -181,6 +206,15 @@ class NativeKernel:
             self.lib.mx_decode_f32(self._ptr("const uint8_t *", q), self._ptr("const uint8_t *", s),
                                    rows, k, self._ptr("uint32_t *", out),
                                    self._ptr("const uint32_t *", table))
+
+    def _openmp(self, runtime: str) -> Any:
+        """The OpenMP runtime library at ``runtime``, opened once (dlopen of a library the process
+        already has loaded returns that same copy, with its existing threads)."""
+        lib = _openmp_libs.get(runtime)
+        if lib is None:
+            with _lock:
+                lib = _openmp_libs.get(runtime) or _openmp_libs.setdefault(runtime, self.ffi.dlopen(runtime))
+        return lib
 
     def decode_transposed(self, q: np.ndarray, s: np.ndarray, out: np.ndarray, table: np.ndarray) -> None:
         """Decode ``q [rows, k]`` into ``out [k, rows]`` (the transpose), tile by tile in C.

@@ -39,6 +39,10 @@ How loading works (transformers 5.x, the quantizer hooks every 5.x release has):
    norm gains are re-read and unfolded (``w = gamma - 1`` in float32, rounded once) where the
    architecture's norms add 1 at run time (``mxfp8_codec.layout.norm_adds_one`` by
    ``config.model_type``: NemotronLayerNorm1P, GemmaRMSNorm).
+4. MXFP8-resident models on the CPU: an untied input embedding becomes a
+   :class:`FileRowsEmbedding` (the same module, its class swapped): inference lookups read the
+   needed rows from the file with ``os.preadv`` instead of touching the mapped table, whose page
+   cache folios would otherwise become resident whole (up to 2 MiB per token). Same values.
 
 At each forward an :class:`MXFP8Linear` decodes its weight, in the file's layout (no transpose
 pass), into one scratch buffer shared by all projections on that device and dtype (one per thread;
@@ -60,6 +64,8 @@ its original stored bytes while the parameter still equals its unfolding), the f
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -67,6 +73,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -77,13 +84,15 @@ from transformers.utils.quantization_config import QuantizationConfigMixin
 from mxfp8_codec.constants import WEIGHTS_DTYPE
 from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.hf_config import FORMAT_VERSION, QUANT_METHOD, quantization_config_dict
-from mxfp8_codec.header import SCALE_SUFFIX
+from mxfp8_codec.convert import numpy_dtype_of
+from mxfp8_codec.header import DTYPES, SCALE_SUFFIX
 from mxfp8_codec.layout import NORM_CONVENTIONS, ORIENTATIONS, is_projection_weight, norm_adds_one, unfold_norm
 from mxfp8_codec.numerics import decode_mxfp8, decode_mxfp8_split, scales_shape
 from mxfp8_codec.reader import open_mxfp8
 
 __all__ = [
     "FORMAT_VERSION",
+    "FileRowsEmbedding",
     "MXFP8Config",
     "MXFP8HfQuantizer",
     "MXFP8Linear",
@@ -232,18 +241,56 @@ def _threads() -> Any:
         return _pool
 
 
+@functools.cache
+def _torch_openmp_runtime() -> str | None:
+    """The path of the OpenMP runtime torch's intra-op threads belong to, or None.
+
+    Found among the libraries this process has mapped (``/proc/self/maps``): a ``libgomp``,
+    ``libomp`` or ``libiomp5`` inside torch's installation (``torch/lib``, ``torch.libs``), else
+    the only one loaded; None when torch's parallel backend is not OpenMP, or where that cannot
+    be told (no /proc, several runtimes)."""
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        return None
+    try:
+        with open("/proc/self/maps") as f:
+            fields = [line.split(maxsplit=5) for line in f]
+    except OSError:
+        return None
+    paths = {f[5].strip() for f in fields if len(f) == 6}
+    runtimes = sorted(p for p in paths if re.match(r"lib(gomp|omp|iomp5)\b", Path(p).name))
+    home = Path(torch.__file__).resolve().parent  # torch/ (torch/lib) and its sibling torch.libs
+    own = [p for p in runtimes if any(Path(p).resolve().is_relative_to(d) for d in (home, home.with_name("torch.libs")))]
+    found = own or runtimes
+    return found[0] if len(found) == 1 else None
+
+
 def _decode_cpu(payload: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, transpose: bool, name: str,
                 *, split: bool = False) -> None:
-    """The codec's C kernel into ``out``; with ``split``, in pieces over torch's intra-op threads
-    (same bits as one call). Only loading splits: at a forward, torch's OpenMP threads are still
-    spinning from the previous GEMM, and a decode thread competing with them made 64-token forwards
-    ~1.5x and greedy tokens ~1.7x slower than one thread (benchmarks/bench_hf.py)."""
+    """The codec's C kernel into ``out`` (same bits however it is split).
+
+    A forward's decode (``transpose=False``) runs on torch's own OpenMP thread team
+    (``decode_mxfp8(team=...)``), ``torch.get_num_threads()`` wide. A decode on threads of our own
+    made forwards slower, not faster: torch's OpenMP threads keep spinning after a GEMM and a
+    competing thread fought them (64-token forwards ~1.5x, greedy tokens ~1.7x slower than one
+    thread); on torch's team there is nothing to fight (benchmarks/bench_hf.py). With ``split``
+    (loading, transposing decodes) the pieces go to a thread pool, when no GEMM is running."""
     if not split:  # the forward's path: no pool, no lock
-        decode_mxfp8(payload, scales, dtype=out.dtype, out=out, transpose=transpose, name=name)
+        runtime = _torch_openmp_runtime()
+        team = (runtime, torch.get_num_threads()) if runtime and torch.get_num_threads() > 1 else None
+        decode_mxfp8(payload, scales, dtype=out.dtype, out=out, transpose=transpose, name=name, team=team)
         return
     decode_mxfp8_split(
         payload, scales, out, pool=_threads(), parts=min(torch.get_num_threads(), 8), transpose=transpose, name=name
     )
+
+
+def _prepare_cpu_decode(dtype: torch.dtype) -> None:
+    """Do at load what the first CPU forward would otherwise do once: load (or build) the native
+    kernel, its decode table and the OpenMP runtime, with one tiny decode through the forward's
+    path. Inside a forward the same work took ~0.2 s rather than ~0.05 s (torch's OpenMP threads
+    spin beside it)."""
+    block = torch.zeros((2, 32), dtype=torch.uint8)
+    _decode_cpu(block, torch.full((2, 1), 127, dtype=torch.uint8), torch.empty((2, 32), dtype=dtype), False, "warm-up")
 
 
 class _Scratch:
@@ -363,6 +410,81 @@ class MXFP8Linear(nn.Module):
             stored = self.decode_stored(SCRATCH.get(self.stored_shape, self.dtype, self._payload().device))
         w = stored.t() if self.orientation == "in_out" else stored
         return F.linear(x, w.to(x.dtype) if w.dtype != x.dtype else w, self.bias)
+
+
+class _FileRows:
+    """Positional reads of one stored 2-D tensor's rows from its checkpoint file.
+
+    Holds its own descriptor of the file as it was opened at load, so a checkpoint replaced on
+    disk (our writers and ``save_pretrained`` replace files) is still read as loaded. A copy
+    (``copy.deepcopy``, pickling) has no descriptor: the module it belongs to then looks rows up
+    in its weight as ``nn.Embedding`` does.
+    """
+
+    def __init__(self, path: str, name: str, offset: int, row_bytes: int) -> None:
+        self.path, self.name, self.offset, self.row_bytes = path, name, offset, row_bytes
+        self.fd: int | None = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+    def read(self, rows: list[int], out: np.ndarray) -> None:
+        """Read ``rows`` into ``out`` (uint8 ``[len(rows), row_bytes]``)."""
+        assert self.fd is not None
+        for i, row in enumerate(rows):
+            got = os.preadv(self.fd, [out[i]], self.offset + row * self.row_bytes)
+            if got != self.row_bytes:
+                raise MXFP8Error(
+                    f"{self.path}: tensor {self.name!r}: row {row} is cut short ({got} of {self.row_bytes} bytes; "
+                    "was the file truncated or rewritten in place while the model was loaded?)"
+                )
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "fd": None}
+
+    def __del__(self) -> None:
+        if getattr(self, "fd", None) is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class FileRowsEmbedding(nn.Embedding):
+    """``nn.Embedding`` whose inference lookups read the looked-up rows from the checkpoint file.
+
+    transformers keeps a bf16 embedding as a view of the mapped file. A lookup then maps, on
+    kernels with large page-cache folios (Linux >= 6.18 on ext4, as measured), the whole folio
+    around each row -- up to 2 MiB per token: 64 tokens made ~65 MiB of a 94 MiB table resident.
+    Reading each needed row with ``os.preadv`` instead adds only the rows to the process; the
+    table stays in the page cache, as the rest of a mapped checkpoint does before it is touched.
+    The rows are the stored bytes, so the output equals ``F.embedding``'s bit for bit.
+
+    The weight parameter is unchanged (``state_dict``, ``save_pretrained`` and autograd see it).
+    A lookup falls back to ``nn.Embedding.forward`` -- the weight as it is now -- whenever the
+    file may not hold it: the parameter was replaced or moved (``.to``, ``.data =``), changed in
+    place through autograd's view of it (its version counter moved), or gradients are wanted, or
+    ``max_norm`` is set, or the indices are not on the CPU or out of range (``nn.Embedding``'s
+    error), or not integers. Only :class:`MXFP8HfQuantizer` installs it (see ``_read_rows_from_file``).
+    """
+
+    _rows: _FileRows | None = None
+    _weight_key: tuple[int, int, torch.dtype, tuple[int, ...]] | None = None
+
+    def _weight_state(self) -> tuple[int, int, torch.dtype, tuple[int, ...]]:
+        w = self.weight
+        return (w.data_ptr(), w._version, w.dtype, tuple(w.shape))
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        rows = self._rows
+        if (
+            rows is None or rows.fd is None or self.max_norm is not None or input.device.type != "cpu"
+            or (torch.is_grad_enabled() and self.weight.requires_grad) or self._weight_state() != self._weight_key
+            or input.numel() == 0 or input.dtype not in (torch.int64, torch.int32)
+        ):
+            return super().forward(input)
+        flat = input.reshape(-1)
+        if int(flat.min()) < 0 or int(flat.max()) >= self.num_embeddings:
+            return super().forward(input)  # nn.Embedding's own IndexError
+        unique, inverse = torch.unique(flat, return_inverse=True)
+        table = torch.empty((unique.numel(), self.embedding_dim), dtype=self.weight.dtype)
+        rows.read(unique.tolist(), table.view(torch.uint8).numpy())
+        return table[inverse].view(*input.shape, self.embedding_dim)
 
 
 # --------------------------------------------------------------------------- plan
@@ -491,6 +613,31 @@ def _plan(model: Any, files: Sequence[str], qc: MXFP8Config) -> _Plan:
     return plan
 
 
+def _read_rows_from_file(model: Any, plan: _Plan, readers: dict[str, Any]) -> None:
+    """Make the input embedding a :class:`FileRowsEmbedding` where that saves memory and is exact:
+    a plain ``nn.Embedding`` on the CPU whose weight holds its stored bytes (stored unquantized in
+    the model's dtype) and is not also the output layer's (a tied ``lm_head`` reads the whole
+    table at every forward anyway). The module keeps its identity (hooks, references)."""
+    try:
+        emb = model.get_input_embeddings()
+        head = model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return
+    if (
+        type(emb) is not nn.Embedding or emb.weight.device.type != "cpu" or getattr(head, "weight", None) is emb.weight
+        or emb.weight.is_inference()  # loaded under inference_mode: no version counter to see changes by
+    ):
+        return
+    name = next(n for n, m in model.named_modules() if m is emb) + ".weight"
+    s = plan.stored.get(name)
+    if s is None or s.quantized or s.shape != tuple(emb.weight.shape) or DTYPES[s.dtype] != numpy_dtype_of(emb.weight):
+        return
+    r = readers.get(s.path) or readers.setdefault(s.path, open_mxfp8(s.path))
+    emb.__class__ = FileRowsEmbedding
+    emb._rows = _FileRows(s.path, name, r.file_offset(name), row_bytes=emb.embedding_dim * emb.weight.element_size())
+    emb._weight_key = emb._weight_state()
+
+
 def _module_device(model: nn.Module, module_name: str) -> torch.device:
     """Device of the nearest enclosing module that holds a real (loaded) tensor."""
     parts = module_name.split(".")
@@ -500,6 +647,18 @@ def _module_device(model: nn.Module, module_name: str) -> torch.device:
             if t.device.type != "meta":
                 return t.device
     return torch.device("cpu")
+
+
+def _ignore_patterns(module_names: Iterable[str]) -> list[str]:
+    """Patterns for transformers' ``_keys_to_ignore_on_load_unexpected`` that match the stored
+    ``X.weight`` / ``X.weight.scale`` of every projection in ``module_names``: one pattern per name
+    shape, layer numbers as ``\\d+`` (``model.layers.0.mlp.up_proj`` ... ``model.layers.N.mlp.up_proj``
+    share one). transformers joins all patterns into one alternation and compiles it at every load;
+    one pattern per projection (2 x 72 for a 12-layer model) cost ~0.3 s of ``re`` parsing, more
+    than the rest of the load. Matching a few more names than were replaced cannot hide anything:
+    :func:`_plan` has already checked every stored tensor against the model."""
+    shapes = {re.sub(r"\d+", r"\\d+", re.escape(name)) for name in module_names}
+    return [rf"^{shape}\.weight(?:{re.escape(SCALE_SUFFIX)})?$" for shape in sorted(shapes)]
 
 
 class _NoFormatKey(dict):
@@ -552,7 +711,6 @@ class MXFP8HfQuantizer(HfQuantizer):
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         plan = _plan(model, [str(f) for f in files], self.quantization_config)
-        ignore: list[str] = []
         for module_name, (out_f, in_f) in plan.projections.items():
             old = model.get_submodule(module_name)
             parent_name, _, leaf = module_name.rpartition(".")
@@ -562,7 +720,7 @@ class MXFP8HfQuantizer(HfQuantizer):
                 name=module_name + ".weight",
             )
             setattr(parent, leaf, new)
-            ignore += [rf"^{re.escape(module_name)}\.weight$", rf"^{re.escape(module_name)}\.weight{re.escape(SCALE_SUFFIX)}$"]
+        ignore = _ignore_patterns(plan.projections)
         existing = getattr(model, "_keys_to_ignore_on_load_unexpected", None)
         if isinstance(existing, set):  # transformers >= 5.1 merges a set, 5.0 a list
             model._keys_to_ignore_on_load_unexpected = existing | set(ignore)
@@ -585,6 +743,10 @@ class MXFP8HfQuantizer(HfQuantizer):
                 device = _module_device(model, module_name)
                 if not self._load_projection(model, module_name, module, r, name, s, device):
                     r.release_pages(name)  # read and copied: drop the file pages from our resident set
+            if not self.quantization_config.dequantize:
+                _read_rows_from_file(model, plan, readers)
+                if any(m.payload.device.type == "cpu" for _, m in mxfp8_modules(model)):
+                    _prepare_cpu_decode(self._dtype)
             for name in plan.unfold:
                 s = plan.stored[name]
                 r = readers.get(s.path) or readers.setdefault(s.path, open_mxfp8(s.path))

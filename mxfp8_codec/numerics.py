@@ -208,6 +208,7 @@ def _decode_numpy_dispatch(
     name: str | None,
     out: np.ndarray | None = None,
     transpose: bool = False,
+    team: tuple[str, int] | None = None,
 ) -> np.ndarray:
     kernel = _native_kernel()
     if kernel is None:
@@ -220,7 +221,7 @@ def _decode_numpy_dispatch(
         kernel.decode_transposed(_unit_last_stride(p), _unit_last_stride(s), out_bits, table)
     elif p.size:
         p2, s2 = np.ascontiguousarray(_as_2d(p)), np.ascontiguousarray(_as_2d(s))
-        kernel.decode(p2, s2, _as_2d(out_bits), table)
+        kernel.decode(p2, s2, _as_2d(out_bits), table, team=team)
     if out is not None:
         return out
     return out_bits.view(np.float32 if kind == "f32" else ml_dtypes.bfloat16)
@@ -307,6 +308,7 @@ def decode_mxfp8(
     name: str | None = None,
     out: ArrayLike | None = None,
     transpose: bool = False,
+    team: tuple[str, int] | None = None,
 ) -> ArrayLike:
     """Dequantize MXFP8: ``e4m3(payload) * 2^(scales - 127)`` per 32-element block.
 
@@ -329,6 +331,11 @@ def decode_mxfp8(
             the numpy and torch paths decode then copy ``.T``). Use it to turn a projection
             stored ``[in, out]`` into nn.Linear's ``[out, in]`` weight, e.g. into the
             parameter's storage via ``out``.
+        team: ``(runtime, threads)``: with the native kernel and ``transpose=False``, decode on
+            the thread team of an OpenMP runtime library already loaded in this process (its
+            path, e.g. torch's libgomp: ``mxfp8_codec.hf`` passes torch's, so the decode runs on
+            torch's intra-op threads rather than competing with them), ``threads`` wide, one row
+            range per thread. The same bits as one thread; ignored otherwise.
 
     Returns:
         The decoded array (``out`` when given), same type (numpy / torch, same device) as the
@@ -357,12 +364,12 @@ def decode_mxfp8(
             return result if out is None else _copy_into(out, result, name)
         np_out = None if out is None else _torch_out_view(out, name)
         decoded = _decode_numpy_dispatch(
-            _torch_cpu_to_numpy(p), _torch_cpu_to_numpy(s), dtype, name, np_out, transpose
+            _torch_cpu_to_numpy(p), _torch_cpu_to_numpy(s), dtype, name, np_out, transpose, team
         )
         return out if out is not None else _numpy_to_torch(decoded)
     if out is not None and not isinstance(out, np.ndarray):
         raise MXFP8Error(f"tensor {name!r}: out must be a numpy array for numpy input")
-    return _decode_numpy_dispatch(payload, scales, dtype, name, out, transpose)
+    return _decode_numpy_dispatch(payload, scales, dtype, name, out, transpose, team)
 
 
 def decode_mxfp8_split(

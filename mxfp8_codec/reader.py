@@ -158,6 +158,13 @@ class MXFP8Reader:
         start = self.header.data_start + e.begin
         return memoryview(self._mm)[start : start + e.nbytes]
 
+    def file_offset(self, name: str) -> int:
+        """Offset in the file of the first byte of one stored entry (``NAME`` or ``NAME.scale``),
+        for positional reads (``os.preadv``) that bypass the mapping."""
+        if name not in self.header.entries:
+            raise MXFP8Error(f"{self.path}: tensor {name!r}: no such entry")
+        return self.header.data_start + self.header.entries[name].begin
+
     def prefetch_pages(self, name: str) -> None:
         """Ask the OS to start reading one tensor's file pages (payload and scales) in the background.
 

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import struct
 import threading
+from copy import deepcopy
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import mxfp8_codec.hf as mxhf
 from ida_eval import load_model
@@ -92,6 +96,8 @@ def test_from_pretrained_equals_load_model(arch, orientation, folded, tok, ids, 
     ref, _ = load_model(d)
     got = _from_pretrained(d)
     assert isinstance(got.model.layers[0].self_attn.q_proj, mxhf.MXFP8Linear)
+    # rows read from the file unless a tied lm_head reads the whole table anyway (qwen3 here)
+    assert isinstance(got.get_input_embeddings(), mxhf.FileRowsEmbedding) == (not model.config.tie_word_embeddings)
     q = got.model.layers[0].self_attn.q_proj
     assert q.payload.dtype == torch.uint8 and q.payload.shape == q.stored_shape
     ref_w = _projection_weights(ref)
@@ -108,6 +114,7 @@ def test_from_pretrained_equals_load_model(arch, orientation, folded, tok, ids, 
     assert torch.equal(got.generate(ids, **gen), ref.generate(ids, **gen))
     deq = _from_pretrained(d, quantization_config=mxhf.MXFP8Config(dequantize=True))
     assert type(deq.model.layers[0].self_attn.q_proj) is torch.nn.Linear
+    assert type(deq.get_input_embeddings()) is torch.nn.Embedding
     assert torch.equal(_logits(deq, ids), _logits(ref, ids))
     if arch == "llama" and orientation == "in_out" and not folded:  # a dequantized model saves as plain bf16
         deq.save_pretrained(tmp_path / "plain")
@@ -200,6 +207,51 @@ def test_resident_weights_map_the_file_copy_on_write(tok, ids, tmp_path):
     got.save_pretrained(d)
     assert _tensor_sha256(f) == want
     assert torch.equal(_logits(got, ids), logits)
+
+
+def _present_pages(t: torch.Tensor) -> int:
+    """How many of the pages under ``t``'s bytes are mapped into this process (/proc/self/pagemap)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    first, last = t.data_ptr() // page, (t.data_ptr() + t.numel() * t.element_size() - 1) // page
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(first * 8)
+        entries = f.read((last - first + 1) * 8)
+    return sum(e >> 63 for (e,) in struct.iter_unpack("<Q", entries))
+
+
+@pytest.mark.skipif(not Path("/proc/self/pagemap").exists(), reason="needs /proc/self/pagemap (Linux)")
+def test_embedding_lookups_read_rows_from_the_file_not_the_mapping(tok, tmp_path):
+    """An untied input embedding reads the looked-up rows with pread: its mapped weight gains no
+    resident page, the output equals F.embedding's bit for bit; a weight changed in place, a
+    copied module and autograd all use the weight itself."""
+    model = tiny_model("nemotron", 16384, hidden=256)  # an 8 MiB table: rows 8000.. lie far from its ends
+    d = _save(model, tok, tmp_path / "c")
+    got = _from_pretrained(d)
+    emb = got.get_input_embeddings()
+    assert type(emb) is mxhf.FileRowsEmbedding
+    far = torch.arange(8000, 8064).view(2, 32)
+    w = emb.weight
+    span = w[8000:8064]
+    assert _present_pages(span) == 0  # transformers' load touches no page of the table
+    with torch.no_grad():
+        out = emb(far)
+    assert _present_pages(span) == 0
+    ref = F.embedding(far, w.detach())  # the mapping: these rows' pages become resident
+    assert _present_pages(span) > 0
+    assert out.dtype == w.dtype and torch.equal(out, ref)
+    with torch.no_grad():
+        w[8001] += 1.0  # in place: the file no longer holds the weight
+        assert torch.equal(emb(far), F.embedding(far, w))
+        copy = deepcopy(emb)
+        assert copy._rows.fd is None and torch.equal(copy(far), F.embedding(far, w))
+    assert emb(far).grad_fn is not None  # autograd: nn.Embedding's own lookup
+    with pytest.raises(IndexError):
+        emb(torch.tensor([16384]))
+    fresh = _from_pretrained(d).get_input_embeddings()
+    with torch.inference_mode():  # a change made in inference mode is seen too
+        assert torch.equal(fresh(far), ref)
+        fresh.weight[8002] -= 1.0
+        assert not torch.equal(fresh(far), ref) and torch.equal(fresh(far), F.embedding(far, fresh.weight))
 
 
 def _edit_config(d: Path, **changes) -> None:

@@ -222,3 +222,39 @@ def test_split_decode_equals_one_call(shape: tuple[int, int], transpose: bool, p
             numerics.decode_mxfp8_split(torch.from_numpy(q), torch.from_numpy(s), got_t, pool=pool, parts=parts,
                                         transpose=transpose, name="w")
             np.testing.assert_array_equal(numerics._torch_cpu_to_numpy(got_t).view(bits), want)
+
+
+@needs_native
+@pytest.mark.parametrize("threads", [1, 2, 3, 7])
+def test_team_decode_equals_one_call(threads: int) -> None:
+    """decode_mxfp8(team=(torch's OpenMP runtime, threads)): the rows split over an OpenMP team give
+    the bits of one decode, every dtype and shape (fewer rows than threads, partial blocks), numpy
+    and torch; a team wider than the machine too."""
+    from mxfp8_codec.hf import _torch_openmp_runtime
+
+    runtime = _torch_openmp_runtime()
+    if runtime is None:
+        pytest.skip(f"torch's parallel backend is not a findable OpenMP runtime: {torch.__config__.parallel_info()}")
+    for i, shape in enumerate(SHAPES):
+        q, s = _case(shape, seed=100 + i)
+        for np_dtype, bits, torch_dtype in DTYPES:
+            want = decode_mxfp8(q, s, dtype=np_dtype).view(bits)
+            got = np.full(shape, 0x5A, dtype=np_dtype)
+            decode_mxfp8(q, s, dtype=np_dtype, out=got, team=(runtime, threads))
+            np.testing.assert_array_equal(got.view(bits), want, err_msg=str(shape))
+            got_t = torch.full(shape, 7.0, dtype=torch_dtype)
+            decode_mxfp8(torch.from_numpy(q), torch.from_numpy(s), dtype=torch_dtype, out=got_t, team=(runtime, threads))
+            np.testing.assert_array_equal(got_t.view(torch.int16 if bits == np.uint16 else torch.int32).numpy().view(bits),
+                                          want, err_msg=str(shape))
+
+
+def test_forwards_find_torchs_openmp_runtime() -> None:
+    """Where torch runs on OpenMP and /proc exists, mxfp8_codec.hf finds the runtime library torch
+    loaded (so a forward's decode runs on torch's threads, not on one)."""
+    from mxfp8_codec.hf import _torch_openmp_runtime
+
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info() or not Path("/proc/self/maps").exists():
+        pytest.skip("torch's parallel backend is not OpenMP here, or no /proc")
+    runtime = _torch_openmp_runtime()
+    assert runtime is not None
+    assert any(line.rstrip().endswith(runtime) for line in Path("/proc/self/maps").read_text().splitlines())
