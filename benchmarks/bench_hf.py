@@ -12,6 +12,9 @@ runs in a fresh subprocess (same imports before the clock) and reports:
 * ``fwd``: median wall seconds of a further 64-token forward (``--forwards`` runs, no grad);
 * ``gen tok/s``: greedy ``generate`` of ``--new-tokens`` tokens after an 8-token prompt.
 
+The checkpoints are in the page cache (they were just written), as on a second load; ``--cold``
+drops both from it before each run, as on the first load after a download or a reboot.
+
 Variants:
   bf16        AutoModelForCausalLM.from_pretrained(bf16_dir, dtype=bf16)          (the baseline)
   mxfp8       import mxfp8_codec.hf; from_pretrained(mxfp8_dir)   -- weights stay MXFP8 in memory
@@ -25,6 +28,7 @@ dequantize and load_model must be bit-identical (checked).
 Usage:
     python benchmarks/bench_hf.py                      # ~400 M params, all variants
     python benchmarks/bench_hf.py --repeats 2          # interleaved repeats: best time, max memory
+    python benchmarks/bench_hf.py --cold               # each load reads the checkpoint from disk
     python benchmarks/bench_hf.py --layers 2 --hidden 256 --vocab 4000   # quick smoke run
 """
 
@@ -54,6 +58,18 @@ def _status_kib(field: str) -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _evict(directory: str) -> None:
+    """Drop a checkpoint's file pages from the page cache (``--cold``): written back first, then
+    ``POSIX_FADV_DONTNEED`` per file. Needs no privileges and touches nothing else."""
+    for path in sorted(Path(directory).iterdir()):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def _build(args: argparse.Namespace, root: Path) -> dict[str, Any]:
@@ -161,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--orientation", choices=("in_out", "out_in"), default="in_out",
                     help="stored orientation of the MXFP8 projections (default: the trainer's in_out)")
+    ap.add_argument("--cold", action="store_true",
+                    help="drop both checkpoints from the page cache before each run (a first load from disk)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--info", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -179,10 +197,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"random Nemotron: {info['n_params'] / 1e6:.1f} M params, MXFP8 {args.orientation}, BF16 {info['bf16_bytes'] / 2**20:.0f} MiB, "
               f"MXFP8 file {mx_bytes / 2**20:.0f} MiB (built in {time.perf_counter() - t0:.0f} s); "
               f"torch {torch.__version__} ({torch.get_num_threads()} threads), {os.cpu_count()} CPUs; "
-              f"load {os.getloadavg()[0]:.2f}")
+              f"load {os.getloadavg()[0]:.2f}; page cache {'cold (dropped before each run)' if args.cold else 'warm'}")
         results: dict[str, dict[str, Any]] = {}
         for _ in range(args.repeats):
             for variant in args.variants.split(","):
+                if args.cold:
+                    _evict(info["bf16_dir"])
+                    _evict(info["mxfp8_dir"])
                 subprocess.run([sys.executable, __file__, "--child", variant, "--info", json.dumps(info),
                                 "--out", tmp], check=True)
                 rec = json.loads((root / f"{variant}.json").read_text())
