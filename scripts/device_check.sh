@@ -140,8 +140,10 @@ summary = {"steps": len(steps), "identical_losses": ident_loss, "max_rel_loss_di
 (out / "compare_training.json").write_text(json.dumps(summary, indent=2))
 (out / "compare_training.md").write_text("\n".join(lines) + "\n")
 print(json.dumps(summary, indent=2))
-# the runs must train the same model the same way: same steps, close losses; bytes are reported
-ok = len(steps) == len(cpu) == len(gpu) and max(rel) < 0.05
+# the runs must train the same model the same way: same steps; the first loss (same weights, same batch,
+# only the summation order differs) within 1e-3, every loss within 10 % (Lion's sign() lets last-bit
+# differences grow into a diverging but equally good trajectory), the final loss within 5 %; bytes are reported
+ok = len(steps) == len(cpu) == len(gpu) and rel[0] < 1e-3 and max(rel) < 0.10 and rel[-1] < 0.05
 sys.exit(0 if ok else 1)
 EOF
 [ -f "$OUT/compare_training.json" ] && sed 's/^/    /' "$OUT/compare_training.json" >>"$REPORT" \

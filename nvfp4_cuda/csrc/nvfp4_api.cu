@@ -92,8 +92,9 @@ int nvfp4_query(int *device_count, int *cc_major, int *cc_minor, int *native_fp4
 
 int nvfp4_amax(uintptr_t x, int dtype, uintptr_t x_scales, int64_t rows, int64_t cols, int transpose, int hadamard,
                uintptr_t amax_out, uintptr_t stream) {
-  NV_REQUIRE(x && amax_out, "nvfp4_amax: null pointer");
-  NV_REQUIRE(dtype >= 0 && dtype <= 2 && (dtype != 2 || x_scales), "nvfp4_amax: bad dtype %d", dtype);
+  const bool empty = rows == 0 || cols == 0;  // an empty tensor's data pointer may be null
+  NV_REQUIRE((x || empty) && amax_out, "nvfp4_amax: null pointer");
+  NV_REQUIRE(dtype >= 0 && dtype <= 2 && (dtype != 2 || x_scales || empty), "nvfp4_amax: bad dtype %d", dtype);
   NV_REQUIRE(rows >= 0 && cols >= 0 && cols % 16 == 0, "nvfp4_amax: cols %lld not a multiple of 16", (long long)cols);
   return nv_cuda_status(nv_launch_amax(PTR(x), dtype, (const uint8_t *)x_scales, rows, cols, transpose, hadamard,
                                        (float *)amax_out, STREAM(stream)),
@@ -103,8 +104,9 @@ int nvfp4_amax(uintptr_t x, int dtype, uintptr_t x_scales, int64_t rows, int64_t
 int nvfp4_quantize(uintptr_t x, int dtype, uintptr_t x_scales, int64_t rows, int64_t cols, int transpose,
                    int hadamard, int block_2d, int rounding, uint32_t key2, uint32_t key3, uintptr_t amax,
                    uintptr_t codes, uintptr_t block_scales, uintptr_t tensor_scale, uintptr_t stream) {
-  NV_REQUIRE(x && amax && codes && block_scales && tensor_scale, "nvfp4_quantize: null pointer");
-  NV_REQUIRE(dtype >= 0 && dtype <= 2 && (dtype != 2 || x_scales), "nvfp4_quantize: bad dtype %d", dtype);
+  const bool empty = rows == 0 || cols == 0;  // an empty tensor's data pointer may be null
+  NV_REQUIRE(((x && codes && block_scales) || empty) && amax && tensor_scale, "nvfp4_quantize: null pointer");
+  NV_REQUIRE(dtype >= 0 && dtype <= 2 && (dtype != 2 || x_scales || empty), "nvfp4_quantize: bad dtype %d", dtype);
   NV_REQUIRE(rows >= 0 && cols >= 0 && cols % 16 == 0, "nvfp4_quantize: cols %lld not a multiple of 16",
              (long long)cols);
   NV_REQUIRE(rounding == 0 || rounding == 1, "nvfp4_quantize: bad rounding %d", rounding);
@@ -118,7 +120,8 @@ int nvfp4_quantize(uintptr_t x, int dtype, uintptr_t x_scales, int64_t rows, int
 
 int nvfp4_dequantize(uintptr_t codes, uintptr_t block_scales, uintptr_t tensor_scale, int64_t rows, int64_t cols,
                      uintptr_t out, int out_dtype, uintptr_t stream) {
-  NV_REQUIRE(codes && block_scales && tensor_scale && out, "nvfp4_dequantize: null pointer");
+  const bool empty = rows == 0 || cols == 0;  // an empty tensor's data pointer may be null
+  NV_REQUIRE(((codes && block_scales && out) || empty) && tensor_scale, "nvfp4_dequantize: null pointer");
   NV_REQUIRE(cols % 16 == 0 && (out_dtype == 0 || out_dtype == 1), "nvfp4_dequantize: bad shape or dtype");
   return nv_cuda_status(nv_launch_dequantize((const uint8_t *)codes, (const uint8_t *)block_scales,
                                              (const float *)tensor_scale, rows, cols, PTR(out), out_dtype,
@@ -127,7 +130,7 @@ int nvfp4_dequantize(uintptr_t codes, uintptr_t block_scales, uintptr_t tensor_s
 }
 
 int nvfp4_hadamard16(uintptr_t x, int dtype, int64_t rows, int64_t cols, uintptr_t out_f32, uintptr_t stream) {
-  NV_REQUIRE(x && out_f32 && (dtype == 0 || dtype == 1), "nvfp4_hadamard16: bad arguments");
+  NV_REQUIRE(((x && out_f32) || rows == 0 || cols == 0) && (dtype == 0 || dtype == 1), "nvfp4_hadamard16: bad arguments");
   NV_REQUIRE(cols % 16 == 0, "nvfp4_hadamard16: cols %lld not a multiple of 16", (long long)cols);
   return nv_cuda_status(nv_launch_hadamard(PTR(x), dtype, rows, cols, (float *)out_f32, STREAM(stream)),
                         "nvfp4_hadamard16");
@@ -136,7 +139,10 @@ int nvfp4_hadamard16(uintptr_t x, int dtype, int64_t rows, int64_t cols, uintptr
 int nvfp4_gemm(uintptr_t a_codes, uintptr_t a_scales, uintptr_t a_ts, uintptr_t b_codes, uintptr_t b_scales,
                uintptr_t b_ts, int64_t m, int64_t n, int64_t k, uintptr_t out, int out_dtype, int accumulate,
                int backend, uintptr_t stream) {
-  NV_REQUIRE(a_codes && a_scales && a_ts && b_codes && b_scales && b_ts && out, "nvfp4_gemm: null pointer");
+  // an empty operand's data pointers may be null
+  NV_REQUIRE(((a_codes && a_scales) || m * k == 0) && ((b_codes && b_scales) || n * k == 0) && (out || m * n == 0) &&
+                 a_ts && b_ts,
+             "nvfp4_gemm: null pointer");
   NV_REQUIRE(k % 16 == 0 && m >= 0 && n >= 0, "nvfp4_gemm: K=%lld not a multiple of 16", (long long)k);
   NV_REQUIRE(a_codes % 8 == 0 && b_codes % 8 == 0, "nvfp4_gemm: code pointers must be 8-byte aligned");
   NV_REQUIRE(out_dtype == 0 || out_dtype == 1, "nvfp4_gemm: bad out dtype %d", out_dtype);
