@@ -45,31 +45,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+# the same /proc reading and page-cache eviction as the loader benchmark (this directory is on sys.path)
+from bench_loader import _evict, _status_kib
+
 VARIANTS: tuple[str, ...] = ("bf16", "mxfp8", "dequantize", "load_model")
 SEQ_LEN = 64
 MEMORY_TARGET = 0.6  # mxfp8: added peak RSS / BF16 bytes
 FORWARD_TARGET = 1.5  # mxfp8 forward / bf16 forward
 LOAD_TARGET = 1.0  # mxfp8 load + first forward / bf16's
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
-def _evict(directory: str) -> None:
-    """Drop a checkpoint's file pages from the page cache (``--cold``): written back first, then
-    ``POSIX_FADV_DONTNEED`` per file. Needs no privileges and touches nothing else."""
-    for path in sorted(Path(directory).iterdir()):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def _build(args: argparse.Namespace, root: Path) -> dict[str, Any]:
@@ -202,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeats):
             for variant in args.variants.split(","):
                 if args.cold:
-                    _evict(info["bf16_dir"])
-                    _evict(info["mxfp8_dir"])
+                    _evict(Path(info["bf16_dir"]))
+                    _evict(Path(info["mxfp8_dir"]))
                 subprocess.run([sys.executable, __file__, "--child", variant, "--info", json.dumps(info),
                                 "--out", tmp], check=True)
                 rec = json.loads((root / f"{variant}.json").read_text())
