@@ -7,7 +7,8 @@ How:
 
 * The source (with its header ``mxfp8.h``) is compiled on first use with the machine's C compiler
   with ``-O3 -march=native`` into a shared library, then opened with ``cffi.FFI().dlopen`` (ABI
-  mode: no Python headers or extension build needed).
+  mode: no Python headers or extension build needed), its declarations parsed once per machine
+  (:func:`ida_common.native_build.cffi_ffi`).
 * Compiler search, cache directory (``$IDA_CACHE_DIR/mxfp8_codec``), the on/off switch syntax, the
   build key (sha256 of source, header, flags, compiler banner, CPU model/flags -- ``-march=native``
   code must not run on another CPU -- and the package version), the ``fcntl`` lock and the atomic
@@ -241,10 +242,7 @@ class NativeKernel:
 
 def open_library(path: Path) -> NativeKernel:
     """Open a built kernel library with cffi (ABI mode) and check its version."""
-    import cffi
-
-    ffi = cffi.FFI()
-    ffi.cdef(_CDEF)
+    ffi = native_build.cffi_ffi("mxfp8_codec", _CDEF)
     lib = ffi.dlopen(str(path))
     version = lib.mx_kernel_version()
     if version != _EXPECTED_VERSION:

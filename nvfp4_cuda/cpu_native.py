@@ -78,10 +78,9 @@ def _build_library() -> Path:
 
 
 @functools.lru_cache(maxsize=1)
-def _load() -> tuple[cffi.FFI, Any] | None:
+def _load() -> tuple[Any, Any] | None:
     try:
-        ffi = cffi.FFI()
-        ffi.cdef(CDEF)
+        ffi = native_build.cffi_ffi("nvfp4_cuda", CDEF)
         return ffi, ffi.dlopen(str(_build_library()))
     except (RuntimeError, OSError, cffi.CDefError) as e:
         warnings.warn(f"nvfp4_cuda: native CPU kernel unavailable, using the PyTorch reference ({e})", stacklevel=3)
@@ -93,7 +92,7 @@ def available() -> bool:
     return native_build.switch_enabled(ENV_SWITCH) and _load() is not None
 
 
-def _ptr(ffi: cffi.FFI, ctype: str, t: torch.Tensor) -> Any:
+def _ptr(ffi: Any, ctype: str, t: torch.Tensor) -> Any:
     return ffi.cast(ctype, t.data_ptr())
 
 

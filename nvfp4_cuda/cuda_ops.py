@@ -17,9 +17,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-import cffi
 import torch
 
+from ida_common import native_build
 from nvfp4_cuda import build as _build
 from mxfp8_codec.constants import BLOCK_SIZE
 from nvfp4_cuda.formats import NVFP4_BLOCK
@@ -43,11 +43,9 @@ def header_cdef() -> str:
     return text
 
 
-def make_ffi() -> cffi.FFI:
-    """A cffi FFI with every declaration of ``csrc/nvfp4.h``."""
-    ffi = cffi.FFI()
-    ffi.cdef(header_cdef())
-    return ffi
+def make_ffi() -> Any:
+    """A cffi FFI with every declaration of ``csrc/nvfp4.h`` (parsed once per machine: ``native_build.cffi_ffi``)."""
+    return native_build.cffi_ffi("nvfp4_cuda", header_cdef())
 
 
 def header_functions() -> list[str]:
@@ -55,11 +53,11 @@ def header_functions() -> list[str]:
     return re.findall(r"^\s*(?:const\s+)?\w+\s*\*?\s*(nvfp4_\w+)\s*\(", header_cdef(), flags=re.MULTILINE)
 
 
-_FFI: cffi.FFI | None = None
+_FFI: Any | None = None
 _LIB: Any = None
 
 
-def load_library(path: str | Path | None = None) -> tuple[cffi.FFI, Any]:
+def load_library(path: str | Path | None = None) -> tuple[Any, Any]:
     """Open the library once (building it first if needed) and return ``(ffi, lib)``."""
     global _FFI, _LIB
     if _LIB is not None and path is None:
@@ -76,7 +74,7 @@ def load_library(path: str | Path | None = None) -> tuple[cffi.FFI, Any]:
     return ffi, lib
 
 
-def check(status: int, what: str, lib: Any = None, ffi: cffi.FFI | None = None) -> None:
+def check(status: int, what: str, lib: Any = None, ffi: Any | None = None) -> None:
     """Raise NVFP4CudaError with the library's message when ``status`` is not NVFP4_OK."""
     if status == 0:
         return

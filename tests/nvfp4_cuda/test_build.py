@@ -78,6 +78,40 @@ def test_one_switch_syntax(monkeypatch: pytest.MonkeyPatch) -> None:
         assert native_build.switch_enabled(cpu_native.ENV_SWITCH)
 
 
+_PARSED_HERE = """
+import sys
+from ida_common import native_build
+from mxfp8_codec import _native
+ffi = native_build.cffi_ffi("mxfp8_codec", _native._CDEF)
+assert ffi.typeof("mx_team_args *") and ffi.typeof("int(*)(void)")  # the kernel's declarations
+assert ffi.cast("mx_team_args *", 0) == ffi.NULL
+print("parsed here" if "pycparser" in sys.modules else "imported")
+"""
+
+
+def test_cffi_declarations_are_parsed_once_per_machine(tmp_path: Path) -> None:
+    """The first process parses the kernel's declarations and saves cffi's out-of-line module in the
+    cache; later processes import it (no pycparser). A damaged module is regenerated; an unwritable
+    cache parses in the process, with the same FFI."""
+    env = {**os.environ, "IDA_CACHE_DIR": str(tmp_path / "cache")}
+
+    def run(environ: dict[str, str]) -> str:
+        res = subprocess.run([sys.executable, "-c", _PARSED_HERE], env=environ, capture_output=True, text=True,
+                             timeout=120, check=False)
+        assert res.returncode == 0, res.stderr
+        return res.stdout.strip()
+
+    assert run(env) == "parsed here"
+    (module,) = (tmp_path / "cache" / "mxfp8_codec").glob("_ida_ffi_*.py")
+    assert run(env) == "imported"
+    module.write_text("ffi = None  # damaged\n")
+    assert run(env) == "parsed here"
+    assert run(env) == "imported"
+    blocked = tmp_path / "not_a_dir"
+    blocked.write_text("")
+    assert run({**env, "IDA_CACHE_DIR": str(blocked)}) == "parsed here"
+
+
 def test_version_comes_from_package_metadata() -> None:
     from importlib import metadata
 
