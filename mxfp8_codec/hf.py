@@ -613,6 +613,15 @@ def _plan(model: Any, files: Sequence[str], qc: MXFP8Config) -> _Plan:
     return plan
 
 
+def _reader(readers: dict[str, Any], path: str, **kwargs: Any) -> Any:
+    """The reader of ``path`` in ``readers``, opened with ``kwargs`` (and kept there) on first use;
+    the loader closes them all at the end."""
+    r = readers.get(path)
+    if r is None:
+        r = readers[path] = open_mxfp8(path, **kwargs)
+    return r
+
+
 def _read_rows_from_file(model: Any, plan: _Plan, readers: dict[str, Any]) -> None:
     """Make the input embedding a :class:`FileRowsEmbedding` where that saves memory and is exact:
     a plain ``nn.Embedding`` on the CPU whose weight holds its stored bytes (stored unquantized in
@@ -632,7 +641,7 @@ def _read_rows_from_file(model: Any, plan: _Plan, readers: dict[str, Any]) -> No
     s = plan.stored.get(name)
     if s is None or s.quantized or s.shape != tuple(emb.weight.shape) or DTYPES[s.dtype] != numpy_dtype_of(emb.weight):
         return
-    r = readers.get(s.path) or readers.setdefault(s.path, open_mxfp8(s.path))
+    r = _reader(readers, s.path)
     emb.__class__ = FileRowsEmbedding
     emb._rows = _FileRows(s.path, name, r.file_offset(name), row_bytes=emb.embedding_dim * emb.weight.element_size())
     emb._weight_key = emb._weight_state()
@@ -738,7 +747,7 @@ class MXFP8HfQuantizer(HfQuantizer):
             for module_name in plan.projections:
                 name = module_name + ".weight"
                 s = plan.stored[name]
-                r = readers.get(s.path) or readers.setdefault(s.path, open_mxfp8(s.path, copy_on_write=True))
+                r = _reader(readers, s.path, copy_on_write=True)  # writable views for torch.from_numpy
                 module = model.get_submodule(module_name)
                 device = _module_device(model, module_name)
                 if not self._load_projection(model, module_name, module, r, name, s, device):
@@ -749,7 +758,7 @@ class MXFP8HfQuantizer(HfQuantizer):
                     _prepare_cpu_decode(self._dtype)
             for name in plan.unfold:
                 s = plan.stored[name]
-                r = readers.get(s.path) or readers.setdefault(s.path, open_mxfp8(s.path))
+                r = _reader(readers, s.path)
                 stored = r.get(name, framework="pt", dtype=torch.float32)
                 module_name, _, leaf = name.rpartition(".")
                 param = model.get_parameter(name)
