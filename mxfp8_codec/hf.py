@@ -87,7 +87,7 @@ from mxfp8_codec.hf_config import FORMAT_VERSION, QUANT_METHOD, quantization_con
 from mxfp8_codec.convert import numpy_dtype_of
 from mxfp8_codec.header import DTYPES, SCALE_SUFFIX
 from mxfp8_codec.layout import NORM_CONVENTIONS, ORIENTATIONS, is_projection_weight, norm_adds_one, unfold_norm
-from mxfp8_codec.numerics import decode_mxfp8, decode_mxfp8_split, scales_shape
+from mxfp8_codec.numerics import decode_mxfp8, decode_mxfp8_split
 from mxfp8_codec.reader import open_mxfp8
 
 __all__ = [
@@ -760,7 +760,6 @@ class MXFP8HfQuantizer(HfQuantizer):
                 s = plan.stored[name]
                 r = _reader(readers, s.path)
                 stored = r.get(name, framework="pt", dtype=torch.float32)
-                module_name, _, leaf = name.rpartition(".")
                 param = model.get_parameter(name)
                 plan.folded_originals[name] = r.get(name, framework="pt")  # as stored (for save_pretrained)
                 with torch.no_grad():
