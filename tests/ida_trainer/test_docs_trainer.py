@@ -47,7 +47,8 @@ def cpu_kind() -> str:
     except OSError:
         return "unknown"
     vendor = re.search(r"^vendor_id\s*:\s*(\S+)", info, re.MULTILINE)
-    flags = set((re.search(r"^flags\s*:(.*)$", info, re.MULTILINE) or re.match("()", "")).group(1).split())
+    flag_line = re.search(r"^flags\s*:(.*)$", info, re.MULTILINE)
+    flags = set(flag_line.group(1).split()) if flag_line else set()
     isa = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "other"
     return f"{vendor.group(1) if vendor else 'unknown'} {isa}" + (" amx" if "amx_bf16" in flags else "")
 
