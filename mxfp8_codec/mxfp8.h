@@ -108,20 +108,23 @@ MX_HD float mx_round_grid(float t, int sr, uint32_t r24) {
     return fl + (((float)r24 < frac) ? 1.0f : 0.0f);
 }
 
-/* E4M3 byte of a finite float32 v (already scaled by 2^-e): grid rounding as described above */
+/* E4M3 byte of a float32 v (already scaled by 2^-e): grid rounding as described above, computed on the
+ * bits.  For |v| >= 2^-6 the grid coordinate t = |v| / u is the float32 significand read with 3
+ * fraction bits, so rounding t drops the low 20 mantissa bits f20: RNE adds 0x7FFFF plus the kept
+ * bit's parity, stochastic rounding adds 0xFFFFF - (r24 >> 4) (a carry, i.e. rounding up, exactly when
+ * (r24 >> 4) < f20, which is r24 < frac(t) * 2^24 since frac(t) * 2^24 = 16 * f20); a carry into the
+ * exponent is the next binade.  Below 2^-6 (step 2^-9) t = |v| * 512 is rounded with mx_round_grid.
+ * Saturates at 448 (0x7E), also for inf and NaN.  tests/mxfp8_codec/test_native_header.py checks it
+ * against the float-grid formula over every exponent, 2^16 high mantissa patterns each, both modes. */
 MX_HD uint32_t mx_e4m3_grid_code(float v, int sr, uint32_t r24) {
-    const float a = fabsf(v);
-    const int e = (int)((mx_f32_bits(a) >> 23) & 0xFFu) - 127;
-    const int ue = a >= MX_E4M3_MIN_NORMAL ? e - MX_E4M3_MANTISSA_BITS : -9;
-    const float n = mx_round_grid(a * mx_pow2f(-ue), sr, r24);
-    float q = n * mx_pow2f(ue);
-    q = q < MX_E4M3_MAX ? q : MX_E4M3_MAX;
+    const uint32_t bits = mx_f32_bits(v) & 0x7FFFFFFFu; /* |v| */
     uint32_t code;
-    if (q >= MX_E4M3_MIN_NORMAL) {
-        const uint32_t b = mx_f32_bits(q);
-        code = ((((b >> 23) & 0xFFu) - 127u + MX_E4M3_BIAS) << 3) | ((b >> 20) & 7u);
-    } else {
-        code = (uint32_t)(q * 512.0f); /* q = n * 2^-9, n in 0..7 */
+    if (bits >= 0x3C800000u) { /* |v| >= 2^-6 = MX_E4M3_MIN_NORMAL */
+        const uint32_t add = sr ? 0xFFFFFu - (r24 >> 4) : 0x7FFFFu + ((bits >> 20) & 1u);
+        code = ((bits + add) >> 20) - ((127u - MX_E4M3_BIAS) << MX_E4M3_MANTISSA_BITS);
+        code = code < MX_E4M3_MAX_CODE ? code : MX_E4M3_MAX_CODE;
+    } else { /* n in 0..8; 8 * 2^-9 = 2^-6 is code 0x08 */
+        code = (uint32_t)mx_round_grid(mx_bits_f32(bits) * 512.0f, sr, r24);
     }
     return code | ((mx_f32_bits(v) >> 24) & MX_E4M3_SIGN);
 }
