@@ -7,7 +7,9 @@ available, the pure-PyTorch reference otherwise.  Backend selection for CUDA ten
 
 * ``NVFP4_CUDA_BACKEND=reference`` forces the pure-PyTorch reference on any device (slow, exact);
 * otherwise the shared library is built/loaded lazily (:mod:`nvfp4_cuda.build`) and the GEMM uses
-  ``native-sm120a`` on compute capability 12.x and ``emulated-cuda`` (BF16 tensor cores) elsewhere;
+  ``native-sm120a`` on compute capability 12.x and ``emulated-cuda`` elsewhere: each operand decoded
+  exactly to BF16 by one bandwidth-bound kernel (:func:`decode_scaled`), then cuBLASLt's BF16 GEMM with
+  FP32 accumulation and the two tensor scales as its alpha (:func:`gemm_decoded`);
   ``nvfp4_matmul(..., backend="emulated")`` forces the emulation (to cross-check the two).
 """
 
@@ -78,8 +80,8 @@ def nvfp4_matmul(a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype: torch.dtype = tor
         a, b: NVFP4 operands [M, K] and [N, K] on the same device.
         out_dtype: bfloat16 or float32 (when ``out`` is None).
         out: optional preallocated [M, N] output (contiguous); with ``accumulate`` its values are added.
-        backend: ``"auto"``, ``"native"`` (sm_120a tensor cores), ``"emulated"`` (BF16 tensor cores) or
-            ``"reference"`` (PyTorch). CPU tensors always use the reference.
+        backend: ``"auto"``, ``"native"`` (sm_120a tensor cores), ``"emulated"`` (exact BF16 decode + cuBLASLt)
+            or ``"reference"`` (PyTorch). CPU tensors always use the reference.
 
     Example:
         >>> import torch, nvfp4_cuda
@@ -102,9 +104,108 @@ def nvfp4_matmul(a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype: torch.dtype = tor
             raise ValueError("nvfp4_matmul: accumulate=True needs out=")
         if out is not None and tuple(out.shape) != (a.shape[0], b.shape[0]):
             raise ValueError(f"nvfp4_matmul: out has shape {list(out.shape)}, expected {[a.shape[0], b.shape[0]]}")
-        return reference.gemm_decoded(cpu_native.decode_scaled(a), cpu_native.decode_scaled(b), a, b,
-                                      out_dtype=out_dtype, out=out, accumulate=accumulate)
+        return reference.gemm_decoded(cpu_native.decode_scaled(a), cpu_native.decode_scaled(b), a.tensor_scale,
+                                      b.tensor_scale, out_dtype=out_dtype, out=out, accumulate=accumulate)
     return reference.nvfp4_matmul(a, b, out_dtype=out_dtype, out=out, accumulate=accumulate)
+
+
+def native_gemm(device: torch.device) -> bool:
+    """True where :func:`nvfp4_matmul` multiplies NVFP4 codes directly (sm_120a FP4 MMA: compute capability 12.x).
+
+    Everywhere else the GEMM is the emulation ``gemm_decoded(decode_scaled(a), decode_scaled(b), ...)``,
+    and a caller that multiplies one operand several times (a weight in forward and backward) can decode it
+    once and reuse it.
+    """
+    if device.type != "cuda" or os.environ.get(BACKEND_ENV, "").lower() == "reference":
+        return False
+    return torch.cuda.get_device_capability(device)[0] == 12
+
+
+def decode_scaled(q: NVFP4Tensor) -> torch.Tensor:
+    """The exact values ``e2m1 * e4m3(block scale)`` of ``q``, without its tensor scale: the emulated GEMM's operand.
+
+    Every such product has at most 6 significant bits, so it is exact in BF16 (CUDA: one bandwidth-bound
+    kernel, the dtype cuBLAS multiplies) and in float32 (CPU: the dtype of the reference GEMM).
+
+    Example:
+        >>> import torch, nvfp4_cuda
+        >>> q = nvfp4_cuda.quantize_nvfp4(torch.tensor([[0.0, 1.0, -2.0, 3.0] * 4]))
+        >>> bool(torch.equal(nvfp4_cuda.decode_scaled(q) * q.tensor_scale, nvfp4_cuda.dequantize_nvfp4(q)))
+        True
+    """
+    if _use_cuda(q.codes):
+        return _cuda().decode_scaled(q)
+    if q.codes.device.type == "cpu" and cpu_native.available():
+        return cpu_native.decode_scaled(q)
+    return reference.decode_scaled(q)
+
+
+def quantize_decoded(x: torch.Tensor, *, block_2d: bool = False, rounding: str = "rne", seed: int = 0, step: int = 0,
+                     tensor_id: int = 0, hadamard: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(decode_scaled(q), q.tensor_scale)`` for ``q = quantize_nvfp4(x, ...)``: an emulated-GEMM operand.
+
+    The same bits as the two calls; on CUDA one pass that writes the BF16 values and never the codes
+    (an activation or gradient operand whose codes nobody reads).  Arguments as :func:`quantize_nvfp4`.
+
+    Example:
+        >>> import torch, nvfp4_cuda
+        >>> x = torch.randn(4, 32)
+        >>> v, s = nvfp4_cuda.quantize_decoded(x)
+        >>> q = nvfp4_cuda.quantize_nvfp4(x)
+        >>> bool(torch.equal(v, nvfp4_cuda.decode_scaled(q))), bool(torch.equal(s, q.tensor_scale))
+        (True, True)
+    """
+    kw: dict[str, Any] = {"block_2d": block_2d, "rounding": rounding, "seed": seed, "step": step,
+                          "tensor_id": tensor_id, "hadamard": hadamard}
+    if _use_cuda(x):
+        return _cuda().quantize_decoded(x, **kw)
+    q = quantize_nvfp4(x, **kw)
+    return decode_scaled(q), q.tensor_scale
+
+
+def quantize_decoded_from_mxfp8(payload: torch.Tensor, scales: torch.Tensor, *, block_2d: bool = True,
+                                rounding: str = "rne", seed: int = 0, step: int = 0, tensor_id: int = 0,
+                                hadamard: bool = False, transpose: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(decode_scaled(q), q.tensor_scale)`` for ``q = quantize_nvfp4_from_mxfp8(...)``, one pass on CUDA."""
+    kw: dict[str, Any] = {"block_2d": block_2d, "rounding": rounding, "seed": seed, "step": step,
+                          "tensor_id": tensor_id, "hadamard": hadamard, "transpose": transpose}
+    if _use_cuda(payload):
+        out = _cuda().quantize_nvfp4_from_mxfp8(payload, scales, decoded=True, **kw)
+        assert isinstance(out, tuple)
+        return out
+    q = quantize_nvfp4_from_mxfp8(payload, scales, **kw)
+    return decode_scaled(q), q.tensor_scale
+
+
+def gemm_decoded(da: torch.Tensor, db: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor, *,
+                 out_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None,
+                 accumulate: bool = False) -> torch.Tensor:
+    """``(da @ db.T) * (a_scale * b_scale)``, FP32 accumulation: :func:`nvfp4_matmul` on decoded operands.
+
+    Args:
+        da, db: :func:`decode_scaled` operands [M, K] and [N, K]; on CUDA either may be the ``.t()`` view of
+            a row-major tensor (cuBLASLt reads it transposed, no copy).
+        a_scale, b_scale: the operands' float32 tensor scales (0-d tensors on the operands' device).
+        out_dtype, out, accumulate: as :func:`nvfp4_matmul`.
+
+    Example:
+        >>> import torch, nvfp4_cuda
+        >>> a = nvfp4_cuda.quantize_nvfp4(torch.randn(4, 32))
+        >>> w = nvfp4_cuda.quantize_nvfp4(torch.randn(32, 16), block_2d=True)  # [K, N], e.g. a weight [in, out]
+        >>> y = nvfp4_cuda.gemm_decoded(nvfp4_cuda.decode_scaled(a), nvfp4_cuda.decode_scaled(w).t(),
+        ...                             a.tensor_scale, w.tensor_scale)
+        >>> bool(torch.equal(y, nvfp4_cuda.nvfp4_matmul(a, w.t())))
+        True
+    """
+    if out_dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"gemm_decoded: out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype}")
+    if _use_cuda(da):
+        return _cuda().gemm_decoded(da, db, a_scale, b_scale, out_dtype=out_dtype, out=out, accumulate=accumulate)
+    if accumulate and out is None:
+        raise ValueError("gemm_decoded: accumulate=True needs out=")
+    if out is not None and tuple(out.shape) != (da.shape[0], db.shape[0]):
+        raise ValueError(f"gemm_decoded: out has shape {list(out.shape)}, expected {[da.shape[0], db.shape[0]]}")
+    return reference.gemm_decoded(da, db, a_scale, b_scale, out_dtype=out_dtype, out=out, accumulate=accumulate)
 
 
 def hadamard16(x: torch.Tensor) -> torch.Tensor:
@@ -169,6 +270,30 @@ def lion_step_mxfp8_(payload: torch.Tensor, scales: torch.Tensor, grad: torch.Te
                              f"starting at flat index {bad} (corrupt master or compensation buffer)")
         return None
     return reference.lion_step_mxfp8_(payload, scales, grad, momentum, **kw)
+
+
+def lion_step_bf16_(param: torch.Tensor, grad: torch.Tensor, momentum: torch.Tensor, *, lr: float,
+                    beta1: float = 0.9, beta2: float = 0.99, weight_decay: float = 0.0, writeback: str = "stochastic",
+                    seed: int = 0, step: int = 0, tensor_id: int = 0) -> None:
+    """Lion step on a plain BF16 parameter, in place (see :func:`nvfp4_cuda.reference_master.lion_step_bf16_`).
+
+    CUDA: one fused kernel (no float32 copies of the parameter); CPU: PyTorch with the C stochastic
+    rounding.  Same bits on both.
+
+    Example:
+        >>> import torch, nvfp4_cuda
+        >>> p = torch.full((4,), 0.5, dtype=torch.bfloat16)
+        >>> m = torch.zeros(4, dtype=torch.bfloat16)
+        >>> nvfp4_cuda.lion_step_bf16_(p, torch.ones(4), m, lr=0.25, writeback="rne")
+        >>> p.tolist()
+        [0.25, 0.25, 0.25, 0.25]
+    """
+    kw: dict[str, Any] = {"lr": lr, "beta1": beta1, "beta2": beta2, "weight_decay": weight_decay,
+                          "writeback": writeback, "seed": seed, "step": step, "tensor_id": tensor_id}
+    if _use_cuda(param):
+        return _cuda().lion_step_bf16_(param, grad, momentum, **kw)
+    reference_master.lion_step_bf16_(param, grad, momentum, round_bf16=stochastic_round_to_bf16_, **kw)
+    return None
 
 
 def stochastic_round_to_bf16_(dst_bf16: torch.Tensor, src_fp32: torch.Tensor, *, seed: int, step: int,
@@ -239,5 +364,6 @@ def backend_info() -> dict[str, Any]:
         info["reason"] = str(e)
         return info
     info["backend"] = "native-sm120a" if major == 12 else "emulated-cuda"
-    info["reason"] = "compute capability 12.x has FP4 mma.sync" if major == 12 else "no FP4 tensor cores: BF16 emulation"
+    info["reason"] = ("compute capability 12.x has FP4 mma.sync" if major == 12
+                      else "no FP4 tensor cores: exact BF16 decode + cuBLASLt BF16 GEMM (FP32 accumulation)")
     return info

@@ -6,7 +6,9 @@ with ``-c``/``-shared``: that also emits non-"a" compute_120 PTX, which ptxas re
 block-scaled MMA (verified with nvcc 13.0).  The FP4 instruction sits behind
 ``__CUDA_ARCH_FEAT_SM120_ALL || __CUDA_ARCH_FAMILY_SPECIFIC__ == 1200`` so the other images compile.
 ``-fmad=false`` keeps every float32 operation separately rounded, as in the PyTorch reference.
-nvcc links cudart statically, so the library depends only on the driver at run time.
+nvcc links cudart statically, so the library depends only on the driver at run time (and on the
+cuBLASLt that a CUDA build of PyTorch has already loaded, found with ``dl_iterate_phdr`` / ``dlsym`` at
+the first emulated GEMM: nothing of cuBLAS is needed to build).
 
 Cache: ``$IDA_CACHE_DIR/nvfp4_cuda`` (else ``$XDG_CACHE_HOME/ida/nvfp4_cuda``, else
 ``~/.cache/ida/nvfp4_cuda``; the old ``$NVFP4_CUDA_CACHE_DIR`` still works, with a deprecation
@@ -42,6 +44,7 @@ GENCODES: tuple[tuple[str, str], ...] = (
 )
 BASE_FLAGS: tuple[str, ...] = ("-O3", "-std=c++17", "-fmad=false", "-Xcompiler", "-fPIC", "--threads", "2",
                                f"-I{C_HEADER.parent}")  # mxfp8.h: MXFP8 constants, scale rule, RNG
+LINK_FLAGS: tuple[str, ...] = ("-ldl", "-lpthread")  # cuBLASLt is found at run time (nvfp4_lt.cu), not linked
 
 
 class BuildError(RuntimeError):
@@ -106,7 +109,7 @@ def build_key(nvcc: str) -> str:
     parts: list[bytes | str] = []
     for p in source_files():
         parts += [p.name, p.read_bytes()]
-    return native_build.build_key(*parts, " ".join(BASE_FLAGS + tuple(gencode_flags())), nvcc_version(nvcc))
+    return native_build.build_key(*parts, " ".join(BASE_FLAGS + tuple(gencode_flags()) + LINK_FLAGS), nvcc_version(nvcc))
 
 
 def library_path(nvcc: str | None = None) -> Path:
@@ -158,7 +161,7 @@ def build(*, force: bool = False, progress: bool = True) -> Path:
                 bar.update(1)
             bar.set_postfix_str("link")
             try:
-                _run([nvcc, "-shared", *gencode_flags(), *map(str, objs), "-o", str(out_tmp)], "linking")
+                _run([nvcc, "-shared", *gencode_flags(), *map(str, objs), *LINK_FLAGS, "-o", str(out_tmp)], "linking")
             finally:
                 for o in objs:
                     o.unlink(missing_ok=True)

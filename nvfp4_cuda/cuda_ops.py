@@ -23,12 +23,11 @@ from ida_common import native_build
 from nvfp4_cuda import build as _build
 from mxfp8_codec.constants import BLOCK_SIZE
 from nvfp4_cuda.formats import NVFP4_BLOCK
-from nvfp4_cuda.reference_master import WRITEBACK_MODES, f32_const
+from nvfp4_cuda.reference_master import WRITEBACK_MODES, check_lion_bf16_args, f32_const
 from mxfp8_codec.rng import stream_keys
 from nvfp4_cuda.tensor import NVFP4Tensor
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}  # NVFP4_DTYPE_F32 / _BF16 (2 = MXFP8 input)
-BACKEND_CODES = {"auto": 0, "native": 1, "emulated": 2}
 WRITEBACK_CODES = {"stochastic": 0, "rne": 1, "compensated": 2}
 
 
@@ -115,6 +114,36 @@ def _call(fn: str, *args: Any) -> None:
     check(getattr(lib, fn)(*args), fn)
 
 
+LT_WORKSPACE_BYTES = 32 * 1024 * 1024  # cuBLASLt workspace per (device, stream), as PyTorch gives it on Hopper
+_SCRATCH: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _scratch(device: torch.device, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(workspace, float32[2] alpha/beta) for cuBLASLt on this device and stream, allocated once.
+
+    Reused by every GEMM on the stream: stream order keeps one GEMM's reads before the next one's writes.
+    """
+    key = (device.index if device.index is not None else torch.cuda.current_device(), stream)
+    if key not in _SCRATCH:
+        _SCRATCH[key] = (torch.empty(LT_WORKSPACE_BYTES, dtype=torch.uint8, device=device),
+                         torch.empty(2, dtype=torch.float32, device=device))
+    return _SCRATCH[key]
+
+
+def _aligned(t: torch.Tensor, n: int) -> torch.Tensor:
+    """``t`` contiguous with its data pointer a multiple of ``n`` bytes (a fresh copy only when needed)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % n == 0 else t.clone()
+
+
+def cublaslt_library() -> str:
+    """Path of the cuBLASLt the emulated GEMM uses ("" until the first GEMM has found it)."""
+    ffi, lib = load_library()
+    buf = ffi.new("char[512]")
+    check(lib.nvfp4_cublaslt_library(buf, 512), "nvfp4_cublaslt_library", lib, ffi)
+    return ffi.string(buf).decode()
+
+
 def quantize_nvfp4(x: torch.Tensor, *, block_2d: bool = False, rounding: str = "rne", seed: int = 0, step: int = 0,
                    tensor_id: int = 0, hadamard: bool = False) -> NVFP4Tensor:
     """CUDA quantizer (same bits as :func:`nvfp4_cuda.reference.quantize_nvfp4`)."""
@@ -123,29 +152,61 @@ def quantize_nvfp4(x: torch.Tensor, *, block_2d: bool = False, rounding: str = "
     _check_matrix(x, "quantize_nvfp4")
     _check_rounding(rounding, "quantize_nvfp4")
     xc, dt = _float_input(x)
-    return _quantize(xc, dt, None, x.shape[0], x.shape[1], False, block_2d, rounding, seed, step, tensor_id, hadamard)
+    q = _quantize(xc, dt, None, x.shape[0], x.shape[1], False, block_2d, rounding, seed, step, tensor_id, hadamard)
+    assert isinstance(q, NVFP4Tensor)
+    return q
 
 
 def _quantize(x: torch.Tensor, dtype_code: int, x_scales: torch.Tensor | None, rows: int, cols: int, transpose: bool,
-              block_2d: bool, rounding: str, seed: int, step: int, tensor_id: int, hadamard: bool) -> NVFP4Tensor:
+              block_2d: bool, rounding: str, seed: int, step: int, tensor_id: int, hadamard: bool,
+              decoded: bool = False) -> NVFP4Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The amax pass then the quantize pass; ``decoded``: BF16 values ``e2m1 * e4m3`` instead of codes."""
     dev = x.device
     amax = torch.empty(1, dtype=torch.float32, device=dev)
-    codes = torch.empty(rows, cols // 2, dtype=torch.uint8, device=dev)
-    scales = torch.empty(rows, cols // NVFP4_BLOCK, dtype=torch.uint8, device=dev)
-    ts = torch.ones((), dtype=torch.float32, device=dev)
+    empty = rows == 0 or cols == 0
+    ts = torch.ones((), dtype=torch.float32, device=dev) if empty else torch.empty((), dtype=torch.float32, device=dev)
+    if decoded:
+        codes = scales = None
+        values = torch.empty(rows, cols, dtype=torch.bfloat16, device=dev)
+    else:
+        codes = torch.empty(rows, cols // 2, dtype=torch.uint8, device=dev)
+        scales = torch.empty(rows, cols // NVFP4_BLOCK, dtype=torch.uint8, device=dev)
+        values = None
     k2, k3 = stream_keys(seed, step, tensor_id)
     st = _stream(x)
     _call("nvfp4_amax", _ptr(x), dtype_code, _ptr(x_scales), rows, cols, int(transpose), int(hadamard), _ptr(amax), st)
     _call("nvfp4_quantize", _ptr(x), dtype_code, _ptr(x_scales), rows, cols, int(transpose), int(hadamard),
           int(block_2d), 1 if rounding == "stochastic" else 0, k2, k3, _ptr(amax), _ptr(codes), _ptr(scales), _ptr(ts),
-          st)
+          _ptr(values), st)
+    if decoded:
+        assert values is not None
+        return values, ts
+    assert codes is not None and scales is not None
     return NVFP4Tensor(codes=codes, block_scales=scales, tensor_scale=ts, shape=(rows, cols), block_2d=block_2d)
+
+
+def quantize_decoded(x: torch.Tensor, *, block_2d: bool = False, rounding: str = "rne", seed: int = 0, step: int = 0,
+                     tensor_id: int = 0, hadamard: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(decode_scaled(q), q.tensor_scale)`` of ``q = quantize_nvfp4(x, ...)`` in one pass, without the codes."""
+    from nvfp4_cuda.reference import _check_matrix, _check_rounding
+
+    _check_matrix(x, "quantize_decoded")
+    _check_rounding(rounding, "quantize_decoded")
+    xc, dt = _float_input(x)
+    out = _quantize(xc, dt, None, x.shape[0], x.shape[1], False, block_2d, rounding, seed, step, tensor_id, hadamard,
+                    decoded=True)
+    assert isinstance(out, tuple)
+    return out
 
 
 def quantize_nvfp4_from_mxfp8(payload: torch.Tensor, scales: torch.Tensor, *, block_2d: bool = True,
                               rounding: str = "rne", seed: int = 0, step: int = 0, tensor_id: int = 0,
-                              hadamard: bool = False, transpose: bool = False) -> NVFP4Tensor:
-    """NVFP4 straight from an MXFP8 master on the GPU (decoded in registers, never materialised)."""
+                              hadamard: bool = False, transpose: bool = False,
+                              decoded: bool = False) -> NVFP4Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """NVFP4 straight from an MXFP8 master on the GPU (decoded in registers, never materialised).
+
+    ``decoded=True`` returns ``(decode_scaled(q), q.tensor_scale)`` instead of ``q``, in the same pass.
+    """
     if payload.dim() != 2 or payload.dtype != torch.uint8 or scales.dtype != torch.uint8:
         raise ValueError("quantize_nvfp4_from_mxfp8: expected a 2-D uint8 payload and uint8 scales")
     rows, cols = (payload.shape[1], payload.shape[0]) if transpose else tuple(payload.shape)
@@ -154,7 +215,7 @@ def quantize_nvfp4_from_mxfp8(payload: torch.Tensor, scales: torch.Tensor, *, bl
     if tuple(scales.shape) != (payload.shape[0], -(-payload.shape[1] // BLOCK_SIZE)):
         raise ValueError(f"quantize_nvfp4_from_mxfp8: scales shape {list(scales.shape)} does not match payload")
     return _quantize(payload.contiguous(), 2, scales.contiguous(), rows, cols, transpose, block_2d, rounding, seed,
-                     step, tensor_id, hadamard)
+                     step, tensor_id, hadamard, decoded=decoded)
 
 
 def dequantize_nvfp4(q: NVFP4Tensor, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -176,23 +237,91 @@ def hadamard16(x: torch.Tensor) -> torch.Tensor:
     return out.reshape(x.shape)
 
 
+def decode_scaled(q: NVFP4Tensor) -> torch.Tensor:
+    """BF16 ``e2m1 * e4m3(block scale)`` of ``q`` without the tensor scale: exact (at most 6 significant bits).
+
+    One bandwidth-bound kernel (``nvfp4_decode_bf16``); the emulated GEMM's operand.
+    """
+    codes, scales = _aligned(q.codes, 8), q.block_scales.contiguous()
+    out = torch.empty(q.shape, dtype=torch.bfloat16, device=codes.device)
+    _call("nvfp4_decode_bf16", _ptr(codes), _ptr(scales), q.shape[0], q.shape[1], _ptr(out), _stream(out))
+    return out
+
+
+def _operand(t: torch.Tensor, what: str) -> tuple[torch.Tensor, int]:
+    """A BF16 GEMM operand [rows, K] as (storage tensor, trans): row-major (0) or the ``.t()`` of one (1)."""
+    if t.dtype != torch.bfloat16 or t.dim() != 2 or not t.is_cuda:
+        raise ValueError(f"gemm_decoded: {what} must be a 2-D bfloat16 CUDA tensor, got {t.dtype} "
+                         f"{list(t.shape)} on {t.device}")
+    if t.is_contiguous() and t.data_ptr() % 16 == 0:
+        return t, 0
+    if t.t().is_contiguous() and t.data_ptr() % 16 == 0:
+        return t.t(), 1
+    return _aligned(t, 16), 0
+
+
+def gemm_decoded(da: torch.Tensor, db: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor, *,
+                 out_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None,
+                 accumulate: bool = False) -> torch.Tensor:
+    """``(da @ db.T) * (a_scale * b_scale)`` with cuBLASLt: BF16 operands, FP32 accumulation, alpha on the device.
+
+    ``da`` [M, K] and ``db`` [N, K] are decoded operands (:func:`decode_scaled`), each row-major or the
+    transpose view of a row-major tensor (no copy then: a decoded weight [in, out] serves as ``W`` and,
+    through ``.t()``, as ``W^T``).  With ``accumulate`` the product is computed in float32 and added to
+    ``out`` in float32, then cast once (the reference's order).
+    """
+    for name, t in (("db", db), ("a_scale", a_scale), ("b_scale", b_scale)):
+        if t.device != da.device:
+            raise ValueError(f"gemm_decoded: {name} is on {t.device}, da on {da.device}")
+    (a, at), (b, bt) = _operand(da, "da"), _operand(db, "db")
+    m, k = da.shape
+    n = db.shape[0]
+    if db.shape[1] != k:
+        raise ValueError(f"gemm_decoded: contraction mismatch, da is {list(da.shape)} and db is {list(db.shape)}")
+    if accumulate and out is None:
+        raise ValueError("gemm_decoded: accumulate=True needs out=")
+    if out is not None and (tuple(out.shape) != (m, n) or out.dtype not in DTYPE_CODES):
+        raise ValueError(f"gemm_decoded: out must be a float32/bfloat16 [{m}, {n}] tensor, got {out.dtype} "
+                         f"{list(out.shape)}")
+    direct = out is not None and not accumulate and out.is_contiguous()
+    res_dtype = torch.float32 if accumulate else (out.dtype if out is not None else out_dtype)
+    res = out if direct else torch.empty(m, n, dtype=res_dtype, device=da.device)
+    st = _stream(res)
+    ws, ab = _scratch(res.device, st)
+    ts_a, ts_b = a_scale.to(torch.float32).reshape(()), b_scale.to(torch.float32).reshape(())
+    _call("nvfp4_gemm_bf16", _ptr(a), at, _ptr(b), bt, _ptr(ts_a), _ptr(ts_b), _ptr(ab), m, n, k, _ptr(res),
+          DTYPE_CODES[res_dtype], _ptr(ws), ws.numel(), st)
+    if direct or out is None:
+        return res
+    if accumulate:
+        res = res + out.to(torch.float32)
+    out.copy_(res.to(out.dtype))
+    return out
+
+
 def nvfp4_matmul(a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
                  out: torch.Tensor | None = None, accumulate: bool = False, backend: str = "auto") -> torch.Tensor:
-    """CUDA GEMM: native sm_120a or emulated BF16 tensor cores (``backend``)."""
+    """CUDA GEMM: ``emulated`` (exact BF16 decode + cuBLASLt) or ``native`` (sm_120a FP4 MMA); ``auto`` picks."""
     from nvfp4_cuda.reference import _check_gemm_operands
 
     _check_gemm_operands(a, b)
-    m, k = a.shape
-    n = b.shape[0]
     if accumulate and out is None:
         raise ValueError("nvfp4_matmul: accumulate=True needs out=")
+    if backend == "auto":
+        backend = "native" if torch.cuda.get_device_capability(a.device)[0] == 12 else "emulated"
+    if backend == "emulated":
+        return gemm_decoded(decode_scaled(a), decode_scaled(b), a.tensor_scale, b.tensor_scale, out_dtype=out_dtype,
+                            out=out, accumulate=accumulate)
+    m, k = a.shape
+    n = b.shape[0]
     if out is None:
         out = torch.empty(m, n, dtype=out_dtype, device=a.device)
     elif tuple(out.shape) != (m, n) or out.dtype not in DTYPE_CODES or not out.is_contiguous():
         raise ValueError(f"nvfp4_matmul: out must be a contiguous float32/bfloat16 [{m}, {n}] tensor")
-    ac, asf, bc, bsf = (t.contiguous() for t in (a.codes, a.block_scales, b.codes, b.block_scales))
-    _call("nvfp4_gemm", _ptr(ac), _ptr(asf), _ptr(a.tensor_scale), _ptr(bc), _ptr(bsf), _ptr(b.tensor_scale), m, n, k, _ptr(out), DTYPE_CODES[out.dtype], int(accumulate),
-          BACKEND_CODES[backend], _stream(out))
+    ac, bc = _aligned(a.codes, 8), _aligned(b.codes, 8)
+    asf, bsf = a.block_scales.contiguous(), b.block_scales.contiguous()
+    _call("nvfp4_gemm_native", _ptr(ac), _ptr(asf), _ptr(a.tensor_scale), _ptr(bc), _ptr(bsf), _ptr(b.tensor_scale),
+          m, n, k, _ptr(out), DTYPE_CODES[out.dtype], int(accumulate), _stream(out))
     return out
 
 
@@ -256,6 +385,23 @@ def lion_step_mxfp8_(payload: torch.Tensor, scales: torch.Tensor, grad: torch.Te
           _ptr(compensation if writeback == "compensated" else None), payload.numel() // max(c, 1), c, f32_const(-lr),
           f32_const(1.0 - lr * weight_decay), f32_const(beta1), f32_const(1.0 - beta1), f32_const(beta2),
           f32_const(1.0 - beta2), WRITEBACK_CODES[writeback], k2, k3, _stream(payload))
+
+
+def lion_step_bf16_(param: torch.Tensor, grad: torch.Tensor, momentum: torch.Tensor, *, lr: float,
+                    beta1: float = 0.9, beta2: float = 0.99, weight_decay: float = 0.0, writeback: str = "stochastic",
+                    seed: int = 0, step: int = 0, tensor_id: int = 0) -> None:
+    """Fused CUDA Lion step on a BF16 parameter, in place (same bits as ``reference_master.lion_step_bf16_``)."""
+    check_lion_bf16_args(param, grad, momentum, writeback)
+    for name, t in (("param", param), ("grad", grad), ("momentum", momentum)):
+        _need_cuda(t, "lion_step_bf16_", name)
+    for name, t in (("param", param), ("momentum", momentum)):
+        if not t.is_contiguous():
+            raise ValueError(f"lion_step_bf16_: {name} must be contiguous (it is updated in place)")
+    g, gdt = _float_input(grad)
+    k2, k3 = stream_keys(seed, step, tensor_id)
+    _call("nvfp4_lion_step_bf16", _ptr(param), _ptr(g), gdt, _ptr(momentum), param.numel(), f32_const(lr),
+          f32_const(1.0 - lr * weight_decay), f32_const(beta1), f32_const(1.0 - beta1), f32_const(beta2),
+          f32_const(1.0 - beta2), WRITEBACK_CODES[writeback], k2, k3, _stream(param))
 
 
 def stochastic_round_to_bf16_(dst_bf16: torch.Tensor, src_fp32: torch.Tensor, *, seed: int, step: int,

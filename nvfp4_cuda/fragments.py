@@ -5,7 +5,7 @@ The native GEMM kernel (``csrc/nvfp4_gemm.cu``) issues, per warp,
 This module writes down *which bytes every lane loads* (exactly the kernel's loads) and a simulator
 that computes the MMA from the per-lane registers using only the PTX ISA's fragment definitions, so
 that a CPU test can check the layout against the reference GEMM before any sm_120 hardware runs it.
-The second half replays the emulated (BF16 mma.sync m16n8k16) kernel the same way.
+The second half replays the emulated backend's decode kernel (NVFP4 -> exact BF16) the same way.
 
 Fragments (PTX ISA "Matrix Fragments for mma.m16n8k64" with .e2m1; ``g = lane >> 2``, ``t = lane & 3``;
 nibble j of a 32-bit register is element j, low nibble first)::
@@ -145,98 +145,45 @@ def simulate_gemm(a: NVFP4Tensor, b: NVFP4Tensor) -> torch.Tensor:
     return torch.from_numpy(out * float(alpha))
 
 
-# ---- the emulated (sm_80 / sm_90) GEMM kernel: BF16 tiles in shared memory + mma.sync m16n8k16 ------------------
-# Constants and index arithmetic copied from csrc/nvfp4_gemm.cu (nv_gemm_emulated / nv_decode_tile /
-# nv_epilogue); register semantics of mma.m16n8k16 .bf16 from the PTX ISA: a0..a7 = (row g, k 2t,2t+1),
-# (row g+8, k 2t,2t+1), (row g, k 2t+8,+9), (row g+8, k 2t+8,+9); b0..b3 = (k 2t,2t+1 | 2t+8,2t+9; n g).
-EMU_BM, EMU_BN, EMU_BK, EMU_APAD, EMU_THREADS = 128, 128, 64, 8, 256
+# ---- the emulated backend's decode kernel (csrc/nvfp4_quant.cu, nv_decode_bf16_kernel) -------------------------
+# Flat indexing: thread b reads code bytes 8b .. 8b+7 (one 8-byte load; elements 16b .. 16b+15, low nibble
+# first) and block scale byte b, and writes two 16-byte stores of 8 BF16 pairs at element 16b.  A pair is
+# tab[byte] (the byte's two E2M1 values as BF16, built from their bits by nv_e2m1_value) times the scale in
+# one bf16x2 multiply (nv_scaled_pair).
 
 
-def decode_tile(codes: np.ndarray, scales: np.ndarray, rows: int, k: int, r0: int, k0: int,
-                e4m3_table: np.ndarray) -> np.ndarray:
-    """Shared-memory tile [128][72] as ``nv_decode_tile`` fills it (thread tid: row tid>>1, 32 elements)."""
-    smem = np.full((EMU_BM, EMU_BK + EMU_APAD), np.nan)
-    for tid in range(EMU_THREADS):
-        row, half = tid >> 1, tid & 1
-        gr = r0 + row
-        for blk in range(2):
-            col = 32 * half + 16 * blk
-            kb = k0 + col
-            if gr < rows and kb < k:
-                w = codes[gr, kb // 2:kb // 2 + 8]  # the kernel's one 8-byte load
-                sf = e4m3_table[scales[gr, kb // 16]]
-                for j in range(8):
-                    smem[row, col + 2 * j] = _E2M1[w[j] & 0xF] * sf
-                    smem[row, col + 2 * j + 1] = _E2M1[w[j] >> 4] * sf
-            else:
-                smem[row, col:col + 16] = 0.0
-    return smem
+def e2m1_value_bits(code: int) -> int:
+    """float32 bit pattern of an E2M1 code as ``nv_e2m1_value`` builds it (bit 3 = sign)."""
+    mag = code & 7
+    bits = (((mag >> 1) + 126) << 23) | ((mag & 1) << 22) if mag >= 2 else (126 << 23 if mag == 1 else 0)
+    return bits | ((code & 8) << 28)
 
 
-def _mma_m16n8k16(a_regs: np.ndarray, b_regs: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """One bf16 m16n8k16 from per-lane register pairs: a_regs [32, 4, 2], b_regs [32, 2, 2], c [32, 4]."""
-    am, bm = np.zeros((16, 16)), np.zeros((16, 8))
-    for lane in range(WARP):
-        g, t = lane >> 2, lane & 3
-        for r, (dm, dk) in enumerate(((0, 0), (8, 0), (0, 8), (8, 8))):
-            am[g + dm, dk + 2 * t:dk + 2 * t + 2] = a_regs[lane, r]
-        for r, dk in enumerate((0, 8)):
-            bm[dk + 2 * t:dk + 2 * t + 2, g] = b_regs[lane, r]
-    d = am @ bm
-    out = c.copy()
-    for lane in range(WARP):
-        g, t = lane >> 2, lane & 3
-        out[lane] += [d[g, 2 * t], d[g, 2 * t + 1], d[g + 8, 2 * t], d[g + 8, 2 * t + 1]]
-    return out
+def e2m1_pair_table() -> np.ndarray:
+    """``tab[byte]`` of ``nv_e2m1_pair_table``: uint32, BF16 of the low nibble's value in the low half."""
+    f = np.array([e2m1_value_bits(v) for v in range(16)], dtype=np.uint32)
+    b = np.arange(256)
+    return ((f[b & 15] >> 16) | (f[b >> 4] & 0xFFFF0000)).astype(np.uint32)
 
 
-def simulate_emulated_gemm(a: NVFP4Tensor, b: NVFP4Tensor) -> torch.Tensor:
-    """``alpha * A B^T`` computed the way ``nv_gemm_emulated`` indexes memory, registers and outputs (float64).
+def _bf16_mul(x_bits: np.ndarray, sf: float) -> np.ndarray:
+    """BF16 bits of bf16(x) * sf, correctly rounded (what the bf16x2 multiply returns for each half)."""
+    x = torch.from_numpy((x_bits.astype(np.uint32) << 16).view(np.float32).copy())
+    return (x.double() * sf).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16).astype(np.uint32)
 
-    Any shape (partial tiles included).  Accumulation is float64 here, so the float32 result equals the
-    reference whenever the float32 sums are exact.
-    """
-    m, k = a.shape
-    n = b.shape[0]
-    ac, asf = a.codes.cpu().numpy(), a.block_scales.cpu().numpy()
-    bc, bsf = b.codes.cpu().numpy(), b.block_scales.cpu().numpy()
-    table = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).double().numpy()
-    out = np.full((m, n), np.nan)
-    alpha = float(np.float32(a.tensor_scale.item()) * np.float32(b.tensor_scale.item()))
-    for m0 in range(0, m, EMU_BM):
-        for n0 in range(0, n, EMU_BN):
-            acc = np.zeros((8, 4, 4, WARP, 4))  # [warp][mi][ni][lane][c]
-            for k0 in range(0, k, EMU_BK):
-                a_s = decode_tile(ac, asf, m, k, m0, k0, table)
-                b_s = decode_tile(bc, bsf, n, k, n0, k0, table)
-                for warp in range(8):
-                    wm, wn = warp >> 2, warp & 3
-                    for kk in range(0, EMU_BK, 16):
-                        af = np.zeros((4, WARP, 4, 2))
-                        bf = np.zeros((4, WARP, 2, 2))
-                        for lane in range(WARP):
-                            g, t = lane >> 2, lane & 3
-                            for mi in range(4):
-                                r = wm * 64 + mi * 16 + g
-                                af[mi, lane] = [a_s[r, kk + 2 * t:kk + 2 * t + 2], a_s[r + 8, kk + 2 * t:kk + 2 * t + 2],
-                                                a_s[r, kk + 2 * t + 8:kk + 2 * t + 10],
-                                                a_s[r + 8, kk + 2 * t + 8:kk + 2 * t + 10]]
-                            for ni in range(4):
-                                col = wn * 32 + ni * 8 + g
-                                bf[ni, lane] = [b_s[col, kk + 2 * t:kk + 2 * t + 2],
-                                                b_s[col, kk + 2 * t + 8:kk + 2 * t + 10]]
-                        for mi in range(4):
-                            for ni in range(4):
-                                acc[warp, mi, ni] = _mma_m16n8k16(af[mi], bf[ni], acc[warp, mi, ni])
-            for warp in range(8):  # nv_epilogue
-                wm, wn = warp >> 2, warp & 3
-                for mi in range(4):
-                    for ni in range(4):
-                        for lane in range(WARP):
-                            g, t = lane >> 2, lane & 3
-                            for h in range(4):
-                                row = m0 + wm * 64 + mi * 16 + g + (8 if h >= 2 else 0)
-                                col = n0 + wn * 32 + ni * 8 + 2 * t + (h & 1)
-                                if row < m and col < n:
-                                    out[row, col] = acc[warp, mi, ni, lane, h] * alpha
-    return torch.from_numpy(out)
+
+def simulate_decode_bf16(q: NVFP4Tensor) -> torch.Tensor:
+    """BF16 ``e2m1 * e4m3`` of ``q`` produced thread by thread as ``nv_decode_bf16_kernel`` does (flat indices)."""
+    r, c = q.shape
+    code_bytes = np.ascontiguousarray(q.codes.cpu().numpy()).reshape(-1)
+    scales = q.block_scales.cpu().numpy().reshape(-1)
+    table = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float().numpy()
+    tab = e2m1_pair_table()
+    out = np.full(r * c, 0xFFFF, dtype=np.uint16)  # poison: a slot no thread writes stays NaN
+    for b in range(r * c // 16):  # thread b
+        pairs = tab[code_bytes[8 * b:8 * b + 8]]
+        sf = float(table[scales[b]])
+        lo, hi = _bf16_mul(pairs & 0xFFFF, sf), _bf16_mul(pairs >> 16, sf)
+        out[16 * b:16 * b + 16:2] = lo
+        out[16 * b + 1:16 * b + 16:2] = hi
+    return torch.from_numpy(out.view(np.int16).copy()).view(torch.bfloat16).reshape(r, c)

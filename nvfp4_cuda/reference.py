@@ -256,14 +256,23 @@ def nvfp4_matmul(a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype: torch.dtype = tor
     m, n = a.shape[0], b.shape[0]
     if out is not None and tuple(out.shape) != (m, n):
         raise ValueError(f"nvfp4_matmul: out has shape {list(out.shape)}, expected {[m, n]}")
-    return gemm_decoded(decode_scaled(a), decode_scaled(b), a, b, out_dtype=out_dtype, out=out, accumulate=accumulate)
+    return gemm_decoded(decode_scaled(a), decode_scaled(b), a.tensor_scale, b.tensor_scale, out_dtype=out_dtype,
+                        out=out, accumulate=accumulate)
 
 
-def gemm_decoded(da: torch.Tensor, db: torch.Tensor, a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype: torch.dtype,
-                 out: torch.Tensor | None, accumulate: bool) -> torch.Tensor:
-    """The float32 GEMM + epilogue of :func:`nvfp4_matmul` on already decoded ``q * sf`` operands."""
-    acc = torch.matmul(da, db.t())
-    y = acc * (a.tensor_scale * b.tensor_scale)
+def gemm_decoded(da: torch.Tensor, db: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor, *,
+                 out_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None,
+                 accumulate: bool = False) -> torch.Tensor:
+    """The float32 GEMM + epilogue of :func:`nvfp4_matmul` on decoded ``q * sf`` operands [M, K] and [N, K].
+
+    ``y = (da @ db.T) * (a_scale * b_scale)`` in float32 (``+ float(out)`` with ``accumulate``), one cast.
+    Operands are taken in float32 and ``db`` contiguous, whatever view is passed: the same GEMM call, hence
+    the same float32 summation order, as when the decoded operands are materialised row-major.
+    """
+    if da.shape[1] != db.shape[1]:
+        raise ValueError(f"gemm_decoded: contraction mismatch, da is {list(da.shape)} and db is {list(db.shape)}")
+    acc = torch.matmul(da.to(torch.float32), db.to(torch.float32).contiguous().t())
+    y = acc * (a_scale * b_scale)
     if accumulate:
         assert out is not None
         y = y + out.to(torch.float32)

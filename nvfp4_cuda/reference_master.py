@@ -30,6 +30,8 @@ method of torchao's ``_fp32_to_bf16_sr`` and llm.c, with random bits from :mod:`
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -154,6 +156,50 @@ def lion_step_mxfp8_(payload: torch.Tensor, scales: torch.Tensor, grad: torch.Te
     momentum.copy_(((m * b2) + (g * omb2)).to(torch.bfloat16))
     payload.copy_(new_payload)
     scales.copy_(new_scales)
+
+
+def check_lion_bf16_args(param: torch.Tensor, grad: torch.Tensor, momentum: torch.Tensor, writeback: str) -> None:
+    """Validate :func:`lion_step_bf16_`'s arguments (mode, dtypes, shapes); raises ValueError naming the problem."""
+    if writeback not in WRITEBACK_MODES:
+        raise ValueError(f"lion_step_bf16_: writeback must be one of {WRITEBACK_MODES}, got {writeback!r}")
+    if param.dtype != torch.bfloat16 or momentum.dtype != torch.bfloat16:
+        raise ValueError(f"lion_step_bf16_: param and momentum must be bfloat16, got {param.dtype}, {momentum.dtype}")
+    if tuple(grad.shape) != tuple(param.shape) or tuple(momentum.shape) != tuple(param.shape):
+        raise ValueError(f"lion_step_bf16_: grad {list(grad.shape)} and momentum {list(momentum.shape)} must have "
+                         f"param's shape {list(param.shape)}")
+
+
+def lion_step_bf16_(param: torch.Tensor, grad: torch.Tensor, momentum: torch.Tensor, *, lr: float,
+                    beta1: float = 0.9, beta2: float = 0.99, weight_decay: float = 0.0, writeback: str = "stochastic",
+                    seed: int = 0, step: int = 0, tensor_id: int = 0,
+                    round_bf16: Callable[..., torch.Tensor] | None = None) -> None:
+    """One Lion step on a plain BF16 parameter (embeddings, norms, kept-BF16 layers), in place.
+
+    Float32 math in the optimizer's order, each operation rounded once (the constants as float32)::
+
+        c = b1*m + (1-b1)*g;   w' = w*(1 - lr*wd) - lr*sign(c);   m' = bf16_rne(b2*m + (1-b2)*g)
+
+    then ``w'`` is written back as BF16 with RNE (``writeback="rne"``) or stochastic rounding (any other
+    mode; ``round_bf16``, default :func:`stochastic_round_to_bf16_`, keyed by seed, step, tensor_id).
+    ``sign`` is torch's: 0 for 0 and NaN.
+
+    Example:
+        >>> p = torch.full((4,), 0.5, dtype=torch.bfloat16)
+        >>> m = torch.zeros(4, dtype=torch.bfloat16)
+        >>> lion_step_bf16_(p, torch.ones(4), m, lr=0.25, writeback="rne")
+        >>> p.tolist(), m.tolist()
+        ([0.25, 0.25, 0.25, 0.25], [0.010009765625, 0.010009765625, 0.010009765625, 0.010009765625])
+    """
+    check_lion_bf16_args(param, grad, momentum, writeback)
+    m = momentum.to(torch.float32)
+    g = grad.to(torch.float32)
+    c = m * beta1 + g * (1.0 - beta1)
+    w = param.to(torch.float32) * (1.0 - lr * weight_decay) - lr * torch.sign(c)
+    momentum.copy_(m * beta2 + g * (1.0 - beta2))
+    if writeback == "rne":
+        param.copy_(w)
+    else:
+        (round_bf16 or stochastic_round_to_bf16_)(param, w, seed=seed, step=step, tensor_id=tensor_id)
 
 
 def stochastic_round_to_bf16_(dst_bf16: torch.Tensor, src_fp32: torch.Tensor, *, seed: int, step: int,

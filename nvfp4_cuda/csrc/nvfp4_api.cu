@@ -9,24 +9,30 @@
 
 cudaError_t nv_launch_amax(const void *, int, const uint8_t *, int64_t, int64_t, int, int, float *, cudaStream_t);
 cudaError_t nv_launch_quantize(const void *, int, const uint8_t *, int64_t, int64_t, int, int, int, int, uint32_t,
-                               uint32_t, const float *, uint8_t *, uint8_t *, float *, cudaStream_t);
+                               uint32_t, const float *, uint8_t *, uint8_t *, float *, __nv_bfloat16 *, cudaStream_t);
 cudaError_t nv_launch_dequantize(const uint8_t *, const uint8_t *, const float *, int64_t, int64_t, void *, int,
                                  cudaStream_t);
 cudaError_t nv_launch_hadamard(const void *, int, int64_t, int64_t, float *, cudaStream_t);
-cudaError_t nv_launch_gemm(const uint8_t *, const uint8_t *, const float *, const uint8_t *, const uint8_t *,
-                           const float *, int64_t, int64_t, int64_t, void *, int, int, int, cudaStream_t);
+cudaError_t nv_launch_decode_bf16(const uint8_t *, const uint8_t *, int64_t, int64_t, __nv_bfloat16 *, cudaStream_t);
+cudaError_t nv_launch_gemm_native(const uint8_t *, const uint8_t *, const float *, const uint8_t *, const uint8_t *,
+                                  const float *, int64_t, int64_t, int64_t, void *, int, int, cudaStream_t);
+int nv_lt_gemm(const __nv_bfloat16 *, int, const __nv_bfloat16 *, int, const float *, const float *, float *, int64_t,
+               int64_t, int64_t, void *, int, void *, size_t, cudaStream_t, char *, size_t, int *);
+const char *nv_lt_library(void);
 cudaError_t nv_launch_mxfp8_encode(const void *, int, int64_t, int64_t, int, uint32_t, uint32_t, uint8_t *, uint8_t *,
                                    cudaStream_t);
 cudaError_t nv_launch_mxfp8_decode(const uint8_t *, const uint8_t *, int64_t, int64_t, void *, int, cudaStream_t);
 cudaError_t nv_launch_lion(uint8_t *, uint8_t *, const void *, int, __nv_bfloat16 *, float *, int64_t, int64_t, float,
                            float, float, float, float, float, int, uint32_t, uint32_t, cudaStream_t);
 cudaError_t nv_launch_sr_bf16(__nv_bfloat16 *, const float *, int64_t, uint32_t, uint32_t, cudaStream_t);
+cudaError_t nv_launch_lion_bf16(__nv_bfloat16 *, const void *, int, __nv_bfloat16 *, int64_t, float, float, float, float,
+                                float, float, int, uint32_t, uint32_t, cudaStream_t);
 
 #define NVFP4_OK 0
 #define NVFP4_ERR_INVALID 1
 #define NVFP4_ERR_CUDA 2
 #define NVFP4_ERR_UNSUPPORTED 3
-#define NVFP4_ABI_VERSION 1
+#define NVFP4_ABI_VERSION 2
 
 static thread_local char g_last_error[512] = "";
 
@@ -103,9 +109,12 @@ int nvfp4_amax(uintptr_t x, int dtype, uintptr_t x_scales, int64_t rows, int64_t
 
 int nvfp4_quantize(uintptr_t x, int dtype, uintptr_t x_scales, int64_t rows, int64_t cols, int transpose,
                    int hadamard, int block_2d, int rounding, uint32_t key2, uint32_t key3, uintptr_t amax,
-                   uintptr_t codes, uintptr_t block_scales, uintptr_t tensor_scale, uintptr_t stream) {
+                   uintptr_t codes, uintptr_t block_scales, uintptr_t tensor_scale, uintptr_t decoded,
+                   uintptr_t stream) {
   const bool empty = rows == 0 || cols == 0;  // an empty tensor's data pointer may be null
-  NV_REQUIRE(((x && codes && block_scales) || empty) && amax && tensor_scale, "nvfp4_quantize: null pointer");
+  NV_REQUIRE((x || empty) && (decoded || (codes && block_scales) || empty) && amax && tensor_scale,
+             "nvfp4_quantize: null pointer");
+  NV_REQUIRE(decoded % 16 == 0, "nvfp4_quantize: decoded output not 16-byte aligned");
   NV_REQUIRE(dtype >= 0 && dtype <= 2 && (dtype != 2 || x_scales || empty), "nvfp4_quantize: bad dtype %d", dtype);
   NV_REQUIRE(rows >= 0 && cols >= 0 && cols % 16 == 0, "nvfp4_quantize: cols %lld not a multiple of 16",
              (long long)cols);
@@ -114,7 +123,8 @@ int nvfp4_quantize(uintptr_t x, int dtype, uintptr_t x_scales, int64_t rows, int
   NV_REQUIRE(rows / 16 < 65535, "nvfp4_quantize: too many rows (%lld)", (long long)rows);
   return nv_cuda_status(nv_launch_quantize(PTR(x), dtype, (const uint8_t *)x_scales, rows, cols, transpose, hadamard,
                                            block_2d, rounding, key2, key3, (const float *)amax, (uint8_t *)codes,
-                                           (uint8_t *)block_scales, (float *)tensor_scale, STREAM(stream)),
+                                           (uint8_t *)block_scales, (float *)tensor_scale, (__nv_bfloat16 *)decoded,
+                                           STREAM(stream)),
                         "nvfp4_quantize");
 }
 
@@ -136,33 +146,68 @@ int nvfp4_hadamard16(uintptr_t x, int dtype, int64_t rows, int64_t cols, uintptr
                         "nvfp4_hadamard16");
 }
 
-int nvfp4_gemm(uintptr_t a_codes, uintptr_t a_scales, uintptr_t a_ts, uintptr_t b_codes, uintptr_t b_scales,
-               uintptr_t b_ts, int64_t m, int64_t n, int64_t k, uintptr_t out, int out_dtype, int accumulate,
-               int backend, uintptr_t stream) {
+int nvfp4_decode_bf16(uintptr_t codes, uintptr_t block_scales, int64_t rows, int64_t cols, uintptr_t out,
+                      uintptr_t stream) {
+  const bool empty = rows == 0 || cols == 0;  // an empty tensor's data pointer may be null
+  NV_REQUIRE((codes && block_scales && out) || empty, "nvfp4_decode_bf16: null pointer");
+  NV_REQUIRE(rows >= 0 && cols >= 0 && cols % 16 == 0, "nvfp4_decode_bf16: [%lld, %lld]: cols not a multiple of 16",
+             (long long)rows, (long long)cols);
+  NV_REQUIRE(codes % 8 == 0 && out % 16 == 0, "nvfp4_decode_bf16: codes must be 8-byte and out 16-byte aligned");
+  return nv_cuda_status(nv_launch_decode_bf16((const uint8_t *)codes, (const uint8_t *)block_scales, rows, cols,
+                                              (__nv_bfloat16 *)out, STREAM(stream)),
+                        "nvfp4_decode_bf16");
+}
+
+int nvfp4_gemm_bf16(uintptr_t a, int a_trans, uintptr_t b, int b_trans, uintptr_t a_ts, uintptr_t b_ts,
+                    uintptr_t alpha_beta, int64_t m, int64_t n, int64_t k, uintptr_t out, int out_dtype,
+                    uintptr_t workspace, uint64_t workspace_bytes, uintptr_t stream) {
+  NV_REQUIRE((a || m * k == 0) && (b || n * k == 0) && (out || m * n == 0) && a_ts && b_ts && alpha_beta,
+             "nvfp4_gemm_bf16: null pointer");
+  NV_REQUIRE(m >= 0 && n >= 0 && k >= 0, "nvfp4_gemm_bf16: negative size");
+  NV_REQUIRE(out_dtype == 0 || out_dtype == 1, "nvfp4_gemm_bf16: bad out dtype %d", out_dtype);
+  NV_REQUIRE(workspace || workspace_bytes == 0, "nvfp4_gemm_bf16: workspace_bytes without a workspace");
+  if (m == 0 || n == 0) return NVFP4_OK;  // empty output
+  if (k == 0)  // an empty sum: zeros (alpha * 0 = +0)
+    return nv_cuda_status(cudaMemsetAsync(PTR(out), 0, (size_t)(m * n) * (out_dtype == 0 ? 4 : 2), STREAM(stream)),
+                          "nvfp4_gemm_bf16: cudaMemsetAsync");
+  char msg[400];
+  int cuda_error = 0;
+  int rc = nv_lt_gemm((const __nv_bfloat16 *)a, a_trans, (const __nv_bfloat16 *)b, b_trans, (const float *)a_ts,
+                      (const float *)b_ts, (float *)alpha_beta, m, n, k, PTR(out), out_dtype, PTR(workspace),
+                      (size_t)workspace_bytes, STREAM(stream), msg, sizeof(msg), &cuda_error);
+  if (rc == 0) return NVFP4_OK;
+  return nv_fail(rc == 2 ? NVFP4_ERR_UNSUPPORTED : (cuda_error ? NVFP4_ERR_CUDA : NVFP4_ERR_INVALID),
+                 "nvfp4_gemm_bf16: %s", msg);
+}
+
+int nvfp4_cublaslt_library(char *buf, size_t n) {
+  NV_REQUIRE(buf && n, "nvfp4_cublaslt_library: null buffer");
+  snprintf(buf, n, "%s", nv_lt_library());
+  return NVFP4_OK;
+}
+
+int nvfp4_gemm_native(uintptr_t a_codes, uintptr_t a_scales, uintptr_t a_ts, uintptr_t b_codes, uintptr_t b_scales,
+                      uintptr_t b_ts, int64_t m, int64_t n, int64_t k, uintptr_t out, int out_dtype, int accumulate,
+                      uintptr_t stream) {
   // an empty operand's data pointers may be null
   NV_REQUIRE(((a_codes && a_scales) || m * k == 0) && ((b_codes && b_scales) || n * k == 0) && (out || m * n == 0) &&
                  a_ts && b_ts,
-             "nvfp4_gemm: null pointer");
-  NV_REQUIRE(k % 16 == 0 && m >= 0 && n >= 0, "nvfp4_gemm: K=%lld not a multiple of 16", (long long)k);
-  NV_REQUIRE(a_codes % 8 == 0 && b_codes % 8 == 0, "nvfp4_gemm: code pointers must be 8-byte aligned");
-  NV_REQUIRE(out_dtype == 0 || out_dtype == 1, "nvfp4_gemm: bad out dtype %d", out_dtype);
-  NV_REQUIRE(backend >= 0 && backend <= 2, "nvfp4_gemm: bad backend %d", backend);
-  NV_REQUIRE((m + 127) / 128 < 65535, "nvfp4_gemm: M=%lld too large", (long long)m);
-  int native = 0;
-  if (backend != 2) {
-    int dev = 0, major = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    if (e != cudaSuccess) return nv_cuda_status(e, "nvfp4_gemm: device query");
-    native = major == 12;
-    if (backend == 1 && !native)
-      return nv_fail(NVFP4_ERR_UNSUPPORTED, "nvfp4_gemm: native FP4 mma.sync needs compute capability 12.x, device "
-                     "has %d.x (use the emulated backend)", major);
-  }
-  return nv_cuda_status(nv_launch_gemm((const uint8_t *)a_codes, (const uint8_t *)a_scales, (const float *)a_ts,
-                                       (const uint8_t *)b_codes, (const uint8_t *)b_scales, (const float *)b_ts, m, n,
-                                       k, PTR(out), out_dtype, accumulate, native, STREAM(stream)),
-                        "nvfp4_gemm");
+             "nvfp4_gemm_native: null pointer");
+  NV_REQUIRE(k % 16 == 0 && m >= 0 && n >= 0, "nvfp4_gemm_native: K=%lld not a multiple of 16", (long long)k);
+  NV_REQUIRE(a_codes % 8 == 0 && b_codes % 8 == 0, "nvfp4_gemm_native: code pointers must be 8-byte aligned");
+  NV_REQUIRE(out_dtype == 0 || out_dtype == 1, "nvfp4_gemm_native: bad out dtype %d", out_dtype);
+  NV_REQUIRE((m + 127) / 128 < 65535, "nvfp4_gemm_native: M=%lld too large", (long long)m);
+  int dev = 0, major = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (e != cudaSuccess) return nv_cuda_status(e, "nvfp4_gemm_native: device query");
+  if (major != 12)
+    return nv_fail(NVFP4_ERR_UNSUPPORTED, "nvfp4_gemm_native: native FP4 mma.sync needs compute capability 12.x, "
+                   "device has %d.x (use the emulated backend)", major);
+  return nv_cuda_status(nv_launch_gemm_native((const uint8_t *)a_codes, (const uint8_t *)a_scales, (const float *)a_ts,
+                                              (const uint8_t *)b_codes, (const uint8_t *)b_scales, (const float *)b_ts,
+                                              m, n, k, PTR(out), out_dtype, accumulate, STREAM(stream)),
+                        "nvfp4_gemm_native");
 }
 
 int nvfp4_mxfp8_encode(uintptr_t x, int dtype, int64_t rows, int64_t cols, int rounding, uint32_t key2, uint32_t key3,
@@ -195,6 +240,18 @@ int nvfp4_lion_step_mxfp8(uintptr_t payload, uintptr_t scales, uintptr_t grad, i
                                        beta1, one_minus_beta1, beta2, one_minus_beta2, writeback, key2, key3,
                                        STREAM(stream)),
                         "nvfp4_lion_step_mxfp8");
+}
+
+int nvfp4_lion_step_bf16(uintptr_t param, uintptr_t grad, int grad_dtype, uintptr_t momentum, int64_t n, float lr,
+                         float decay, float beta1, float one_minus_beta1, float beta2, float one_minus_beta2,
+                         int writeback, uint32_t key2, uint32_t key3, uintptr_t stream) {
+  NV_REQUIRE(((param && grad && momentum) || n == 0) && n >= 0 && (grad_dtype == 0 || grad_dtype == 1),
+             "nvfp4_lion_step_bf16: bad arguments");
+  NV_REQUIRE(writeback >= 0 && writeback <= 2, "nvfp4_lion_step_bf16: bad writeback %d", writeback);
+  return nv_cuda_status(nv_launch_lion_bf16((__nv_bfloat16 *)param, PTR(grad), grad_dtype, (__nv_bfloat16 *)momentum, n,
+                                            lr, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, writeback, key2,
+                                            key3, STREAM(stream)),
+                        "nvfp4_lion_step_bf16");
 }
 
 int nvfp4_sr_bf16(uintptr_t dst_bf16, uintptr_t src_f32, int64_t n, uint32_t key2, uint32_t key3, uintptr_t stream) {

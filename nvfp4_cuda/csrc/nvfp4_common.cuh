@@ -50,8 +50,18 @@ __device__ __forceinline__ uint32_t nv_e2m1_encode(float v, bool stochastic, uin
   return (uint32_t)code | (signbit(v) ? 8u : 0u);
 }
 
-__constant__ float kE2M1Values[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
-                                      -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+// The same code for RNE as seven compares (the kernels' hot path; nv_e2m1_encode's grid rounding costs a
+// rint, a min and a division into regions): a magnitude rounds up past each midpoint of the grid
+// 0, 0.5, 1, 1.5, 2, 3, 4, 6, and a tie goes to the even code (up at 0.75, 1.75, 3.5; down at 0.25, 1.25,
+// 2.5, 5); past 6 it saturates at code 7, as does NaN (what nv_e2m1_encode gives NaN).
+__device__ __forceinline__ uint32_t nv_e2m1_encode_rne(float v) {
+  const float a = fabsf(v);
+  uint32_t code = (uint32_t)(a > 0.25f) + (uint32_t)(a >= 0.75f) + (uint32_t)(a > 1.25f) + (uint32_t)(a >= 1.75f) +
+                  (uint32_t)(a > 2.5f) + (uint32_t)(a >= 3.5f) + (uint32_t)(a > 5.0f);
+  code = (a != a) ? 7u : code;
+  return code | (signbit(v) ? 8u : 0u);
+}
 
 // ---- E4M3 (formats.e4m3_round / e4m3_bits_from_grid / e4m3_decode) ---------------------------------------
 __device__ __forceinline__ float nv_e4m3_round(float a, bool stochastic, uint32_t r24) {  // a >= 0
@@ -72,8 +82,7 @@ __device__ __forceinline__ uint32_t nv_e4m3_bits_from_grid(float q) {  // q >= 0
 }
 
 __device__ __forceinline__ uint32_t nv_e4m3_encode(float v, bool stochastic, uint32_t r24) {
-  float q = nv_e4m3_round(fabsf(v), stochastic, r24);
-  return nv_e4m3_bits_from_grid(q) | (signbit(v) ? 0x80u : 0u);
+  return mx_e4m3_grid_code(v, stochastic, r24);  // the same rounding on the float32 bits (mxfp8.h)
 }
 
 __device__ __forceinline__ float nv_e4m3_decode(uint32_t b) { return mx_e4m3_value(b); }
@@ -96,6 +105,62 @@ __device__ __forceinline__ float nv_load(const void *x, int dtype, const uint8_t
   return v * nv_e8m0_decode(x_scales[srow * nb + scol / 32]);
 }
 
+// 16 consecutive elements (r, c0 .. c0+15) of a row-major [rows, cols] input with 16-byte loads (cols % 16
+// == 0, c0 % 16 == 0, x 16-byte aligned): bf16 two uint4, f32 four float4, MXFP8 one uint4 of payload.
+__device__ __forceinline__ void nv_load16_vec(const void *x, int dtype, const uint8_t *x_scales, int64_t cols,
+                                              int64_t r, int64_t c0, float *y) {
+  const int64_t idx = r * cols + c0;
+  if (dtype == 1) {
+    const uint4 *p = reinterpret_cast<const uint4 *>(static_cast<const __nv_bfloat16 *>(x) + idx);
+    const uint4 a = p[0], b = p[1];
+    const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      y[2 * i] = __uint_as_float(w[i] << 16);
+      y[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+    }
+  } else if (dtype == 0) {
+    const float4 *p = reinterpret_cast<const float4 *>(static_cast<const float *>(x) + idx);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float4 v = p[i];
+      y[4 * i] = v.x;
+      y[4 * i + 1] = v.y;
+      y[4 * i + 2] = v.z;
+      y[4 * i + 3] = v.w;
+    }
+  } else {
+    const uint4 q = *reinterpret_cast<const uint4 *>(static_cast<const uint8_t *>(x) + idx);
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+    const float sdec = nv_e8m0_decode(x_scales[r * ((cols + 31) / 32) + c0 / 32]);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) y[i] = nv_e4m3_decode((w[i / 4] >> (8 * (i % 4))) & 0xFFu) * sdec;
+  }
+}
+
+// float32 value of an E2M1 code (bit 3 = sign), without a table: a table in constant or local memory
+// serialises or spills when the 32 lanes of a warp look up different codes.
+__device__ __forceinline__ float nv_e2m1_value(uint32_t code) {
+  const uint32_t mag = code & 7u;
+  uint32_t bits = mag >= 2u ? (((mag >> 1) + 126u) << 23) | ((mag & 1u) << 22) : (mag == 1u ? 126u << 23 : 0u);
+  return __uint_as_float(bits | ((code & 8u) << 28));
+}
+
+// Decoding to BF16 two elements at a time: tab[byte] holds the BF16 values of the byte's two E2M1 codes
+// (low nibble in the low half), built once per CUDA block in shared memory; one bf16x2 multiply by the
+// block scale then gives both exact products e2m1 * e4m3 (at most 6 significant bits: any correctly
+// rounded multiply returns them exactly), about a third of the instructions of building each value.
+__device__ __forceinline__ void nv_e2m1_pair_table(uint32_t *tab, int tid, int nthreads) {
+  for (int i = tid; i < 256; i += nthreads)
+    tab[i] = (__float_as_uint(nv_e2m1_value((uint32_t)i & 15u)) >> 16) |
+             (__float_as_uint(nv_e2m1_value((uint32_t)i >> 4)) & 0xFFFF0000u);
+}
+
+__device__ __forceinline__ uint32_t nv_scaled_pair(uint32_t pair_bits, __nv_bfloat162 sf2) {
+  __nv_bfloat162 v = __hmul2(*reinterpret_cast<const __nv_bfloat162 *>(&pair_bits), sf2);
+  return *reinterpret_cast<const uint32_t *>(&v);
+}
+
 // Element (r, c) of the logical [rows, cols] matrix (transpose: stored as [cols, rows]).
 __device__ __forceinline__ float nv_load_logical(const void *x, int dtype, const uint8_t *x_scales, int64_t rows,
                                                  int64_t cols, int transpose, int64_t r, int64_t c) {
@@ -103,20 +168,21 @@ __device__ __forceinline__ float nv_load_logical(const void *x, int dtype, const
 }
 
 // 16-point random Hadamard transform in registers, fixed butterfly order (reference.hadamard16).
+// The signs are bits of a constant (bit i set: element i is multiplied by -1), not an array: in a
+// grid-stride loop the compiler hoisted an array of 16 floats to the stack and re-read it every iteration.
+#define NV_HADAMARD_NEG 0xD7E8u  // TE's sign vector {1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1}
 __device__ __forceinline__ void nv_hadamard16(float *y) {
-  const float s[16] = {1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1};
 #pragma unroll
-  for (int i = 0; i < 16; ++i) y[i] = y[i] * s[i];
+  for (int i = 0; i < 16; ++i) y[i] = y[i] * (((NV_HADAMARD_NEG >> i) & 1u) ? -1.0f : 1.0f);
 #pragma unroll
-  for (int h = 1; h < 16; h *= 2) {
+  for (int s = 0; s < 4; ++s) {  // stride h = 2^s; the 8 pairs (j, j + h) of a stage are independent
+    const int h = 1 << s;
 #pragma unroll
-    for (int g = 0; g < 16; g += 2 * h) {
-#pragma unroll
-      for (int j = g; j < g + h; ++j) {
-        float a = y[j], b = y[j + h];
-        y[j] = a + b;
-        y[j + h] = a - b;
-      }
+    for (int p = 0; p < 8; ++p) {
+      const int j = ((p >> s) << (s + 1)) | (p & (h - 1));
+      const float a = y[j], b = y[j + h];
+      y[j] = a + b;
+      y[j + h] = a - b;
     }
   }
 #pragma unroll

@@ -1,14 +1,12 @@
-// nvfp4_gemm.cu -- C[M,N] = alpha * A[M,K] B[N,K]^T with NVFP4 operands, FP32 accumulation.
+// nvfp4_gemm.cu -- the native FP4 GEMM: C[M,N] = alpha * A[M,K] B[N,K]^T, FP32 accumulation (sm_120a only).
 //
-// Both kernels use a 128 x 128 output tile per CTA, 256 threads = 8 warps as 2 (M) x 4 (N), each warp
-// owning 64 x 32 outputs, and step K by 64 (four NVFP4 16-blocks).  Operand tiles are staged in shared
-// memory; blocks past K and rows past M/N are zero-filled (zero codes and zero scales contribute 0).
+// A 128 x 128 output tile per CTA, 256 threads = 8 warps as 2 (M) x 4 (N), each warp owning 64 x 32
+// outputs, K stepped by 64 (four NVFP4 16-blocks).  Codes and scales are copied to shared memory as
+// bytes and fed to mma.sync m16n8k64 kind::mxf4nvf4 block_scale scale_vec::4X ue4m3 using the fragment
+// layout of nvfp4_cuda/fragments.py (verified there by a CPU simulation; NOT yet run on hardware).
+// Blocks past K and rows past M/N are zero-filled (zero codes and zero scales contribute 0).
 //
-// * emulated (sm_80+): each 16-block is decoded to BF16 ``e2m1 * e4m3`` -- exact, since every such
-//   product has at most 6 significant bits -- and multiplied with mma.sync m16n8k16 bf16 -> f32.
-// * native (sm_120a only): codes and scales are copied as bytes and fed to
-//   mma.sync m16n8k64 kind::mxf4nvf4 block_scale scale_vec::4X ue4m3 using the fragment layout of
-//   nvfp4_cuda/fragments.py (verified there by a CPU simulation; NOT yet run on hardware).
+// Every other GPU takes the emulated backend (nvfp4_lt.cu): exact decode to BF16, then cuBLASLt.
 //
 // Epilogue: v = acc * (S_dec_a * S_dec_b) [+ float(out)], stored as bf16 (RNE) or f32.  Accumulation
 // order inside the MMA is unspecified by PTX, so results equal the reference bit-for-bit whenever
@@ -18,7 +16,6 @@
 #define NV_BM 128
 #define NV_BN 128
 #define NV_BK 64
-#define NV_APAD 8    // bf16 padding per smem row (emulated)
 #define NV_CPAD 16   // byte padding per smem code row (native)
 
 #if defined(__CUDA_ARCH_FEAT_SM120_ALL) || (defined(__CUDA_ARCH_FAMILY_SPECIFIC__) && __CUDA_ARCH_FAMILY_SPECIFIC__ == 1200)
@@ -26,42 +23,6 @@
 #else
 #define NV_HAS_FP4_MMA 0
 #endif
-
-__device__ __forceinline__ void nv_mma_bf16(float *c, const uint32_t *a, const uint32_t *b) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// Decode rows [r0, r0+128) x K-slice [k0, k0+64) of an NVFP4 operand into smem as BF16.
-// Thread tid handles row tid/2 and the 32 elements starting at 32*(tid&1): two 16-blocks.
-__device__ __forceinline__ void nv_decode_tile(const uint8_t *codes, const uint8_t *scales, int64_t rows, int64_t k,
-                                               int64_t r0, int64_t k0, __nv_bfloat16 (*s)[NV_BK + NV_APAD], int tid) {
-  const int row = tid >> 1, half = tid & 1;
-  const int64_t gr = r0 + row;
-#pragma unroll
-  for (int blk = 0; blk < 2; ++blk) {
-    const int col = 32 * half + 16 * blk;
-    const int64_t kb = k0 + col;
-    __nv_bfloat162 *dst = reinterpret_cast<__nv_bfloat162 *>(&s[row][col]);
-    if (gr < rows && kb < k) {
-      uint2 w = *reinterpret_cast<const uint2 *>(codes + gr * (k / 2) + kb / 2);
-      float sf = nv_e4m3_decode(scales[gr * (k / 16) + kb / 16]);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        uint32_t word = j < 4 ? w.x : w.y;
-        uint32_t byte = (word >> (8 * (j & 3))) & 0xFF;
-        float lo = kE2M1Values[byte & 0xF] * sf, hi = kE2M1Values[byte >> 4] * sf;  // exact
-        dst[j] = __floats2bfloat162_rn(lo, hi);                                       // exact in bf16
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) dst[j] = __floats2bfloat162_rn(0.0f, 0.0f);
-    }
-  }
-}
 
 __device__ __forceinline__ void nv_epilogue(float (*acc)[4][4], int64_t m, int64_t n, int64_t m0, int64_t n0, int wm,
                                             int wn, int g, int t, float alpha, void *out, int out_dtype,
@@ -86,50 +47,6 @@ __device__ __forceinline__ void nv_epilogue(float (*acc)[4][4], int64_t m, int64
       }
     }
   }
-}
-
-__global__ void __launch_bounds__(256) nv_gemm_emulated(const uint8_t *a, const uint8_t *sa, const float *tsa,
-                                                        const uint8_t *b, const uint8_t *sb, const float *tsb,
-                                                        int64_t m, int64_t n, int64_t k, void *out, int out_dtype,
-                                                        int accumulate) {
-  __shared__ __align__(16) __nv_bfloat16 as[NV_BM][NV_BK + NV_APAD];
-  __shared__ __align__(16) __nv_bfloat16 bs[NV_BN][NV_BK + NV_APAD];
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int wm = warp >> 2, wn = warp & 3;
-  const int64_t m0 = (int64_t)blockIdx.y * NV_BM, n0 = (int64_t)blockIdx.x * NV_BN;
-  float acc[4][4][4];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) (&acc[0][0][0])[i] = 0.0f;
-  for (int64_t k0 = 0; k0 < k; k0 += NV_BK) {
-    nv_decode_tile(a, sa, m, k, m0, k0, as, tid);
-    nv_decode_tile(b, sb, n, k, n0, k0, bs, tid);
-    __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < NV_BK; kk += 16) {
-      uint32_t af[4][4], bf[4][2];
-#pragma unroll
-      for (int mi = 0; mi < 4; ++mi) {
-        const int r = wm * 64 + mi * 16 + g;
-        af[mi][0] = *reinterpret_cast<const uint32_t *>(&as[r][kk + 2 * t]);
-        af[mi][1] = *reinterpret_cast<const uint32_t *>(&as[r + 8][kk + 2 * t]);
-        af[mi][2] = *reinterpret_cast<const uint32_t *>(&as[r][kk + 2 * t + 8]);
-        af[mi][3] = *reinterpret_cast<const uint32_t *>(&as[r + 8][kk + 2 * t + 8]);
-      }
-#pragma unroll
-      for (int ni = 0; ni < 4; ++ni) {
-        const int c = wn * 32 + ni * 8 + g;
-        bf[ni][0] = *reinterpret_cast<const uint32_t *>(&bs[c][kk + 2 * t]);
-        bf[ni][1] = *reinterpret_cast<const uint32_t *>(&bs[c][kk + 2 * t + 8]);
-      }
-#pragma unroll
-      for (int mi = 0; mi < 4; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < 4; ++ni) nv_mma_bf16(acc[mi][ni], af[mi], bf[ni]);
-    }
-    __syncthreads();
-  }
-  const float alpha = (*tsa) * (*tsb);
-  nv_epilogue(acc, m, n, m0, n0, wm, wn, g, t, alpha, out, out_dtype, accumulate);
 }
 
 // Copy rows [r0, r0+128) x K-slice [k0, k0+64) of codes (32 bytes/row) and scales (4 bytes/row) to smem.
@@ -212,14 +129,11 @@ __global__ void __launch_bounds__(256) nv_gemm_native(const uint8_t *a, const ui
 #endif
 }
 
-cudaError_t nv_launch_gemm(const uint8_t *a, const uint8_t *sa, const float *tsa, const uint8_t *b, const uint8_t *sb,
-                           const float *tsb, int64_t m, int64_t n, int64_t k, void *out, int out_dtype,
-                           int accumulate, int native, cudaStream_t st) {
+cudaError_t nv_launch_gemm_native(const uint8_t *a, const uint8_t *sa, const float *tsa, const uint8_t *b,
+                                  const uint8_t *sb, const float *tsb, int64_t m, int64_t n, int64_t k, void *out,
+                                  int out_dtype, int accumulate, cudaStream_t st) {
   if (m == 0 || n == 0) return cudaSuccess;  // empty output: nothing to launch
   dim3 grid((unsigned int)((n + NV_BN - 1) / NV_BN), (unsigned int)((m + NV_BM - 1) / NV_BM));
-  if (native)
-    nv_gemm_native<<<grid, 256, 0, st>>>(a, sa, tsa, b, sb, tsb, m, n, k, out, out_dtype, accumulate);
-  else
-    nv_gemm_emulated<<<grid, 256, 0, st>>>(a, sa, tsa, b, sb, tsb, m, n, k, out, out_dtype, accumulate);
+  nv_gemm_native<<<grid, 256, 0, st>>>(a, sa, tsa, b, sb, tsb, m, n, k, out, out_dtype, accumulate);
   return cudaGetLastError();
 }

@@ -28,7 +28,8 @@ HAS_NVCC = shutil.which("nvcc") is not None or bool(os.environ.get("NVFP4_CUDA_N
 def test_header_parses_with_cffi_and_declares_every_entry_point() -> None:
     ffi = cuda_ops.make_ffi()
     names = cuda_ops.header_functions()
-    assert {"nvfp4_quantize", "nvfp4_gemm", "nvfp4_lion_step_mxfp8", "nvfp4_last_error", "nvfp4_query"} <= set(names)
+    assert {"nvfp4_quantize", "nvfp4_decode_bf16", "nvfp4_gemm_bf16", "nvfp4_gemm_native", "nvfp4_lion_step_mxfp8",
+            "nvfp4_last_error", "nvfp4_query"} <= set(names)
     assert ffi.typeof("int(*)(uintptr_t, int, uintptr_t, int64_t, int64_t, int, int, uintptr_t, uintptr_t)")
     api_src = (build.CSRC / "nvfp4_api.cu").read_text()
     for n in names:  # every declaration has a definition in the extern "C" block
@@ -181,14 +182,20 @@ def test_compile_all_arches_load_with_cffi_and_error_paths() -> None:
     ffi, lib = cuda_ops.load_library(path)
     for name in cuda_ops.header_functions():
         assert getattr(lib, name) is not None, name
-    assert lib.nvfp4_abi_version() == 1
+    assert lib.nvfp4_abi_version() == 2
     # argument validation happens before any CUDA call: works on every machine
-    status = lib.nvfp4_quantize(256, 0, 0, 16, 24, 0, 0, 0, 0, 0, 0, 256, 256, 256, 256, 0)
+    status = lib.nvfp4_quantize(256, 0, 0, 16, 24, 0, 0, 0, 0, 0, 0, 256, 256, 256, 256, 0, 0)
     with pytest.raises(cuda_ops.NVFP4CudaError, match="not a multiple of 16"):
         cuda_ops.check(status, "nvfp4_quantize", lib, ffi)
-    status = lib.nvfp4_gemm(256, 256, 256, 256, 256, 256, 16, 16, 64, 256, 0, 0, 7, 0)
-    with pytest.raises(cuda_ops.NVFP4CudaError, match="bad backend"):
-        cuda_ops.check(status, "nvfp4_gemm", lib, ffi)
+    status = lib.nvfp4_gemm_native(256, 256, 256, 256, 256, 256, 16, 16, 64, 256, 7, 0, 0)
+    with pytest.raises(cuda_ops.NVFP4CudaError, match="bad out dtype 7"):
+        cuda_ops.check(status, "nvfp4_gemm_native", lib, ffi)
+    status = lib.nvfp4_decode_bf16(256, 256, 16, 24, 256, 0)
+    with pytest.raises(cuda_ops.NVFP4CudaError, match=r"nvfp4_decode_bf16: \[16, 24\]: cols not a multiple of 16"):
+        cuda_ops.check(status, "nvfp4_decode_bf16", lib, ffi)
+    status = lib.nvfp4_gemm_bf16(256, 0, 256, 0, 256, 256, 256, 16, 16, 64, 256, 0, 0, 1024, 0)
+    with pytest.raises(cuda_ops.NVFP4CudaError, match="workspace_bytes without a workspace"):
+        cuda_ops.check(status, "nvfp4_gemm_bf16", lib, ffi)
     if not torch.cuda.is_available():
         # no usable GPU/driver: the runtime's status comes back as a message, not a crash
         out = [ffi.new("int *") for _ in range(4)]
@@ -209,3 +216,14 @@ def test_docs_quick_start_runs() -> None:
     exec(compile(code, "docs/nvfp4.md", "exec"), ns)  # noqa: S102 - our own documentation
     assert ns["y"].shape == (512, 2048) and ns["gw"].shape == (2048, 1024)
     assert ns["qw_next"].shape == (2048, 1024) and ns["qw_next"].block_2d
+
+
+def test_cuda_hadamard_sign_mask_is_the_python_sign_vector() -> None:
+    """NV_HADAMARD_NEG (bit i set: element i negated) spells formats.HADAMARD_SIGNS for the kernels."""
+    import re
+
+    from nvfp4_cuda.formats import HADAMARD_SIGNS
+
+    src = (build.CSRC / "nvfp4_common.cuh").read_text()
+    mask = int(re.search(r"#define NV_HADAMARD_NEG (0x[0-9A-Fa-f]+)u", src).group(1), 16)
+    assert mask == sum(1 << i for i, s in enumerate(HADAMARD_SIGNS) if s < 0)

@@ -1,8 +1,9 @@
 """CUDA kernels vs the PyTorch reference (needs a GPU; skipped otherwise).
 
-Bit-for-bit where the math is exact: quantize (1x16, 16x16, RNE, SR, Hadamard, from MXFP8, transposed),
-dequantize, Hadamard, MXFP8 encode/decode, Lion (all write-backs, same seed), BF16 SR, and the GEMM on
-operands whose products and sums are exact.  On general inputs the GEMM may differ by float32
+Bit-for-bit where the math is exact: quantize (1x16, 16x16, RNE, SR, Hadamard, from MXFP8, transposed,
+16-byte and element-wise loads), dequantize, the exact BF16 decode (every code byte x every scale), Hadamard,
+MXFP8 encode/decode, Lion (all write-backs, same seed, vector and element-wise paths), BF16 SR, and the
+GEMM (decode + cuBLASLt, transposed operand views) on operands whose products and sums are exact.  On general inputs the GEMM may differ by float32
 accumulation order only: |cuda - ref| <= 1e-5 * max|ref| (tolerance stated here).  On compute
 capability 12.x the native FP4 MMA is also checked against the emulated path.
 
@@ -47,6 +48,76 @@ def test_quantize_bit_exact(block_2d: bool, rounding: str, hadamard: bool, dtype
     _same(nvfp4_cuda.quantize_nvfp4(x.cuda(), **kw), R.quantize_nvfp4(x, **kw))
 
 
+@pytest.mark.parametrize("offset", [0, 1])
+def test_quantize_vector_and_elementwise_loads_agree_with_reference(offset: int) -> None:
+    """offset 0: 16-byte loads; offset 1 (a view one element into its storage): the element-wise path."""
+    x = _data(300, 4096, 11).to(torch.bfloat16)
+    x[123, 777] = 1e4  # one spike: the grid-stride amax must find it across many CUDA blocks
+    flat = torch.empty(x.numel() + offset, dtype=torch.bfloat16, device="cuda")
+    xg = flat[offset:].view(300, 4096)
+    xg.copy_(x.cuda())
+    assert (xg.data_ptr() % 16 == 0) == (offset == 0)
+    for kw in ({"rounding": "rne"}, {"rounding": "stochastic", "seed": 1, "step": 2, "tensor_id": 3},
+               {"block_2d": True}, {"hadamard": True}):
+        _same(nvfp4_cuda.quantize_nvfp4(xg, **kw), R.quantize_nvfp4(x, **kw))
+
+
+@pytest.mark.parametrize("kw", [{}, {"rounding": "stochastic", "seed": 4, "step": 5, "tensor_id": 6}, {"block_2d": True},
+                                {"hadamard": True, "rounding": "stochastic", "seed": 1}])
+def test_quantize_decoded_equals_quantize_then_decode(kw: dict) -> None:
+    """The one-pass operand (BF16 values, no codes) has the bits of quantize_nvfp4 followed by decode_scaled."""
+    x = _data(130, 4096, 12).to(torch.bfloat16)
+    v, ts = nvfp4_cuda.quantize_decoded(x.cuda(), **kw)
+    q = R.quantize_nvfp4(x, **kw)
+    assert v.dtype == torch.bfloat16 and torch.equal(v.float().cpu(), R.decode_scaled(q))
+    assert torch.equal(ts.cpu(), q.tensor_scale)
+    p, s = mxfp8_codec.encode_mxfp8_torch(_data(64, 96, 13) * 0.02)
+    v, ts = nvfp4_cuda.quantize_decoded_from_mxfp8(p.cuda(), s.cuda())
+    q = R.quantize_nvfp4_from_mxfp8(p, s)
+    assert torch.equal(v.float().cpu(), R.decode_scaled(q)) and torch.equal(ts.cpu(), q.tensor_scale)
+
+
+def test_decode_scaled_exact_for_every_code_and_scale() -> None:
+    """decode_scaled (BF16) = e2m1 * e4m3 exactly: every code byte under every scale byte."""
+    codes = torch.arange(256, dtype=torch.uint8).repeat(256, 1)  # [256, 256]: row s holds every code byte
+    scales = torch.arange(256, dtype=torch.uint8).view(256, 1).expand(256, 512 // 16).contiguous()
+    scales[(scales & 0x7F) == 0x7F] = 0x7E  # E4M3 NaN is never a block scale
+    q = nvfp4_cuda.NVFP4Tensor(codes, scales, torch.tensor(1.0), (256, 512))
+    ref = R.decode_scaled(q)
+    qg = nvfp4_cuda.NVFP4Tensor(codes.cuda(), scales.cuda(), torch.tensor(1.0, device="cuda"), (256, 512))
+    got = nvfp4_cuda.decode_scaled(qg)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got.float().cpu(), ref)
+    assert torch.equal(got.view(torch.int16).cpu(), ref.to(torch.bfloat16).view(torch.int16))  # -0.0 kept
+
+
+def test_gemm_decoded_takes_transposed_views_without_changing_bits() -> None:
+    a = R.quantize_nvfp4(_exact_operand(96, 256, 7))
+    w = R.quantize_nvfp4(_exact_operand(256, 160, 8), block_2d=True)  # a weight [in=K, out=N]
+    ref = R.nvfp4_matmul(a, w.t(), out_dtype=torch.float32)
+    ag = nvfp4_cuda.NVFP4Tensor(a.codes.cuda(), a.block_scales.cuda(), a.tensor_scale.cuda(), a.shape)
+    wg = nvfp4_cuda.NVFP4Tensor(w.codes.cuda(), w.block_scales.cuda(), w.tensor_scale.cuda(), w.shape, block_2d=True)
+    da, dw = nvfp4_cuda.decode_scaled(ag), nvfp4_cuda.decode_scaled(wg)
+    for db in (dw.t(), dw.t().contiguous()):
+        for dt in (torch.float32, torch.bfloat16):
+            y = nvfp4_cuda.gemm_decoded(da, db, ag.tensor_scale, wg.tensor_scale, out_dtype=dt)
+            assert torch.equal(y.cpu(), ref.to(dt))
+    yt = nvfp4_cuda.gemm_decoded(da.t().contiguous().t(), dw.t(), ag.tensor_scale, wg.tensor_scale,
+                                 out_dtype=torch.float32)  # A given as a transposed view too
+    assert torch.equal(yt.cpu(), ref)
+
+
+def test_gemm_bad_input_names_the_op() -> None:
+    a = nvfp4_cuda.quantize_nvfp4(torch.randn(16, 64, device="cuda"))
+    da = nvfp4_cuda.decode_scaled(a)
+    with pytest.raises(ValueError, match="gemm_decoded: a_scale is on cpu"):
+        nvfp4_cuda.gemm_decoded(da, da, torch.tensor(1.0), a.tensor_scale)
+    with pytest.raises(ValueError, match="gemm_decoded: db is on cpu"):
+        nvfp4_cuda.gemm_decoded(da, da.cpu(), a.tensor_scale, a.tensor_scale)
+    with pytest.raises(ValueError, match="contraction mismatch"):
+        nvfp4_cuda.gemm_decoded(da, da[:, :32], a.tensor_scale, a.tensor_scale)
+
+
 def test_dequantize_and_hadamard_bit_exact() -> None:
     x = _data(40, 64, 2)
     q = R.quantize_nvfp4(x)
@@ -80,21 +151,45 @@ def test_mxfp8_encode_decode_bit_exact(rounding: str) -> None:
 
 
 @pytest.mark.parametrize("writeback", ["stochastic", "rne", "compensated"])
-def test_lion_bit_exact_over_steps(writeback: str) -> None:
-    w = 0.02 * torch.randn(48, 96)
+@pytest.mark.parametrize(("shape", "grad_dtype"), [((48, 96), torch.float32), ((64, 256), torch.bfloat16),
+                                                   ((33, 100), torch.bfloat16)])  # (33, 100): element-wise path
+def test_lion_bit_exact_over_steps(writeback: str, shape: tuple[int, int], grad_dtype: torch.dtype) -> None:
+    w = 0.02 * torch.randn(*shape)
     p, s = mxfp8_codec.encode_mxfp8_torch(w)
-    m = torch.zeros(48, 96, dtype=torch.bfloat16)
-    comp = torch.zeros(48, 96) if writeback == "compensated" else None
+    m = torch.zeros(*shape, dtype=torch.bfloat16)
+    comp = torch.zeros(*shape) if writeback == "compensated" else None
     pg, sg, mg = p.cuda(), s.cuda(), m.cuda()
     compg = comp.cuda() if comp is not None else None
     for step in range(5):
-        grad = torch.randn(48, 96)
+        grad = torch.randn(*shape).to(grad_dtype)
         kw = {"lr": 1e-3, "weight_decay": 0.1, "writeback": writeback, "seed": 9, "step": step, "tensor_id": 2}
         R.lion_step_mxfp8_(p, s, grad, m, compensation=comp, **kw)
         nvfp4_cuda.lion_step_mxfp8_(pg, sg, grad.cuda(), mg, compensation=compg, **kw)
     assert torch.equal(pg.cpu(), p) and torch.equal(sg.cpu(), s) and torch.equal(mg.cpu(), m)
     if comp is not None:
         assert torch.equal(compg.cpu(), comp)
+
+
+@pytest.mark.parametrize("writeback", ["stochastic", "rne"])
+@pytest.mark.parametrize(("n", "grad_dtype", "offset"), [(4096 * 33, torch.bfloat16, 0), (1001, torch.float32, 0),
+                                                         (4099, torch.bfloat16, 1)])  # 1: element-wise path
+def test_lion_bf16_bit_exact_over_steps(writeback: str, n: int, grad_dtype: torch.dtype, offset: int) -> None:
+    from nvfp4_cuda import reference_master
+
+    p = (0.02 * torch.randn(n)).to(torch.bfloat16)
+    m = (1e-3 * torch.randn(n)).to(torch.bfloat16)
+    flat_p = torch.empty(n + offset, dtype=torch.bfloat16, device="cuda")
+    flat_m = torch.empty(n + offset, dtype=torch.bfloat16, device="cuda")
+    pg, mg = flat_p[offset:], flat_m[offset:]
+    pg.copy_(p.cuda())
+    mg.copy_(m.cuda())
+    for step in range(4):
+        g = torch.randn(n).to(grad_dtype)
+        g[:7] = 0.0  # sign(c) = 0 where the momentum is zero too
+        kw = {"lr": 1e-3, "weight_decay": 0.1, "writeback": writeback, "seed": 2, "step": step, "tensor_id": 5}
+        reference_master.lion_step_bf16_(p, g, m, **kw)
+        nvfp4_cuda.lion_step_bf16_(pg, g.cuda(), mg, **kw)
+    assert torch.equal(pg.cpu(), p) and torch.equal(mg.cpu(), m)
 
 
 def test_sr_bf16_bit_exact() -> None:

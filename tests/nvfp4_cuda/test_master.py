@@ -253,3 +253,32 @@ def test_sr_bf16_unbiased_reproducible_nonfinite() -> None:
     out = torch.empty(4, dtype=torch.bfloat16)
     nvfp4_cuda.stochastic_round_to_bf16_(out, special, seed=0, step=0, tensor_id=0)
     assert out[0] == float("inf") and out[1] == -float("inf") and torch.isnan(out[2]) and torch.signbit(out[3])
+
+
+@pytest.mark.parametrize("writeback", ["stochastic", "rne", "compensated"])
+def test_lion_bf16_api_equals_reference(writeback: str) -> None:
+    """nvfp4_cuda.lion_step_bf16_ (C stochastic rounding on the CPU) == the pure-PyTorch reference."""
+    from nvfp4_cuda import reference_master
+
+    g = torch.Generator().manual_seed(4)
+    p = (0.02 * torch.randn(3, 1000, generator=g)).to(torch.bfloat16)
+    m = torch.zeros(3, 1000, dtype=torch.bfloat16)
+    p0, p2, m2 = p.clone(), p.clone(), m.clone()
+    for step in range(3):
+        grad = torch.randn(3, 1000, generator=g).to(torch.bfloat16)
+        kw = {"lr": 1e-4, "weight_decay": 0.1, "writeback": writeback, "seed": 1, "step": step, "tensor_id": 9}
+        nvfp4_cuda.lion_step_bf16_(p, grad, m, **kw)
+        reference_master.lion_step_bf16_(p2, grad, m2, **kw)
+    assert torch.equal(p, p2) and torch.equal(m, m2)
+    assert not torch.equal(p, p0)  # the weights moved
+
+
+@pytest.mark.parametrize("module", ["nvfp4_cuda", "nvfp4_cuda.api", "nvfp4_cuda.reference", "nvfp4_cuda.reference_master",
+                                    "nvfp4_cuda.tensor"])
+def test_docstring_examples_run(module: str) -> None:
+    """The public functions' examples (decode_scaled, gemm_decoded, quantize_decoded, lion_step_bf16_, ...) run."""
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0
