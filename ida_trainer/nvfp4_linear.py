@@ -75,6 +75,12 @@ class NVFP4LinearFunction(torch.autograd.Function):
     Weight, once per forward: ``Wq_n = quantize_nvfp4_from_mxfp8(payload, scales, block_2d=True)``
     ([in, out], 16x16 tiles, RNE) and ``Wq = Wq_n.t()`` ([out, in]); with 2-D tiles the transpose is an
     exact re-layout of the same codes and scales, so forward and dgrad see the *same* quantized weight.
+    Where the GEMM is emulated (every device but sm_120a: ``nvfp4_cuda.native_gemm``), every operand is
+    quantized straight to its exact values ``e2m1 * e4m3`` (``nvfp4_cuda.quantize_decoded``: BF16 on CUDA,
+    the same bits as quantize-then-decode, no codes written) and multiplied by ``nvfp4_cuda.gemm_decoded``
+    (cuBLASLt, the tensor scales as alpha).  The weight's values are the B operand of both GEMMs, as ``W^T``
+    through a transposed view in forward and as ``W`` in dgrad: no re-layout, no second quantization; they
+    are saved for backward instead of the codes (2 bytes per weight instead of 0.56).
 
     1. forward (fprop), K = in:  ``Y[M, out] = nvfp4_matmul(Xq, Wq)``
        ``A = Xq = quantize_nvfp4(X)`` [M, in], 1x16 blocks along ``in``, RNE;
@@ -99,21 +105,26 @@ class NVFP4LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x2: torch.Tensor, anchor: torch.Tensor, payload: torch.Tensor,
                 scales: torch.Tensor, layer: NVFP4Linear) -> torch.Tensor:  # type: ignore[override]
-        wq_n = nvfp4_cuda.quantize_nvfp4_from_mxfp8(payload, scales, block_2d=True)  # [in, out], RNE
-        wq = wq_n.t()  # [out, in]
-        xq = nvfp4_cuda.quantize_nvfp4(x2, rounding="rne")  # [M, in], 1x16 along in
-        y = nvfp4_cuda.nvfp4_matmul(xq, wq, out_dtype=torch.bfloat16)  # [M, out]
+        ctx.native = nvfp4_cuda.native_gemm(x2.device)
+        if ctx.native:  # FP4 MMA on the codes: the weight as [out, in] codes (an exact re-layout)
+            wq_n = nvfp4_cuda.quantize_nvfp4_from_mxfp8(payload, scales, block_2d=True)  # [in, out], RNE
+            xq = nvfp4_cuda.quantize_nvfp4(x2, rounding="rne")  # [M, in], 1x16 along in
+            y = nvfp4_cuda.nvfp4_matmul(xq, wq_n.t(), out_dtype=torch.bfloat16)  # [M, out]
+            w_scale, w_saved = wq_n.tensor_scale, (wq_n.codes, wq_n.block_scales)
+        else:  # emulation: operands as exact values; the weight's serve W^T here (a view) and W in dgrad
+            w_dec, w_scale = nvfp4_cuda.quantize_decoded_from_mxfp8(payload, scales, block_2d=True)  # [in, out]
+            x_dec, x_scale = nvfp4_cuda.quantize_decoded(x2, rounding="rne")  # [M, in]
+            y = nvfp4_cuda.gemm_decoded(x_dec, w_dec.t(), x_scale, w_scale, out_dtype=torch.bfloat16)  # [M, out]
+            w_saved = (w_dec,)
         # Saved as tensors (not ctx attributes) so activation checkpointing drops and recomputes them too.
-        ctx.save_for_backward(x2, wq_n.codes, wq_n.block_scales, wq_n.tensor_scale)
-        ctx.w_shape = wq_n.shape
+        ctx.save_for_backward(x2, w_scale, *w_saved)
+        ctx.w_shape = (payload.shape[0], payload.shape[1])
         ctx.layer = layer
         return y
 
     @staticmethod
     def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
-        x2, codes, block_scales, tensor_scale = ctx.saved_tensors
-        wq_n = nvfp4_cuda.NVFP4Tensor(codes=codes, block_scales=block_scales, tensor_scale=tensor_scale,
-                                      shape=ctx.w_shape, block_2d=True)
+        x2, w_scale, *w_saved = ctx.saved_tensors
         layer: NVFP4Linear = ctx.layer
         gy = gy.contiguous()
         call = layer.next_backward_call()
@@ -121,17 +132,30 @@ class NVFP4LinearFunction(torch.autograd.Function):
         step, seed = layer.sr_step, layer.seed
         dx = dw = None
         if ctx.needs_input_grad[0]:
-            gq = nvfp4_cuda.quantize_nvfp4(gy, rounding=rounding, seed=seed, step=step,
-                                           tensor_id=tensor_id(layer.global_name, f"dgrad:{call}"))
-            dx = nvfp4_cuda.nvfp4_matmul(gq, wq_n, out_dtype=torch.bfloat16)  # [M, in]
+            kw = {"rounding": rounding, "seed": seed, "step": step,
+                  "tensor_id": tensor_id(layer.global_name, f"dgrad:{call}")}
+            if ctx.native:
+                gq = nvfp4_cuda.quantize_nvfp4(gy, **kw)
+                wq_n = nvfp4_cuda.NVFP4Tensor(codes=w_saved[0], block_scales=w_saved[1], tensor_scale=w_scale,
+                                              shape=ctx.w_shape, block_2d=True)
+                dx = nvfp4_cuda.nvfp4_matmul(gq, wq_n, out_dtype=torch.bfloat16)  # [M, in]
+            else:
+                g_dec, g_scale = nvfp4_cuda.quantize_decoded(gy, **kw)
+                dx = nvfp4_cuda.gemm_decoded(g_dec, w_saved[0], g_scale, w_scale, out_dtype=torch.bfloat16)  # [M, in]
         if ctx.needs_input_grad[1]:
             xt = _transpose_padded(x2)  # [in, M'] with M' = M rounded up to 16 (zero tokens)
             gt = _transpose_padded(gy)  # [out, M']
             hadamard = layer.hadamard_wgrad
-            xtq = nvfp4_cuda.quantize_nvfp4(xt, rounding="rne", hadamard=hadamard)
-            gtq = nvfp4_cuda.quantize_nvfp4(gt, rounding=rounding, hadamard=hadamard, seed=seed,
-                                            step=step, tensor_id=tensor_id(layer.global_name, f"wgrad:{call}"))
-            dw = nvfp4_cuda.nvfp4_matmul(xtq, gtq, out_dtype=torch.bfloat16)  # [in, out]
+            gkw = {"rounding": rounding, "hadamard": hadamard, "seed": seed, "step": step,
+                   "tensor_id": tensor_id(layer.global_name, f"wgrad:{call}")}
+            if ctx.native:
+                xtq = nvfp4_cuda.quantize_nvfp4(xt, rounding="rne", hadamard=hadamard)
+                gtq = nvfp4_cuda.quantize_nvfp4(gt, **gkw)
+                dw = nvfp4_cuda.nvfp4_matmul(xtq, gtq, out_dtype=torch.bfloat16)  # [in, out]
+            else:
+                xt_dec, xt_scale = nvfp4_cuda.quantize_decoded(xt, rounding="rne", hadamard=hadamard)
+                gt_dec, gt_scale = nvfp4_cuda.quantize_decoded(gt, **gkw)
+                dw = nvfp4_cuda.gemm_decoded(xt_dec, gt_dec, xt_scale, gt_scale, out_dtype=torch.bfloat16)  # [in, out]
         return dx, dw, None, None, None
 
 

@@ -341,8 +341,8 @@ class MXFP8Lion(_ExactStateMixin, torch.optim.Optimizer):
     Per element, with ``c = b1*m + (1-b1)*g``: ``w <- w*(1 - lr*wd) - lr*sign(c)``, then
     ``m <- b2*m + (1-b2)*g``.  For :class:`NVFP4Linear` gradient anchors the fused
     :func:`nvfp4_cuda.lion_step_mxfp8_` updates the MXFP8 master (payload + scales) in place with the
-    configured write-back; other (BF16) parameters are updated in float32 and written back with
-    :func:`nvfp4_cuda.stochastic_round_to_bf16_` (RNE under ``writeback="rne"``).  The SR key is
+    configured write-back; other (BF16) parameters by :func:`nvfp4_cuda.lion_step_bf16_` (float32 math,
+    written back with stochastic rounding, RNE under ``writeback="rne"``; one fused kernel on CUDA).  The SR key is
     ``(seed, optimizer step, tensor_id(global name, "lion"))``.  The learning rate is read from
     ``param_groups[i]["lr"]`` at every step.
     """
@@ -400,16 +400,9 @@ class MXFP8Lion(_ExactStateMixin, torch.optim.Optimizer):
                     continue
                 if "momentum" not in state:
                     state["momentum"] = torch.zeros_like(p, dtype=torch.bfloat16)
-                m = state["momentum"].to(torch.float32)
-                g = p.grad.to(torch.float32)
-                c = m * b1 + g * (1.0 - b1)
-                w = p.to(torch.float32) * (1.0 - lr * wd) - lr * torch.sign(c)
-                state["momentum"].copy_(m * b2 + g * (1.0 - b2))
-                if self.writeback == "rne":
-                    p.copy_(w)
-                else:
-                    nvfp4_cuda.stochastic_round_to_bf16_(p, w, seed=self.seed, step=t,
-                                                         tensor_id=tensor_id(name, "lion"))
+                nvfp4_cuda.lion_step_bf16_(p.data, p.grad, state["momentum"], lr=lr, beta1=b1, beta2=b2,
+                                           weight_decay=wd, writeback=self.writeback, seed=self.seed, step=t,
+                                           tensor_id=tensor_id(name, "lion"))
         self.sr_step = t + 1
         self._sync_modules()
         return loss
