@@ -1,0 +1,222 @@
+"""Training throughput and memory on one GPU: the nvfp4 recipe against the bf16 recipe, side by side.
+
+The model is Minitron-4B's shape with random weights (NemotronForCausalLM: hidden 3072, 32 layers, 24
+heads, 8 KV heads, MLP 9216, vocabulary 256000; nothing is downloaded), trained the way the
+``minitron-4b`` preset trains it, through the trainer's own parts: the data pipeline (the shipped demo
+corpus, tokenized and packed into ``--seq``-token rows by ``build_batcher``), ``LocalEngine`` (forward,
+loss, backward over the micro-batches), activation checkpointing, ``grad_norm_and_clip`` and the
+recipe's optimizer (nvfp4: MXFP8 masters, Lion with BF16 momentum, stochastic write-back, layers 0 and
+L-1 kept BF16 as in the preset; bf16: FP32 masters under BF16 autocast, AdamW).  Each recipe runs in its
+own child process (clean peak-memory counters, an out-of-memory in one cannot hide the other).
+
+Per recipe: tokens/s (median of the timed steps, each synchronised), MFU against the dense BF16 peak
+(``--peak-tflops``, 989 for an H100/H200 SXM; model FLOPs = 6 x matmul parameters x tokens plus the
+attention scores, activation recomputation not counted) and peak GPU memory (``max_memory_allocated``).
+Targets (issue 22): nvfp4 >= 0.8x bf16's tokens/s, nvfp4 peak memory <= 0.5x bf16's.  Exit 1 when one
+is missed, 0 with a message when there is no GPU.
+
+Run::
+
+    python benchmarks/bench_gpu_train.py                      # 4B shape, 2 warm-up + 6 timed steps per recipe
+    python benchmarks/bench_gpu_train.py --layers 8 --steps 3 # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SPEED_TARGET = 0.8  # nvfp4 tokens/s / bf16 tokens/s, at least
+MEMORY_TARGET = 0.5  # nvfp4 peak / bf16 peak, at most
+RECIPES = ("nvfp4", "bf16")
+
+
+def _model_flops_per_token(cfg: Any, seq: int) -> float:
+    """6 x matmul parameters (projections + lm_head) + 6 x the attention score/value products per token."""
+    h, layers, inter, vocab = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, cfg.vocab_size
+    kv = cfg.num_key_value_heads * (h // cfg.num_attention_heads)
+    per_layer = h * h + 2 * h * kv + h * h + 2 * h * inter  # q, k, v, o; Nemotron MLP: up + down (no gate)
+    return 6.0 * (layers * per_layer + h * vocab) + 6.0 * layers * 2 * seq * h / 2  # causal: half the scores
+
+
+def run_one(args: argparse.Namespace) -> dict[str, Any]:
+    """Build, train ``warmup + steps`` steps with one recipe on the GPU, measure (runs in a child)."""
+    from transformers import NemotronConfig, NemotronForCausalLM
+
+    from ida_trainer.config import DataConfig, OptimConfig, PrecisionConfig
+    from ida_trainer.data import build_batcher, load_examples
+    from ida_trainer.demo import corpus_path, corpus_texts, train_demo_tokenizer
+    from ida_trainer.engine import LocalEngine, enable_activation_checkpointing, grad_norm_and_clip
+    from ida_trainer.precision import apply_recipe, build_optimizer, count_parameters
+
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    torch.manual_seed(0)
+    t_setup = time.perf_counter()
+    tokenizer = train_demo_tokenizer(corpus_texts())
+    data_cfg = DataConfig(max_len=args.seq, packing=True)
+    examples, _ = load_examples(data_cfg, tokenizer, path=corpus_path())
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    batcher = build_batcher(data_cfg, examples, global_batch_size=args.micro_batch * args.microbatches,
+                            microbatches=args.microbatches, seed=0, pad_id=pad)
+    cfg = NemotronConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
+                         num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                         num_key_value_heads=args.kv_heads, head_dim=args.hidden // args.heads,
+                         max_position_embeddings=max(4096, args.seq),
+                         tie_word_embeddings=False, bos_token_id=None, pad_token_id=None,
+                         eos_token_id=tokenizer.eos_token_id)
+    with dev:
+        model = NemotronForCausalLM(cfg).train()
+    recipe = args.only
+    keep = ("model.layers.0.*", f"model.layers.{args.layers - 1}.*") if recipe == "nvfp4" else ()
+    prec = PrecisionConfig(recipe=recipe, keep_bf16=keep)
+    optim = (OptimConfig(name="lion", lr=1e-5, betas=(0.9, 0.99), grad_clip=1.0) if recipe == "nvfp4"
+             else OptimConfig(name="adamw", lr=1e-5, betas=(0.9, 0.95), weight_decay=0.01, grad_clip=1.0))
+    enable_activation_checkpointing(model)
+    apply_recipe(model, prec)
+    model.to(dev)
+    n_params = count_parameters(model)
+    engine = LocalEngine(model, device=dev)
+    opt = build_optimizer(model, optim, prec)
+    sync()
+    setup_s = time.perf_counter() - t_setup
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    times, tokens, losses = [], [], []
+    for i in range(args.warmup + args.steps):
+        batch = batcher.next_step()
+        sync()
+        t0 = time.perf_counter()
+        loss = engine.forward_backward(batch.microbatches, batch.global_valid_tokens)
+        grad_norm_and_clip(engine.parameters(), optim.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync()
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t0)
+            tokens.append(batch.num_tokens)
+            losses.append(loss)
+    prof = _profile_step(engine, opt, batcher, optim.grad_clip, sync) if args.profile else None
+    step_s = statistics.median(times)
+    tok_s = statistics.mean(tokens) / step_s
+    flops = _model_flops_per_token(cfg, args.seq) * tok_s
+    return {"recipe": recipe, "params": n_params if isinstance(n_params, int) else str(n_params),
+            "tokens_per_step": statistics.mean(tokens), "step_s": step_s, "tokens_per_s": tok_s,
+            "mfu": flops / (args.peak_tflops * 1e12),
+            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan"),
+            "setup_s": setup_s, "losses": losses, "backend": _backend(), "profile": prof}
+
+
+def _profile_step(engine: Any, opt: Any, batcher: Any, grad_clip: float, sync: Any) -> dict[str, Any]:
+    """One more step under torch.profiler: device time per kernel name (top 25) and in all, and the wall time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ida_trainer.engine import grad_norm_and_clip
+
+    batch = batcher.next_step()
+    sync()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        engine.forward_backward(batch.microbatches, batch.global_valid_tokens)
+        grad_norm_and_clip(engine.parameters(), grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync()
+    wall = time.perf_counter() - t0
+
+    def dev_us(e: Any) -> float:
+        return float(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)))
+
+    kernels = [(e.key, dev_us(e), e.count) for e in prof.key_averages() if dev_us(e) > 0]
+    kernels.sort(key=lambda k: -k[1])
+    return {"wall_ms_profiled": 1e3 * wall, "device_ms": sum(k[1] for k in kernels) / 1e3,
+            "top": [{"kernel": k[:120], "ms": t / 1e3, "calls": c} for k, t, c in kernels[:25]]}
+
+
+def _backend() -> str:
+    import nvfp4_cuda
+
+    return str(nvfp4_cuda.backend_info().get("backend"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parent: one child per recipe, then the side-by-side table."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hidden", type=int, default=3072)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--heads", type=int, default=24)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--intermediate", type=int, default=9216)
+    ap.add_argument("--vocab", type=int, default=256000)
+    ap.add_argument("--seq", type=int, default=2048, help="tokens per packed row")
+    ap.add_argument("--micro-batch", type=int, default=2, help="rows per micro-batch")
+    ap.add_argument("--microbatches", type=int, default=4, help="micro-batches per optimizer step")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=6, help="timed steps per recipe")
+    ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense BF16 peak for MFU (H100/H200 SXM)")
+    ap.add_argument("--profile", action="store_true", help="one extra step under torch.profiler: device time per kernel")
+    ap.add_argument("--out-json", default=None)
+    ap.add_argument("--device", default="cuda", help="cuda; cpu runs the same code at toy sizes (a smoke test)")
+    ap.add_argument("--only", choices=RECIPES, help=argparse.SUPPRESS)  # child mode
+    ap.add_argument("--child-json", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: GPU training benchmark not run")
+        return 0
+    if args.only:
+        Path(args.child_json).write_text(json.dumps(run_one(args)))
+        return 0
+    results: dict[str, Any] = {}
+    passthrough = [a for a in (argv if argv is not None else sys.argv[1:])]
+    with tempfile.TemporaryDirectory() as tmp:
+        for recipe in RECIPES:
+            out = Path(tmp) / f"{recipe}.json"
+            res = subprocess.run([sys.executable, __file__, *passthrough, "--only", recipe, "--child-json", str(out)],
+                                 check=False)
+            results[recipe] = json.loads(out.read_text()) if res.returncode == 0 and out.exists() else \
+                {"recipe": recipe, "error": f"child exited {res.returncode}"}
+    shape = (f"NemotronForCausalLM hidden {args.hidden}, {args.layers} layers, {args.heads} heads ({args.kv_heads} KV), "
+             f"MLP {args.intermediate}, vocab {args.vocab}; {args.micro_batch} x {args.microbatches} rows of {args.seq} "
+             f"tokens per step; {args.warmup} warm-up + {args.steps} timed steps; "
+             f"{torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}, "
+             f"torch {torch.__version__}")
+    lines = [shape, "", "| recipe | params | s/step | tokens/s | MFU | peak GiB | vs bf16 tokens/s | vs bf16 memory |",
+             "|---|---|---|---|---|---|---|---|"]
+    ok = all("error" not in r for r in results.values())
+    if ok:
+        b = results["bf16"]
+        for r in (results[k] for k in RECIPES):
+            lines.append(f"| {r['recipe']} ({r['backend']}) | {r['params']} | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | "
+                         f"{100 * r['mfu']:.1f} % | {r['peak_mem_gib']:.1f} | "
+                         f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}x | {r['peak_mem_gib'] / b['peak_mem_gib']:.2f}x |")
+        speed = results["nvfp4"]["tokens_per_s"] / b["tokens_per_s"]
+        mem = results["nvfp4"]["peak_mem_gib"] / b["peak_mem_gib"]
+        ok = speed >= SPEED_TARGET and mem <= MEMORY_TARGET
+        lines.append(f"\nnvfp4 / bf16: tokens/s {speed:.2f}x (target >= {SPEED_TARGET}), peak memory {mem:.2f}x "
+                     f"(target <= {MEMORY_TARGET}): {'PASS' if ok else 'MISS'}")
+    else:
+        lines += [f"| {k} | {r.get('error', '')} |" for k, r in results.items()]
+    for r in results.values():
+        if r.get("profile"):
+            pr = r["profile"]
+            lines.append(f"\n{r['recipe']}: one profiled step, {pr['device_ms']:.0f} ms of kernels in "
+                         f"{pr['wall_ms_profiled']:.0f} ms wall; top kernels (ms, calls):")
+            lines += [f"  {k['ms']:8.1f} {k['calls']:6d}  {k['kernel']}" for k in pr["top"][:15]]
+    print("\n".join(lines))
+    if args.out_json:
+        Path(args.out_json).write_text(json.dumps({"config": vars(args), "results": results, "table": lines}, indent=1))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
