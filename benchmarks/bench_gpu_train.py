@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=6, help="timed steps per recipe")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense BF16 peak for MFU (H100/H200 SXM)")
-    ap.add_argument("--profile", action="store_true", help="one extra step under torch.profiler: device time per kernel")
+    ap.add_argument("--profile", action="store_true",
+                    help="one extra step under torch.profiler: device time per kernel")
     ap.add_argument("--out-json", default=None)
     ap.add_argument("--device", default="cuda", help="cuda; cpu runs the same code at toy sizes (a smoke test)")
     ap.add_argument("--only", choices=RECIPES, help=argparse.SUPPRESS)  # child mode
@@ -185,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
                                  check=False)
             results[recipe] = json.loads(out.read_text()) if res.returncode == 0 and out.exists() else \
                 {"recipe": recipe, "error": f"child exited {res.returncode}"}
-    shape = (f"NemotronForCausalLM hidden {args.hidden}, {args.layers} layers, {args.heads} heads ({args.kv_heads} KV), "
+    shape = (f"NemotronForCausalLM hidden {args.hidden}, {args.layers} layers, {args.heads} heads "
+             f"({args.kv_heads} KV), "
              f"MLP {args.intermediate}, vocab {args.vocab}; {args.micro_batch} x {args.microbatches} rows of {args.seq} "
              f"tokens per step; {args.warmup} warm-up + {args.steps} timed steps; "
              f"{torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}, "
@@ -196,9 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     if ok:
         b = results["bf16"]
         for r in (results[k] for k in RECIPES):
-            lines.append(f"| {r['recipe']} ({r['backend']}) | {r['params']} | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | "
-                         f"{100 * r['mfu']:.1f} % | {r['peak_mem_gib']:.1f} | "
-                         f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}x | {r['peak_mem_gib'] / b['peak_mem_gib']:.2f}x |")
+            lines.append(f"| {r['recipe']} ({r['backend']}) | {r['params']} | {r['step_s']:.3f} | "
+                         f"{r['tokens_per_s']:.0f} | {100 * r['mfu']:.1f} % | {r['peak_mem_gib']:.1f} | "
+                         f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}x | "
+                         f"{r['peak_mem_gib'] / b['peak_mem_gib']:.2f}x |")
         speed = results["nvfp4"]["tokens_per_s"] / b["tokens_per_s"]
         mem = results["nvfp4"]["peak_mem_gib"] / b["peak_mem_gib"]
         ok = speed >= SPEED_TARGET and mem <= MEMORY_TARGET

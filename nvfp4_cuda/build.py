@@ -109,7 +109,8 @@ def build_key(nvcc: str) -> str:
     parts: list[bytes | str] = []
     for p in source_files():
         parts += [p.name, p.read_bytes()]
-    return native_build.build_key(*parts, " ".join(BASE_FLAGS + tuple(gencode_flags()) + LINK_FLAGS), nvcc_version(nvcc))
+    flags = " ".join(BASE_FLAGS + tuple(gencode_flags()) + LINK_FLAGS)
+    return native_build.build_key(*parts, flags, nvcc_version(nvcc))
 
 
 def library_path(nvcc: str | None = None) -> Path:

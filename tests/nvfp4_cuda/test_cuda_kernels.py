@@ -3,9 +3,10 @@
 Bit-for-bit where the math is exact: quantize (1x16, 16x16, RNE, SR, Hadamard, from MXFP8, transposed,
 16-byte and element-wise loads), dequantize, the exact BF16 decode (every code byte x every scale), Hadamard,
 MXFP8 encode/decode, Lion (all write-backs, same seed, vector and element-wise paths), BF16 SR, and the
-GEMM (decode + cuBLASLt, transposed operand views) on operands whose products and sums are exact.  On general inputs the GEMM may differ by float32
-accumulation order only: |cuda - ref| <= 1e-5 * max|ref| (tolerance stated here).  On compute
-capability 12.x the native FP4 MMA is also checked against the emulated path.
+GEMM (decode + cuBLASLt, transposed operand views) on operands whose products and sums are exact.
+On general inputs the GEMM may differ by float32 accumulation order only: |cuda - ref| <= 1e-5 * max|ref|
+(tolerance stated here).  On compute capability 12.x the native FP4 MMA is also checked against the
+emulated path.
 
 Run: python -m pytest -q tests/nvfp4_cuda/test_cuda_kernels.py     (on a machine with a CUDA GPU)
 """
@@ -62,8 +63,8 @@ def test_quantize_vector_and_elementwise_loads_agree_with_reference(offset: int)
         _same(nvfp4_cuda.quantize_nvfp4(xg, **kw), R.quantize_nvfp4(x, **kw))
 
 
-@pytest.mark.parametrize("kw", [{}, {"rounding": "stochastic", "seed": 4, "step": 5, "tensor_id": 6}, {"block_2d": True},
-                                {"hadamard": True, "rounding": "stochastic", "seed": 1}])
+@pytest.mark.parametrize("kw", [{}, {"rounding": "stochastic", "seed": 4, "step": 5, "tensor_id": 6},
+                                {"block_2d": True}, {"hadamard": True, "rounding": "stochastic", "seed": 1}])
 def test_quantize_decoded_equals_quantize_then_decode(kw: dict) -> None:
     """The one-pass operand (BF16 values, no codes) has the bits of quantize_nvfp4 followed by decode_scaled."""
     x = _data(130, 4096, 12).to(torch.bfloat16)

@@ -273,8 +273,8 @@ def test_lion_bf16_api_equals_reference(writeback: str) -> None:
     assert not torch.equal(p, p0)  # the weights moved
 
 
-@pytest.mark.parametrize("module", ["nvfp4_cuda", "nvfp4_cuda.api", "nvfp4_cuda.reference", "nvfp4_cuda.reference_master",
-                                    "nvfp4_cuda.tensor"])
+@pytest.mark.parametrize("module", ["nvfp4_cuda", "nvfp4_cuda.api", "nvfp4_cuda.reference",
+                                    "nvfp4_cuda.reference_master", "nvfp4_cuda.tensor"])
 def test_docstring_examples_run(module: str) -> None:
     """The public functions' examples (decode_scaled, gemm_decoded, quantize_decoded, lion_step_bf16_, ...) run."""
     import doctest
