@@ -53,6 +53,7 @@ from ida_eval.sandbox import (
     SandboxError,
     SandboxLimits,
     SandboxResult,
+    check_seconds,
     close_job_servers,
     run_program,
     sweep_stale,
@@ -90,6 +91,7 @@ __all__ = [
     "main",
     "pass_at_1",
     "result_class",
+    "seconds_arg",
     "summarize",
 ]
 
@@ -169,8 +171,7 @@ class ExecutionConfig:
             for lang, seconds in pairs:
                 if lang != "all" and lang not in LANGUAGES:
                     raise ValueError(f"{what}: unknown language {lang!r} (known: all, {', '.join(LANGUAGES)})")
-                if not (isinstance(seconds, (int, float)) and seconds > 0):
-                    raise ValueError(f"{what}: {lang} must be > 0 seconds, got {seconds!r}")
+                check_seconds(seconds, f"{what}: {lang}")
         if not isinstance(self.workers, int) or isinstance(self.workers, bool) or not 1 <= self.workers <= 256:
             raise ValueError(f"workers must be an int in [1, 256], got {self.workers!r}")
         if self.isolation != "auto" and self.isolation not in ISOLATION_LEVELS:
@@ -678,6 +679,19 @@ def summarize(
     return out
 
 
+def seconds_arg(text: str) -> float:
+    """argparse type of a time limit: :func:`ida_eval.sandbox.check_seconds` on the number (``inf``, ``nan``,
+    ``0`` and ``1e300`` are refused at parse time, in one line, before any work)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    try:
+        return check_seconds(value, "a time limit")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = ArgumentParser(
         prog="python -m ida_eval.execute",
@@ -690,7 +704,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", required=True, help="results JSONL (appended; a rerun resumes)")
     ap.add_argument("--canonical", action="store_true", help="execute each problem's canonical_solution")
     ap.add_argument("--workers", type=int, default=None, help="programs at once (default: nproc)")
-    ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per Python program (default 30)")
+    ap.add_argument("--timeout", type=seconds_arg, default=DEFAULT_TIMEOUT_S,
+                    help="seconds per Python program (default 30)")
     ap.add_argument(
         "--run-timeout",
         action="append",
@@ -723,9 +738,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         for item in getattr(args, flag):
             lang, _, value = item.partition("=")
             try:
-                pairs.append((lang.strip(), float(value)))
-            except ValueError:
-                ap.error(f"--{flag.replace('_', '-')} wants LANG=SECONDS, got {item!r}")
+                pairs.append((lang.strip(), seconds_arg(value)))
+            except argparse.ArgumentTypeError as err:
+                ap.error(f"--{flag.replace('_', '-')} wants LANG=SECONDS, got {item!r}: {err}")
         setattr(args, flag, tuple(pairs))
     return args
 

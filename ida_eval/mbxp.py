@@ -54,6 +54,7 @@ from ida_eval.execute import (
     SandboxError,
     execute_samples,
     sandbox_unavailable,
+    seconds_arg,
     summarize,
 )
 from ida_eval.generate import (
@@ -518,7 +519,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     help="bf16: weights decoded once (default); mxfp8: projections stay MXFP8 in memory and are "
                     "decoded at each forward (same logits, about half the weight memory); summary.json records it")
     ap.add_argument("--workers", type=int, help="programs executed at once (default: nproc)")
-    ap.add_argument("--timeout", type=float, help="seconds per program (executor default when omitted)")
+    ap.add_argument("--timeout", type=seconds_arg, help="seconds per program (executor default when omitted)")
     ap.add_argument("--compare", nargs=2, metavar=("DIR_A", "DIR_B"), help="print two finished runs side by side")
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = ap.parse_args(argv)

@@ -66,6 +66,7 @@ import atexit
 import dataclasses
 import functools
 import marshal
+import math
 import os
 import secrets
 import select
@@ -104,6 +105,19 @@ UID_SLOTS_PER_PROCESS = 256  # at most this many concurrent sandboxes per execut
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"  # the only PATH a sandboxed program sees
 WORK_PREFIX = "ida-exec-"  # work dirs are <tmp>/ida-exec-<runner pid>-<random>/w
 SUPERVISOR_GRACE_S = 5.0  # PID 1 kills the run by itself this long after the timeout (if we did not)
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: the largest time limit accepted (CPU rlimits and deadlines stay finite)
+
+
+def check_seconds(value: object, what: str) -> float:
+    """A time limit: a finite number of seconds in ``(0, MAX_TIMEOUT_S]``, as float; else ValueError naming ``what``.
+
+    ``inf`` or ``1e300`` would reach the CPU rlimit (``int(timeout) + 1``) and the supervisor's deadline;
+    they are refused here, where the limit is given, in one line.
+    """
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not (ok and 0 < value <= MAX_TIMEOUT_S):  # type: ignore[operator]
+        raise ValueError(f"{what} must be a number of seconds > 0 and <= {MAX_TIMEOUT_S:g} (a week), got {value!r}")
+    return float(value)  # type: ignore[arg-type]
 KILL_GRACE_S = 0.5  # after the program's main process exits, wait this long for pipes to close
 COMPILE_LOG = "ida-compile.log"  # a ProgramJob's compiler output, in its work directory
 COMPILE_OUTPUT_BYTES = 2 * KiB  # bytes of it kept in SandboxResult.compile_output
@@ -150,8 +164,7 @@ class SandboxLimits:
     site_packages: bool = False
 
     def __post_init__(self) -> None:
-        if not self.timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout!r}")
+        check_seconds(self.timeout, "timeout")
         minimums = {
             "memory_bytes": 64 * MiB,
             "max_processes": 1,
@@ -224,8 +237,8 @@ class ProgramJob:
         for name, _ in self.files:
             if not name or "/" in name or name.startswith(".") or name == COMPILE_LOG:
                 raise ValueError(f"ProgramJob file name {name!r} must be a plain name")
-        if self.compile is not None and not self.compile_timeout > 0:
-            raise ValueError(f"compile_timeout must be > 0 seconds, got {self.compile_timeout!r}")
+        if self.compile is not None:
+            check_seconds(self.compile_timeout, "compile_timeout")
 
     def spec(self) -> str:
         """The job as the bootstrap reads it: one argv string, ``marshal`` data in hex (the

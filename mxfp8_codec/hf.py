@@ -144,14 +144,21 @@ class MXFP8Config(QuantizationConfigMixin):
         self.format_version = str(format_version)
         self.weights_dtype = weights_dtype
         self.scale_rule = scale_rule
-        self.dequantize = bool(dequantize)
+        self.dequantize = dequantize
         unknown = sorted(k for k in kwargs if k != "quant_method")
         if unknown:
             raise ValueError(f"MXFP8Config: unknown fields {unknown}")
         self.post_init()
 
     def post_init(self) -> None:
-        """Validate every field (actionable ``ValueError``)."""
+        """Validate every field's type and value (actionable ``ValueError`` naming the key)."""
+        if not isinstance(self.dequantize, bool):  # "dequantize": "no" in a config.json must not mean True
+            raise ValueError(f"MXFP8Config: dequantize must be true or false, got {self.dequantize!r}")
+        for key in ("orientation", "norm_convention", "scale_rule"):
+            if getattr(self, key) is not None and not isinstance(getattr(self, key), str):
+                raise ValueError(f"MXFP8Config: {key} must be a string or null, got {getattr(self, key)!r}")
+        if not isinstance(self.weights_dtype, str):
+            raise ValueError(f"MXFP8Config: weights_dtype must be a string, got {self.weights_dtype!r}")
         if self.orientation is not None and self.orientation not in ORIENTATIONS:
             raise ValueError(f"MXFP8Config: orientation={self.orientation!r}, expected one of {ORIENTATIONS} or None")
         if self.norm_convention is not None and self.norm_convention not in NORM_CONVENTIONS:

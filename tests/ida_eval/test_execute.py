@@ -439,6 +439,33 @@ def test_cli_input_errors_name_the_line(toy_file: Path, tmp_path: Path, capsys: 
                                        "(see python -m ida_eval.execute --help)\n")
 
 
+@pytest.mark.parametrize("flag", [["--timeout", "inf"], ["--timeout", "1e300"], ["--timeout", "0"], ["--timeout", "nan"],
+                                  ["--timeout", "-1"], ["--run-timeout", "all=inf"], ["--compile-timeout", "java=1e300"],
+                                  ["--run-timeout", "java=ten"]])
+def test_cli_refuses_unusable_time_limits_before_any_work(flag: list[str], tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 23 item 4: inf / huge / non-positive limits are one line at parse time, rc 2 (were rc 70 / rc 3)."""
+    out = tmp_path / "r.jsonl"
+    assert ex.main(["--canonical", "--problems", str(tmp_path / "absent.jsonl"), "--out", str(out), *flag]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ida_eval.execute: error: ") and err.count("\n") == 1 and "seconds" in err, err
+    assert not out.exists()
+
+
+def test_largest_time_limit_is_one_the_sandbox_can_run() -> None:
+    """The bound check_seconds accepts (a week) is expressible: config and sandbox limits take it."""
+    from ida_eval.sandbox import MAX_TIMEOUT_S, SandboxLimits, check_seconds
+
+    cfg = ex.ExecutionConfig(timeout=MAX_TIMEOUT_S, run_timeouts=(("all", MAX_TIMEOUT_S),),
+                          compile_timeouts=(("java", MAX_TIMEOUT_S),))
+    assert cfg.limits().timeout == MAX_TIMEOUT_S == check_seconds(MAX_TIMEOUT_S, "t")
+    for bad in (float("inf"), MAX_TIMEOUT_S * 2, 0, True, "30"):
+        with pytest.raises(ValueError, match="seconds"):
+            SandboxLimits(timeout=bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="run_timeouts: all must be a number of seconds"):
+            ex.ExecutionConfig(run_timeouts=(("all", bad),))  # type: ignore[arg-type]
+
+
 # ------------------------------------------------------------------ the MBXP anchor
 
 KNOWN_FAILURES = {f"MBPP/{i}" for i in (56, 349, 899, 967, 367, 927, 601, 160, 596, 341, 642, 607, 631, 64, 966)}

@@ -225,3 +225,11 @@ def test_language_all_scores_each_language_and_writes_the_table(setup, tmp_path,
     assert main(args[:2] + ["--language", "cobol", "--data-dir", str(data), "--out", str(out)]) == 2
     assert "--language 'cobol'" in capsys.readouterr().err
     assert TOYS  # the toy problems come from the language tests
+
+
+@pytest.mark.parametrize("value", ["inf", "1e300", "0"])
+def test_unusable_timeout_is_refused_before_generation(value: str, tmp_path, capsys) -> None:
+    """Issue 23 item 4: ``--timeout inf`` failed after a whole generation (rc 70); now one line, rc 2, first."""
+    assert main(["--checkpoint", str(tmp_path / "no-such-checkpoint"), "--timeout", value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ida_eval.mbxp: error: ") and "seconds" in err and err.count("\n") == 1, err

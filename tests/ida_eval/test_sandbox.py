@@ -7,6 +7,8 @@ test's tmp root, and that no cgroup of ours remains.
 
 from __future__ import annotations
 
+import dataclasses
+
 import errno
 import os
 import secrets
@@ -109,6 +111,13 @@ def test_plain_program_passes_and_reports(clean: str, iso: isolation.Isolation) 
     assert res.passed and res.finished and res.exit_status == 0 and not res.timed_out
     assert res.stdout_tail == "hello\n"
     assert res.output_bytes == 6
+
+
+def test_the_largest_accepted_timeout_runs(clean: str) -> None:
+    """MAX_TIMEOUT_S (check_seconds' bound) reaches the CPU rlimit and the supervisor's deadline as a
+    usable limit (inf and 1e300 did not: an internal error and a failed sandbox set-up)."""
+    res = run("print('ok')", clean, dataclasses.replace(FAST, timeout=sb.MAX_TIMEOUT_S))
+    assert res.passed and res.stdout_tail == "ok\n"
 
 
 def test_exception_fails_with_traceback(clean: str) -> None:

@@ -390,3 +390,13 @@ def test_without_the_quantizer_transformers_only_warns(tok, tmp_path):
         assert "Unknown quantization type, got mxfp8_codec" in proc.stdout + proc.stderr
     else:
         assert "REFUSED" in proc.stdout and "metadata" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize(("key", "value"), [("dequantize", "no"), ("dequantize", 1), ("orientation", ["in_out"]),
+                                            ("norm_convention", 3), ("scale_rule", {"rule": "rceil"}),
+                                            ("weights_dtype", 5)])
+def test_wrongly_typed_config_fields_are_one_value_error_naming_the_key(key, value):
+    """Issue 23 item 6: ``"dequantize": "no"`` was taken as True; every field's type is checked up front."""
+    with pytest.raises(ValueError, match=rf"MXFP8Config: {key} must be"):
+        mxhf.MXFP8Config.from_dict({"quant_method": mxhf.QUANT_METHOD, key: value})
+    assert mxhf.MXFP8Config.from_dict({"quant_method": mxhf.QUANT_METHOD, "dequantize": True}).dequantize is True
