@@ -19,9 +19,32 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MAX_JSON_DEPTH_MESSAGE", "decode_error_text", "iter_jsonl", "json_error_text", "repair_torn_tail"]
+__all__ = ["MAX_JSON_DEPTH_MESSAGE", "decode_error_text", "dumps_utf8", "iter_jsonl", "json_error_text",
+           "repair_torn_tail"]
 
 MAX_JSON_DEPTH_MESSAGE = "nested too deeply to parse (more levels of [ or { than the JSON reader allows)"
+
+
+def dumps_utf8(obj: Any, **kwargs: Any) -> str:
+    r"""``json.dumps`` for a UTF-8 file: non-ASCII text kept as is, unless a string holds a lone surrogate.
+
+    ``"\udcff"`` is valid JSON and decodes to a str with a lone surrogate, which has no UTF-8 form: written
+    with ``ensure_ascii=False`` it fails at the write (and a results file's writer died on it, on every
+    resume). Such an object is written with ``\uXXXX`` escapes instead; ``json.loads`` gives the same
+    strings back, so nothing is lost.
+
+    Example:
+        >>> dumps_utf8({"c": "é"}), dumps_utf8({"c": "\udcff"})
+        ('{"c": "é"}', '{"c": "\\udcff"}')
+        >>> json.loads(dumps_utf8({"c": "\udcff"}))["c"] == "\udcff"
+        True
+    """
+    text = json.dumps(obj, ensure_ascii=False, **kwargs)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(obj, ensure_ascii=True, **kwargs)
+    return text
 
 
 def json_error_text(err: json.JSONDecodeError) -> str:

@@ -44,7 +44,7 @@ from tqdm import tqdm
 
 from ida_common.cli import ArgumentParser, CannotRunHere, Run, check_output_file, run_main
 from ida_eval.isolation import ISOLATION_LEVELS, isolation_description, probe_isolation
-from ida_common.jsonl import iter_jsonl, repair_torn_tail
+from ida_common.jsonl import dumps_utf8, iter_jsonl, repair_torn_tail
 from ida_eval.languages import LANGUAGES, Language, LanguageError, assemble, environment, language_of, missing_tools
 from ida_eval.problems import ProblemsError, find_problems_file, load_problems
 from ida_eval.sandbox import (
@@ -379,7 +379,7 @@ def _read_results(path: Path) -> dict[tuple[str, int], tuple[int, dict[str, Any]
 
 
 def _append(fd: int, record: Mapping[str, Any]) -> None:
-    line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+    line = (dumps_utf8(record) + "\n").encode("utf-8")
     view = memoryview(line)
     while view:
         view = view[os.write(fd, view) :]

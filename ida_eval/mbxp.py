@@ -66,7 +66,7 @@ from ida_eval.generate import (
     generate_completions,
 )
 from ida_common.files import atomic_write_text
-from ida_common.jsonl import iter_jsonl, repair_torn_tail
+from ida_common.jsonl import dumps_utf8, iter_jsonl, repair_torn_tail
 from ida_eval.languages import LANGUAGES, language_of
 from ida_eval.loader import check_checkpoint_dir, describe_checkpoint, load_model
 from ida_eval.problems import find_problems_file, language_files, load_problems
@@ -87,7 +87,7 @@ class RunDirError(ValueError):
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(path, dumps_utf8(obj, indent=2) + "\n")
 
 
 def read_samples(path: Path) -> dict[str, dict[str, Any]]:
@@ -107,11 +107,8 @@ def read_samples(path: Path) -> dict[str, dict[str, Any]]:
 
 def _append_samples(path: Path, gens: Sequence[Generation]) -> None:
     lines = "".join(
-        json.dumps(
-            {"task_id": g.task_id, "completion": g.completion, "raw": g.raw, "n_tokens": g.n_tokens,
-             "stop_reason": g.stop_reason},
-            ensure_ascii=False,
-        )
+        dumps_utf8({"task_id": g.task_id, "completion": g.completion, "raw": g.raw, "n_tokens": g.n_tokens,
+                    "stop_reason": g.stop_reason})
         + "\n"
         for g in gens
     )

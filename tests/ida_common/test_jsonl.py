@@ -34,3 +34,16 @@ def test_torn_tail_is_cut_and_a_whole_last_record_terminated(tmp_path):
     p.write_bytes(b'{"a": 1}\n{"a": 2}')
     assert repair_torn_tail(str(p)) == b'{"a": 1}\n{"a": 2}\n' == p.read_bytes()
     assert [json.loads(x) for x in p.read_bytes().splitlines()] == [{"a": 1}, {"a": 2}]
+
+
+def test_dumps_utf8_keeps_text_and_escapes_only_what_utf8_cannot_hold() -> None:
+    import doctest
+    import json
+
+    from ida_common import jsonl
+
+    assert jsonl.dumps_utf8({"t": "tab\tünï"}) == json.dumps({"t": "tab\tünï"}, ensure_ascii=False)
+    line = jsonl.dumps_utf8({"t": "a\udcffb", "u": "é"})
+    line.encode("utf-8")  # writable
+    assert json.loads(line) == {"t": "a\udcffb", "u": "é"}
+    assert doctest.testmod(jsonl).failed == 0

@@ -480,3 +480,22 @@ def test_mbxp_canonical_anchor(mbxp_problems_file: Path) -> None:
     assert sum(r["passed"] for r in res) == 959
     assert failed == KNOWN_FAILURES, {r["task_id"]: r["result"] for r in res if r["task_id"] in failed ^ KNOWN_FAILURES}
     assert not any(r["result"] == "timed out" for r in res)
+
+
+def test_a_lone_surrogate_completion_gets_a_verdict_and_the_run_goes_on(
+    toy_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 23 item 3: '\\udcff' in a completion (valid JSON) killed the results writer, on every resume."""
+    samples = tmp_path / "s.jsonl"
+    bad = "\treturn a + b  # \udcff\n"
+    samples.write_text(json.dumps({"task_id": "T/0", "completion": bad}) + "\n"
+                       + json.dumps({"task_id": "T/1", "completion": "    return 2 * x\n"}) + "\n")
+    out = tmp_path / "r.jsonl"
+    argv = ["--problems", str(toy_file), "--samples", str(samples), "--out", str(out), "--workers", "1",
+            "--timeout", "10", "--no-progress"]
+    assert ex.main(argv) == 0, capsys.readouterr().err
+    records = {r["task_id"]: r for r in map(json.loads, out.read_bytes().decode("utf-8").splitlines())}
+    assert set(records) == {"T/0", "T/1"} and records["T/1"]["passed"]
+    assert records["T/0"]["completion"] == bad  # kept losslessly (as a \\u escape in the file)
+    assert ex.main(argv) == 0  # a rerun resumes: nothing left to do, no error
+    assert len(out.read_bytes().splitlines()) == 2
