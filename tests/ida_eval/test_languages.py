@@ -308,7 +308,7 @@ def test_per_language_time_limits() -> None:
     assert ex.ExecutionConfig().run_timeout(LANGUAGES["python"]) == ex.DEFAULT_TIMEOUT_S
     with pytest.raises(ValueError, match="unknown language 'cobol'"):
         ex.ExecutionConfig(run_timeouts=(("cobol", 1.0),))
-    with pytest.raises(ValueError, match="must be > 0"):
+    with pytest.raises(ValueError, match="compile_timeouts: java must be a number of seconds > 0"):
         ex.ExecutionConfig(compile_timeouts=(("java", 0.0),))
 
 
