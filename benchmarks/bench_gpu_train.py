@@ -110,11 +110,14 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
     step_s = statistics.median(times)
     tok_s = statistics.mean(tokens) / step_s
     flops = _model_flops_per_token(cfg, args.seq) * tok_s
-    return {"recipe": recipe, "params": n_params if isinstance(n_params, int) else str(n_params),
+    import nvfp4_cuda
+
+    backend = str(nvfp4_cuda.backend_info()["backend"]) if recipe == "nvfp4" else "torch bf16"
+    return {"recipe": recipe, "params": n_params,
             "tokens_per_step": statistics.mean(tokens), "step_s": step_s, "tokens_per_s": tok_s,
             "mfu": flops / (args.peak_tflops * 1e12),
             "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan"),
-            "setup_s": setup_s, "losses": losses, "backend": _backend(), "profile": prof}
+            "setup_s": setup_s, "losses": losses, "backend": backend, "profile": prof}
 
 
 def _profile_step(engine: Any, opt: Any, batcher: Any, grad_clip: float, sync: Any) -> dict[str, Any]:
@@ -141,12 +144,6 @@ def _profile_step(engine: Any, opt: Any, batcher: Any, grad_clip: float, sync: A
     kernels.sort(key=lambda k: -k[1])
     return {"wall_ms_profiled": 1e3 * wall, "device_ms": sum(k[1] for k in kernels) / 1e3,
             "top": [{"kernel": k[:120], "ms": t / 1e3, "calls": c} for k, t, c in kernels[:25]]}
-
-
-def _backend() -> str:
-    import nvfp4_cuda
-
-    return str(nvfp4_cuda.backend_info().get("backend"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.child_json).write_text(json.dumps(run_one(args)))
         return 0
     results: dict[str, Any] = {}
-    passthrough = [a for a in (argv if argv is not None else sys.argv[1:])]
+    passthrough = list(argv if argv is not None else sys.argv[1:])
     with tempfile.TemporaryDirectory() as tmp:
         for recipe in RECIPES:
             out = Path(tmp) / f"{recipe}.json"
