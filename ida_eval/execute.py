@@ -345,7 +345,7 @@ def load_samples(path: str | Path, problems: Mapping[str, Any]) -> list[dict[str
     if not path.is_file():
         raise ResultsFileError(f"{path}: samples file not found")
     samples: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:  # bytes: iter_jsonl decodes each line, so bad UTF-8 names its line
         for _, where, obj in iter_jsonl(f, path, ResultsFileError):
             _check_sample(obj, problems, where)
             samples.append(obj)

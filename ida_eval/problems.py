@@ -35,10 +35,11 @@ class ProblemsError(ValueError):
     """A problems file is missing or malformed; the message names the file and line."""
 
 
-def _open_text(path: Path):  # type: ignore[no-untyped-def]
+def _open_lines(path: Path):  # type: ignore[no-untyped-def]
+    """The file's lines as bytes: :func:`iter_jsonl` decodes each, so invalid UTF-8 names its line."""
     if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+        return gzip.open(path, "rb")
+    return open(path, "rb")
 
 
 def _check_problem(obj: Any, where: str) -> dict[str, Any]:
@@ -83,7 +84,7 @@ def load_problems(path: str | Path) -> dict[str, dict[str, Any]]:
     problems: dict[str, dict[str, Any]] = {}
     first_line: dict[str, int] = {}
     try:
-        with _open_text(path) as f:
+        with _open_lines(path) as f:
             for lineno, where, obj in iter_jsonl(f, path, ProblemsError):
                 problem = _check_problem(obj, where)
                 tid = problem["task_id"]
@@ -91,8 +92,6 @@ def load_problems(path: str | Path) -> dict[str, dict[str, Any]]:
                     raise ProblemsError(f"{where}: duplicate task_id {tid!r} (first on line {first_line[tid]})")
                 problems[tid] = problem
                 first_line[tid] = lineno
-    except UnicodeDecodeError as e:
-        raise ProblemsError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except (OSError, EOFError) as e:
         raise ProblemsError(f"{path}: cannot read: {e}") from None
     if not problems:

@@ -97,6 +97,25 @@ def test_load_problems_errors_name_file_and_line(tmp_path: Path, line: str, mess
         load_problems(path)
 
 
+@pytest.mark.parametrize("gz", [False, True])
+def test_invalid_utf8_names_file_and_line(tmp_path: Path, toy: dict, gz: bool) -> None:
+    """Issue 23 item 8: a byte that is not UTF-8 is reported with its file and line, in a problems
+    file (plain or gzipped) and in a samples file."""
+    import gzip
+
+    good, bad = json.dumps(TOY[0]).encode(), json.dumps(TOY[1]).encode().replace(b"def", b"d\xffef", 1)
+    problems = tmp_path / ("p.jsonl.gz" if gz else "p.jsonl")
+    data = good + b"\n" + bad + b"\n"
+    problems.write_bytes(gzip.compress(data) if gz else data)
+    with pytest.raises(ProblemsError, match=r"p\.jsonl(\.gz)?:2: not valid JSON \(invalid UTF-8 \(byte 0xff at byte column \d+\)\)"):
+        load_problems(problems)
+    samples = tmp_path / "s.jsonl"
+    samples.write_bytes(json.dumps({"task_id": "T/0", "completion": ""}).encode() + b"\n"
+                        + b'{"task_id": "T/1", "completion": "\xc3("}\n')
+    with pytest.raises(ex.ResultsFileError, match=r"s\.jsonl:2: not valid JSON \(invalid UTF-8 \(byte 0xc3 at byte column 35\)\)"):
+        ex.load_samples(samples, toy)
+
+
 def test_load_problems_missing_and_empty(tmp_path: Path) -> None:
     with pytest.raises(ProblemsError, match="not found"):
         load_problems(tmp_path / "nope.jsonl")
