@@ -1,8 +1,8 @@
 """One command-line convention for every ida entry point: the error line, the exit codes, Ctrl-C.
 
 Every ``python -m ...`` command of the project (``mxfp8_codec``, ``nvfp4_cuda``, ``ida_trainer``,
-``ida_trainer.memory``, ``ida_eval.mbxp``, ``ida_eval.execute``) has a ``main(argv) -> int`` that
-hands its work to :func:`run_main`. That one wrapper decides how a run ends:
+``ida_trainer.memory``, ``ida_eval.mbxp``, ``ida_eval.execute``, ``ida_eval.toolchains``) has a
+``main(argv) -> int`` that hands its work to :func:`run_main`. That one wrapper decides how a run ends:
 
 * **A user error** (a bad argument, setting, file, tensor or line; an output that cannot be
   written) ends with ONE line on stderr, ``PROG: error: WHAT: what is wrong``, where WHAT names the

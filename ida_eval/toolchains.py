@@ -2,30 +2,44 @@
 
 ``python -m ida_eval.toolchains`` prints one line per language (the commands it needs, found or
 missing, the version line), ``--json`` the same as JSON; ``--install`` prints the ``apt-get``
-command line that installs the missing languages' Debian 12 packages, and ``--install --yes`` runs it
-(as root; ``apt-get update`` first). Swift has no Debian package: it stays ``toolchain missing``.
-Language rules (packages, commands) live in :mod:`ida_eval.languages`.
+command line that installs the missing languages' Debian 12 packages (``--install --json``: that
+line and the languages without a package as JSON), and ``--install --yes`` runs it (as root;
+``apt-get update`` first). Swift has no Debian package: it stays ``toolchain missing``. Every tool
+is looked up and run on the sandbox's ``PATH`` (:data:`ida_eval.sandbox.SAFE_PATH`), whatever the
+caller's is: what is found here is what a sandboxed program finds. Errors speak the project's CLI
+voice (:mod:`ida_common.cli`). Language rules (packages, commands) live in :mod:`ida_eval.languages`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+from ida_common.cli import ArgumentParser, CannotRunHere, Run, run_main
 from ida_eval.languages import LANGUAGES, Language, environment, missing_tools
+from ida_eval.sandbox import SAFE_PATH
 
 __all__ = ["apt_command", "main", "toolchain_report"]
 
+PROG = "ida_eval.toolchains"
 VERSION_TIMEOUT_S = 60.0  # kotlinc -version starts a JVM: seconds on a busy machine
 
 
+def _tool_env(lang: Language | None = None) -> dict[str, str]:
+    """The environment a tool is run with here: the sandbox's ``PATH``, plus the language's own."""
+    env = {"PATH": SAFE_PATH, "LANG": "C.UTF-8"}
+    if lang is not None:
+        env.update((k, v) for k, v in environment(lang) if "{work}" not in v)
+    return env
+
+
 def _version(lang: Language) -> str | None:
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
-    env.update((k, v) for k, v in environment(lang) if "{work}" not in v)
+    env = _tool_env(lang)
     try:
         proc = subprocess.run(
             lang.version_cmd, capture_output=True, text=True, timeout=VERSION_TIMEOUT_S, env=env, check=False
@@ -38,14 +52,15 @@ def _version(lang: Language) -> str | None:
 
 def _library_missing(lang: Language) -> str | None:
     """A language library the tests need that is absent (lodash, Data::Compare), else None."""
-    import os
-
     if lang.name in ("javascript", "typescript"):
         dirs = dict(environment(lang)).get("NODE_PATH", "").split(":")
         if not any(os.path.isdir(os.path.join(d, "lodash")) for d in dirs if d):
             return "lodash (node-lodash)"
     if lang.name == "perl":
-        ok = subprocess.run(["perl", "-MData::Compare", "-e1"], capture_output=True, check=False).returncode == 0
+        perl = shutil.which("perl", path=SAFE_PATH)
+        ok = perl is not None and subprocess.run(
+            [perl, "-MData::Compare", "-e1"], capture_output=True, env=_tool_env(), check=False
+        ).returncode == 0
         if not ok:
             return "Data::Compare (libdata-compare-perl)"
     return None
@@ -85,39 +100,51 @@ def apt_command(rows: Sequence[dict[str, Any]], all_languages: bool = False) -> 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m ida_eval.toolchains", description="List the MBXP languages' toolchains (present, version)."
+    """CLI entry point; returns the exit status (0 ok, 2 bad usage or ``--yes`` without root, 3 apt-get
+    failed: :mod:`ida_common.cli`, docs/cli.md)."""
+    return run_main(PROG, _main, argv)
+
+
+def _main(run: Run) -> int:
+    ap = ArgumentParser(
+        prog=f"python -m {PROG}", short_prog=PROG,
+        description="List the MBXP languages' toolchains (present, version).",
     )
     ap.add_argument("--language", action="append", choices=list(LANGUAGES), help="only these languages")
     ap.add_argument("--json", action="store_true", help="print JSON")
     ap.add_argument("--install", action="store_true", help="print the apt-get line for the missing toolchains")
     ap.add_argument("--all", action="store_true", help="with --install: every language's packages")
-    ap.add_argument("--yes", action="store_true", help="with --install: run apt-get update and the install")
-    args = ap.parse_args(argv)
+    ap.add_argument("--yes", action="store_true", help="with --install: run apt-get update and the install (as root)")
+    args = ap.parse_args(run.argv)
+    if (args.all or args.yes) and not args.install:
+        ap.error("--all and --yes go with --install")
     rows = toolchain_report(args.language, versions=not args.install)
-    if args.install:
-        cmd = apt_command(rows, args.all)
-        unavailable = [r["language"] for r in rows if not r["packages"] and (args.all or not r["present"])]
+    if not args.install:
+        if args.json:
+            print(json.dumps(rows, indent=2))
+            return 0
+        width = max(len(r["language"]) for r in rows)
+        for r in rows:
+            state = "present" if r["present"] else "MISSING " + ", ".join(r["missing"])
+            print(f"{r['language']:<{width}}  {' '.join(r['commands']):<14} {state}  {r['version'] or ''}".rstrip())
+        return 0
+    cmd = apt_command(rows, args.all)
+    unavailable = [r["language"] for r in rows if not r["packages"] and (args.all or not r["present"])]
+    if args.yes and cmd and os.geteuid() != 0:
+        raise PermissionError(f"--install --yes runs apt-get, which needs root: run it as root, or run "
+                              f"'{' '.join(cmd)}' yourself")
+    if args.json:
+        print(json.dumps({"command": cmd, "no_debian_package": unavailable}, indent=2))
+    else:
         if unavailable:
             print(f"no Debian package for: {', '.join(unavailable)} (stays 'toolchain missing')", file=sys.stderr)
-        if not cmd:
-            print("nothing to install")
-            return 0
-        print(" ".join(cmd))
-        if args.yes:
-            env_cmd = ["env", "DEBIAN_FRONTEND=noninteractive"]
-            for step in (["apt-get", "update"], cmd):
-                if subprocess.run(env_cmd + step, check=False).returncode != 0:
-                    print(f"error: {' '.join(step)} failed", file=sys.stderr)
-                    return 1
-        return 0
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    width = max(len(r["language"]) for r in rows)
-    for r in rows:
-        state = "present" if r["present"] else "MISSING " + ", ".join(r["missing"])
-        print(f"{r['language']:<{width}}  {' '.join(r['commands']):<14} {state}  {r['version'] or ''}".rstrip())
+        print(" ".join(cmd) if cmd else "nothing to install")
+    if args.yes and cmd:
+        for step in (["apt-get", "update"], cmd):
+            env = _tool_env() | {"DEBIAN_FRONTEND": "noninteractive"}
+            status = subprocess.run(step, env=env, stdout=sys.stderr if args.json else None, check=False).returncode
+            if status != 0:
+                raise CannotRunHere(f"'{' '.join(step)}' failed with exit status {status}: the packages are not installed")
     return 0
 
 

@@ -273,6 +273,35 @@ def test_toolchain_missing_is_reported_apart() -> None:
     assert summary["languages"]["javascript"]["pass@1"] == 1.0
 
 
+def test_toolchains_cli_voice(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 23 item 9: tools are found on the sandbox's PATH whatever the caller's (no traceback
+    when the caller's PATH lacks perl), ``--install --json`` is JSON, ``--install --yes`` without root
+    is one line naming the need for root, exit 2."""
+    import subprocess
+    import sys
+
+    from ida_eval import toolchains
+
+    need("perl")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert toolchains.main(["--language", "perl"]) == 0
+    assert capsys.readouterr().out.split()[:3] == ["perl", "perl", "present"]
+    assert toolchains.main(["--install", "--all", "--json", "--language", "perl", "--language", "swift"]) == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "command": ["apt-get", "install", "-y", "--no-install-recommends", *LANGUAGES["perl"].packages],
+        "no_debian_package": ["swift"],
+    }
+    assert toolchains.main(["--yes"]) == 2
+    assert capsys.readouterr().err.startswith("ida_eval.toolchains: error: --all and --yes go with --install")
+    if os.geteuid() != 0:
+        pytest.skip("the non-root case needs root to drop to another user")
+    res = subprocess.run([sys.executable, "-m", "ida_eval.toolchains", "--install", "--all", "--yes", "--language", "perl"],
+                         capture_output=True, text=True, check=False, user=65534, group=65534, extra_groups=[],
+                         cwd="/", env={"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "PATH": "/usr/bin:/bin"})
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.splitlines()[-1].startswith("ida_eval.toolchains: error: --install --yes runs apt-get, which needs root")
+    assert "Traceback" not in res.stderr
+
 def test_language_comes_from_the_record_else_the_task_prefix() -> None:
     assert language_of({"task_id": "MBJP/3"}) == "java"
     assert language_of({"task_id": "HumanEval_go/0"}) == "go"
