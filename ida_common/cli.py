@@ -70,6 +70,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
+from ida_common.files import nearest_existing
+
 __all__ = [
     "DEBUG_ENV",
     "EXIT_CANNOT_RUN",
@@ -342,13 +344,6 @@ class ArgumentParser(argparse.ArgumentParser):
 # checks before work
 
 
-def _nearest_existing(path: Path) -> Path:
-    p = path.absolute()
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    return p
-
-
 def check_output_dir(path: str | os.PathLike[str], what: str = "--out") -> Path:
     """Check that ``path`` is or can become a writable directory, creating nothing.
 
@@ -367,7 +362,7 @@ def check_output_dir(path: str | os.PathLike[str], what: str = "--out") -> Path:
     target = Path(path)
     if target.exists() and not target.is_dir():
         raise ValueError(f"{what} {target}: exists and is not a directory")
-    base = _nearest_existing(target)
+    base = nearest_existing(target)
     if not base.is_dir():
         raise ValueError(f"{what} {target}: {base} is a file, not a directory")
     try:

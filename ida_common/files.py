@@ -69,6 +69,7 @@ __all__ = [
     "copy_file_atomic",
     "fsync_tree",
     "lock_temporary",
+    "nearest_existing",
     "sweep_stale",
     "temp_pattern",
 ]
@@ -91,6 +92,14 @@ def _ids_upwards(path: Path) -> list[tuple[int, int]]:
         if p.parent == p:
             return ids
         p = p.parent
+
+
+def nearest_existing(path: str | os.PathLike[str]) -> Path:
+    """``path`` (made absolute) or its nearest ancestor that exists: where a write to ``path`` is decided."""
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
 
 
 def check_output(
@@ -293,22 +302,34 @@ def atomic_directory(path: str | os.PathLike[str], *, overwrite: bool = False) -
 
     Raises:
         ValueError: ``path`` exists and is not empty, without ``overwrite`` (checked again at the end).
+        OSError: ``path``'s directory cannot be written (a file in the way, a read-only mount,
+            permissions); its ``filename`` is ``path`` and the message says which ancestor blocks it.
     """
     out = Path(path)
     parent = out.parent if str(out.parent) else Path(".")
-    parent.mkdir(parents=True, exist_ok=True)
-    sweep_stale(parent, out.name)
-    while True:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=parent))
-        lock_fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
-        if lock_temporary(lock_fd):
-            break
-        os.close(lock_fd)
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        sweep_stale(parent, out.name)
+        while True:
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=parent))
+            lock_fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
+            if lock_temporary(lock_fd):
+                break
+            os.close(lock_fd)
+    except OSError as exc:  # name the output the caller gave, not our hidden temporary
+        base = nearest_existing(parent)
+        why = f"{base} is a file, not a directory" if not base.is_dir() else (
+            f"cannot create a directory in {base} ({exc.strerror or exc})")
+        raise OSError(exc.errno, why, str(out)) from None
     try:
         yield tmp
         fsync_tree(tmp)
         kill_point("atomic_directory.complete")
-        _move_into_place(tmp, out, overwrite=overwrite)
+        try:
+            _move_into_place(tmp, out, overwrite=overwrite)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot move the finished output into place ({exc.strerror or exc})",
+                          str(out)) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

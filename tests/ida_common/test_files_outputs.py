@@ -87,6 +87,24 @@ def test_atomic_directory_replaces_only_when_complete(tmp_path: Path) -> None:
     assert sorted(os.listdir(out)) == ["b"] and sorted(os.listdir(tmp_path)) == ["out"]
 
 
+
+UNWRITABLE = [("under-a-file", "is a file, not a directory")]
+if Path("/proc/self").is_dir():  # no one may create directories in /proc, root included
+    UNWRITABLE.append(("/proc/ida-no/out", r"cannot create a directory in /proc \(No such file or directory\)"))
+
+
+@pytest.mark.parametrize(("where", "why"), UNWRITABLE)
+def test_atomic_directory_names_the_output_it_cannot_create(where: str, why: str, tmp_path: Path) -> None:
+    """Issue 23 item 10: the error names the output the caller gave and what blocks it, never the
+    hidden temporary (``.out.XXXXXXXX.tmp``); nothing is left behind."""
+    (tmp_path / "file").write_text("x")
+    out = tmp_path / "file" / "sub" / "out" if where == "under-a-file" else Path(where)
+    with pytest.raises(OSError, match=why) as info, atomic_directory(out) as tmp:
+        (tmp / "a").write_text("never")
+    assert info.value.filename == str(out) and ".tmp" not in str(info.value)
+    assert sorted(os.listdir(tmp_path)) == ["file"]
+
+
 KILLED_WRITER = """
     import sys
     from ida_common.files import atomic_directory

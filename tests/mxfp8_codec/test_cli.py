@@ -188,6 +188,37 @@ def test_quantize_refuses_an_mxfp8_input_and_out_in_orientation(
         assert r.metadata["scale_rule"] == "floor" and r.metadata["orientation"] == "out_in"
 
 
+@pytest.mark.parametrize("blocked", ["under-a-file", "/proc"])
+def test_quantize_export_dequantize_name_an_unwritable_destination(
+    blocked: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 23 item 10: onto a destination that cannot be created (root included: a regular file
+    as its parent, or /proc) each command ends with one line naming the destination given and the
+    ancestor that blocks it, never the hidden temporary, exit status 2."""
+    if blocked == "/proc" and not Path("/proc/self").is_dir():
+        pytest.skip("no /proc")
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    from safetensors.numpy import save_file
+
+    w = np.arange(64 * 32, dtype=np.float32).reshape(64, 32) / 1000
+    save_file({"model.layers.0.mlp.up_proj.weight": w.astype(ml_dtypes.bfloat16)}, str(hf / "model.safetensors"),
+              metadata={"format": "pt"})
+    (hf / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert main(["quantize", str(hf), str(tmp_path / "mx"), "--orientation", "out_in"]) == 0
+    (tmp_path / "file").write_text("x")
+    dst = tmp_path / "file" / "out" if blocked == "under-a-file" else Path("/proc/ida-no/out")
+    why = f"{tmp_path / 'file'} is a file, not a directory" if blocked == "under-a-file" else (
+        "cannot create a directory in /proc")
+    capsys.readouterr()
+    for argv in (["quantize", str(hf)], ["export", "--format", "compressed-tensors", str(tmp_path / "mx")],
+                 ["dequantize", str(tmp_path / "mx")]):
+        assert main([*argv, str(dst)]) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith(f"mxfp8_codec: error: {dst}: {why}") and ".tmp" not in err, (argv, err)
+        assert err.count("\n") == 1, err
+
+
 def test_dequantize_unfolds_norms_and_transposes_single_file(tmp_path: Path) -> None:
     gamma = np.linspace(0.5, 1.5, 32, dtype=np.float32)  # stored 1 + w under norm_convention=folded
     w_native = np.eye(32, 64, dtype=np.float32)  # [in, out]
