@@ -121,6 +121,11 @@ def numpy_dtype_of(value: Any) -> np.dtype:
     return np.dtype(value.dtype)
 
 
+def torch_dtype_of(dt: np.dtype) -> Any:
+    """The torch dtype of the numpy (ml_dtypes) dtype ``dt``: the inverse of :func:`numpy_dtype_of`."""
+    return numpy_to_torch(np.empty(0, dt)).dtype
+
+
 def is_float_dtype(dt: np.dtype) -> bool:
     return dt.kind == "f" or dt == np.dtype(ml_dtypes.bfloat16)
 

@@ -569,6 +569,45 @@ def read_header(path: str | os.PathLike[str], *, require_mxfp8: bool = False) ->
         raise _fail(p, None, f"cannot read file: {exc.strerror or exc}") from None
 
 
+def sniff_mxfp8(path: str | os.PathLike[str]) -> bool:
+    """Whether the safetensors file ``path`` is in this format, judged from its header alone.
+
+    True when ``__metadata__`` says ``weights_dtype = "MXFP8_E4M3_UE8M0_K32"`` or an ``F8_E4M3``
+    entry ``NAME`` has a ``NAME.scale`` partner. Reads the 8-byte length and the ``N`` header bytes
+    (``N`` at most ``MAX_HEADER_BYTES``), never the data section, and validates nothing: it only
+    decides who must read the file (``mxfp8_codec.hf`` refuses to let transformers load such a file
+    as plain weights). Never raises: a file that cannot be read or whose header is not JSON is not
+    called MXFP8 here, and whoever reads it reports what is wrong.
+
+    Example:
+        >>> import numpy as np, tempfile, os
+        >>> from mxfp8_codec import write_mxfp8_safetensors
+        >>> p = os.path.join(tempfile.mkdtemp(), "m.safetensors")
+        >>> write_mxfp8_safetensors(p, {"l.q_proj.weight": np.ones((64, 32), np.float32)})
+        >>> sniff_mxfp8(p), sniff_mxfp8(p + ".missing")
+        (True, False)
+    """
+    try:
+        with open(path, "rb", buffering=0) as f:  # unbuffered: exactly 8 + N bytes are read
+            prefix = f.read(HEADER_LENGTH_BYTES)
+            if len(prefix) != HEADER_LENGTH_BYTES:
+                return False
+            (n,) = struct.unpack("<Q", prefix)
+            if not 0 < n <= MAX_HEADER_BYTES:
+                return False
+            obj = json.loads(f.read(n).rstrip(b" \x00"))
+    except (OSError, ValueError, RecursionError):  # unreadable, not UTF-8, not JSON
+        return False
+    if not isinstance(obj, dict):
+        return False
+    meta = obj.get(METADATA_KEY)
+    if isinstance(meta, dict) and meta.get("weights_dtype") == WEIGHTS_DTYPE:
+        return True
+    return any(
+        isinstance(v, dict) and v.get("dtype") == PAYLOAD_DTYPE and k + SCALE_SUFFIX in obj for k, v in obj.items()
+    )
+
+
 def encode_header(
     entries: Iterable[tuple[str, str, Sequence[int], int]], metadata: Mapping[str, str] | None
 ) -> tuple[bytes, list[TensorEntry]]:

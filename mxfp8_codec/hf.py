@@ -13,6 +13,45 @@ own hooks (``transformers.quantizers.auto.register_quantization_config`` / ``reg
 The second form is for checkpoints whose config.json has no ``quantization_config`` (the seeds'
 published ones: the same file, a plain config).
 
+**No raw-code model, even without a quantization_config.** transformers 5.x loads such a checkpoint
+as plain ``nn.Linear`` layers holding the E4M3 codes (it only reports the ``.scale`` entries as
+unexpected). With this module imported, ``from_pretrained(d)`` of a checkpoint whose safetensors
+header says ``weights_dtype = MXFP8_E4M3_UE8M0_K32`` or holds an ``F8_E4M3`` entry with a ``.scale``
+partner (:func:`mxfp8_codec.header.sniff_mxfp8`: the header only, never tensor data) loads it
+through our quantizer or fails with :class:`MXFP8LoadError`:
+
+* no ``quantization_config`` (absent or null) and none passed: loaded as if
+  ``quantization_config=MXFP8Config()`` had been given -- the same model (resident MXFP8 weights,
+  bit-identical logits) as when config.json names the method, since the file and not config.json
+  is the source of truth (docs/format.md section 15); a ``UserWarning`` names the file (Python shows
+  it once per file). A transformers user expects a quantized checkpoint to load quantized, as
+  transformers' own pre-quantized formats do; refusing would only make them pass the one config
+  that can read the file. ``dequantize`` stays an explicit choice:
+  ``MXFP8Config(dequantize=True)``.
+* a ``quantization_config`` of another method (in config.json, or passed) or one transformers does
+  not know: :class:`MXFP8LoadError` naming the file and the method; nothing reads those codes right.
+* our method: every header is validated before transformers opens any file, so a truncated file,
+  a missing shard or a malformed scale is :class:`MXFP8LoadError` (naming the file and tensor), not
+  transformers' own error; like every codec error raised inside our quantizer.
+
+transformers offers no registered hook for this: the quantizer is chosen (``get_hf_quantizer``,
+from config.json and the arguments) *before* the checkpoint files are resolved, and no hook sees
+both. So two functions of ``transformers.modeling_utils`` are wrapped, once (idempotent), only on a
+5.x release where they have the shape checked at import (else a warning says the check is off):
+
+1. ``_get_dtype(dtype, checkpoint_files, config, ..., hf_quantizer)``, the first call of
+   ``from_pretrained`` that has the resolved (downloaded) files, the config and the chosen
+   quantizer together, before any model is built: runs the check above (headers only).
+2. ``PreTrainedModel.from_pretrained``: when that check found our file with no
+   ``quantization_config`` (a private :class:`MXFP8LoadError` subclass), warns and calls the
+   original once more with ``quantization_config=MXFP8Config()`` -- nothing was built or read but
+   headers; the files are local (cached) by then.
+
+A wrongly typed ``quantization_config`` in config.json (a list, number or string) fails inside
+transformers' config loading (``AutoConfig.from_pretrained`` raises ``AttributeError ... to_dict``)
+before either hook runs, with or without this module; ``MXFP8Config.from_dict`` checks the type of
+every field of ours (one ``ValueError`` naming the key).
+
 How loading works (transformers 5.x, the quantizer hooks every 5.x release has):
 
 1. **Plan and validate before any weight is read** (``_process_model_before_weight_loading``, which
@@ -28,8 +67,10 @@ How loading works (transformers 5.x, the quantizer hooks every 5.x release has):
    and loads everything else (embeddings, norms, biases, ``lm_head``) as it always does.
 3. After transformers' loader (``_process_model_after_weight_loading``) the projections are taken
    from the files: the E4M3 payload and UE8M0 scale bytes, unchanged and in the file's layout
-   (1.03 bytes per weight). On the CPU they are views of a private (copy-on-write) mapping of the
-   file, as transformers keeps bf16 weights: nothing is copied or read at load, pages are read on
+   (1.03 bytes per weight). Each projection's scale bytes are scanned first: a NaN scale (0xFF)
+   is :class:`MXFP8LoadError` naming the entry and index (~0.5 % of a load from the page cache).
+   On the CPU they are views of a private (copy-on-write) mapping of the file, as transformers
+   keeps bf16 weights: nothing is copied or read at load (but the scale bytes), pages are read on
    first use and belong to the page cache; a write to a payload stays in this process. (Rewriting
    the file in place while the model is loaded is unsupported, as for any mapped weights; our
    writers and ``save_pretrained`` replace files, which is safe.) On a GPU they are copied onto the
@@ -57,18 +98,22 @@ order for a transposed operand could change the last bits). When autograd would 
 (grad enabled and the input requires grad), a fresh tensor is used instead of the shared scratch.
 
 ``model.save_pretrained(out)`` writes our format again: the payload and scale bytes as loaded,
-every other tensor in the file's orientation and norm convention (a folded gain is written as
-its original stored bytes while the parameter still equals its unfolding), the first file's
-``__metadata__`` and config.json's ``quantization_config``.
+every other tensor in the file's orientation, norm convention and stored dtype (a folded gain is
+written as its original stored bytes while the parameter still equals its unfolding; a bf16 tensor
+of a float32 load as bf16 while its values fit), the first file's ``__metadata__`` and config.json's
+``quantization_config``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 import os
 import re
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,8 +129,8 @@ from transformers.utils.quantization_config import QuantizationConfigMixin
 from mxfp8_codec.constants import WEIGHTS_DTYPE
 from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.hf_config import FORMAT_VERSION, QUANT_METHOD, quantization_config_dict
-from mxfp8_codec.convert import numpy_dtype_of
-from mxfp8_codec.header import DTYPES, SCALE_SUFFIX
+from mxfp8_codec.convert import numpy_dtype_of, torch_dtype_of
+from mxfp8_codec.header import DTYPES, FLOAT_DTYPES, SCALE_SUFFIX, read_header, sniff_mxfp8
 from mxfp8_codec.layout import NORM_CONVENTIONS, ORIENTATIONS, is_projection_weight, norm_adds_one, unfold_norm
 from mxfp8_codec.numerics import decode_mxfp8, decode_mxfp8_split
 from mxfp8_codec.reader import open_mxfp8
@@ -107,6 +152,19 @@ __all__ = [
 
 class MXFP8LoadError(MXFP8Error):
     """A checkpoint cannot be loaded into the model; the message names the file and the tensor."""
+
+
+@contextlib.contextmanager
+def _as_load_error() -> Iterator[None]:
+    """Inside ``from_pretrained`` every codec error (a header that fails validation, a missing shard,
+    a NaN scale byte) is the documented :class:`MXFP8LoadError`, with the codec's one-line message.
+    Usable as a decorator too."""
+    try:
+        yield
+    except MXFP8LoadError:
+        raise
+    except MXFP8Error as exc:
+        raise MXFP8LoadError(str(exc)) from None
 
 
 @register_quantization_config(QUANT_METHOD)
@@ -208,6 +266,15 @@ _allow_loading_attributes()
 # --------------------------------------------------------------------------- decode
 
 
+_KERNEL_DTYPES = (torch.bfloat16, torch.float32)  # what the decode kernels write; other dtypes go through float32
+
+
+def _kernel_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a weight of ``dtype`` is decoded in: itself when a kernel writes it (bf16, f32),
+    else float32, rounded once into ``dtype`` afterwards (float32 holds every decoded value exactly)."""
+    return dtype if dtype in _KERNEL_DTYPES else torch.float32
+
+
 def decode_into(payload: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, *, transpose: bool) -> torch.Tensor:
     """Decode MXFP8 ``payload`` (uint8 ``[R, C]``) into ``out`` with torch ops, no allocation of
     ``out``'s size: ``out`` is ``[R, C]`` (or ``[C, R]`` with ``transpose``), bfloat16 or float32.
@@ -219,7 +286,7 @@ def decode_into(payload: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, 
     non-CPU devices; partial blocks (``C % 32 != 0``) go through the codec.
     """
     rows, cols = payload.shape
-    if cols % 32 or out.dtype not in (torch.bfloat16, torch.float32):
+    if cols % 32 or out.dtype not in _KERNEL_DTYPES:
         decode_mxfp8(payload, scales, dtype=out.dtype, out=out, transpose=transpose)
         return out
     factor = scales.view(torch.float8_e8m0fnu).to(out.dtype).unsqueeze(-1)  # [R, C/32, 1]: 1/32 of the size
@@ -295,9 +362,11 @@ def _prepare_cpu_decode(dtype: torch.dtype) -> None:
     """Do at load what the first CPU forward would otherwise do once: load (or build) the native
     kernel, its decode table and the OpenMP runtime, with one tiny decode through the forward's
     path. Inside a forward the same work took ~0.2 s rather than ~0.05 s (torch's OpenMP threads
-    spin beside it)."""
+    spin beside it). ``dtype`` is the model's: every dtype :class:`MXFP8Linear` takes (float16 and
+    float64 decode through float32, :func:`_kernel_dtype`)."""
     block = torch.zeros((2, 32), dtype=torch.uint8)
-    _decode_cpu(block, torch.full((2, 1), 127, dtype=torch.uint8), torch.empty((2, 32), dtype=dtype), False, "warm-up")
+    out = torch.empty((2, 32), dtype=_kernel_dtype(dtype))
+    _decode_cpu(block, torch.full((2, 1), 127, dtype=torch.uint8), out, False, "warm-up")
 
 
 class _Scratch:
@@ -393,9 +462,9 @@ class MXFP8Linear(nn.Module):
         return self.payload
 
     def _decode(self, out: torch.Tensor, *, transpose: bool) -> torch.Tensor:
-        if out.dtype not in (torch.bfloat16, torch.float32):
-            tmp = self._decode(torch.empty(out.shape, dtype=torch.float32, device=out.device), transpose=transpose)
-            return out.copy_(tmp)  # float32 holds every decoded value exactly: one rounding
+        if out.dtype not in _KERNEL_DTYPES:
+            tmp = torch.empty(out.shape, dtype=_kernel_dtype(out.dtype), device=out.device)
+            return out.copy_(self._decode(tmp, transpose=transpose))  # exact in float32: rounded once here
         payload = self._payload()
         if payload.device.type == "cpu":
             _decode_cpu(payload, self.scales, out, transpose, self.name)
@@ -719,6 +788,7 @@ class MXFP8HfQuantizer(HfQuantizer):
     def check_quantized_param(self, *args: Any, **kwargs: Any) -> bool:  # transformers 4.x name
         return False
 
+    @_as_load_error()
     def _process_model_before_weight_loading(self, model: Any, **kwargs: Any) -> Any:
         files = kwargs.get("checkpoint_files")
         if files is None:
@@ -746,6 +816,7 @@ class MXFP8HfQuantizer(HfQuantizer):
         self._dtype = dtype
         return model
 
+    @_as_load_error()
     def _process_model_after_weight_loading(self, model: Any, **kwargs: Any) -> Any:
         plan = self._plan
         assert plan is not None
@@ -780,8 +851,11 @@ class MXFP8HfQuantizer(HfQuantizer):
 
     def _load_projection(self, model: Any, module_name: str, module: MXFP8Linear, r: Any, name: str,
                          s: _Stored, device: torch.device) -> bool:
-        """Load one projection; True when its tensors still view the file's mapping (CPU, MXFP8)."""
+        """Load one projection; True when its tensors still view the file's mapping (CPU, MXFP8).
+        A NaN scale byte (0xFF) is refused first: it would make its whole block NaN, and it costs one
+        vectorised pass over 1/32 of the weight's bytes to know."""
         flip = s.orientation == "in_out"
+        r.check_scales(name)
         if s.quantized and not self.quantization_config.dequantize:
             payload, scales = r.raw_view(name)  # views of the private mapping: no copy, no read yet
             module.payload = torch.from_numpy(payload).to(device)
@@ -790,7 +864,7 @@ class MXFP8HfQuantizer(HfQuantizer):
         # plain bf16 Linear: decoded once (MXFP8) or read (stored plain), in nn.Linear's layout
         if s.quantized:
             shape = (module.out_features, module.in_features)
-            if device.type == "cpu" and self._dtype in (torch.bfloat16, torch.float32):
+            if device.type == "cpu" and self._dtype in _KERNEL_DTYPES:
                 weight = torch.empty(shape, dtype=self._dtype)
                 payload, scales = r.raw_view(name)
                 _decode_cpu(torch.from_numpy(payload), torch.from_numpy(scales), weight, flip, name, split=True)
@@ -823,8 +897,13 @@ class MXFP8HfQuantizer(HfQuantizer):
         return bool(self.quantization_config.dequantize)
 
     def get_state_dict_and_metadata(self, model: Any, *args: Any, **kwargs: Any) -> tuple[dict[str, torch.Tensor], dict]:
-        """Our format again: payload/scale bytes as loaded, other tensors in the file's orientation
-        and norm convention, the first file's metadata."""
+        """Our format again: payload/scale bytes as loaded, other tensors in the file's orientation,
+        norm convention and stored dtype, the first file's metadata.
+
+        A plain floating tensor is written in the dtype it was stored in (a bf16 norm of a model
+        loaded with ``dtype=torch.float32`` is written as bf16 again) whenever that loses nothing
+        (its values round-trip); a value the stored dtype cannot hold (changed after loading) keeps
+        the model's dtype rather than being rounded silently."""
         plan = self._plan
         assert plan is not None
         sd = dict(model.state_dict())
@@ -841,6 +920,13 @@ class MXFP8HfQuantizer(HfQuantizer):
                 sd[name] = original
             else:
                 sd[name] = (w.detach().float() + 1.0).to(w.dtype)
+        for name, s in plan.stored.items():
+            t = sd.get(name)
+            if t is None or s.quantized or s.dtype not in FLOAT_DTYPES or numpy_dtype_of(t) == DTYPES[s.dtype]:
+                continue
+            as_stored = t.detach().to(torch_dtype_of(DTYPES[s.dtype]))
+            if torch.equal(as_stored.to(t.dtype), t.detach()):
+                sd[name] = as_stored
         return sd, _NoFormatKey(plan.metadata)
 
     def _dequantize(self, model: Any, dtype: torch.dtype | None = None) -> Any:
@@ -859,3 +945,107 @@ class MXFP8HfQuantizer(HfQuantizer):
 def mxfp8_modules(model: nn.Module) -> Iterable[tuple[str, MXFP8Linear]]:
     """``(name, module)`` of every MXFP8-resident projection in ``model``."""
     return ((n, m) for n, m in model.named_modules() if isinstance(m, MXFP8Linear))
+
+
+# --------------------------------------------------------------------------- without a quantization_config
+
+
+class _QuantizationConfigMissing(MXFP8LoadError):
+    """An MXFP8 checkpoint whose config has no ``quantization_config``: raised by the check in
+    transformers' ``_get_dtype`` before any model is built, caught by the ``from_pretrained`` hook,
+    which loads it again with ``MXFP8Config()``. Should it ever escape (a ``from_pretrained`` that
+    bypasses ``PreTrainedModel``'s), it is still the documented error with an actionable message."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"{path}: an MXFP8 checkpoint ({WEIGHTS_DTYPE}) but config.json has no quantization_config; load it "
+            "with from_pretrained(..., quantization_config=mxfp8_codec.hf.MXFP8Config())"
+        )
+        self.path = path
+
+
+_HOOKED = "__mxfp8_codec_hook__"  # set on our wrappers: installing them again is a no-op
+
+
+def _check_checkpoint_files(files: Sequence[Any] | None, config: Any, hf_quantizer: Any) -> None:
+    """The check run inside ``from_pretrained`` once the checkpoint files are resolved (downloaded)
+    and the quantizer is chosen, before any model is built (see the module docstring)."""
+    names = [str(f) for f in files or () if str(f).endswith(".safetensors")]
+    method = getattr(getattr(hf_quantizer, "quantization_config", None), "quant_method", None)
+    if method == QUANT_METHOD:
+        with _as_load_error():  # before transformers opens them itself (its header errors name no file)
+            for f in names:
+                read_header(f)
+        return
+    ours = next((f for f in names if sniff_mxfp8(f)), None)  # headers only
+    if ours is None:
+        return
+    text_config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    qc = getattr(config, "quantization_config", None) or getattr(text_config, "quantization_config", None)
+    if hf_quantizer is None and qc is None:
+        raise _QuantizationConfigMissing(ours)
+    if hf_quantizer is None:  # a method transformers does not know ("Unknown quantization type" warning)
+        method = qc.get("quant_method") if isinstance(qc, Mapping) else getattr(qc, "quant_method", None)
+    raise MXFP8LoadError(
+        f"{ours}: an MXFP8 checkpoint ({WEIGHTS_DTYPE}) but the quantization_config says "
+        f"quant_method={getattr(method, 'value', method)!r}; only {QUANT_METHOD!r} (mxfp8_codec.hf.MXFP8Config) reads "
+        "it, anything else would run the raw E4M3 codes as weights"
+    )
+
+
+def _hooked(fn: Callable[..., Any]) -> Callable[..., Any]:
+    setattr(fn, _HOOKED, True)
+    return fn
+
+
+def _install_from_pretrained_hooks() -> None:
+    """Wrap two functions of ``transformers.modeling_utils`` (idempotent, feature-checked; see the
+    module docstring for why and what each does)."""
+    import transformers
+    from transformers import modeling_utils as mu
+
+    if getattr(getattr(mu, "_get_dtype", None), _HOOKED, False):
+        return
+    from_pretrained = mu.PreTrainedModel.__dict__.get("from_pretrained")
+    get_dtype = getattr(mu, "_get_dtype", None)
+    if not (
+        transformers.__version__.split(".")[0] == "5" and isinstance(from_pretrained, classmethod)
+        and callable(get_dtype) and {"checkpoint_files", "config", "hf_quantizer"} <= set(inspect.signature(get_dtype).parameters)
+    ):
+        warnings.warn(
+            f"mxfp8_codec.hf: transformers {transformers.__version__} is not a 5.x release this module knows: "
+            "from_pretrained does not check for MXFP8 checkpoints without a quantization_config (it would run their "
+            "raw E4M3 codes); pass quantization_config=mxfp8_codec.hf.MXFP8Config() for them",
+            stacklevel=3,
+        )
+        return
+    signature = inspect.signature(get_dtype)
+    original_from_pretrained = from_pretrained.__func__
+
+    @_hooked
+    @functools.wraps(get_dtype)
+    def checked_get_dtype(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs).arguments
+        _check_checkpoint_files(bound.get("checkpoint_files"), bound.get("config"), bound.get("hf_quantizer"))
+        return get_dtype(*args, **kwargs)
+
+    @_hooked
+    @functools.wraps(original_from_pretrained)
+    def from_pretrained_loading_mxfp8(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return original_from_pretrained(cls, *args, **kwargs)
+        except _QuantizationConfigMissing as exc:
+            missing = exc  # loaded again below, outside this handler (no chained traceback on a later error)
+        warnings.warn(
+            f"{missing.path}: an MXFP8 checkpoint whose config.json has no quantization_config: loading it as "
+            "from_pretrained(..., quantization_config=mxfp8_codec.hf.MXFP8Config()) (weights stay MXFP8); pass that, "
+            "or MXFP8Config(dequantize=True) for plain nn.Linear, to silence this",
+            stacklevel=2,
+        )
+        return original_from_pretrained(cls, *args, **{**kwargs, "quantization_config": MXFP8Config()})
+
+    mu._get_dtype = checked_get_dtype
+    mu.PreTrainedModel.from_pretrained = classmethod(from_pretrained_loading_mxfp8)
+
+
+_install_from_pretrained_hooks()

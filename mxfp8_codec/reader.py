@@ -30,6 +30,7 @@ from typing import Any, BinaryIO
 import numpy as np
 from tqdm.auto import tqdm
 
+from mxfp8_codec.constants import E8M0_NAN
 from mxfp8_codec.convert import BF16, float_target_dtype, numpy_to_torch
 from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.header import (
@@ -260,22 +261,39 @@ class MXFP8Reader:
             if name in self._quantized:
                 checks = [(e, lambda c: (c & 0x7F) == 0x7F, "NaN payload code (0x7F/0xFF)")]
                 s = self.header.entries[name + SCALE_SUFFIX]
-                checks.append((s, lambda c: c == 0xFF, "NaN scale byte 0xFF"))
+                checks.append((s, lambda c: c == E8M0_NAN, "NaN scale byte 0xFF"))
             elif e.dtype in FLOAT_DTYPES:
                 checks = [(e, lambda c: ~np.isfinite(c.astype(np.float32)), "non-finite value")]
             else:
                 continue
             for entry, bad, what in checks:
-                flat = self._view(entry).reshape(-1)
-                if entry.dtype in ("F8_E4M3", "U8", "F8_E8M0"):
-                    flat = flat.view(np.uint8)
-                for start in range(0, flat.size, SCAN_CHUNK):
-                    hits = np.flatnonzero(bad(flat[start : start + SCAN_CHUNK]))
-                    if hits.size:
-                        idx = np.unravel_index(start + int(hits[0]), entry.shape)
-                        raise MXFP8Error(
-                            f"{self.path}: tensor {entry.name!r}: {what} at index {tuple(int(i) for i in idx)}"
-                        )
+                self._raise_first(entry, bad, what)
+
+    def check_scales(self, name: str) -> None:
+        """Reject a NaN scale byte (0xFF: its whole block decodes to NaN) of the quantized tensor
+        ``name``. Cheap: one byte per 32 values, one vectorised ``max`` unless there is a hit;
+        ``mxfp8_codec.hf`` runs it on every projection it loads.
+
+        Raises:
+            MXFP8Error: naming the file, the scale entry and the first offending index.
+        """
+        if name not in self._quantized:
+            return
+        entry = self.header.entries[name + SCALE_SUFFIX]
+        flat = self._view(entry).reshape(-1).view(np.uint8)
+        if flat.size and int(flat.max()) == E8M0_NAN:
+            self._raise_first(entry, lambda c: c == E8M0_NAN, "NaN scale byte 0xFF")
+
+    def _raise_first(self, entry: TensorEntry, bad: Any, what: str) -> None:
+        """Scan ``entry``'s data in chunks; raise naming the first index where ``bad`` holds."""
+        flat = self._view(entry).reshape(-1)
+        if entry.dtype in ("F8_E4M3", "U8", "F8_E8M0"):
+            flat = flat.view(np.uint8)
+        for start in range(0, flat.size, SCAN_CHUNK):
+            hits = np.flatnonzero(bad(flat[start : start + SCAN_CHUNK]))
+            if hits.size:
+                idx = np.unravel_index(start + int(hits[0]), entry.shape)
+                raise MXFP8Error(f"{self.path}: tensor {entry.name!r}: {what} at index {tuple(int(i) for i in idx)}")
 
 
 def open_mxfp8(path: str | os.PathLike[str], *, require_mxfp8: bool = False, copy_on_write: bool = False) -> MXFP8Reader:

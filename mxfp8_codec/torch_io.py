@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from mxfp8_codec.convert import BF16, float_target_dtype, numpy_dtype_of, numpy_to_torch
+from mxfp8_codec.convert import BF16, float_target_dtype, numpy_dtype_of, numpy_to_torch, torch_dtype_of
 from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.header import DTYPES
 from mxfp8_codec.layout import CheckpointLayout, is_projection_weight, model_type_of
@@ -93,19 +93,15 @@ def _load_one(r: Any, name: str, layout: CheckpointLayout, target: np.dtype | No
     if layout.unfolds(name, len(shape)):
         w = layout.to_transformers(name, r.get(name, framework="pt", dtype=np.float32))  # gamma - 1, float32
         stored = np.dtype(np.float32) if r.is_quantized(name) else DTYPES[r.dtype(name)]
-        return w.to(_torch_dtype(target if target is not None else stored))  # the one rounding
+        return w.to(torch_dtype_of(target if target is not None else stored))  # the one rounding
     flip = layout.transposes(name, len(shape))
     if r.is_quantized(name) and flip:
         payload, scales = r.raw_view(name)
         direct = target if target in (np.dtype(np.float32), BF16) else np.dtype(np.float32)
         t = numpy_to_torch(decode_mxfp8(payload, scales, dtype=direct.type, transpose=True, name=name))
-        return t if target is None or target == direct else t.to(_torch_dtype(target))
+        return t if target is None or target == direct else t.to(torch_dtype_of(target))
     t = r.get(name, framework="pt", dtype=target)
     return t.t().contiguous() if flip else t
-
-
-def _torch_dtype(dt: np.dtype) -> Any:
-    return numpy_to_torch(np.empty(0, dt)).dtype
 
 
 class _Stored(Mapping[str, Any]):

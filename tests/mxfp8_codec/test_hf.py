@@ -20,6 +20,7 @@ import torch.nn.functional as F
 import mxfp8_codec.hf as mxhf
 from ida_eval import load_model
 from mxfp8_codec import decode_mxfp8, is_projection_weight, open_mxfp8, write_mxfp8_safetensors
+from mxfp8_codec.header import sniff_mxfp8
 from tests.ida_eval.support import (
     ARCHS,
     SMALL_PROBLEMS,
@@ -133,6 +134,108 @@ def test_plain_config_needs_mxfp8config(tok, ids, tmp_path):
     assert got.config.quantization_config.to_dict()["quant_method"] == "mxfp8_codec"
 
 
+
+def _set_quantization_config(d: Path, value) -> None:
+    cfg = json.loads((d / "config.json").read_text())
+    if value is _ABSENT:
+        cfg.pop("quantization_config", None)
+    else:
+        cfg["quantization_config"] = value
+    (d / "config.json").write_text(json.dumps(cfg))
+
+
+_ABSENT = object()
+
+
+@pytest.mark.parametrize("config_says", ["absent", "null"])
+@pytest.mark.parametrize("shards", [1, 2])
+def test_no_quantization_config_still_loads_through_the_quantizer(config_says, shards, tok, ids, tmp_path):
+    """Issue 23 item 1: with mxfp8_codec.hf imported, from_pretrained(d) of an MXFP8 checkpoint whose
+    config.json has no quantization_config (or null) ran the raw E4M3 codes in plain nn.Linear (square
+    projections: no size mismatch to stop it). Now the file's header says what it is: the model loads
+    as with MXFP8Config() -- logits bit-identical to the load of the same files with config.json naming
+    the method -- with one warning naming the file; the Auto class and the model class alike."""
+    from transformers import LlamaForCausalLM
+
+    model = tiny_model("llama", len(tok))  # q_proj and o_proj are square: 64 x 64
+    named = save_mxfp8_checkpoint(model, tok, tmp_path / "named", shards=shards)
+    bare = tmp_path / "bare"
+    shutil.copytree(named, bare)
+    _set_quantization_config(named, mxhf.quantization_config_dict(orientation="in_out", norm_convention="zero_centered"))
+    _set_quantization_config(bare, _ABSENT if config_says == "absent" else None)
+    want = _logits(_from_pretrained(named), ids)
+    first = "model.safetensors" if shards == 1 else "model-00001-of-00002.safetensors"
+    for load in (_from_pretrained, LlamaForCausalLM.from_pretrained):
+        with pytest.warns(UserWarning, match=rf"{first}: an MXFP8 checkpoint whose config.json has no quantization_config"):
+            got = load(bare)
+        assert isinstance(got.model.layers[0].self_attn.q_proj, mxhf.MXFP8Linear)
+        assert torch.equal(_logits(got, ids), want)
+        assert got.config.quantization_config.quant_method == mxhf.QUANT_METHOD  # save_pretrained names it
+    deq = _from_pretrained(bare, quantization_config=mxhf.MXFP8Config(dequantize=True))  # an explicit choice holds
+    assert type(deq.model.layers[0].self_attn.q_proj) is torch.nn.Linear
+    assert torch.equal(_logits(deq, ids), want)
+
+
+
+def test_the_from_pretrained_hooks_are_installed_once():
+    """The two wraps of transformers.modeling_utils are in place on the installed transformers (a 5.x
+    whose shape the import checks) and installing them again changes nothing (no double wrap)."""
+    from transformers import modeling_utils as mu
+
+    hooks = (mu._get_dtype, mu.PreTrainedModel.__dict__["from_pretrained"].__func__)
+    assert all(getattr(h, "__mxfp8_codec_hook__", False) for h in hooks)
+    mxhf._install_from_pretrained_hooks()
+    assert (mu._get_dtype, mu.PreTrainedModel.__dict__["from_pretrained"].__func__) == hooks
+    assert not getattr(hooks[0].__wrapped__, "__mxfp8_codec_hook__", False)
+
+
+def test_mxfp8_files_under_another_quant_method_are_refused(tok, tmp_path):
+    """Issue 23 item 1: our files under a quantization_config of another method (one transformers knows,
+    here compressed-tensors, or one it does not know and would skip) fail with MXFP8LoadError naming the
+    file and the method, before any model is built."""
+    from mxfp8_codec.export import compressed_tensors_config
+
+    d = _save(tiny_model("llama", len(tok)), tok, tmp_path / "c", with_config=False)
+    for qc, method in ((compressed_tensors_config(), "compressed-tensors"),
+                       ({"quant_method": "mxfp8-codec"}, "mxfp8-codec")):
+        _set_quantization_config(d, qc)
+        with pytest.raises(mxhf.MXFP8LoadError, match=rf"model.safetensors: an MXFP8 checkpoint \(MXFP8_E4M3_UE8M0_K32\) "
+                           rf"but the quantization_config says quant_method='{method}'"):
+            _from_pretrained(d)
+
+
+def test_plain_checkpoints_load_as_before_and_the_check_reads_headers_only(tok, ids, tmp_path):
+    """A plain bf16 checkpoint loads as it always did with mxfp8_codec.hf imported (no quantizer, the
+    saved parameters), and the check reads only the 8 + N header bytes of each file (/proc/self/io, a
+    64 MiB embedding); an F8_E4M3 + .scale pair without our metadata is recognised from the header too."""
+    model = tiny_model("llama", 65536, hidden=256).to(torch.bfloat16)  # a 32 MiB embedding and lm_head each
+    d = tmp_path / "plain"
+    model.save_pretrained(d)
+    got = _from_pretrained(d)
+    assert getattr(got, "hf_quantizer", None) is None and type(got.model.layers[0].self_attn.q_proj) is torch.nn.Linear
+    params = dict(got.named_parameters())
+    assert params.keys() == dict(model.named_parameters()).keys()
+    assert all(torch.equal(params[n], p) for n, p in model.named_parameters())
+    f = d / "model.safetensors"
+    with open(f, "rb") as fh:
+        header_bytes = 8 + struct.unpack("<Q", fh.read(8))[0]
+    assert f.stat().st_size > 64 << 20
+    io = Path("/proc/self/io")
+    if io.exists():
+        def rchar() -> int:
+            return int(next(line.split()[1] for line in io.read_text().splitlines() if line.startswith("rchar")))
+
+        before = rchar()
+        assert sniff_mxfp8(f) is False
+        assert rchar() - before - 2 * len(io.read_text()) <= header_bytes  # the reads of /proc/self/io itself
+    from safetensors.torch import save_file
+
+    bare = tmp_path / "pair.safetensors"
+    save_file({"a.weight": torch.zeros(2, 32, dtype=torch.float8_e4m3fn),
+               "a.weight.scale": torch.zeros(2, 1, dtype=torch.uint8)}, bare)
+    assert sniff_mxfp8(bare) and not sniff_mxfp8(tmp_path / "missing.safetensors")
+
+
 @pytest.mark.parametrize("kw", [dict(dtype=torch.float32), dict(device_map="cpu"), dict(device_map="auto"),
                                 dict(low_cpu_mem_usage=True, dtype=torch.bfloat16)])
 def test_loading_options(kw, tok, ids, tmp_path):
@@ -141,6 +244,24 @@ def test_loading_options(kw, tok, ids, tmp_path):
     ref, _ = load_model(d, dtype=kw.get("dtype", torch.bfloat16))
     got = _from_pretrained(d, **kw)
     assert got.model.embed_tokens.weight.dtype == kw.get("dtype", torch.bfloat16)
+    assert torch.equal(_logits(got, ids), _logits(ref, ids))
+
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float64])
+def test_every_dtype_mxfp8linear_decodes_loads(dtype, tok, ids, tmp_path):
+    """Issue 23 item 5: ``dtype=torch.float16`` (and float64) failed in the load-time warm-up decode
+    ("tensor 'warm-up': out must be ... float32 or bfloat16") although MXFP8Linear decodes them
+    (through float32, rounded once). Now they load; weights and logits equal load_model's in that dtype
+    (out_in: F.linear gets the same contiguous [out, in] weight both ways)."""
+    model = tiny_model("llama", len(tok))
+    d = _save(model, tok, tmp_path / "c", orientation="out_in")
+    got = _from_pretrained(d, dtype=dtype)
+    q = got.model.layers[0].self_attn.q_proj
+    assert isinstance(q, mxhf.MXFP8Linear) and q.dtype == dtype and q.weight.dtype == dtype
+    ref, _ = load_model(d, dtype=dtype)
+    ref_w, got_w = _projection_weights(ref), _projection_weights(got)
+    assert ref_w.keys() == got_w.keys() and all(torch.equal(got_w[n], ref_w[n]) for n in ref_w)
     assert torch.equal(_logits(got, ids), _logits(ref, ids))
 
 
@@ -169,6 +290,28 @@ def test_save_pretrained_writes_identical_bytes(arch, orientation, folded, tok, 
     assert cfg["quantization_config"]["orientation"] == orientation
     again = _from_pretrained(tmp_path / "out")
     assert torch.equal(_logits(again, ids), _logits(got, ids))
+
+
+
+def test_save_pretrained_of_a_float32_load_keeps_the_stored_dtype(tok, ids, tmp_path):
+    """Issue 23 item 11: a model loaded with dtype=torch.float32 wrote its norms and embeddings back as
+    float32, so "every tensor's bytes identical" held only for a bf16 load. Now each plain tensor is
+    written in its stored dtype where that loses nothing (same sha256 for every tensor), and a value
+    changed after loading that bf16 cannot hold stays float32 rather than being rounded silently."""
+    model = tiny_model("nemotron", len(tok))
+    d = _save(model, tok, tmp_path / "src", folded=True)
+    got = _from_pretrained(d, dtype=torch.float32)
+    assert got.model.norm.weight.dtype == torch.float32
+    got.save_pretrained(tmp_path / "out")
+    assert _tensor_sha256(tmp_path / "out" / "model.safetensors") == _tensor_sha256(d / "model.safetensors")
+    with torch.no_grad():
+        got.model.layers[0].input_layernorm.weight[0] += 2.0**-20  # not a bfloat16 value any more
+    got.save_pretrained(tmp_path / "changed")
+    with open_mxfp8(tmp_path / "changed" / "model.safetensors") as r:
+        assert r.dtype("model.layers.0.input_layernorm.weight") == "F32"
+        assert r.dtype("model.layers.1.input_layernorm.weight") == "BF16"
+    again = _from_pretrained(tmp_path / "changed", dtype=torch.float32)
+    assert torch.equal(again.model.layers[0].input_layernorm.weight, got.model.layers[0].input_layernorm.weight)
 
 
 def _mapped_ranges(path: Path) -> list[tuple[int, int]]:
@@ -281,7 +424,7 @@ def test_bad_checkpoints_fail_with_one_message(tok, tmp_path):
     tensors = load_file(f)
     del tensors["model.layers.1.mlp.up_proj.weight.scale"]
     save_file(tensors, f, metadata=meta)
-    with pytest.raises(ValueError, match=r"model.safetensors.*model.layers.1.mlp.up_proj.weight"):
+    with pytest.raises(mxhf.MXFP8LoadError, match=r"model.safetensors.*model.layers.1.mlp.up_proj.weight"):
         _from_pretrained(noscale)
     # a shape not matching the architecture
     wrong = tmp_path / "shape"
@@ -297,6 +440,65 @@ def test_bad_checkpoints_fail_with_one_message(tok, tmp_path):
     model.save_pretrained(plain)
     with pytest.raises(mxhf.MXFP8LoadError, match="not an MXFP8 checkpoint"):
         _from_pretrained(plain, quantization_config=mxhf.MXFP8Config())
+
+
+
+UP = "model.layers.1.mlp.up_proj.weight"
+
+
+def _edit_scale(d: Path, edit) -> None:
+    """Rewrite ``d/model.safetensors`` with ``UP``'s scale replaced by ``edit(scale)`` (None: removed)."""
+    from safetensors.torch import load_file, save_file
+
+    f = d / "model.safetensors"
+    with open_mxfp8(f) as r:
+        meta = dict(r.metadata)
+    tensors = load_file(f)
+    scale = edit(tensors.pop(UP + ".scale"))
+    if scale is not None:
+        tensors[UP + ".scale"] = scale
+    save_file(tensors, f, metadata=meta)
+
+
+def _nan_at_3_1(scale: torch.Tensor) -> torch.Tensor:
+    scale[3, 1] = 0xFF
+    return scale
+
+
+BROKEN = {  # issue 23 item 7: how each checkpoint is broken, and what the one line must say
+    "missing scale": (lambda d: _edit_scale(d, lambda s: None),
+                      rf"model.safetensors: tensor '{UP}': F8_E4M3 payload without its scale entry"),
+    "scale shape": (lambda d: _edit_scale(d, lambda s: s[:, :1].contiguous()),
+                    rf"model.safetensors: tensor '{UP}.scale': scale shape \[\d+, 1\] does not match"),
+    "scale dtype": (lambda d: _edit_scale(d, lambda s: s.to(torch.int16)),
+                    rf"model.safetensors: tensor '{UP}.scale': scale dtype must be one of \['U8', 'F8_E8M0'\], got I16"),
+    "truncated file": (lambda d: os.truncate(d / "model.safetensors", (d / "model.safetensors").stat().st_size - 100),
+                       r"model.safetensors: tensor '.*': data_offsets end \d+ beyond the data section"),
+    "missing shard": (lambda d: os.unlink(d / "model-00002-of-00002.safetensors"),
+                      r"model-00002-of-00002.safetensors: cannot read file: No such file or directory"),
+    "NaN scale byte": (lambda d: _edit_scale(d, _nan_at_3_1),
+                       rf"model.safetensors: tensor '{UP}.scale': NaN scale byte 0xFF at index \(3, 1\)"),
+}
+
+
+@pytest.mark.filterwarnings("ignore:.*has no quantization_config:UserWarning")  # tested above
+@pytest.mark.parametrize("named", [True, False], ids=["config-names-the-method", "no-quantization-config"])
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_broken_checkpoints_raise_the_documented_mxfp8loaderror(case, named, tok, tmp_path):
+    """Issue 23 items 7 and 11: inside from_pretrained a missing or malformed scale, a truncated file
+    and a missing shard raised the codec's MXFP8Error (or safetensors' own error, naming no file)
+    where docs/format.md promises MXFP8LoadError; a NaN scale byte (0xFF, its whole block NaN) loaded
+    silently. Each is now MXFP8LoadError, one line naming the file and the tensor, whether config.json
+    names the method or has no quantization_config, resident or dequantized."""
+    break_it, message = BROKEN[case]
+    d = save_mxfp8_checkpoint(tiny_model("llama", len(tok)), tok, tmp_path / "c", shards=2 if case == "missing shard" else 1)
+    if named:
+        _set_quantization_config(d, mxhf.quantization_config_dict(orientation="in_out", norm_convention="zero_centered"))
+    break_it(d)
+    for kw in ({}, {"quantization_config": mxhf.MXFP8Config(dequantize=True)}):
+        with pytest.raises(mxhf.MXFP8LoadError, match=message) as info:
+            _from_pretrained(d, **kw)
+        assert "\n" not in str(info.value)
 
 
 def test_decode_into_torch_ops_equals_codec():
