@@ -10,15 +10,20 @@ it, and what we add so that a pass means the tests really ran:
   like mxeval, written to the file name mxeval uses where it matters (Java: ``main.java``).
 * **End marker** (mxeval only looks at the exit status, so ``process.exit(0)``, ``System.exit(0)``,
   ``os.Exit(0)`` or ``exit`` in a completion pass without running a test): the run step's stdin holds
-  a fresh nonce and a small *driver* copies stdin to stdout after the last check; the sandbox passes
-  a program only when the nonce arrived. The driver is a separate file where the language allows
-  (JavaScript/TypeScript: ``require("./prog.js")`` then copy; Java/Scala/Kotlin/C#: an ``IdaMain``
-  class calling the test's ``Main``; Ruby: an ``at_exit`` hook that only copies when no exception or
-  ``exit`` is in flight; PHP: ``require "prog.php"`` then copy; Perl: ``do "./prog.pl"`` then copy).
-  Go and C++ tests are a ``main`` function: the harness renames the test's ``main`` (in the test
-  text only) to ``ida_test_main`` and adds a ``main`` that calls it and then copies (Go: in a second
-  file of package main; C++: appended, returning the test's status). Swift appends a ``readLine``
-  copy to the program (no Swift toolchain in Debian: untested).
+  a fresh nonce; a small *driver* reads it to the end of stdin before any program code runs and
+  writes it to stdout after the last check; the sandbox passes a program only when the nonce arrived.
+  The driver is a separate file where the language allows
+  (JavaScript/TypeScript: read, ``require("./prog.js")``, write; Java/Scala/Kotlin/C#: an ``IdaMain``
+  class calling the test's ``Main``; Ruby: ``-r ./ida_end.rb`` reads and registers an ``at_exit`` hook
+  that only writes when no exception or ``exit`` is in flight; PHP: read, ``require "prog.php"``,
+  write; Perl: read, ``do "./prog.pl"``, write). Go and C++ tests are a ``main`` function: the harness
+  renames the test's ``main`` (in the test text only) to ``ida_test_main`` and adds a ``main`` that
+  calls it and then writes (Go: ``ida_main.go``, compiled first, reads in a package-level variable;
+  C++: ``ida_end.cpp``, linked first, reads from ``.preinit_array``). Where a file can end early
+  without an error (a top-level ``return``, ``__END__``, ``__halt_compiler``), the program text ends
+  with :data:`REACHED_END`, and the driver writes the nonce only when that line ran. Swift reads at the
+  top of the program and writes at its end (no Swift toolchain in Debian: untested). docs/eval.md
+  says what this stops and what it does not.
 * **Compile and run** with the reference executor's compilers and flags (``javac``; ``g++`` with no
   ``-std``/``-O``; ``tsc --target es5 --lib es2016``; ``scalac``; ``kotlinc -include-runtime``), except:
   Go is built with ``go build`` before running (mxeval's ``go run`` compiles inside the run timeout);
@@ -56,6 +61,7 @@ __all__ = [
     "LANGUAGES",
     "Language",
     "LanguageError",
+    "REACHED_END",
     "assemble",
     "language_of",
     "node_path",
@@ -163,13 +169,13 @@ LANGUAGES: dict[str, Language] = {
            run_timeout=40.0, stop_sequences=("\nclass Main", "\npublic class Main", "\n```", "\n/**", "\n    public static void main"),
            mbxp_file="mbjp_release_v1.2.jsonl", humaneval_file="HumanEval_java_v1.1.jsonl"),
         _L("go", ("MBGP", "HumanEval_go"), "prog.go", ("./prog",), ("go",), ("golang-go",), ("go", "version"),
-           compile=("go", "build", "-o", "prog", "prog.go", "ida_main.go"),
+           compile=("go", "build", "-o", "prog", "ida_main.go", "prog.go"),
            env=(("GOCACHE", "{work}/.gocache"), ("GOPATH", "{work}/.gopath"), ("GOPROXY", "off"),
                 ("GOFLAGS", "-mod=mod"), ("GOTOOLCHAIN", "local"), ("GOTELEMETRY", "off")),
            stop_sequences=("\nfunc main(", "\n```", "\n// Example", "\n/*"),
            mbxp_file="mbgp_release_v1.1.jsonl", humaneval_file="HumanEval_go_v1.jsonl"),
         _L("cpp", ("MBCPP", "HumanEval_cpp"), "prog.cpp", ("./prog",), ("g++",), ("g++",), ("g++", "--version"),
-           compile=("g++", "prog.cpp", "-o", "prog"), max_processes=64,
+           compile=("g++", "ida_end.cpp", "prog.cpp", "-o", "prog"), max_processes=64,
            stop_sequences=("\nint main(", "\n```", "\n/**"),
            mbxp_file="mbcpp_release_v1.2.jsonl"),
         _L("csharp", ("MBCSP", "HumanEval_csharp"), "Program.cs", ("mono", "prog.exe"), ("mcs", "mono"),
@@ -234,27 +240,35 @@ def language_of(record: Mapping[str, Any], problem: Mapping[str, Any] | None = N
 
 
 # ---------------------------------------------------------------------------------------------
-# drivers: the end marker (copy stdin -> stdout after the last check)
+# drivers: the end marker. Each reads the nonce from stdin to its end *before* any program code
+# runs (the program then finds stdin at its end) and holds it where the program cannot name it;
+# where a file can end early without an error (a top-level ``return``, ``__END__``,
+# ``__halt_compiler``) the program text ends with :data:`REACHED_END`, which arms the driver.
 
-_JS_DRIVER = 'require("./prog.js");\nprocess.stdout.write(require("fs").readFileSync(0));\n'
+_JS_DRIVER = """"use strict";
+const end = require("fs").readFileSync(0);
+let reached = false;
+Object.defineProperty(globalThis, "__idaReachedEnd", { value: () => { reached = true; } });
+require("./prog.js");
+if (reached) process.stdout.write(end);
+"""
 _JAVA_DRIVER = """class IdaMain {
     public static void main(String[] args) throws Exception {
+        byte[] end = System.in.readAllBytes();
         Main.main(args);
         System.out.flush();
-        byte[] buf = new byte[4096];
-        for (int n; (n = System.in.read(buf)) > 0; ) System.out.write(buf, 0, n);
+        System.out.write(end);
         System.out.flush();
     }
 }
 """
 _SCALA_DRIVER = """object IdaMain {
   def main(args: Array[String]): Unit = {
+    val end = System.in.readAllBytes()
     Main.main(args)
     Console.out.flush()
     System.out.flush()
-    val buf = new Array[Byte](4096)
-    var n = System.in.read(buf)
-    while (n > 0) { System.out.write(buf, 0, n); n = System.in.read(buf) }
+    System.out.write(end)
     System.out.flush()
   }
 }
@@ -264,28 +278,39 @@ _KOTLIN_DRIVER = """private fun idaRunTests() { main() }
 class IdaMain {
     companion object {
         @JvmStatic fun main(args: Array<String>) {
+            val end = System.`in`.readAllBytes()
             idaRunTests()
             System.out.flush()
-            val buf = ByteArray(4096)
-            var n = System.`in`.read(buf)
-            while (n > 0) { System.out.write(buf, 0, n); n = System.`in`.read(buf) }
+            System.out.write(end)
             System.out.flush()
         }
     }
 }
 """
+# a JVM initialises the test class when Main.main is called, after the read; the CLR may run its
+# static field initialisers as soon as a method naming the class is compiled: the tests are called
+# from a method of their own, compiled only after the read
 _CSHARP_DRIVER = """public static class IdaMain
 {
     public static void Main(string[] args)
     {
-        Solution.Program.Main(args);
+        var stdin = System.Console.OpenStandardInput();
+        var end = new System.IO.MemoryStream();
+        stdin.CopyTo(end);
+        RunTests(args);
         System.Console.Out.Flush();
         var stdout = System.Console.OpenStandardOutput();
-        System.Console.OpenStandardInput().CopyTo(stdout);
+        end.WriteTo(stdout);
         stdout.Flush();
     }
+
+    [System.Runtime.CompilerServices.MethodImpl(System.Runtime.CompilerServices.MethodImplOptions.NoInlining)]
+    private static void RunTests(string[] args) { Solution.Program.Main(args); }
 }
 """
+# package-level variables are initialised before any init(), in declaration order, files in the order
+# the compiler gets them: ida_main.go comes first (Language.compile), so idaEnd is read before
+# anything of the program runs
 _GO_DRIVER = """package main
 
 import (
@@ -293,27 +318,75 @@ import (
 \t"os"
 )
 
+var idaEnd, _ = io.ReadAll(os.Stdin)
+
 func main() {
 \tida_test_main()
-\tio.Copy(os.Stdout, os.Stdin)
+\tos.Stdout.Write(idaEnd)
 }
 """
-_CPP_DRIVER = """
+# ida_end.cpp is linked first: its .preinit_array entry runs before every constructor of the
+# program (and before the libraries'); the nonce lives in this file's static storage
+_CPP_DRIVER = """#include <stdio.h>
+#include <unistd.h>
 
-#include <iostream>
+static char ida_end[256];
+static ssize_t ida_end_len;
+
+static void ida_read_end(int, char**, char**) {
+    for (ssize_t n; ida_end_len < (ssize_t)sizeof ida_end
+         && (n = read(0, ida_end + ida_end_len, sizeof ida_end - ida_end_len)) > 0;)
+        ida_end_len += n;
+}
+__attribute__((section(".preinit_array"), used)) static void (*ida_read_end_entry)(int, char**, char**) = ida_read_end;
+
+extern "C" int ida_test_main(%s);
+
 int main(int argc, char* argv[]) {
-    int ida_status = ida_test_main(%s);
-    if (ida_status == 0) {
-        std::cout << std::flush;
-        std::cout << std::cin.rdbuf() << std::flush;
+    int status = ida_test_main(%s);
+    if (status == 0) {
+        fflush(stdout);
+        if (write(1, ida_end, ida_end_len) != ida_end_len) return 1;
     }
-    return ida_status;
+    return status;
 }
 """
-_RUBY_DRIVER = "at_exit { if $!.nil? then STDOUT.write(STDIN.read); STDOUT.flush end }\n"
-_PHP_DRIVER = '<?php\nrequire __DIR__ . "/prog.php";\nfwrite(STDOUT, stream_get_contents(STDIN));\n'
-_PERL_DRIVER = 'do "./prog.pl";\nif ($@) { print STDERR $@; exit 255; }\n{ local $/; my $end = <STDIN>; print STDOUT $end; }\n'
-_SWIFT_DRIVER = '\nif let idaEnd = readLine(strippingNewline: false) { print(idaEnd, terminator: "") }\n'
+_RUBY_DRIVER = """ida_end = STDIN.read
+STDIN.reopen(File::NULL)
+ida_reached = false
+Object.send(:define_method, :__ida_reached_end) { ida_reached = true }
+at_exit { if ida_reached && $!.nil? then STDOUT.write(ida_end); STDOUT.flush end }
+"""
+_PHP_DRIVER = """<?php
+function ida_end_marker(int $step) {
+    static $end = "", $reached = false;
+    if ($step === 0) { $end = stream_get_contents(STDIN); }
+    elseif ($step === 1) { $reached = true; }
+    elseif ($reached) { fwrite(STDOUT, $end); }
+}
+function __ida_reached_end() { ida_end_marker(1); }
+ida_end_marker(0);
+require __DIR__ . "/prog.php";
+ida_end_marker(2);
+"""
+_PERL_DRIVER = """my $ida_end = do { local $/; <STDIN> };
+open(STDIN, "<", "/dev/null");
+my $ida_reached = 0;
+sub __ida_reached_end { $ida_reached = 1 }
+do "./prog.pl";
+if ($@) { print STDERR $@; exit 255; }
+print STDOUT $ida_end if $ida_reached;
+"""
+REACHED_END = {
+    "javascript": "\n;__idaReachedEnd();\n",
+    "typescript": "\ndeclare const __idaReachedEnd: () => void;\n__idaReachedEnd();\n",
+    "ruby": "\n__ida_reached_end\n",
+    "php": "\n__ida_reached_end();\n",
+    "perl": "\nmain::__ida_reached_end();\n",
+}
+"""Appended to the program text where the file can end early without an error: arms the driver."""
+_SWIFT_HEAD = "import Foundation\nlet idaEnd = FileHandle.standardInput.readDataToEndOfFile()\n"
+_SWIFT_DRIVER = "\nFileHandle.standardOutput.write(idaEnd)\n"
 
 _GO_MAIN = re.compile(r"^func\s+main\s*\(\s*\)\s*\{", re.M)
 _CPP_MAIN = re.compile(r"\bint\s+main\s*\(([^)]*)\)\s*\{")
@@ -345,14 +418,19 @@ def assemble(lang: Language, problem: Mapping[str, Any], completion: str) -> tup
         m = _CPP_MAIN.search(test)
         if m is None:
             raise LanguageError(f"task {problem.get('task_id')}: the C++ test has no 'int main(...) {{' to wrap")
-        args = "" if m.group(1).strip() in ("", "void") else "argc, argv"
-        test = test[: m.start()] + f"int ida_test_main({m.group(1)}) {{" + test[m.end() :]
-        return ((lang.source, prompt + completion + test + _CPP_DRIVER % args),)
+        params, args = ("", "") if m.group(1).strip() in ("", "void") else ("int, char**", "argc, argv")
+        test = test[: m.start()] + f'extern "C" int ida_test_main({m.group(1)}) {{' + test[m.end() :]
+        return ((lang.source, prompt + completion + test), ("ida_end.cpp", _CPP_DRIVER % (params, args)))
     program = prompt + completion + test
     if name == "csharp":
         usings = "".join(f"using {u}; " for u in CSHARP_IMPLICIT_USINGS)
         return ((lang.source, usings + program), ("IdaMain.cs", _CSHARP_DRIVER),
                 ("CompareNetObjects.cs", _compare_net_objects()))
+    if name == "swift":
+        return ((lang.source, _SWIFT_HEAD + program + _SWIFT_DRIVER),)
+    if name in REACHED_END:
+        reopen = "\n<?php" if name == "php" and program.rfind("?>") > program.rfind("<?php") else ""
+        program += reopen + REACHED_END[name]
     drivers = {
         "javascript": (("ida_main.js", _JS_DRIVER),),
         "typescript": (("ida_main.js", _JS_DRIVER),),
@@ -363,8 +441,6 @@ def assemble(lang: Language, problem: Mapping[str, Any], completion: str) -> tup
         "php": (("ida_main.php", _PHP_DRIVER),),
         "perl": (("ida_main.pl", _PERL_DRIVER),),
     }
-    if name == "swift":
-        return ((lang.source, program + _SWIFT_DRIVER),)
     return ((lang.source, program), *drivers[name])
 
 

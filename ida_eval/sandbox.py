@@ -216,9 +216,9 @@ class ProgramJob:
     own wall-clock limit (``compile_timeout``; the run's ``limits.timeout`` starts when it is done),
     output to a log; a compile exit status outside ``compile_ok`` ends the job, and the log's first
     ``COMPILE_OUTPUT_BYTES`` come back on stderr and as ``compile_output``. The run command then replaces the bootstrap's
-    child (same rlimits, uid, namespaces) with the nonce on its stdin: the job's test driver proves it
-    ran to its end by copying stdin to stdout as its last act, so ``finished`` means the nonce
-    arrived on stdout. Commands are argv lists resolved through the sandbox's ``PATH``; ``{work}``
+    child (same rlimits, uid, namespaces) with the nonce on its stdin: the job's test driver reads it
+    before any program code runs and proves it ran to its end by writing it to stdout as its last
+    act, so ``finished`` means the nonce arrived on stdout. Commands are argv lists resolved through the sandbox's ``PATH``; ``{work}``
     in ``env`` values is replaced by the work directory. Per-language rules live in
     :mod:`ida_eval.languages`.
     """
@@ -936,7 +936,7 @@ def _spawn_and_wait(
         exit_status = None
     else:
         exit_status = proc.returncode
-    if job is not None:  # the driver copied its stdin (the nonce) to stdout as its last act
+    if job is not None:  # the driver wrote the nonce it read from stdin to stdout as its last act
         finished = nonce.decode() in out.text()
     else:
         finished = bytes(sentinel) == nonce

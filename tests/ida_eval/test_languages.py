@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from ida_eval import execute as ex
-from ida_eval.languages import LANGUAGES, LanguageError, assemble, language_of, missing_tools
+from ida_eval.languages import LANGUAGES, REACHED_END, LanguageError, assemble, language_of, missing_tools
 from tests.conftest import mbxp_dir, processes_with
 
 FAST = ex.ExecutionConfig(workers=2, timeout=10.0, run_timeouts=(("all", 15.0),), max_output_bytes=1 << 20)
@@ -143,6 +143,74 @@ TOYS: dict[str, dict[str, Any]] = {
         "compile": '    return "three"\n}',
     },
 }
+# Completions that try to pass without the test running to its end (issue 23, item 2): copy the
+# nonce from stdin to stdout and exit 0, when the function is called ("call") or while the program
+# loads, before main ("load": top-level code, static and package initialisers, global constructors);
+# or end the file early without an error ("end": a top-level return, __END__, __halt_compiler).
+FORGES: dict[str, dict[str, str]] = {
+    "javascript": {
+        "call": '    process.stdout.write(require("fs").readFileSync(0));\n    process.exit(0);\n}',
+        "load": '    return a + b;\n}\nprocess.stdout.write(require("fs").readFileSync(0));\nprocess.exit(0);\n',
+        "end": "    return a - b;\n}\nreturn;\n",
+    },
+    "typescript": {
+        "call": '    process.stdout.write(require("fs").readFileSync(0));\n    process.exit(0);\n    return 0;\n}',
+        "load": '    return a + b;\n}\nprocess.stdout.write(require("fs").readFileSync(0));\nprocess.exit(0);\n',
+        "end": "    return a - b;\n}\nreturn;\n",
+    },
+    "java": {
+        "call": "        try { System.out.write(System.in.readAllBytes()); } catch (Exception e) {}\n"
+        "        System.out.flush();\n        System.exit(0);\n        return 0;\n    }\n}",
+        "load": "        return a - b;\n    }\n    static {\n        try { System.out.write(System.in.readAllBytes()); } catch (Exception e) {}\n"
+        "        System.out.flush();\n        System.exit(0);\n    }\n}",
+    },
+    "go": {
+        "call": "\tbuf := make([]byte, 4096)\n\tn, _ := os.Stdin.Read(buf)\n\tos.Stdout.Write(buf[:n])\n\tos.Exit(0)\n\treturn 0\n}",
+        "load": "\treturn a - b\n}\n\nvar forged = func() int {\n\tbuf := make([]byte, 4096)\n\tn, _ := os.Stdin.Read(buf)\n"
+        "\tos.Stdout.Write(buf[:n])\n\tos.Exit(0)\n\treturn 0\n}()\n\nfunc init() {\n\tbuf := make([]byte, 4096)\n"
+        "\tn, _ := os.Stdin.Read(buf)\n\tos.Stdout.Write(buf[:n])\n\tos.Exit(0)\n}\n",
+    },
+    "cpp": {
+        "call": "    std::cout << std::cin.rdbuf() << std::flush;\n    exit(0);\n}",
+        "load": "    return a - b;\n}\nstatic int forged = (std::cout << std::cin.rdbuf() << std::flush, exit(0), 0);\n"
+        "__attribute__((constructor(101))) static void forge_early() {\n    char b[256];\n    size_t n = fread(b, 1, sizeof b, stdin);\n"
+        "    fwrite(b, 1, n, stdout);\n    fflush(stdout);\n    _Exit(0);\n}\n",
+    },
+    "csharp": {
+        "call": "            Console.OpenStandardInput().CopyTo(Console.OpenStandardOutput());\n            Environment.Exit(0);\n"
+        "            return null;\n        }",
+        "load": "            return new List<int> {a - b};\n        }\n        static int forged = Forge();\n"
+        "        static int Forge() {\n            Console.OpenStandardInput().CopyTo(Console.OpenStandardOutput());\n"
+        "            Environment.Exit(0);\n            return 0;\n        }",
+    },
+    "ruby": {
+        "call": "  STDOUT.write(STDIN.read)\n  STDOUT.flush\n  exit!(0)\nend",
+        "load": "  a - b\nend\nSTDOUT.write($stdin.read)\nSTDOUT.flush\nexit!(0)\n",
+        "end": "  a - b\nend\n__END__\n",
+        "return": "  a - b\nend\nreturn\n",
+    },
+    "php": {
+        "call": "    fwrite(STDOUT, stream_get_contents(STDIN));\n    fwrite(STDOUT, file_get_contents('php://stdin'));\n"
+        "    exit(0);\n}",
+        "load": "    return $a - $b;\n}\nfwrite(STDOUT, stream_get_contents(STDIN));\nexit(0);\n",
+        "end": "    return $a - $b;\n}\n__halt_compiler();\n",
+        "return": "    return $a - $b;\n}\nreturn;\n",
+    },
+    "perl": {
+        "call": "  local $/;\n  print STDOUT <STDIN>;\n  exit 0;\n}",
+        "load": "  return $x - $y;\n}\nBEGIN { local $/; print STDOUT <STDIN>; exit 0; }\n",
+        "end": "  return $x - $y;\n}\n__END__\n",
+    },
+    "scala": {
+        "call": "        System.out.write(System.in.readAllBytes())\n        System.out.flush()\n        sys.exit(0)\n    }",
+    },
+    "kotlin": {
+        "call": "    System.out.write(System.`in`.readAllBytes())\n    System.out.flush()\n    kotlin.system.exitProcess(0)\n}",
+        "load": "    return a - b\n}\n\nval forged: Int = run {\n    System.out.write(System.`in`.readAllBytes())\n"
+        "    System.out.flush()\n    kotlin.system.exitProcess(0)\n}\n",
+    },
+}
+
 SLOW_LANGUAGES = ("scala", "kotlin")
 PARAMS = [pytest.param(lang, marks=pytest.mark.slow) if lang in SLOW_LANGUAGES else lang for lang in TOYS]
 
@@ -182,6 +250,19 @@ def test_right_wrong_and_early_exit(lang: str) -> None:
         assert res["compile"]["compile_status"] not in (0, None)
         assert len(res["compile"]["result"]) > len("failed: compile error: ")  # the compiler's first lines
         assert "VM warning" not in res["compile"]["result"]  # a JVM's warnings are not the compiler's error
+
+
+@pytest.mark.parametrize("lang", PARAMS)
+def test_no_pass_forged_through_stdin_or_an_early_end(lang: str) -> None:
+    """The nonce is read before any program code runs, so stdin is empty for the program; a file
+    that ends early never arms the driver. Every forge must fail as an early exit (status 0 without
+    the nonce: each one compiles and exits 0), the right answer still pass."""
+    need(lang)
+    res = run_toy(lang, {"right": TOYS[lang]["right"], **FORGES[lang]})
+    assert res["right"]["passed"], res["right"]["result"] + "\n" + res["right"]["stderr_tail"]
+    for name in FORGES[lang]:
+        assert not res[name]["passed"], f"{lang} {name}: {res[name]['result']}"
+        assert ex.result_class(res[name]["result"]) == "early_exit", f"{lang} {name}: {res[name]['result']}"
 
 
 @pytest.mark.parametrize("lang", ["java", "csharp"])
@@ -324,9 +405,11 @@ def test_assembly_is_prompt_completion_test() -> None:
             assert text.startswith(p["prompt"] + "<C>") and "ida_test_main(" in text
         elif lang == "csharp":  # net6's implicit usings first, for mcs
             assert text.endswith(p["prompt"] + "<C>" + p["test"]) and text.startswith("using System; ")
-        else:
-            assert text == p["prompt"] + "<C>" + p["test"]
+        else:  # a call that arms the driver where the file could end early without an error
+            assert text == p["prompt"] + "<C>" + p["test"] + REACHED_END.get(lang, "")
     assert assemble(LANGUAGES["java"], toy_problem("java"), "")[0][0] == "main.java"  # mxeval's file name
+    closed = toy_problem("php") | {"test": TOYS["php"]["test"] + "?>\n"}  # a test that leaves PHP mode
+    assert assemble(LANGUAGES["php"], closed, "<C>")[0][1].endswith("?>\n\n<?php" + REACHED_END["php"])
 
 
 def test_per_language_time_limits() -> None:
