@@ -67,6 +67,7 @@ __all__ = [
     "atomic_write_text",
     "check_output",
     "copy_file_atomic",
+    "fsync_dir",
     "fsync_tree",
     "lock_temporary",
     "nearest_existing",
@@ -234,6 +235,11 @@ def _fsync_path(path: Path, *, directory: bool) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """fsync a directory: makes the renames and creations in it durable."""
+    _fsync_path(Path(path), directory=True)
 
 
 def fsync_tree(root: str | os.PathLike[str]) -> None:

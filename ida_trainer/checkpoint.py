@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ida_common.files import atomic_write_text
+from ida_common.files import atomic_directory, atomic_write_text, fsync_dir, fsync_tree
 from ida_common.killpoint import kill_point
 
 CKPT_PREFIX = "ckpt-"
@@ -59,23 +59,6 @@ _COPY_FILES = ("config.json", "generation_config.json", "tokenizer.json", "token
 def checkpoint_name(step: int) -> str:
     """Directory name of the checkpoint after ``step`` optimizer steps (``ckpt-000120``)."""
     return f"{CKPT_PREFIX}{step:06d}"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(path: Path) -> None:
-    for p in sorted(path.rglob("*")):
-        if p.is_file():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
-    for d in sorted({p.parent for p in path.rglob("*")} | {path}):
-        _fsync_dir(d)
 
 
 def checkpoint_run_id(path: str | Path) -> str | None:
@@ -213,7 +196,7 @@ def save_checkpoint(root: str | Path, step: int, *, tensors: Mapping[str, Any], 
     tokenizer.save_pretrained(tmp)
     torch.save(dict(optimizer_state), tmp / OPTIM_FILE)
     atomic_write_text(tmp / STATE_FILE, json.dumps(dict(trainer_state), indent=1, sort_keys=True) + "\n")
-    _fsync_tree(tmp)
+    fsync_tree(tmp)
     if before_rename is not None:
         before_rename(tmp)
     kill_point("checkpoint.files_written")
@@ -223,7 +206,7 @@ def save_checkpoint(root: str | Path, step: int, *, tensors: Mapping[str, Any], 
             shutil.rmtree(old)
         os.replace(final, old)  # a kill from here to the next rename: remove_partial moves it back
     os.replace(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     if old.exists():
         shutil.rmtree(old)
     kill_point("checkpoint.renamed")
@@ -313,25 +296,15 @@ def export_checkpoint(ckpt_dir: str | Path, export_dir: str | Path, *,
     from mxfp8_codec import rename_tensors
 
     ckpt_dir, export_dir = Path(ckpt_dir), Path(export_dir)
-    tmp = export_dir.with_name(export_dir.name + TMP_SUFFIX)
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    report = rename_tensors(ckpt_dir / MODEL_FILE, tmp / MODEL_FILE, rename or (lambda n: n))
-    for name in _COPY_FILES:
-        if (ckpt_dir / name).is_file():
-            shutil.copy2(ckpt_dir / name, tmp / name)
-    manifest = {
-        "source": str(ckpt_dir),
-        "data_sha256": report.data_sha256,
-        "tensors": [{"old": old, "new": new, "sha256": sha} for old, new, sha in report.tensors],
-    }
-    atomic_write_text(tmp / MANIFEST_FILE, json.dumps(manifest, indent=1) + "\n")
-    _fsync_tree(tmp)
-    if export_dir.exists():
-        old = export_dir.with_name(export_dir.name + ".old" + TMP_SUFFIX)
-        os.replace(export_dir, old)
-        shutil.rmtree(old)
-    os.replace(tmp, export_dir)
-    _fsync_dir(export_dir.parent)
+    with atomic_directory(export_dir, overwrite=True) as tmp:  # complete under its name, or the old one
+        report = rename_tensors(ckpt_dir / MODEL_FILE, tmp / MODEL_FILE, rename or (lambda n: n))
+        for name in _COPY_FILES:
+            if (ckpt_dir / name).is_file():
+                shutil.copy2(ckpt_dir / name, tmp / name)
+        manifest = {
+            "source": str(ckpt_dir),
+            "data_sha256": report.data_sha256,
+            "tensors": [{"old": old, "new": new, "sha256": sha} for old, new, sha in report.tensors],
+        }
+        atomic_write_text(tmp / MANIFEST_FILE, json.dumps(manifest, indent=1) + "\n")
     return manifest

@@ -55,7 +55,7 @@ def new_run_id() -> str:
 def _is_run_output(name: str) -> bool:
     if name in RUN_OUTPUTS:
         return True
-    # temporaries of the atomic writes: .train_log.jsonl.XXXX.tmp, .loss.png.tmp.png, export.tmp, export.old.tmp
+    # temporaries of the atomic writes: .train_log.jsonl.XXXX.tmp, .loss.png.tmp.png, .export.XXXX.tmp (ida_common.files.atomic_directory)
     bare = name.lstrip(".")
     return (name.endswith(".tmp") or name.endswith(".tmp.png")) and bare.startswith(RUN_OUTPUTS)
 
