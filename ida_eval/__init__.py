@@ -3,7 +3,7 @@
 Modules: :mod:`ida_eval.loader` (``load_model``: meta-device build, streamed MXFP8 decode, transpose,
 strict keys), :mod:`ida_eval.generate` (batched greedy generation, stop strings, truncation),
 :mod:`ida_eval.analysis` (failure classes, degenerate-output detection, run comparison),
-:mod:`ida_eval.failures` (the one failure vocabulary: class and result-kind tables),
+:mod:`ida_eval.failures` (the one failure vocabulary: the ``ResultKind`` of every record, failure classes),
 :mod:`ida_eval.execute` (the sandboxed executor) and :mod:`ida_eval.mbxp` (the harness and its CLI
 ``python -m ida_eval.mbxp``).
 
@@ -21,7 +21,7 @@ from typing import Any
 _LAZY = {
     **dict.fromkeys(["classify_failure", "compare_runs", "degeneration_reason", "format_comparison", "is_degenerate"],
                     "ida_eval.analysis"),
-    **dict.fromkeys(["FAILURE_CLASSES", "FAILURE_TABLE", "RESULT_KINDS"], "ida_eval.failures"),
+    **dict.fromkeys(["FAILURE_CLASSES", "FAILURE_TABLE", "RESULT_KINDS", "ResultKind"], "ida_eval.failures"),
     **dict.fromkeys(["STOP_STRINGS", "DecodingConfig", "Generation", "generate_completions", "truncate_completion"],
                     "ida_eval.generate"),
     **dict.fromkeys(["ExecutionConfig", "execute_samples", "isolation_in_force", "load_problems"], "ida_eval.execute"),
@@ -53,6 +53,7 @@ __all__ = [
     "FAILURE_TABLE",
     "Generation",
     "RESULT_KINDS",
+    "ResultKind",
     "STOP_STRINGS",
     "classify_failure",
     "compare_runs",

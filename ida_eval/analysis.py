@@ -8,7 +8,7 @@ vocabulary every classifier uses), checked in this order:
 1. ``degenerate``: the completion (or the raw generation before truncation) matches one of the
    collapse signatures of :func:`is_degenerate`. It comes first because it is the root cause: a
    collapsed completion is usually also a syntax error, and calling it that would hide the collapse.
-2. ``timeout``: the executor's result text is mxeval's ``timed out``.
+2. ``timeout``: the executor's result kind is ``timeout`` (text ``timed out``) or ``compile_timeout``.
 3. ``syntax_error``: ``prompt + completion`` does not compile (checked here with ``ast.parse``,
    independently of the executor), or the executor reported a ``SyntaxError`` /
    ``IndentationError`` / ``TabError``.
@@ -16,9 +16,11 @@ vocabulary every classifier uses), checked in this order:
 5. ``runtime_error``: anything else (an exception before or during the tests, an early exit).
 6. ``toolchain_missing``: not run, the language's toolchain is not installed (not a model failure).
 
-Other languages (:mod:`ida_eval.languages`): the executor's ``compile error`` (and ``timed out
-(compile)``) count as ``syntax_error`` / ``timeout``, its ``wrong answer`` (a test check failed) as
-``wrong_answer``; the independent ``ast.parse`` check applies to Python records only.
+Other languages (:mod:`ida_eval.languages`): the executor's ``compile_error`` (and
+``compile_timeout``) kinds count as ``syntax_error`` / ``timeout``, its ``wrong_answer`` (a test check
+failed) as ``wrong_answer``; the independent ``ast.parse`` check applies to Python records only.
+Classification reads the record's ``kind`` (:class:`ida_eval.failures.ResultKind`) and ``exception``,
+never its result text.
 
 Degenerate-output thresholds (:data:`REPEAT_UNIT_MIN_COPIES` etc.) were chosen so that none of the
 974 canonical MBXP solutions is flagged (tested) while short collapses are: a completion of 40+
@@ -39,18 +41,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ida_eval.failures import (  # the one vocabulary (ida_eval.failures); FAILURE_CLASSES in precedence order
-    DEGENERATE,
-    FAILURE_CLASSES,
-    MXEVAL_TIMED_OUT,
-    PASSED,
-    RUNTIME_ERROR,
-    SYNTAX_ERROR,
-    TIMEOUT,
-    TOOLCHAIN_MISSING,
-    TOOLCHAIN_MISSING_TEXT,
-    WRONG_ANSWER,
-)
+# the one vocabulary (ida_eval.failures); FAILURE_CLASSES in precedence order
+from ida_eval.failures import FAILURE_CLASSES, FailureClass, ResultKind, record_kind
 
 REPEAT_UNIT_MAX_CHARS = 20  # longest repeated unit looked for ("foo(", "x = 1\n", ...)
 REPEAT_UNIT_MIN_COPIES = 10  # consecutive copies of the unit
@@ -187,7 +179,9 @@ def classify_failure(result: Mapping[str, Any], prompt: str | None = None, raw: 
     """Classify one executed sample.
 
     Args:
-        result: an mxeval-style result record (``passed``, ``result``, ``completion``).
+        result: a result record of :func:`ida_eval.execute.execute_samples` (``passed``, ``kind``,
+            ``exception``, ``completion``, ``language``). A record written before the ``kind`` field
+            existed is read through :func:`ida_eval.failures.with_kind` first.
         prompt: the problem prompt (enables the independent syntax check).
         raw: the generation before truncation (enables collapse detection when truncation
             removed the repeated part).
@@ -195,32 +189,35 @@ def classify_failure(result: Mapping[str, Any], prompt: str | None = None, raw: 
     Returns:
         ``"passed"`` or one of :data:`FAILURE_CLASSES`.
 
+    Raises:
+        ValueError: the record has no ``kind`` or an unknown one.
+
     Example:
-        >>> classify_failure({"passed": False, "result": "failed: AssertionError", "completion": "  return 1"})
+        >>> classify_failure({"passed": False, "result": "failed: AssertionError", "kind": "exception",
+        ...                   "exception": "AssertionError", "completion": "  return 1"})
         'wrong_answer'
     """
+    kind = record_kind(result)
     if result.get("passed"):
-        return PASSED
-    message = str(result.get("result", ""))
-    if message.startswith(TOOLCHAIN_MISSING_TEXT):
-        return TOOLCHAIN_MISSING
+        return FailureClass.PASSED.value
+    if kind is ResultKind.TOOLCHAIN_MISSING:
+        return FailureClass.TOOLCHAIN_MISSING.value
     completion = str(result.get("completion", ""))
     if is_degenerate(completion) or (raw is not None and is_degenerate(raw)):
-        return DEGENERATE
+        return FailureClass.DEGENERATE.value
     exception = str(result.get("exception") or "")  # the executor's exception type name, when recorded
     python = result.get("language") in (None, "python")  # the ast.parse check is for Python only
-    if MXEVAL_TIMED_OUT in message.lower():  # also "timed out (compile)"
-        return TIMEOUT
+    if kind in (ResultKind.TIMEOUT, ResultKind.COMPILE_TIMEOUT):
+        return FailureClass.TIMEOUT.value
     if (
         (prompt is not None and python and not compiles(prompt, completion))
         or exception in _SYNTAX_NAMES
-        or any(message.startswith(f"failed: {n}") for n in _SYNTAX_NAMES)
-        or message.startswith("failed: compile error")
+        or kind is ResultKind.COMPILE_ERROR
     ):
-        return SYNTAX_ERROR
-    if exception == "AssertionError" or message.startswith(("failed: AssertionError", "failed: wrong answer")):
-        return WRONG_ANSWER
-    return RUNTIME_ERROR
+        return FailureClass.SYNTAX_ERROR.value
+    if exception == "AssertionError" or kind is ResultKind.WRONG_ANSWER:
+        return FailureClass.WRONG_ANSWER.value
+    return FailureClass.RUNTIME_ERROR.value
 
 
 def degenerate_report(samples: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
@@ -245,7 +242,7 @@ def failure_counts(
     raws: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, int], dict[str, str]]:
     """Classify every result; returns ``(counts per class incl. "passed", task_id -> class)``."""
-    counts = {k: 0 for k in (PASSED, *FAILURE_CLASSES)}
+    counts = {k: 0 for k in (FailureClass.PASSED.value, *FAILURE_CLASSES)}
     per_task: dict[str, str] = {}
     for r in results:
         tid = str(r["task_id"])
@@ -269,7 +266,7 @@ def ceiling_report(per_task: Mapping[str, str]) -> dict[str, Any]:
         "unpassable_tasks_in_run": unpassable,
         "version_dependent_tasks_in_run": sorted((t for t in per_task if t in VERSION_DEPENDENT_TASKS), key=_task_key),
         "max_pass@1": (len(per_task) - len(unpassable)) / len(per_task) if per_task else 0.0,
-        "pass@1_excluding_unpassable": sum(c == PASSED for c in rest) / len(rest) if rest else 0.0,
+        "pass@1_excluding_unpassable": sum(c == FailureClass.PASSED for c in rest) / len(rest) if rest else 0.0,
     }
 
 
@@ -334,7 +331,7 @@ def format_comparison(cmp: Mapping[str, Any], *, max_tasks: int = 40) -> str:
     a, b = cmp["a"], cmp["b"]
     rows = [("", "A", "B"), ("tasks", str(a["n"]), str(b["n"]))]
     rows.append(("pass@1", f"{a['pass@1']:.4f}", f"{b['pass@1']:.4f}"))
-    for cls in (PASSED, *FAILURE_CLASSES):
+    for cls in (FailureClass.PASSED.value, *FAILURE_CLASSES):
         rows.append((cls, str(a["counts"].get(cls, 0)), str(b["counts"].get(cls, 0))))
     rows.append(("degenerate outputs", str(a["degenerate"]), str(b["degenerate"])))
     w0 = max(len(r[0]) for r in rows)

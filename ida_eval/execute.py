@@ -7,7 +7,10 @@ interpreter (:mod:`ida_eval.sandbox`); ``workers`` run at once, each in its own 
 Results are mxeval's records — the sample plus ``passed`` (bool) and ``result`` (``"passed"``,
 ``"timed out"`` or ``"failed: <reason>"``; for an exception the reason is the traceback's last
 line, e.g. ``"failed: AssertionError"`` or ``"failed: NameError: name 'root' is not defined"``) —
-plus ``completion_id`` (the sample's ordinal among its task's samples), ``exit_status``,
+plus ``kind`` (the :class:`~ida_eval.failures.ResultKind` decided with the verdict, e.g.
+``"exception"``, ``"early_exit"``, ``"compile_timeout"``: what summaries and failure analysis read;
+the text is for mxeval compatibility and is never parsed back), ``completion_id`` (the sample's
+ordinal among its task's samples), ``exit_status``,
 ``exception`` (type name or None), ``time_elapsed`` (ms), ``stderr_tail`` (last bytes of stderr),
 ``output_bytes`` and ``isolation``.
 
@@ -15,7 +18,8 @@ Crash safety: each record is appended to ``out_path`` as one JSON line (one ``wr
 ``fsync``) the moment its program finishes; rerunning with the same ``out_path`` reads the file
 back, skips every ``(task_id, completion_id)`` already there and executes only the rest. A line
 cut short by a crash (no trailing newline) is dropped with a warning; any other malformed line is
-an error naming the file and line.
+an error naming the file and line. Records written before the ``kind`` field existed get theirs from
+:func:`ida_eval.failures.with_kind` as the file is read (the one legacy reader of result texts).
 
 pass@1 with ``n`` samples per task is the unbiased estimator ``mean_task(c / n)``; with one greedy
 sample per task it is the fraction of tasks passed.
@@ -59,24 +63,7 @@ from ida_eval.sandbox import (
     sweep_stale,
 )
 from ida_common.files import atomic_write_text
-from ida_eval.failures import (
-    BAD_INPUT,
-    COMPILE_ERROR,
-    COMPILE_TIMED_OUT_TEXT,
-    COMPILE_TIMEOUT,
-    EARLY_EXIT,
-    EXIT_STATUS,
-    KILLED,
-    MXEVAL_TIMED_OUT,
-    OTHER,
-    OUTPUT_LIMIT,
-    PASSED,
-    RUNTIME_ERROR,
-    TIMEOUT,
-    TOOLCHAIN_MISSING,
-    TOOLCHAIN_MISSING_TEXT,
-    WRONG_ANSWER,
-)
+from ida_eval.failures import EXCEPTION_LINE, ResultKind, Verdict, record_kind, result_class, with_kind
 
 __all__ = [
     "ExecutionConfig",
@@ -98,15 +85,6 @@ __all__ = [
 DEFAULT_TIMEOUT_S = 30.0  # MBPP/123 takes up to 18 s on two busy cores
 REASON_CHARS = 300  # longest "failed: <reason>" text kept
 MAX_LISTED_TASKS = 20  # task ids listed in a summary (the rest are only counted)
-_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
-COMPILE_TIMED_OUT = COMPILE_TIMED_OUT_TEXT
-# "failed: <text>: ..." reasons of other languages' records and their result kinds
-_LANGUAGE_REASONS = (
-    ("compile error", COMPILE_ERROR),
-    ("wrong answer", WRONG_ANSWER),
-    ("runtime error", RUNTIME_ERROR),
-    ("bad input", BAD_INPUT),
-)
 COMPILE_ERROR_LINES = 5  # compiler output lines kept in a "compile error" result
 # the messages MBXP / HumanEval tests raise on a wrong value, in every language ("Exception -- test
 # case 2 did not pass", "Error at 3th assert statement", JavaScript's failing message builder, whose
@@ -232,102 +210,72 @@ def _exception_line(stderr: str) -> str | None:
     if start < 0:
         return None
     for line in reversed(stderr[start:].splitlines()):
-        if line and not line[0].isspace() and _EXC_LINE.match(line) and not line.startswith("Traceback"):
+        if line and not line[0].isspace() and EXCEPTION_LINE.match(line) and not line.startswith("Traceback"):
             return line
     return None
 
 
-def _verdict(res: SandboxResult, max_output: int) -> tuple[bool, str, str | None]:
-    """(passed, mxeval result text, exception type name)."""
+def _verdict(res: SandboxResult, max_output: int) -> Verdict:
+    """The verdict of a Python program run: its kind, mxeval's result text and the exception's type name."""
     if res.timed_out:
-        return False, MXEVAL_TIMED_OUT, None
+        return Verdict(ResultKind.TIMEOUT, "timed out")  # mxeval's text
     if res.output_exceeded:
-        return False, f"failed: output limit exceeded (over {max_output} bytes)", None
+        return Verdict(ResultKind.OUTPUT_LIMIT, f"failed: output limit exceeded (over {max_output} bytes)")
     if res.passed:
-        return True, "passed", None
+        return Verdict(ResultKind.PASSED, "passed")
     exc = _exception_line(res.stderr_tail)
-    exc_name = _EXC_LINE.match(exc).group(1) if exc else None  # type: ignore[union-attr]
+    exc_name = EXCEPTION_LINE.match(exc).group(1) if exc else None  # type: ignore[union-attr]
     if res.finished:
-        reason = f"exit status {res.exit_status} after check() returned"
+        kind, reason = ResultKind.EXIT_STATUS, f"exit status {res.exit_status} after check() returned"
     elif exc and res.disk_full:
-        reason = f"{exc} (disk limit reached)"
+        kind, reason = ResultKind.EXCEPTION, f"{exc} (disk limit reached)"
     elif exc:
-        reason = exc
+        kind, reason = ResultKind.EXCEPTION, exc
     elif res.exit_status is not None and res.exit_status < 0:
-        try:
-            name = signal.Signals(-res.exit_status).name
-        except ValueError:
-            name = f"signal {-res.exit_status}"
-        reason = f"killed by {name}" + (" (out of memory: cgroup limit)" if res.oom_killed else "")
+        kind, reason = ResultKind.KILLED, _killed_by(res)
     elif res.exit_status == 0:
-        reason = "exited with status 0 before check() returned"
+        kind, reason = ResultKind.EARLY_EXIT, "exited with status 0 before check() returned"
     else:
-        reason = f"exit status {res.exit_status} without a traceback"
-    return False, "failed: " + reason[:REASON_CHARS], exc_name
+        kind, reason = ResultKind.EXIT_STATUS, f"exit status {res.exit_status} without a traceback"
+    return Verdict(kind, "failed: " + reason[:REASON_CHARS], exc_name)
 
 
-def _job_verdict(lang: Language, res: SandboxResult, max_output: int) -> tuple[bool, str, str | None]:
-    """(passed, result text, None) of a :class:`~ida_eval.sandbox.ProgramJob` run (another language)."""
+def _killed_by(res: SandboxResult) -> str:
+    try:
+        name = signal.Signals(-res.exit_status).name  # type: ignore[operator]
+    except ValueError:
+        name = f"signal {-res.exit_status}"  # type: ignore[operator]
+    return f"killed by {name}" + (" (out of memory: cgroup limit)" if res.oom_killed else "")
+
+
+def _job_verdict(lang: Language, res: SandboxResult, max_output: int) -> Verdict:
+    """The verdict of a :class:`~ida_eval.sandbox.ProgramJob` run (another language; no exception name)."""
     if res.compile_timed_out:
-        return False, COMPILE_TIMED_OUT, None
+        return Verdict(ResultKind.COMPILE_TIMEOUT, "timed out (compile)")
     if lang.compiled and res.compile_ok is False:
         lines = [ln for ln in res.compile_output.strip().splitlines() if not _JVM_WARNING.match(ln)]
         head = "\n".join(lines[:COMPILE_ERROR_LINES])
         status = f"exit status {res.compile_status}" if res.compile_status is not None else "no status"
-        return False, ("failed: compile error: " + (head or status))[:REASON_CHARS], None
+        return Verdict(ResultKind.COMPILE_ERROR, ("failed: compile error: " + (head or status))[:REASON_CHARS])
     if res.timed_out:
-        return False, MXEVAL_TIMED_OUT, None
+        return Verdict(ResultKind.TIMEOUT, "timed out")  # mxeval's text
     if res.output_exceeded:
-        return False, f"failed: output limit exceeded (over {max_output} bytes)", None
+        return Verdict(ResultKind.OUTPUT_LIMIT, f"failed: output limit exceeded (over {max_output} bytes)")
     if res.passed:
-        return True, "passed", None
+        return Verdict(ResultKind.PASSED, "passed")
     lines = [ln.strip() for ln in res.stderr_tail.splitlines() if ln.strip()]
     failed_check = next((ln for ln in lines if _TEST_FAILURE.search(ln)), None)
     if res.exit_status == 0:
-        return False, "failed: exited with status 0 before the test driver finished", None
+        return Verdict(ResultKind.EARLY_EXIT, "failed: exited with status 0 before the test driver finished")
+    if failed_check is not None:
+        return Verdict(ResultKind.WRONG_ANSWER, f"failed: wrong answer: {failed_check}"[:REASON_CHARS])
     if res.exit_status is not None and res.exit_status < 0:
-        try:
-            sig = signal.Signals(-res.exit_status).name
-        except ValueError:
-            sig = f"signal {-res.exit_status}"
-        status = f"killed by {sig}" + (" (out of memory: cgroup limit)" if res.oom_killed else "")
+        status = _killed_by(res)
     else:
         status = f"exit status {res.exit_status}"
-    if failed_check is not None:
-        return False, f"failed: wrong answer: {failed_check}"[:REASON_CHARS], None
     error = next((ln for ln in lines if _ERROR_LINE.search(ln)), lines[-1] if lines else "")
-    return False, (f"failed: runtime error: {status}" + (f": {error}" if error else ""))[:REASON_CHARS], None
-
-
-def result_class(result: str) -> str:
-    """Result kind of an mxeval result text, for counting (:data:`ida_eval.failures.RESULT_KINDS`):
-    ``"passed"``, ``"timeout"``, the exception type name (``"AssertionError"``), or
-    ``"early_exit"``, ``"killed"``, ``"output_limit"``, ``"exit_status"``, ``"other"``; for other
-    languages also ``"compile_error"``, ``"compile_timeout"``, ``"wrong_answer"`` (a test check
-    failed), ``"runtime_error"``, ``"toolchain_missing"`` (not a model failure: see
-    :func:`summarize`) and ``"bad_input"`` (unknown language, no test, a test the driver cannot wrap)."""
-    if result == PASSED:
-        return PASSED
-    if result == MXEVAL_TIMED_OUT:
-        return TIMEOUT
-    if result == COMPILE_TIMED_OUT:
-        return COMPILE_TIMEOUT
-    if result.startswith(TOOLCHAIN_MISSING_TEXT):
-        return TOOLCHAIN_MISSING
-    reason = result.removeprefix("failed: ")
-    for text, kind in _LANGUAGE_REASONS:
-        if reason.startswith(text + ":"):
-            return kind
-    if reason.startswith("output limit"):
-        return OUTPUT_LIMIT
-    if reason.startswith("killed by"):
-        return KILLED
-    if reason.startswith("exited with status 0"):
-        return EARLY_EXIT
-    if reason.startswith("exit status"):
-        return EXIT_STATUS
-    m = _EXC_LINE.match(reason.split("\n", 1)[0])
-    return m.group(1) if m else OTHER
+    text = f"failed: runtime error: {status}" + (f": {error}" if error else "")
+    return Verdict(ResultKind.RUNTIME_ERROR, text[:REASON_CHARS])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,6 +319,10 @@ def _read_results(path: Path) -> dict[tuple[str, int], tuple[int, dict[str, Any]
         cid = rec.get("completion_id")
         if not isinstance(cid, int) or isinstance(cid, bool) or cid < 0:
             raise ResultsFileError(f"{where}: 'completion_id' missing or not a non-negative int")
+        try:
+            rec = with_kind(rec)  # records written before the "kind" field: read by the one legacy parser
+        except ValueError as e:
+            raise ResultsFileError(f"{where}: {e}") from None
         key_ = (rec["task_id"], cid)
         if key_ in done:
             raise ResultsFileError(f"{where}: duplicate result for {key_[0]} sample {cid} (also line {done[key_][0]})")
@@ -406,7 +358,8 @@ def _run_one(
         if lang.name != "python":
             missing = _missing_tools(lang)
             if missing:
-                record.update(_not_run(lang.name, f"{TOOLCHAIN_MISSING_TEXT}: {', '.join(missing)} not found ({lang.name})"))
+                text = f"toolchain missing: {', '.join(missing)} not found ({lang.name})"
+                record.update(_not_run(lang.name, Verdict(ResultKind.TOOLCHAIN_MISSING, text)))
                 return record
             job = ProgramJob(
                 files=assemble(lang, problem, sample["completion"]),
@@ -418,7 +371,8 @@ def _run_one(
                 env=environment(lang),
             )
     except LanguageError as e:
-        record.update(_not_run(str(sample.get("language") or problem.get("language") or "unknown"), f"failed: bad input: {e}"))
+        language = str(sample.get("language") or problem.get("language") or "unknown")
+        record.update(_not_run(language, Verdict(ResultKind.BAD_INPUT, f"failed: bad input: {e}")))
         return record
     record["language"] = lang.name
     slot = slots.get()
@@ -435,14 +389,16 @@ def _run_one(
     finally:
         slots.put(slot)
     if job is None:
-        passed, result, exc = _verdict(res, config.max_output_bytes)
+        verdict = _verdict(res, config.max_output_bytes)
     else:
-        passed, result, exc = _job_verdict(lang, res, config.max_output_bytes)
+        verdict = _job_verdict(lang, res, config.max_output_bytes)
+    fields = verdict.fields()
     record.update(
-        passed=passed,
-        result=result,
+        passed=fields["passed"],
+        result=fields["result"],
+        kind=fields["kind"],
         exit_status=res.exit_status,
-        exception=exc,
+        exception=fields["exception"],
         time_elapsed=round(res.elapsed_s * 1000.0, 1),
         stderr_tail=res.stderr_tail,
         output_bytes=res.output_bytes,
@@ -453,14 +409,16 @@ def _run_one(
     return record
 
 
-def _not_run(language: str, result: str) -> dict[str, Any]:
+def _not_run(language: str, verdict: Verdict) -> dict[str, Any]:
     """The result fields of a sample that was not run (no toolchain, bad input)."""
+    fields = verdict.fields()
     return {
         "language": language,
-        "passed": False,
-        "result": result,
+        "passed": fields["passed"],
+        "result": fields["result"],
+        "kind": fields["kind"],
         "exit_status": None,
-        "exception": None,
+        "exception": fields["exception"],
         "time_elapsed": None,
         "stderr_tail": "",
         "output_bytes": 0,
@@ -652,18 +610,18 @@ def summarize(
         "samples": len(results),
         "tasks": len(tasks),
         "passed": sum(bool(r["passed"]) for r in results),
-        "timed_out": sum(r["result"] == MXEVAL_TIMED_OUT for r in results),
-        "result_classes": dict(Counter(result_class(r["result"]) for r in results).most_common()),
+        "timed_out": sum(record_kind(r) is ResultKind.TIMEOUT for r in results),
+        "result_classes": dict(Counter(result_class(r) for r in results).most_common()),
         "isolation": sorted({str(r.get("isolation", "unknown")) for r in results if r.get("isolation", "") is not None}),
         "missing_tasks_count": len(missing),
         "missing_tasks_first": missing[:MAX_LISTED_TASKS],
     }
     if problems is not None and problems:
         out["pass@1_all_problems"] = p1 * len(tasks) / len(problems)
-    runnable = [r for r in results if result_class(r["result"]) != TOOLCHAIN_MISSING]
+    runnable = [r for r in results if record_kind(r) is not ResultKind.TOOLCHAIN_MISSING]
     out["toolchain_missing"] = len(results) - len(runnable)
     out["pass@1_runnable"] = pass_at_1(runnable)
-    out["timed_out_compile"] = sum(r["result"] == COMPILE_TIMED_OUT for r in results)
+    out["timed_out_compile"] = sum(record_kind(r) is ResultKind.COMPILE_TIMEOUT for r in results)
     by_lang: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for r in results:
         by_lang[str(r.get("language") or "python")].append(r)
@@ -672,7 +630,7 @@ def summarize(
             "pass@1": pass_at_1(rs),
             "samples": len(rs),
             "passed": sum(bool(r["passed"]) for r in rs),
-            "toolchain_missing": sum(result_class(r["result"]) == TOOLCHAIN_MISSING for r in rs),
+            "toolchain_missing": sum(record_kind(r) is ResultKind.TOOLCHAIN_MISSING for r in rs),
         }
         for lang, rs in sorted(by_lang.items())
     }

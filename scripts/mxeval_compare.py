@@ -137,14 +137,14 @@ def main(argv: list[str] | None = None) -> int:
           f"| {args.language} | {args.which} | {len(keys)} | {n_ours} | {n_ref} | {len(differ)} |")
     for k in differ:
         o, r = ours[k], ref[k]
-        print(f"{k[0]}: ours {'passed' if o['passed'] else ex.result_class(o['result'])} ({first_line(o['result'])}); "
+        print(f"{k[0]}: ours {'passed' if o['passed'] else ex.result_class(o)} ({first_line(o['result'])}); "
               f"reference {'passed' if r['passed'] else 'failed'} ({first_line(r['result'])})")
 
     if args.update_anchors:
         anchors = json.loads(ANCHORS.read_text(encoding="utf-8"))
         anchors.setdefault(args.language, {})[args.which] = {
             "n": len(keys), "passed": n_ours,
-            "failed": {k[0]: ex.result_class(ours[k]["result"]) for k in keys if not ours[k]["passed"]},
+            "failed": {k[0]: ex.result_class(ours[k]) for k in keys if not ours[k]["passed"]},
             "reference": {"n": len(keys), "passed": n_ref,
                           "differ": {k[0]: "ref passed" if ref[k]["passed"] else "ref failed" for k in differ}},
         }

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from ida_eval import FAILURE_CLASSES, classify_failure, compare_runs, degeneration_reason, format_comparison, is_degenerate
 from ida_eval.analysis import WORD_REPEAT_MIN, degenerate_report, load_run
+from ida_eval.failures import with_kind
 from tests.ida_eval.support import read_problems
 
 PROMPT = '\n\ndef f(x):\n  """\n  Doc.\n  """\n'
@@ -64,18 +65,21 @@ def test_any_repeated_word_run_is_degenerate(word, n, head):
     assert is_degenerate(head + " ".join([word] * n)) is True
 
 
-def _result(passed, result, completion="  return 1", exception=None):
-    return {"task_id": "MBPP/1", "passed": passed, "result": result, "completion": completion, "exception": exception}
+def _result(passed, result, completion="  return 1", exception=None, kind=None):
+    kind = kind or ("passed" if passed else "exception" if exception else "other")
+    return {"task_id": "MBPP/1", "passed": passed, "result": result, "kind": kind, "completion": completion,
+            "exception": exception}
 
 
 def test_classify_failure():
     assert classify_failure(_result(True, "passed")) == "passed"
     assert classify_failure(_result(False, "failed: AssertionError", exception="AssertionError"), PROMPT) == "wrong_answer"
-    assert classify_failure(_result(False, "timed out"), PROMPT) == "timeout"
+    assert classify_failure(_result(False, "timed out", kind="timeout"), PROMPT) == "timeout"
     assert classify_failure(_result(False, "failed: NameError: name 'y' is not defined", exception="NameError"),
                             PROMPT) == "runtime_error"
-    assert classify_failure(_result(False, "failed: exited with status 0 before check() returned"), PROMPT) == "runtime_error"
-    # syntax errors found independently of the executor's message
+    assert classify_failure(_result(False, "failed: exited with status 0 before check() returned", kind="early_exit"),
+                            PROMPT) == "runtime_error"
+    # syntax errors found independently of the executor's verdict
     assert classify_failure(_result(False, "failed: something", completion="  return ((("), PROMPT) == "syntax_error"
     assert classify_failure(_result(False, "failed: IndentationError: unexpected indent",
                                     exception="IndentationError")) == "syntax_error"
@@ -88,16 +92,35 @@ def test_classify_failure():
     assert set(FAILURE_CLASSES) == {
         "degenerate", "timeout", "syntax_error", "wrong_answer", "runtime_error", "toolchain_missing"
     }
-    # other languages: the executor's classes map onto these; no Python parse of a Java prompt
-    java = {"language": "java", "completion": "        return a + b;\n    }\n}"}
-    assert classify_failure({**java, "passed": False, "result": "failed: compile error: x"}, "class A {") == "syntax_error"
-    assert classify_failure({**java, "passed": False, "result": "failed: wrong answer: test case 1"}, "class A {") \
-        == "wrong_answer"
-    assert classify_failure({**java, "passed": False, "result": "failed: runtime error: exit status 1"}, "class A {") \
-        == "runtime_error"
-    assert classify_failure({**java, "passed": False, "result": "timed out (compile)"}, "class A {") == "timeout"
-    assert classify_failure({**java, "passed": False, "result": "toolchain missing: javac not found (java)"}) \
-        == "toolchain_missing"
+    # other languages: the executor's kinds map onto these; no Python parse of a Java prompt
+    java = {"language": "java", "completion": "        return a + b;\n    }\n}", "passed": False}
+    for kind, cls in [("compile_error", "syntax_error"), ("wrong_answer", "wrong_answer"),
+                      ("runtime_error", "runtime_error"), ("compile_timeout", "timeout"),
+                      ("toolchain_missing", "toolchain_missing"), ("bad_input", "runtime_error")]:
+        assert classify_failure({**java, "result": "failed: x", "kind": kind}, "class A {") == cls, kind
+    # the kind decides, never the text
+    assert classify_failure({**java, "result": "timed out", "kind": "runtime_error"}, "class A {") == "runtime_error"
+    with pytest.raises(ValueError, match="has no 'kind'"):
+        classify_failure({"passed": False, "result": "failed: AssertionError", "completion": "  return 1"})
+
+
+def test_old_records_classify_as_before_through_the_legacy_parser():
+    """Records written before the "kind" field, read through with_kind (as the results file reader
+    does): the classes the text-reading classifier gave them."""
+    old = [
+        ({"result": "failed: AssertionError"}, "wrong_answer"),  # mxeval's own record: no "exception"
+        ({"result": "failed: SyntaxError: invalid syntax", "exception": "SyntaxError"}, "syntax_error"),
+        ({"result": "timed out"}, "timeout"),
+        ({"result": "failed: killed by SIGKILL"}, "runtime_error"),
+        ({"result": "failed: compile error: x", "language": "java"}, "syntax_error"),
+        ({"result": "failed: wrong answer: test case 1", "language": "java"}, "wrong_answer"),
+        ({"result": "failed: runtime error: exit status 1", "language": "java"}, "runtime_error"),
+        ({"result": "timed out (compile)", "language": "java"}, "timeout"),
+        ({"result": "toolchain missing: javac not found (java)", "language": "java"}, "toolchain_missing"),
+    ]
+    for rec, cls in old:
+        got = classify_failure(with_kind({"passed": False, "completion": "  return 1", **rec}), PROMPT)
+        assert got == cls, rec
 
 
 def test_degenerate_report_counts_and_examples():

@@ -10,11 +10,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from ida_eval import execute as ex
+from ida_eval.failures import ResultKind, legacy_kind, with_kind
 from ida_eval.problems import ProblemsError, find_problems_file, load_problems
 
 FAST = ex.ExecutionConfig(timeout=3.0, workers=2, memory_bytes=1 << 30)
@@ -173,7 +175,8 @@ def test_execute_samples_verdicts(toy: dict, tmp_path: Path) -> None:
     for r in res:
         assert isinstance(r["time_elapsed"], float) and r["isolation"] in ex.ISOLATION_LEVELS
     assert ex.pass_at_1(res) == pytest.approx((0.5 + 0 + 0) / 3)
-    assert [ex.result_class(r["result"]) for r in res] == [
+    assert [r["kind"] for r in res] == ["passed", "exception", "exception", "timeout", "early_exit", "exception"]
+    assert [ex.result_class(r) for r in res] == [
         "passed",
         "AssertionError",
         "SyntaxError",
@@ -181,6 +184,8 @@ def test_execute_samples_verdicts(toy: dict, tmp_path: Path) -> None:
         "early_exit",
         "NameError",
     ]
+    # the one legacy parser reads every text the verdicts write as the kind written with it
+    assert [legacy_kind(r["result"]) for r in res] == [(ResultKind(r["kind"]), r["exception"]) for r in res]
     # the results file holds the same records, one JSON line each
     lines = (tmp_path / "r.jsonl").read_text().splitlines()
     assert sorted(json.loads(x)["completion"] for x in lines) == sorted(s["completion"] for s in samples)
@@ -226,7 +231,8 @@ def test_resume_skips_finished_tasks(toy: dict, tmp_path: Path) -> None:
     out.write_text(json.dumps(seeded) + "\n")
     samples = [{"task_id": "T/0", "completion": wrong}, {"task_id": "T/1", "completion": "    return 2 * x\n"}]
     res = ex.execute_samples(toy, samples, out_path=out, config=FAST, progress=False)
-    assert res[0] == seeded  # returned from the file, not executed
+    assert res[0] == {**seeded, "kind": "passed"}  # returned from the file, not executed; its kind read once
+    assert res[1]["kind"] == "passed"
     assert res[1]["passed"] and "seed" not in res[1]
     assert len(out.read_text().splitlines()) == 2
     # a third run executes nothing and returns the same records
@@ -271,6 +277,54 @@ def test_resume_drops_a_torn_last_line(toy: dict, tmp_path: Path) -> None:
     assert [r["passed"] for r in res] == [True, True]
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert [r["task_id"] for r in lines] == ["T/1", "T/0"]
+
+
+# records as the executor wrote them before the "kind" field: (result text, exception) -> result class
+OLD_RECORDS = [
+    ("passed", None, "passed"),
+    ("failed: AssertionError", "AssertionError", "AssertionError"),
+    ("failed: NameError: name 'y' is not defined", "NameError", "NameError"),
+    ("failed: OSError: [Errno 28] No space left on device (disk limit reached)", "OSError", "OSError"),
+    ("timed out", None, "timeout"),
+    ("failed: output limit exceeded (over 16777216 bytes)", None, "output_limit"),
+    ("failed: killed by SIGKILL (out of memory: cgroup limit)", None, "killed"),
+    ("failed: exited with status 0 before check() returned", None, "early_exit"),
+    ("failed: exit status 3 after check() returned", "ValueError", "exit_status"),
+    ("failed: exit status 1 without a traceback", None, "exit_status"),
+    ("failed: (nothing we know)", None, "other"),
+    ("timed out (compile)", None, "compile_timeout"),
+    ("failed: compile error: Main.java:3: error: ';' expected", None, "compile_error"),
+    ("failed: wrong answer: Exception -- test case 2 did not pass", None, "wrong_answer"),
+    ("failed: runtime error: exit status 1: TypeError: x", None, "runtime_error"),
+    ("failed: exited with status 0 before the test driver finished", None, "early_exit"),
+    ("toolchain missing: swift not found (swift)", None, "toolchain_missing"),
+    ("failed: bad input: unknown language 'cobol'", None, "bad_input"),
+]
+
+
+def test_an_old_results_file_resumes_with_the_same_classes(toy: dict, tmp_path: Path) -> None:
+    """Records written before the "kind" field: read once by the legacy parser, never executed again,
+    counted as they were (the summary of an old run is the same)."""
+    out = tmp_path / "r.jsonl"
+    old = [{"task_id": "T/0", "completion": f"#{i}\n", "completion_id": i, "passed": text == "passed",
+            "result": text, "exit_status": None, "exception": exc, "isolation": "rlimits"}
+           for i, (text, exc, _) in enumerate(OLD_RECORDS)]
+    out.write_text("".join(json.dumps(r) + "\n" for r in old))
+    samples = [{"task_id": "T/0", "completion": r["completion"]} for r in old]
+    res = ex.execute_samples(toy, samples, out_path=out, config=FAST, progress=False)
+    assert [ex.result_class(r) for r in res] == [cls for _, _, cls in OLD_RECORDS]
+    assert [{k: v for k, v in r.items() if k != "kind"} for r in res] == old  # nothing else changed
+    assert out.read_text() == "".join(json.dumps(r) + "\n" for r in old)  # the file is left as it was
+    s = ex.summarize(res)
+    assert s["result_classes"] == dict(Counter(cls for _, _, cls in OLD_RECORDS).most_common())
+    assert (s["timed_out"], s["timed_out_compile"], s["toolchain_missing"]) == (1, 1, 1)
+    # an mxeval record without "exception" gets the name from its text; an unknown kind names its line
+    assert ex.result_class(with_kind({"result": "failed: KeyError: 3"})) == "KeyError"
+    out.write_text(json.dumps({**old[0], "kind": "exploded"}) + "\n")
+    with pytest.raises(ex.ResultsFileError, match=r"r\.jsonl:1: .*unknown kind 'exploded'"):
+        ex.execute_samples(toy, samples[:1], out_path=out, config=FAST, progress=False)
+    with pytest.raises(ValueError, match="has no 'kind'.*with_kind"):
+        ex.summarize(old)
 
 
 def _cli(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
@@ -411,7 +465,7 @@ def test_cli_reports_pass_rate_classes_missing_tasks_and_isolation(
 def test_summary_counts_missing_tasks_and_lists_the_first_few() -> None:
     problems = {f"P/{i}": {} for i in range(3 + ex.MAX_LISTED_TASKS + 7)}  # file order, not sorted order
     results = [{"task_id": f"P/{i}", "passed": i == 0, "result": "passed" if i == 0 else "timed out",
-                "isolation": "rlimits"} for i in range(3)]
+                "kind": "passed" if i == 0 else "timeout", "isolation": "rlimits"} for i in range(3)]
     s = ex.summarize(results, problems)
     assert s["missing_tasks_count"] == ex.MAX_LISTED_TASKS + 7
     assert s["missing_tasks_first"] == [f"P/{i}" for i in range(3, 3 + ex.MAX_LISTED_TASKS)]

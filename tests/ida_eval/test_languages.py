@@ -241,12 +241,12 @@ def test_right_wrong_and_early_exit(lang: str) -> None:
     assert res["right"]["passed"], res["right"]["result"] + "\n" + res["right"]["stderr_tail"]
     assert res["right"]["result"] == "passed" and res["right"]["language"] == lang
     assert not res["wrong"]["passed"]
-    assert ex.result_class(res["wrong"]["result"]) == "wrong_answer", res["wrong"]["result"]
+    assert ex.result_class(res["wrong"]) == "wrong_answer", res["wrong"]["result"]
     # mxeval scores this as passed (exit status 0): the test driver never reached its end
     assert not res["early"]["passed"]
-    assert ex.result_class(res["early"]["result"]) == "early_exit", res["early"]["result"]
+    assert ex.result_class(res["early"]) == "early_exit", res["early"]["result"]
     if "compile" in res:
-        assert ex.result_class(res["compile"]["result"]) == "compile_error", res["compile"]["result"]
+        assert ex.result_class(res["compile"]) == "compile_error", res["compile"]["result"]
         assert res["compile"]["compile_status"] not in (0, None)
         assert len(res["compile"]["result"]) > len("failed: compile error: ")  # the compiler's first lines
         assert "VM warning" not in res["compile"]["result"]  # a JVM's warnings are not the compiler's error
@@ -262,14 +262,14 @@ def test_no_pass_forged_through_stdin_or_an_early_end(lang: str) -> None:
     assert res["right"]["passed"], res["right"]["result"] + "\n" + res["right"]["stderr_tail"]
     for name in FORGES[lang]:
         assert not res[name]["passed"], f"{lang} {name}: {res[name]['result']}"
-        assert ex.result_class(res[name]["result"]) == "early_exit", f"{lang} {name}: {res[name]['result']}"
+        assert ex.result_class(res[name]) == "early_exit", f"{lang} {name}: {res[name]['result']}"
 
 
 @pytest.mark.parametrize("lang", ["java", "csharp"])
 def test_completion_that_closes_the_class_early_is_a_compile_error(lang: str) -> None:
     need(lang)
     res = run_toy(lang, {"closes": TOYS[lang]["closes_early"]})["closes"]
-    assert not res["passed"] and ex.result_class(res["result"]) == "compile_error", res["result"]
+    assert not res["passed"] and ex.result_class(res) == "compile_error", res["result"]
 
 
 def test_csharp_compare_net_objects_stand_in() -> None:
@@ -327,7 +327,7 @@ def test_bad_input_gives_records_not_crashes() -> None:
     ]
     res = ex.execute_samples(problems, samples, config=FAST, progress=False)
     assert res[0]["passed"]
-    classes = [ex.result_class(r["result"]) for r in res[1:]]
+    classes = [ex.result_class(r) for r in res[1:]]
     assert classes == ["bad_input"] * 4, [r["result"] for r in res]
     assert "has no test" in res[1]["result"]
     assert "unknown language 'cobol'" in res[2]["result"]
@@ -430,7 +430,7 @@ def test_compile_and_run_timeouts_are_told_apart(lang: str) -> None:
     loop = {"go": "\tfor {\n\t}\n}", "java": "        while (true) {}\n    }\n}"}[lang]
     cfg = ex.ExecutionConfig(workers=1, run_timeouts=((lang, 2.0),), compile_timeouts=((lang, 0.05),))
     res = run_toy(lang, {"right": TOYS[lang]["right"]}, cfg)["right"]
-    assert res["result"] == "timed out (compile)" and ex.result_class(res["result"]) == "compile_timeout"
+    assert res["result"] == "timed out (compile)" and ex.result_class(res) == "compile_timeout"
     cfg = ex.ExecutionConfig(workers=1, run_timeouts=((lang, 2.0),))
     res = run_toy(lang, {"loop": loop}, cfg)["loop"]
     assert res["result"] == "timed out" and res["compile_status"] == 0
@@ -535,11 +535,11 @@ def test_hostile_programs_are_contained(lang: str, tmp_path: Path, listener: int
     res = {r["case"]: r for r in ex.execute_samples(problems, samples, config=cfg, progress=False)}
     for case in ("write", "network"):
         assert not res[case]["passed"], (case, res[case]["result"], res[case]["stderr_tail"])
-        assert ex.result_class(res[case]["result"]) == "wrong_answer", (case, res[case]["result"])
+        assert ex.result_class(res[case]) == "wrong_answer", (case, res[case]["result"])
     assert not outside.exists()
     assert not res["forkbomb"]["passed"]
     assert res["flood"]["result"].startswith("failed: output limit exceeded"), res["flood"]["result"]
-    assert res["daemon"]["passed"] or ex.result_class(res["daemon"]["result"]) == "wrong_answer", res["daemon"]["result"]
+    assert res["daemon"]["passed"] or ex.result_class(res["daemon"]) == "wrong_answer", res["daemon"]["result"]
     deadline = time.monotonic() + 3.0
     while processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -652,7 +652,7 @@ def test_anchor_verdicts(lang: str, mode: str) -> None:
         samples = passing + failing
     cfg = ex.ExecutionConfig(workers=2)
     res = ex.execute_samples(problems, samples, config=cfg, progress=False)
-    got = {r["task_id"]: ex.result_class(r["result"]) for r in res if not r["passed"]}
+    got = {r["task_id"]: ex.result_class(r) for r in res if not r["passed"]}
     want = {s["task_id"]: anchor["failed"][s["task_id"]] for s in samples if s["task_id"] in anchor["failed"]}
     timing = ("timeout", "compile_timeout")  # load-dependent: only pass/fail is compared for those
     assert set(got) == set(want), f"{lang} {mode}: failing tasks differ: now {sorted(set(got) - set(want))}, " \

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ida_eval import ExecutionConfig, evaluate_checkpoint, evaluate_model, mbxp
+from ida_eval import ExecutionConfig, compare_runs, evaluate_checkpoint, evaluate_model, mbxp
 from ida_eval import execute as ex
 from ida_eval.isolation import ISOLATION_LEVELS
 from ida_eval.mbxp import RunDirError, main, read_samples, select_problems
@@ -70,6 +70,42 @@ def test_run_files_resume_and_pinning(setup, tmp_path):
         assert evaluate_model(None, None, problems, out, **kw)["per_task"] == s["per_task"]
     with pytest.raises(ValueError, match="no model was given"):
         evaluate_model(None, None, problems, out, **{**kw, "limit": 5})
+
+
+def test_an_old_run_directory_resumes_and_compares_the_same(tmp_path, monkeypatch):
+    """A run directory written before records carried "kind" (results.jsonl without it): resuming
+    executes nothing and gives the same summary, and --compare against it shows no change."""
+    import torch
+
+    from ida_eval.generate import Generation
+
+    problems = {p["task_id"]: p for p in SMALL_PROBLEMS[:5]}
+    texts = {"T/1": "\treturn a + b", "T/2": "  return n +", "T/3": "  return undefined_name",
+             "T/4": "  return s", "T/5": " the" * 12}  # passed, syntax, NameError, assertion, degenerate
+
+    def fixed(model, tokenizer, prompts, config, *, progress=True, on_batch=None):
+        gens = [Generation(t, texts[t], texts[t], 3, "eos") for t in prompts]
+        if on_batch is not None:
+            on_batch(gens)
+        return gens
+
+    monkeypatch.setattr(mbxp, "generate_completions", fixed)
+    new, old = tmp_path / "new", tmp_path / "old"
+    s_new = evaluate_model(torch.nn.Linear(2, 2), None, problems, new, exec_config=EXEC, progress=False)
+    assert set(s_new["per_task"].values()) == {"passed", "syntax_error", "runtime_error", "wrong_answer", "degenerate"}
+    records = [json.loads(x) for x in (new / "results.jsonl").read_text().splitlines()]
+    assert all("kind" in r for r in records)
+    old.mkdir()
+    for name in ("run.json", "samples.jsonl", "summary.json"):
+        (old / name).write_bytes((new / name).read_bytes())
+    (old / "results.jsonl").write_text(
+        "".join(json.dumps({k: v for k, v in r.items() if k != "kind"}) + "\n" for r in records))
+    s_old = evaluate_model(None, None, problems, old, exec_config=EXEC, progress=False)  # nothing to run
+    for key in ("pass@1", "counts", "per_task", "ceiling", "executor", "languages", "isolation"):
+        assert s_old[key] == s_new[key], key
+    cmp = compare_runs(old, new)
+    assert (cmp["gained"], cmp["lost"], cmp["changed_class"]) == ([], [], {})
+    assert cmp["a"]["counts"] == cmp["b"]["counts"] == s_new["counts"]
 
 
 def test_failed_validation_leaves_the_directory_unpinned(setup, tmp_path):
@@ -177,11 +213,11 @@ def test_public_api_and_docstring_examples():
     import doctest
 
     import ida_eval
-    from ida_eval import analysis, generate
+    from ida_eval import analysis, failures, generate
 
     assert ida_eval.__all__ == sorted(ida_eval.__all__)
     assert all(hasattr(ida_eval, n) for n in ida_eval.__all__)
-    for module in (ida_eval, analysis, generate):
+    for module in (ida_eval, analysis, failures, generate):
         failed, attempted = doctest.testmod(module)
         assert failed == 0 and attempted > 0, module.__name__
 
