@@ -6,8 +6,8 @@ the per-architecture norm-folding rule, shared by every reader and writer.
 File format (:mod:`mxfp8_codec.header`, :mod:`mxfp8_codec.reader`, :mod:`mxfp8_codec.writer`,
 :mod:`mxfp8_codec.rename`): a
 validated header parser, a memory-mapped streaming reader, an atomic writer, a header-only rename
-with sha256 proof, and the CLI ``python -m mxfp8_codec``. The on-disk format is specified in
-docs/format.md.
+with sha256 proof, whole checkpoints quantized and dequantized (:mod:`mxfp8_codec.checkpoint`), and
+the CLI ``python -m mxfp8_codec``. The on-disk format is specified in docs/format.md.
 
 Example:
     >>> import numpy as np, tempfile, os

@@ -10,11 +10,12 @@
 * ``quantize HF_DIR OUT_DIR``: a transformers BF16/F32 checkpoint directory (single file or
   sharded) -> MXFP8 directory. Projection weights (``is_projection_weight``, 2-D) are transposed to
   the native ``[in, out]`` orientation (``--orientation in_out``, default) and encoded; everything
-  else is written as BF16; config/tokenizer/generation files are copied.
+  else is written as BF16; config/tokenizer/generation files are copied
+  (:func:`mxfp8_codec.checkpoint.quantize_checkpoint`).
 * ``dequantize IN OUT [--model-type T]``: MXFP8 file or directory -> plain BF16 safetensors in
   transformers' layout (projections transposed back, folded norms unfolded where the architecture's
   norms add 1: :mod:`mxfp8_codec.layout`), loadable by ``from_pretrained``; for a directory the
-  config/tokenizer files are copied too.
+  config/tokenizer files are copied too (:func:`mxfp8_codec.checkpoint.dequantize_checkpoint`).
 * ``export --format compressed-tensors SRC DST [--overwrite]``: the compressed-tensors
   ``mxfp8-quantized`` copy that vLLM and transformers' compressed-tensors quantizer load
   (:mod:`mxfp8_codec.export`).
@@ -28,6 +29,9 @@ directory, ``demo``) are built in a hidden sibling and appear complete in one re
 written to a temporary, fsynced and renamed. Temporaries of killed runs are swept by the next run
 into the same place. A tensor name with control characters is printed escaped.
 
+This module parses arguments and prints; the work is done by :mod:`mxfp8_codec.checkpoint`,
+:mod:`mxfp8_codec.export`, :mod:`mxfp8_codec.reader` and :mod:`mxfp8_codec.rename`.
+
 Every command returns an exit status from :func:`main`, which follows the project's CLI convention
 (:mod:`ida_common.cli`, docs/cli.md): bad input (an :class:`MXFP8Error` naming file, tensor and
 reason; a missing file) is one line ``mxfp8_codec: error: ...`` with status 2; a file that ``verify``
@@ -38,35 +42,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
-import ml_dtypes
 import numpy as np
 
 from ida_common.cli import ArgumentParser, CheckFailed, Run, check_output_dir, run_main
-from ida_common.files import atomic_directory, atomic_write_text, check_output, copy_file_atomic
+from ida_common.files import atomic_directory, check_output
+from mxfp8_codec.checkpoint import dequantize_checkpoint, printable, quantize_checkpoint
 from mxfp8_codec.errors import MXFP8Error
-from mxfp8_codec.hf_config import write_config_json
-from mxfp8_codec.header import DTYPES, SCALE_RULES, SCALE_SUFFIX, read_header
-from mxfp8_codec.layout import ORIENTATIONS, CheckpointLayout, is_projection_weight, model_type_of
-from mxfp8_codec.reader import (
-    INDEX_FILE,
-    MXFP8Reader,
-    check_inside_checkpoint,
-    checkpoint_files,
-    open_mxfp8,
-    validate,
-)
+from mxfp8_codec.export import export_compressed_tensors
+from mxfp8_codec.header import SCALE_RULES, SCALE_SUFFIX, read_header
+from mxfp8_codec.hf_config import how_to_load
+from mxfp8_codec.layout import ORIENTATIONS, is_projection_weight
+from mxfp8_codec.numerics import decode_mxfp8, encode_mxfp8
+from mxfp8_codec.reader import checkpoint_files, open_mxfp8, validate
 from mxfp8_codec.rename import prefix_mapping, rename_tensors
-from mxfp8_codec.writer import write_mxfp8_safetensors, write_safetensors
 
 PROG = "mxfp8_codec"
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".gguf", ".ckpt")  # not copied
 
 
 def _human(n: int) -> str:
@@ -75,13 +70,6 @@ def _human(n: int) -> str:
             return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024  # type: ignore[assignment]
     return str(n)
-
-
-def _printable(text: str) -> str:
-    """``text`` as it can be shown on one terminal line: a name with control or other non-printable
-    characters (a newline, an escape sequence from a hostile header) is shown as a quoted Python
-    literal with them escaped; ordinary names, non-ASCII letters included, are shown as they are."""
-    return text if text.isprintable() else repr(text)
 
 
 def _files(path: Path) -> list[Path]:
@@ -107,7 +95,7 @@ def inspect_file(path: Path, *, stats: bool, out: TextIO) -> None:
             file=out,
         )
         for k in sorted(r.metadata):
-            print(f"  {_printable(k)} = {_printable(r.metadata[k])}", file=out)
+            print(f"  {printable(k)} = {printable(r.metadata[k])}", file=out)
         rows = []
         for name in r.keys():
             e = h.entries[name]
@@ -115,7 +103,7 @@ def inspect_file(path: Path, *, stats: bool, out: TextIO) -> None:
                 s = h.entries[name + SCALE_SUFFIX]
                 rows.append(
                     (
-                        _printable(name),
+                        printable(name),
                         f"{e.dtype}+{s.dtype}",
                         str(list(e.shape)),
                         "mxfp8 e4m3/ue8m0/32",
@@ -123,7 +111,7 @@ def inspect_file(path: Path, *, stats: bool, out: TextIO) -> None:
                     )
                 )
             else:
-                rows.append((_printable(name), e.dtype, str(list(e.shape)), "plain", e.nbytes))
+                rows.append((printable(name), e.dtype, str(list(e.shape)), "plain", e.nbytes))
         widths = [
             max([len(h_)] + [len(str(row[i])) for row in rows])
             for i, h_ in enumerate(("name", "dtype", "shape", "encoding", "bytes"))
@@ -140,13 +128,11 @@ def inspect_file(path: Path, *, stats: bool, out: TextIO) -> None:
                 nan = int((sc == 0xFF).sum())
                 note = f", {nan} NaN blocks" if nan else ""
                 lo, hi = (int(sc.min()), int(sc.max())) if sc.size else (0, 0)
-                print(f"  {_printable(name)}: blocks={sc.size} min={lo} max={hi}{note}", file=out)
+                print(f"  {printable(name)}: blocks={sc.size} min={lo} max={hi}{note}", file=out)
                 print(f"    {_histogram(sc)}", file=out)
 
 
 def _print_how_to_load(path: Path, files: Sequence[Path], is_mxfp8: bool | None = None) -> None:
-    from mxfp8_codec.hf_config import how_to_load
-
     if is_mxfp8 if is_mxfp8 is not None else any(read_header(f).is_mxfp8 for f in files):
         print(how_to_load(path))
 
@@ -210,7 +196,7 @@ def _cmd_rename(args: argparse.Namespace) -> int:
     check_output(args.dst, inputs=[args.src], overwrite=args.overwrite, kind="file", what="DST")
     report = rename_tensors(args.src, args.dst, mapping)
     for old, new, sha in report.tensors:
-        arrow = f"{_printable(old)} -> {_printable(new)}" if old != new else f"{_printable(old)} (unchanged)"
+        arrow = f"{printable(old)} -> {printable(new)}" if old != new else f"{printable(old)} (unchanged)"
         print(f"  {sha[:16]}  {arrow}")
     print(
         f"sha256 check passed: {len(report.tensors)} tensors byte-identical before/after, {len(report.renamed)} renamed"
@@ -220,187 +206,7 @@ def _cmd_rename(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------------------
-# quantize / dequantize
-
-
-class CheckpointTensors(Mapping[str, np.ndarray]):
-    """Name -> array over all shards of a checkpoint, loaded (and re-laid-out) on access.
-
-    ``self[name]`` decodes one tensor (MXFP8 -> float32, plain tensors as stored) and maps it with
-    ``layout`` (:class:`mxfp8_codec.layout.CheckpointLayout`): ``to_transformers`` (dequantize:
-    transpose ``in_out`` projections, unfold folded norms to ``gamma - 1`` in float32) or, with
-    ``from_transformers=True``, the inverse (quantize). Nothing is cached, and :meth:`spec` answers
-    shape/dtype from the headers, so the writers' planning pass loads nothing and peak memory is one
-    tensor.
-    """
-
-    def __init__(
-        self, readers: Sequence[MXFP8Reader], layout: CheckpointLayout, *, from_transformers: bool = False
-    ) -> None:
-        self._where: dict[str, MXFP8Reader] = {}
-        for r in readers:
-            for name in r.keys():
-                self._where[name] = r
-        self._layout = layout
-        self._map = layout.from_transformers if from_transformers else layout.to_transformers
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        return np.ascontiguousarray(self._map(name, self._where[name].get(name, dtype=None)))
-
-    def spec(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
-        """Shape and dtype ``self[name]`` will have, from the header alone."""
-        r = self._where[name]
-        shape, stored = r.shape(name), r.dtype(name)
-        if self._layout.transposes(name, len(shape)):
-            shape = (shape[1], shape[0])
-        if r.is_quantized(name) or self._layout.unfolds(name, len(shape)):
-            return shape, np.dtype(np.float32)
-        return shape, DTYPES[stored]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._where)
-
-    def __len__(self) -> int:
-        return len(self._where)
-
-
-def _copy_side_files(src: Path, dst: Path) -> list[str]:
-    """Copy config/tokenizer/generation files, each atomically (temp + fsync + rename): a kill
-    mid-copy never leaves a truncated file under its final name. A file that links outside ``src``
-    is refused (it would be copied without anyone noticing where it came from)."""
-    copied = []
-    for f in sorted(src.iterdir()):
-        if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and f.name != INDEX_FILE:
-            check_inside_checkpoint(src, f)
-            copy_file_atomic(f, dst / f.name)
-            copied.append(f.name)
-    return copied
-
-
-def quantize_checkpoint(
-    src_dir: str | os.PathLike[str],
-    out_dir: str | os.PathLike[str],
-    *,
-    scale_rule: str = "rceil",
-    orientation: str = "in_out",
-    overwrite: bool = False,
-) -> Path:
-    """Convert a transformers checkpoint directory to an MXFP8 checkpoint directory.
-
-    ``out_dir`` must not be, contain or lie inside ``src_dir``; an existing non-empty ``out_dir`` is
-    replaced only with ``overwrite`` (atomically: the old one stays until the new one is complete).
-
-    Returns:
-        The written ``model.safetensors``.
-    """
-    src, out = Path(src_dir), Path(out_dir)
-    check_output(out, inputs=[src], overwrite=overwrite, kind="dir", what="OUT_DIR")
-    files = checkpoint_files(src)
-    readers = [open_mxfp8(f) for f in files]
-    try:
-        for r in readers:
-            if r.header.quantized:
-                raise MXFP8Error(
-                    f"{r.path}: already holds MXFP8 tensors (e.g. {r.header.quantized[0]!r}); nothing to quantize"
-                )
-        tensors = CheckpointTensors(readers, CheckpointLayout(orientation, source=str(src)), from_transformers=True)
-        # The whole directory appears at once, complete (ida_common.files.atomic_directory): a kill
-        # leaves OUT_DIR as it was plus a hidden temporary that the next run sweeps.
-        with atomic_directory(out, overwrite=overwrite) as tmp:
-            write_mxfp8_safetensors(
-                tmp / "model.safetensors",
-                tensors,
-                quantize=lambda n: is_projection_weight(n) and len(tensors.spec(n)[0]) == 2,
-                scale_rule=scale_rule,
-                orientation=orientation,
-                metadata={"source": src.resolve().name, "producer": "mxfp8_codec quantize"},
-                progress=True,
-            )
-            _copy_side_files(src, tmp)
-            if (tmp / "config.json").is_file():  # record the method, orientation and norm convention
-                write_config_json(tmp, tmp / "model.safetensors")
-    finally:
-        for r in readers:
-            r.close()
-    return out / "model.safetensors"
-
-
-class _WarnNonFinite(CheckpointTensors):
-    """:class:`CheckpointTensors` that warns, naming the tensor, when a value it hands out is NaN/Inf.
-
-    Dequantizing is faithful: a NaN scale byte or payload code decodes to NaN, and the BF16 output
-    says so. But a BF16 checkpoint full of NaN loads without complaint in transformers, so each such
-    tensor gets one warning line (``verify --values`` on the source finds the first index).
-    """
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        arr = super().__getitem__(name)
-        if arr.dtype.kind == "f" and arr.size:
-            bad = int(np.count_nonzero(~np.isfinite(arr)))
-            if bad:
-                warnings.warn(
-                    f"tensor {_printable(name)}: {bad} of {arr.size} values are NaN/Inf in the output "
-                    f"(NaN scale bytes or payload codes in the source; verify --values shows the first)",
-                    stacklevel=2,
-                )
-        return arr
-
-
-def dequantize_checkpoint(
-    src: str | os.PathLike[str],
-    out: str | os.PathLike[str],
-    *,
-    model_type: str | None = None,
-    overwrite: bool = False,
-) -> list[Path]:
-    """MXFP8 file or directory -> plain BF16 safetensors in transformers' layout.
-
-    A directory becomes a directory (``model.safetensors`` + copied config/tokenizer files), which
-    appears at once, complete (:func:`ida_common.files.atomic_directory`); a file becomes a file
-    (written atomically). The output must not be the input or overlap it; an existing output is
-    replaced only with ``overwrite``. Each file's tensors are mapped by
-    :class:`~mxfp8_codec.layout.CheckpointLayout` from its metadata: ``in_out`` projections
-    transposed, and for ``norm_convention=folded`` the norm weights of architectures whose norms add
-    1 unfolded (``model_type`` from the argument, else the config.json of the directory / beside the
-    file). A tensor with NaN/Inf values gets a warning naming it. Returns the written safetensors
-    files (under their final names).
-
-    Raises:
-        MXFP8Error: bad files, or a folded file whose model type is unknown.
-    """
-    src_p, out_p = Path(src), Path(out)
-    check_output(out_p, inputs=[src_p], overwrite=overwrite, kind="dir" if src_p.is_dir() else "file", what="OUT")
-    if model_type is None:
-        model_type = model_type_of(src_p)
-    if not src_p.is_dir():
-        _dequantize_file(src_p, out_p, model_type)
-        return [out_p]
-    files = checkpoint_files(src_p)
-    names = ["model.safetensors" if len(files) == 1 else f.name for f in files]
-    with atomic_directory(out_p, overwrite=overwrite) as tmp:
-        for f, name in zip(files, names):
-            _dequantize_file(f, tmp / name, model_type)
-        _copy_side_files(src_p, tmp)
-        if (tmp / "config.json").is_file():  # a plain copy: no quantization_config
-            write_config_json(tmp, None)
-        if len(files) > 1:
-            index = json.loads((src_p / INDEX_FILE).read_text())
-            weight_map = {}
-            for name in names:
-                with open_mxfp8(tmp / name) as r:
-                    weight_map.update({n: name for n in r.keys()})
-            index["weight_map"] = weight_map
-            index.setdefault("metadata", {})["total_size"] = sum(read_header(tmp / n).data_size for n in names)
-            atomic_write_text(tmp / INDEX_FILE, json.dumps(index, indent=2))
-    return [out_p / name for name in names]
-
-
-def _dequantize_file(f: Path, target: Path, model_type: str | None) -> None:
-    with open_mxfp8(f) as r:
-        layout = CheckpointLayout.from_metadata(r.metadata, model_type=model_type, source=str(f))
-        tensors = _WarnNonFinite([r], layout)
-        meta = {"format": "pt", "producer": "mxfp8_codec dequantize", "source": f.name}
-        write_safetensors(target, tensors, metadata=meta, float_dtype=ml_dtypes.bfloat16, progress=True)
+# quantize / export / dequantize (the work: mxfp8_codec.checkpoint, mxfp8_codec.export)
 
 
 def _cmd_quantize(args: argparse.Namespace) -> int:
@@ -413,8 +219,6 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from mxfp8_codec.export import export_compressed_tensors
-
     report = export_compressed_tensors(args.src, args.dst, overwrite=args.overwrite, model_type=args.model_type)
     for line in report.lines():
         print(line)
@@ -462,8 +266,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     dequantize_checkpoint(mx_dir, back_dir, overwrite=args.overwrite)
     back = AutoModelForCausalLM.from_pretrained(back_dir, dtype=torch.bfloat16).eval()
     # The exact expectation: every projection equals decode(encode(W^T))^T, everything else is unchanged.
-    from mxfp8_codec.numerics import decode_mxfp8, encode_mxfp8
-
     mismatched = []
     restored = back.state_dict()
     for name, w in model.state_dict().items():

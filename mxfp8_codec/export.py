@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from ida_common.files import atomic_directory, check_output
+from mxfp8_codec.checkpoint import copy_side_files
 from mxfp8_codec.constants import BLOCK_SIZE, WEIGHTS_DTYPE
 from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.layout import CheckpointLayout, is_projection_weight, model_type_of
@@ -283,9 +284,7 @@ def export_compressed_tensors(
 
 
 def _copy_side_files_and_config(src: Path, out: Path, sharded: bool, weight_map: dict[str, str]) -> None:
-    from mxfp8_codec.cli import _copy_side_files
-
-    _copy_side_files(src, out)
+    copy_side_files(src, out)
     config = json.loads((src / "config.json").read_text(encoding="utf-8"))
     config["quantization_config"] = compressed_tensors_config()
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")  # in the temp dir
