@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import enum
 from pathlib import Path
+from typing import TypeVar
+
+from mxfp8_codec.errors import MXFP8Error
 
 __all__ = [
     "BF16_CANONICAL_NAN",
@@ -40,6 +43,7 @@ __all__ = [
     "E8M0_BIAS",
     "E8M0_NAN",
     "F32_CANONICAL_NAN",
+    "F32_EXP_MASK",
     "F32_MANT_175",
     "SCALE_EXP_MAX",
     "SCALE_EXP_MIN",
@@ -50,6 +54,8 @@ __all__ = [
     "WEIGHTS_DTYPE",
     "Rounding",
     "ScaleRule",
+    "parse_rounding",
+    "parse_scale_rule",
 ]
 
 BLOCK_SIZE = 32  # elements per shared scale ("K32"), along the last axis
@@ -88,6 +94,7 @@ TOP_CLAMP_VALUE = 240.0  # the value of TOP_CLAMP_CODE: largest magnitude in a b
 
 # RCEIL's threshold: the float32 mantissa field of 1.75 (0.75 * 2^23); amax mantissa above it -> e + 1
 F32_MANT_175 = 0x600000  # 6291456
+F32_EXP_MASK = 0x7F800000  # float32 exponent field; a magnitude's bits >= this <=> Inf or NaN
 
 # --- Canonical NaN bit patterns produced by decode ----------------------------------------------
 BF16_CANONICAL_NAN = 0x7FC0  # quiet NaN, positive sign
@@ -136,3 +143,33 @@ class ScaleRule(str, enum.Enum):
 
     RCEIL = "rceil"
     FLOOR = "floor"
+
+
+def parse_scale_rule(scale_rule: str | ScaleRule) -> ScaleRule:
+    """The :class:`ScaleRule` named by ``scale_rule``; an :class:`MXFP8Error` listing the rules otherwise.
+
+    Example:
+        >>> parse_scale_rule("floor") is ScaleRule.FLOOR
+        True
+    """
+    return _member(ScaleRule, scale_rule, "scale_rule")
+
+
+def parse_rounding(rounding: str | Rounding) -> Rounding:
+    """The :class:`Rounding` named by ``rounding``; an :class:`MXFP8Error` listing the modes otherwise.
+
+    Example:
+        >>> parse_rounding("stochastic") is Rounding.STOCHASTIC
+        True
+    """
+    return _member(Rounding, rounding, "rounding")
+
+
+_E = TypeVar("_E", ScaleRule, Rounding)
+
+
+def _member(kind: type[_E], value: str | _E, what: str) -> _E:
+    try:
+        return kind(value)
+    except ValueError:
+        raise MXFP8Error(f"unknown {what} {value!r}; expected one of {[m.value for m in kind]}") from None

@@ -25,17 +25,20 @@ TARGET_FLOAT_DTYPES = (np.dtype(np.float32), BF16, np.dtype(np.float16), np.dtyp
 
 
 def is_torch(x: Any) -> bool:
+    """Whether ``x`` is a torch tensor (without importing torch: no torch loaded, no tensor)."""
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def torch_to_numpy(t: Any) -> np.ndarray:
+def cpu_tensor_view(t: Any) -> np.ndarray:
+    """Zero-copy numpy view of a CPU tensor, strides kept (writes go to the tensor).
+
+    bfloat16 and float8 tensors are viewed through their same-width integer types and come out as
+    ml_dtypes' ``bfloat16`` / ``float8_*`` arrays; every other dtype is ``Tensor.numpy()``.
+    """
     import torch
 
     t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    t = t.contiguous()
     views = {
         torch.bfloat16: (torch.int16, ml_dtypes.bfloat16),
         torch.float8_e4m3fn: (torch.uint8, ml_dtypes.float8_e4m3fn),
@@ -48,7 +51,17 @@ def torch_to_numpy(t: Any) -> np.ndarray:
     return t.numpy()
 
 
+def torch_to_numpy(t: Any) -> np.ndarray:
+    """A C-contiguous numpy array of a tensor on any device (a copy unless it is CPU and contiguous)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    return cpu_tensor_view(t.contiguous())
+
+
 def numpy_to_torch(a: np.ndarray) -> Any:
+    """A CPU tensor sharing ``a``'s memory (a C copy first if ``a`` is not C-contiguous); ml_dtypes'
+    ``bfloat16`` / ``float8_*`` arrays become the torch dtypes of the same name."""
     import torch
 
     a = np.ascontiguousarray(a)
@@ -131,6 +144,7 @@ def is_float_dtype(dt: np.dtype) -> bool:
 
 
 def torch_encodable_dtypes() -> tuple[Any, ...]:
+    """The torch dtypes the MXFP8 encoders take: float32, bfloat16, float16."""
     import torch
 
     return (torch.float32, torch.bfloat16, torch.float16)

@@ -58,40 +58,28 @@ from typing import TYPE_CHECKING, Any, Union
 import ml_dtypes
 import numpy as np
 
-from .constants import Rounding, ScaleRule
+from .constants import Rounding, ScaleRule, parse_rounding, parse_scale_rule
+from .convert import cpu_tensor_view, is_torch, numpy_to_torch, torch_encodable_dtypes
 from .errors import MXFP8Error
 from .numerics_numpy import (
     CHUNK_ELEMENTS,
-    _as_2d,
-    _check_decode_input_numpy,
-    _check_encode_input_numpy,
-    _encode_out,
-    _is_torch,
-    _out_bits,
-    _out_kind,
-    _raise_nonfinite_in_block,
-    _rounding,
-    _rule,
+    as_2d,
+    check_decode_input_numpy,
+    check_encode_input_numpy,
     decode_mxfp8_numpy,
+    decode_out_bits,
     decode_table,
     decoded_shape,
     e4m3_values,
     encode_mxfp8_numpy,
+    encode_out,
+    out_kind,
+    raise_nonfinite_in_block,
     scale_exponent,
     scales_shape,
 )
+from .numerics_torch import check_decode_input_torch, decode_mxfp8_torch, encode_mxfp8_torch
 from .rng import stream_keys
-from .numerics_torch import (
-    _check_decode_input_torch,
-    _copy_into,
-    _numpy_to_torch,
-    _torch_cpu_to_numpy,
-    _torch_encode_out,
-    _torch_float_dtypes,
-    _torch_out_view,
-    decode_mxfp8_torch,
-    encode_mxfp8_torch,
-)
 
 if TYPE_CHECKING:  # torch is optional for the codec: imported lazily where needed
     import torch
@@ -164,12 +152,12 @@ def _encode_numpy_dispatch(
             return encode_mxfp8_numpy(x, scale_rule=rule, name=name, out=out)
         return encode_mxfp8_numpy(x, scale_rule=rule, name=name, out=out, rounding=Rounding.STOCHASTIC,
                                   seed=sr.seed, step=sr.step, tensor_id=sr.tensor_id)
-    x = _check_encode_input_numpy(x, name)
-    payload, scales = _encode_out(out, x.shape, name)
+    x = check_encode_input_numpy(x, name)
+    payload, scales = encode_out(out, x.shape, name)
     if payload.size == 0 or scales.size == 0:
         return payload, scales
-    x2 = np.ascontiguousarray(_as_2d(x))
-    q2, s2 = _as_2d(payload), _as_2d(scales)
+    x2 = np.ascontiguousarray(as_2d(x))
+    q2, s2 = as_2d(payload), as_2d(scales)
     rceil = rule is ScaleRule.RCEIL
     keys = stream_keys(sr.seed, sr.step, sr.tensor_id) if sr is not None else (0, 0)
 
@@ -185,13 +173,13 @@ def _encode_numpy_dispatch(
             bad = run(chunk, q2[r0 : r0 + step], s2[r0 : r0 + step], r0)
             if bad >= 0:
                 nb = s2.shape[1]
-                _raise_nonfinite_in_block(x2, r0 + bad // nb, bad % nb, x.shape, name)
+                raise_nonfinite_in_block(x2, r0 + bad // nb, bad % nb, x.shape, name)
         return payload, scales
     bits = x2 if x2.dtype == np.float32 else x2.view(np.uint16)
     bad = run(bits, q2, s2, 0)
     if bad >= 0:
         nb = s2.shape[1]
-        _raise_nonfinite_in_block(x2, bad // nb, bad % nb, x.shape, name)
+        raise_nonfinite_in_block(x2, bad // nb, bad % nb, x.shape, name)
     return payload, scales
 
 
@@ -213,18 +201,58 @@ def _decode_numpy_dispatch(
     kernel = _native_kernel()
     if kernel is None:
         return decode_mxfp8_numpy(payload, scales, dtype=dtype, name=name, out=out, transpose=transpose)
-    kind = _out_kind(dtype)
-    p, s = _check_decode_input_numpy(payload, scales, name)
+    kind = out_kind(dtype)
+    p, s = check_decode_input_numpy(payload, scales, name)
     table = decode_table(kind)
-    out_bits = _out_bits(out, decoded_shape(p.shape, transpose, name), kind, name)
+    out_bits = decode_out_bits(out, decoded_shape(p.shape, transpose, name), kind, name)
     if p.size and transpose:  # strided 2-D views (e.g. a column range of a payload) need no copy
         kernel.decode_transposed(_unit_last_stride(p), _unit_last_stride(s), out_bits, table)
     elif p.size:
-        p2, s2 = np.ascontiguousarray(_as_2d(p)), np.ascontiguousarray(_as_2d(s))
-        kernel.decode(p2, s2, _as_2d(out_bits), table, team=team)
+        p2, s2 = np.ascontiguousarray(as_2d(p)), np.ascontiguousarray(as_2d(s))
+        kernel.decode(p2, s2, as_2d(out_bits), table, team=team)
     if out is not None:
         return out
     return out_bits.view(np.float32 if kind == "f32" else ml_dtypes.bfloat16)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch in, numpy/native inside: checks of the caller's torch ``out`` buffers
+# ---------------------------------------------------------------------------------------------
+def _torch_out_view(out: torch.Tensor, name: str | None) -> np.ndarray:
+    """numpy view of a CPU torch ``out`` tensor (must be contiguous, float32 or bfloat16)."""
+    import torch
+
+    if out.dtype not in (torch.float32, torch.bfloat16) or not out.is_contiguous():
+        raise MXFP8Error(
+            f"tensor {name!r}: out must be a contiguous float32 or bfloat16 tensor, "
+            f"got {out.dtype} (contiguous={out.is_contiguous()})"
+        )
+    if out.requires_grad:
+        raise MXFP8Error(f"tensor {name!r}: out must not require grad (decode into .data)")
+    return cpu_tensor_view(out)
+
+
+def _copy_into(out: torch.Tensor, result: torch.Tensor, name: str | None) -> torch.Tensor:
+    """``out.copy_(result)`` once ``out`` has ``result``'s dtype and shape (MXFP8Error otherwise)."""
+    if out.dtype != result.dtype or tuple(out.shape) != tuple(result.shape):
+        raise MXFP8Error(
+            f"tensor {name!r}: out must be {result.dtype} of shape {tuple(result.shape)}, "
+            f"got {out.dtype} {tuple(out.shape)}"
+        )
+    return out.copy_(result)
+
+
+def _torch_encode_out(out: Any, name: str | None) -> tuple[Any, ...]:
+    """Check a torch ``out`` pair's types (shapes are checked by the encoder); () when None."""
+    if out is None:
+        return ()
+    import torch
+
+    if not isinstance(out, (tuple, list)) or len(out) != 2 or not all(is_torch(o) for o in out):
+        raise MXFP8Error(f"tensor {name!r}: out must be a (payload, scales) pair of torch tensors")
+    if any(o.dtype != torch.uint8 or not o.is_contiguous() for o in out):
+        raise MXFP8Error(f"tensor {name!r}: out tensors must be contiguous uint8")
+    return tuple(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,15 +304,15 @@ def encode_mxfp8(
         >>> decode_mxfp8(p, s).tolist()
         [[1.0, -2.0, 0.0, 3.0]]
     """
-    rule = _rule(scale_rule)
+    rule = parse_scale_rule(scale_rule)
     sr = None
-    if _rounding(rounding) is Rounding.STOCHASTIC:
+    if parse_rounding(rounding) is Rounding.STOCHASTIC:
         stream_keys(seed, step, tensor_id)  # validates the key (non-negative) before any work
         sr = _SR(int(seed), int(step), int(tensor_id))
-    if _is_torch(x):
+    if is_torch(x):
         outs = _torch_encode_out(out, name)
         on_cpu = x.device.type == "cpu" and all(o.device.type == "cpu" for o in outs)
-        if not on_cpu or x.dtype not in _torch_float_dtypes() or x.dim() < 1:
+        if not on_cpu or x.dtype not in torch_encodable_dtypes() or x.dim() < 1:
             q, s = encode_mxfp8_torch(x, scale_rule=rule, name=name, rounding=rounding, seed=seed, step=step,
                                       tensor_id=tensor_id)
             if out is None:
@@ -292,9 +320,9 @@ def encode_mxfp8(
             _copy_into(outs[0], q, name)
             _copy_into(outs[1], s, name)
             return outs[0], outs[1]
-        np_out = None if out is None else (_torch_cpu_to_numpy(outs[0]), _torch_cpu_to_numpy(outs[1]))
-        q, s = _encode_numpy_dispatch(_torch_cpu_to_numpy(x), rule, name, np_out, sr)
-        return (outs[0], outs[1]) if out is not None else (_numpy_to_torch(q), _numpy_to_torch(s))
+        np_out = None if out is None else (cpu_tensor_view(outs[0]), cpu_tensor_view(outs[1]))
+        q, s = _encode_numpy_dispatch(cpu_tensor_view(x), rule, name, np_out, sr)
+        return (outs[0], outs[1]) if out is not None else (numpy_to_torch(q), numpy_to_torch(s))
     if out is not None and not all(isinstance(o, np.ndarray) for o in out):
         raise MXFP8Error(f"tensor {name!r}: out must be numpy arrays for numpy input")
     return _encode_numpy_dispatch(x, rule, name, out, sr)
@@ -355,18 +383,18 @@ def decode_mxfp8(
         >>> decode_mxfp8(p, s, transpose=True).tolist()
         [[1.0, 3.0], [2.0, 4.0]]
     """
-    if _is_torch(payload):
-        p, s = _check_decode_input_torch(payload, scales, name)
-        if out is not None and not _is_torch(out):
+    if is_torch(payload):
+        p, s = check_decode_input_torch(payload, scales, name)
+        if out is not None and not is_torch(out):
             raise MXFP8Error(f"tensor {name!r}: out must be a torch tensor for torch input")
         if p.device.type != "cpu" or (out is not None and out.device.type != "cpu"):
             result = decode_mxfp8_torch(p, s, dtype=dtype, name=name, transpose=transpose)
             return result if out is None else _copy_into(out, result, name)
         np_out = None if out is None else _torch_out_view(out, name)
         decoded = _decode_numpy_dispatch(
-            _torch_cpu_to_numpy(p), _torch_cpu_to_numpy(s), dtype, name, np_out, transpose, team
+            cpu_tensor_view(p), cpu_tensor_view(s), dtype, name, np_out, transpose, team
         )
-        return out if out is not None else _numpy_to_torch(decoded)
+        return out if out is not None else numpy_to_torch(decoded)
     if out is not None and not isinstance(out, np.ndarray):
         raise MXFP8Error(f"tensor {name!r}: out must be a numpy array for numpy input")
     return _decode_numpy_dispatch(payload, scales, dtype, name, out, transpose, team)
@@ -392,8 +420,8 @@ def decode_mxfp8_split(
     no copy; ``out`` contiguous float32 / bfloat16). A payload of fewer than
     :data:`SPLIT_MIN_VALUES` values, not 2-D, or ``parts <= 1`` is decoded in one call.
     """
-    if _is_torch(payload):
-        payload, scales = _torch_cpu_to_numpy(payload), _torch_cpu_to_numpy(scales)
+    if is_torch(payload):
+        payload, scales = cpu_tensor_view(payload), cpu_tensor_view(scales)
         out = _torch_out_view(out, name)
     if parts <= 1 or payload.ndim != 2 or payload.size < SPLIT_MIN_VALUES:
         decode_mxfp8(payload, scales, dtype=out.dtype, name=name, out=out, transpose=transpose)

@@ -11,6 +11,9 @@ This is the reference implementation the native kernel and the torch path are te
   every product ``e4m3(q) * 2^(s-127)`` exactly) and rounded once to float32 / bfloat16.
 * Both run in L2-sized chunks (:data:`CHUNK_ELEMENTS`), which nearly halves the time of the
   table gather compared with whole-array temporaries.
+* The argument checks, output buffers and the non-finite error of the numpy path
+  (:func:`check_encode_input_numpy`, :func:`encode_out`, :func:`decode_out_bits`, ...) are public: the
+  dispatcher in :mod:`mxfp8_codec.numerics` runs the native kernel behind the same checks.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from .constants import (
     E8M0_BIAS,
     E8M0_NAN,
     F32_CANONICAL_NAN,
+    F32_EXP_MASK,
     F32_MANT_175,
     SCALE_EXP_MAX,
     SCALE_EXP_MIN,
@@ -41,17 +45,29 @@ from .constants import (
     TOP_CLAMP_VALUE,
     Rounding,
     ScaleRule,
+    parse_rounding,
+    parse_scale_rule,
 )
 from .errors import MXFP8Error
 from .rng import SR_SCALE, rand24_numpy
 
 __all__ = [
     "CHUNK_ELEMENTS",
+    "OutKind",
+    "as_2d",
+    "check_decode_input_numpy",
+    "check_encode_input_numpy",
     "decode_mxfp8_numpy",
+    "decode_out_bits",
     "decode_table",
     "decoded_shape",
     "e4m3_values",
     "encode_mxfp8_numpy",
+    "encode_out",
+    "index_of",
+    "nonfinite_error",
+    "out_kind",
+    "raise_nonfinite_in_block",
     "scale_exponent",
     "scales_shape",
 ]
@@ -59,7 +75,6 @@ __all__ = [
 OutKind = Literal["f32", "bf16"]
 
 CHUNK_ELEMENTS = 1 << 18  # 262 144 elements per numpy chunk: ~1 MiB float32 = one core's L2
-_F32_EXP_MASK = 0x7F800000  # float32 exponent field; |bits| >= this <=> Inf or NaN
 
 
 # ---------------------------------------------------------------------------------------------
@@ -80,24 +95,6 @@ def scales_shape(shape: Sequence[int]) -> tuple[int, ...]:
     return (*(int(d) for d in shape[:-1]), -(-int(shape[-1]) // BLOCK_SIZE))
 
 
-def _rule(scale_rule: str | ScaleRule) -> ScaleRule:
-    try:
-        return ScaleRule(scale_rule)
-    except ValueError:
-        raise MXFP8Error(
-            f"unknown scale_rule {scale_rule!r}; expected one of {[r.value for r in ScaleRule]}"
-        ) from None
-
-
-def _rounding(rounding: str | Rounding) -> Rounding:
-    try:
-        return Rounding(rounding)
-    except ValueError:
-        raise MXFP8Error(
-            f"unknown rounding {rounding!r}; expected one of {[r.value for r in Rounding]}"
-        ) from None
-
-
 def scale_exponent(amax: float, scale_rule: str | ScaleRule = ScaleRule.RCEIL) -> int:
     """The shared exponent ``e`` (scale byte ``e + 127``) the encoder picks for a block maximum.
 
@@ -114,9 +111,9 @@ def scale_exponent(amax: float, scale_rule: str | ScaleRule = ScaleRule.RCEIL) -
         (0, 1, -8)
     """
     bits = int(np.array([abs(amax)], np.float32).view(np.uint32)[0])
-    if bits >= _F32_EXP_MASK:
+    if bits >= F32_EXP_MASK:
         raise MXFP8Error(f"scale_exponent: amax must be finite, got {amax!r}")
-    e = _exponents_from_amax_bits(np.array([bits], np.uint32), _rule(scale_rule))
+    e = _exponents_from_amax_bits(np.array([bits], np.uint32), parse_scale_rule(scale_rule))
     return int(e[0])
 
 
@@ -161,7 +158,7 @@ def _f32_bits_to_bf16_rne(bits: np.ndarray) -> np.ndarray:
     """
     bits = bits.astype(np.uint32)
     rounded = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16
-    nan = (bits & 0x7FFFFFFF) > _F32_EXP_MASK
+    nan = (bits & 0x7FFFFFFF) > F32_EXP_MASK
     return np.where(nan, BF16_CANONICAL_NAN, rounded).astype(np.uint16)
 
 
@@ -195,7 +192,7 @@ def decode_table(kind: OutKind) -> np.ndarray:
     return table
 
 
-def _out_kind(dtype: Any) -> OutKind:
+def out_kind(dtype: Any) -> OutKind:
     """Map a requested output dtype (numpy, ml_dtypes, torch or a string) to 'f32' / 'bf16'."""
     name = str(dtype).lower().removeprefix("torch.").removeprefix("<class '").rstrip("'>")
     name = name.rsplit(".", 1)[-1]
@@ -209,21 +206,18 @@ def _out_kind(dtype: Any) -> OutKind:
     )
 
 
-def _index_of(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+def index_of(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The index in ``shape`` of flat (row-major) position ``flat``, as a tuple of ints."""
     return tuple(int(i) for i in np.unravel_index(flat, shape))
 
 
-def _nonfinite_error(name: str | None, value: float, index: tuple[int, ...]) -> MXFP8Error:
+def nonfinite_error(name: str | None, value: float, index: tuple[int, ...]) -> MXFP8Error:
+    """The encoders' one error for a NaN/Inf input, naming the tensor, the value and its index."""
     who = f"tensor {name!r}" if name else "tensor"
     return MXFP8Error(
         f"{who}: cannot encode non-finite value {value!r} at index {index} "
         "(a weight with NaN/Inf is a training failure, not something to archive)"
     )
-
-
-def _is_torch(x: object) -> bool:
-    mod = type(x).__module__
-    return mod.startswith("torch") and hasattr(x, "device") and hasattr(x, "dtype")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,7 +226,8 @@ def _is_torch(x: object) -> bool:
 _ENCODE_NP_DTYPES = (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))
 
 
-def _as_2d(a: np.ndarray) -> np.ndarray:
+def as_2d(a: np.ndarray) -> np.ndarray:
+    """``a`` as rows of its last axis, ``[prod(shape[:-1]), shape[-1]]`` (a view where numpy can)."""
     k = a.shape[-1]
     rows = math.prod(a.shape[:-1])
     return a.reshape(rows, k)
@@ -280,7 +275,7 @@ def _encode_rows_numpy(
     xb = x.reshape(r, kp // BLOCK_SIZE, BLOCK_SIZE)
     mag_bits = xb.view(np.uint32) & np.uint32(0x7FFFFFFF)
     amax_bits = mag_bits.max(axis=2)
-    bad = amax_bits >= _F32_EXP_MASK
+    bad = amax_bits >= F32_EXP_MASK
     if bad.any():
         return int(np.flatnonzero(bad)[0])
     e = _exponents_from_amax_bits(amax_bits, rule)
@@ -318,13 +313,13 @@ def encode_mxfp8_numpy(
         >>> p.tolist(), s.tolist()
         ([112, 248, 104], [120])
     """
-    rule = _rule(scale_rule)
-    stochastic = _rounding(rounding) is Rounding.STOCHASTIC
-    x = _check_encode_input_numpy(x, name)
-    payload, scales = _encode_out(out, x.shape, name)
+    rule = parse_scale_rule(scale_rule)
+    stochastic = parse_rounding(rounding) is Rounding.STOCHASTIC
+    x = check_encode_input_numpy(x, name)
+    payload, scales = encode_out(out, x.shape, name)
     if payload.size == 0 or scales.size == 0:
         return payload, scales
-    x2, q2, s2 = _as_2d(x), _as_2d(payload), _as_2d(scales)
+    x2, q2, s2 = as_2d(x), as_2d(payload), as_2d(scales)
     rows, k = x2.shape
     nb = s2.shape[1]
     kp = nb * BLOCK_SIZE
@@ -347,11 +342,11 @@ def encode_mxfp8_numpy(
         else:
             bad = _encode_rows_numpy(np.ascontiguousarray(chunk), rule, q2[r0:r1], s2[r0:r1], rand)
         if bad >= 0:
-            _raise_nonfinite_in_block(x2, r0 + bad // nb, bad % nb, x.shape, name)
+            raise_nonfinite_in_block(x2, r0 + bad // nb, bad % nb, x.shape, name)
     return payload, scales
 
 
-def _encode_out(
+def encode_out(
     out: tuple[np.ndarray, np.ndarray] | None, shape: tuple[int, ...], name: str | None
 ) -> tuple[np.ndarray, np.ndarray]:
     """New (payload, scales) arrays, or the caller's ``out`` pair after checking it."""
@@ -372,16 +367,19 @@ def _encode_out(
     return payload, scales
 
 
-def _raise_nonfinite_in_block(
+def raise_nonfinite_in_block(
     x2: np.ndarray, row: int, block: int, shape: tuple[int, ...], name: str | None
 ) -> None:
+    """Raise :func:`nonfinite_error` for the first NaN/Inf in 32-block ``block`` of row ``row`` of the
+    2-D view ``x2`` of an input of ``shape`` (a block an encoder reported as not finite)."""
     seg = x2[row, block * BLOCK_SIZE : (block + 1) * BLOCK_SIZE].astype(np.float32)
     col = block * BLOCK_SIZE + int(np.flatnonzero(~np.isfinite(seg))[0])
     flat = row * x2.shape[1] + col
-    raise _nonfinite_error(name, float(x2[row, col]), _index_of(flat, shape))
+    raise nonfinite_error(name, float(x2[row, col]), index_of(flat, shape))
 
 
-def _check_encode_input_numpy(x: np.ndarray, name: str | None) -> np.ndarray:
+def check_encode_input_numpy(x: np.ndarray, name: str | None) -> np.ndarray:
+    """``x`` if the numpy encoders take it (float32 / bfloat16 / float16, rank >= 1), else MXFP8Error."""
     who = f"tensor {name!r}" if name else "tensor"
     if not isinstance(x, np.ndarray):
         raise MXFP8Error(f"{who}: expected a numpy array or torch tensor, got {type(x).__name__}")
@@ -395,7 +393,8 @@ def _check_encode_input_numpy(x: np.ndarray, name: str | None) -> np.ndarray:
     return x
 
 
-def _check_decode_input_numpy(p: np.ndarray, s: np.ndarray, name: str | None) -> tuple[np.ndarray, np.ndarray]:
+def check_decode_input_numpy(p: np.ndarray, s: np.ndarray, name: str | None) -> tuple[np.ndarray, np.ndarray]:
+    """(payload, scales) as uint8 arrays (float8 views accepted) of matching shapes, else MXFP8Error."""
     who = f"tensor {name!r}" if name else "tensor"
     if not isinstance(p, np.ndarray) or not isinstance(s, np.ndarray):
         raise MXFP8Error(f"{who}: payload and scales must both be numpy arrays (or both torch)")
@@ -437,10 +436,10 @@ def decode_mxfp8_numpy(
         >>> decode_mxfp8_numpy(np.array([112, 248], np.uint8), np.array([120], np.uint8)).tolist()
         [1.0, -2.0]
     """
-    kind = _out_kind(dtype)
-    p, s = _check_decode_input_numpy(payload, scales, name)
+    kind = out_kind(dtype)
+    p, s = check_decode_input_numpy(payload, scales, name)
     table = decode_table(kind)
-    out_bits = _out_bits(out, decoded_shape(p.shape, transpose, name), kind, name)
+    out_bits = decode_out_bits(out, decoded_shape(p.shape, transpose, name), kind, name)
     if p.size and transpose:
         rows, k = p.shape
         step = max(1, CHUNK_ELEMENTS // max(k, 1))
@@ -450,7 +449,7 @@ def decode_mxfp8_numpy(
             _decode_rows_numpy(p[r0:r1], s[r0:r1], table, tmp[: r1 - r0])
             out_bits[:, r0:r1] = tmp[: r1 - r0].T
     elif p.size:
-        _decode_rows_numpy(_as_2d(p), _as_2d(s), table, _as_2d(out_bits))
+        _decode_rows_numpy(as_2d(p), as_2d(s), table, as_2d(out_bits))
     if out is not None:
         return out
     return out_bits.view(np.float32 if kind == "f32" else ml_dtypes.bfloat16)
@@ -471,7 +470,7 @@ def decoded_shape(shape: tuple[int, ...], transpose: bool, name: str | None = No
     return (shape[1], shape[0])
 
 
-def _out_bits(out: np.ndarray | None, shape: tuple[int, ...], kind: OutKind, name: str | None) -> np.ndarray:
+def decode_out_bits(out: np.ndarray | None, shape: tuple[int, ...], kind: OutKind, name: str | None) -> np.ndarray:
     """The output buffer as a bit-pattern view: a new array, or the caller's ``out`` checked."""
     bits_dtype = np.uint32 if kind == "f32" else np.uint16
     if out is None:

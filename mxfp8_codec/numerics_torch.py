@@ -2,10 +2,9 @@
 
 Used for tensors on CUDA (or any non-CPU device): everything stays on the tensor's device, the
 decode table is a 65 536-entry device tensor, and the encoder's bit arithmetic runs on int32 views.
-CPU tensors normally go through the numpy/native path instead (zero-copy views, faster); the tests
-check that all paths give identical bits. Also holds the small torch <-> numpy bridges the
-dispatcher in :mod:`mxfp8_codec.numerics` uses. torch is imported lazily: the codec works without
-it.
+CPU tensors normally go through the numpy/native path instead (zero-copy views through
+:mod:`mxfp8_codec.convert`, the one numpy <-> torch bridge; faster); the tests check that all paths
+give identical bits. torch is imported lazily: the codec works without it.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import functools
 import math
 from typing import TYPE_CHECKING, Any
 
-import ml_dtypes
 import numpy as np
 
 from .constants import (
@@ -25,6 +23,7 @@ from .constants import (
     E4M3_MIN_NORMAL,
     E8M0_BIAS,
     E8M0_NAN,
+    F32_EXP_MASK,
     F32_MANT_175,
     SCALE_EXP_MAX,
     SCALE_EXP_MIN,
@@ -32,19 +31,18 @@ from .constants import (
     TOP_CLAMP_VALUE,
     Rounding,
     ScaleRule,
+    parse_rounding,
+    parse_scale_rule,
 )
+from .convert import is_torch
 from .errors import MXFP8Error
 from .numerics_numpy import (
-    _F32_EXP_MASK,
     OutKind,
-    _index_of,
-    _is_torch,
-    _nonfinite_error,
-    _out_kind,
-    _rounding,
-    _rule,
     decode_table,
     decoded_shape,
+    index_of,
+    nonfinite_error,
+    out_kind,
     scales_shape,
 )
 from .rng import SR_BITS, SR_SCALE, random_words_like
@@ -55,6 +53,7 @@ if TYPE_CHECKING:
 __all__ = [
     "TORCH_CHUNK_ELEMENTS",
     "bits_to_f32",
+    "check_decode_input_torch",
     "decode_mxfp8_torch",
     "e4m3_bits_from_grid",
     "e4m3_decode",
@@ -101,8 +100,8 @@ def encode_mxfp8_torch(
         ([112, 248, 104], [120])
     """
     torch = _torch_module()
-    rule = _rule(scale_rule)
-    mode = _rounding(rounding)
+    rule = parse_scale_rule(scale_rule)
+    mode = parse_rounding(rounding)
     who = f"tensor {name!r}" if name else "tensor"
     if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise MXFP8Error(f"{who}: cannot encode dtype {x.dtype}; expected float32, bfloat16 or float16")
@@ -130,7 +129,7 @@ def encode_mxfp8_torch(
             flat_x = x2[r0 : r0 + step].reshape(-1).to(torch.float32)
             first = int(torch.nonzero(~torch.isfinite(flat_x))[0, 0]) + r0 * k
             value = float(x2.reshape(-1)[first])
-            raise _nonfinite_error(name, value, _index_of(first, shape))
+            raise nonfinite_error(name, value, index_of(first, shape))
     return q.reshape(shape), sc.reshape(s_shape)
 
 
@@ -148,7 +147,7 @@ def _encode_rows_torch(
         xf = torch.nn.functional.pad(xf, (0, nb * BLOCK_SIZE - k))
     xb = xf.reshape(-1, nb, BLOCK_SIZE)
     amax_bits = (xb.view(torch.int32) & 0x7FFFFFFF).amax(dim=2)
-    if bool((amax_bits >= _F32_EXP_MASK).any()):
+    if bool((amax_bits >= F32_EXP_MASK).any()):
         return False
     biased = amax_bits >> 23
     e = biased - (127 + 8)
@@ -308,12 +307,14 @@ def _torch_table(kind: OutKind, device: str) -> torch.Tensor:
     return torch.from_numpy(signed).to(device)
 
 
-def _check_decode_input_torch(
+def check_decode_input_torch(
     p: torch.Tensor, s: torch.Tensor, name: str | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(payload, scales) as uint8 tensors (float8 views accepted) of matching shapes on one device,
+    else MXFP8Error: the torch twin of :func:`~mxfp8_codec.numerics_numpy.check_decode_input_numpy`."""
     torch = _torch_module()
     who = f"tensor {name!r}" if name else "tensor"
-    if not _is_torch(p) or not _is_torch(s):
+    if not is_torch(p) or not is_torch(s):
         raise MXFP8Error(f"{who}: payload and scales must both be torch tensors (or both numpy)")
     if p.dtype == torch.float8_e4m3fn:
         p = p.view(torch.uint8)
@@ -356,8 +357,8 @@ def decode_mxfp8_torch(
         [1.0, -2.0]
     """
     torch = _torch_module()
-    kind = _out_kind(torch.float32 if dtype is None else dtype)
-    p, s = _check_decode_input_torch(payload, scales, name)
+    kind = out_kind(torch.float32 if dtype is None else dtype)
+    p, s = check_decode_input_torch(payload, scales, name)
     shape = tuple(p.shape)
     out_dtype = torch.float32 if kind == "f32" else torch.bfloat16
     if transpose:
@@ -375,60 +376,3 @@ def decode_mxfp8_torch(
         idx = (s2[r0 : r0 + step].to(torch.int64)[:, cols] << 8) | p2[r0 : r0 + step].to(torch.int64)
         out[r0 : r0 + step] = table[idx]
     return out.view(out_dtype).reshape(shape)
-
-
-def _torch_cpu_to_numpy(x: torch.Tensor) -> np.ndarray:
-    """Zero-copy numpy view of a CPU tensor (bfloat16 as ml_dtypes.bfloat16, float8 as uint8)."""
-    torch = _torch_module()
-    t = x.detach()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    if t.dtype in (torch.float8_e4m3fn, torch.float8_e8m0fnu):
-        return t.view(torch.uint8).numpy()
-    return t.numpy()
-
-
-def _torch_out_view(out: torch.Tensor, name: str | None) -> np.ndarray:
-    """numpy view of a CPU torch ``out`` tensor (must be contiguous, float32 or bfloat16)."""
-    torch = _torch_module()
-    if out.dtype not in (torch.float32, torch.bfloat16) or not out.is_contiguous():
-        raise MXFP8Error(
-            f"tensor {name!r}: out must be a contiguous float32 or bfloat16 tensor, "
-            f"got {out.dtype} (contiguous={out.is_contiguous()})"
-        )
-    if out.requires_grad:
-        raise MXFP8Error(f"tensor {name!r}: out must not require grad (decode into .data)")
-    return _torch_cpu_to_numpy(out)
-
-
-def _copy_into(out: torch.Tensor, result: torch.Tensor, name: str | None) -> torch.Tensor:
-    if out.dtype != result.dtype or tuple(out.shape) != tuple(result.shape):
-        raise MXFP8Error(
-            f"tensor {name!r}: out must be {result.dtype} of shape {tuple(result.shape)}, "
-            f"got {out.dtype} {tuple(out.shape)}"
-        )
-    return out.copy_(result)
-
-
-def _numpy_to_torch(a: np.ndarray) -> torch.Tensor:
-    torch = _torch_module()
-    if a.dtype == np.dtype(ml_dtypes.bfloat16):
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(a)
-
-
-def _torch_encode_out(out: Any, name: str | None) -> tuple[Any, ...]:
-    """Check a torch ``out`` pair's types (shapes are checked by the encoder); () when None."""
-    if out is None:
-        return ()
-    torch = _torch_module()
-    if not isinstance(out, (tuple, list)) or len(out) != 2 or not all(_is_torch(o) for o in out):
-        raise MXFP8Error(f"tensor {name!r}: out must be a (payload, scales) pair of torch tensors")
-    if any(o.dtype != torch.uint8 or not o.is_contiguous() for o in out):
-        raise MXFP8Error(f"tensor {name!r}: out tensors must be contiguous uint8")
-    return tuple(out)
-
-
-def _torch_float_dtypes() -> tuple[Any, ...]:
-    torch = _torch_module()
-    return (torch.float32, torch.bfloat16, torch.float16)
