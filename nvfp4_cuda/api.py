@@ -54,8 +54,8 @@ def quantize_nvfp4(x: torch.Tensor, *, block_2d: bool = False, rounding: str = "
         return _cuda().quantize_nvfp4(x, block_2d=block_2d, rounding=rounding, seed=seed, step=step,
                                       tensor_id=tensor_id, hadamard=hadamard)
     if x.device.type == "cpu" and cpu_native.available():
-        reference._check_matrix(x, "quantize_nvfp4")
-        reference._check_rounding(rounding, "quantize_nvfp4")
+        reference.check_matrix(x, "quantize_nvfp4")
+        reference.check_rounding(rounding, "quantize_nvfp4")
         x32 = cpu_native.hadamard16(x) if hadamard else x.to(torch.float32).contiguous()
         return cpu_native.quantize_nvfp4(x32, block_2d=block_2d, rounding=rounding, seed=seed, step=step,
                                          tensor_id=tensor_id)
@@ -99,7 +99,7 @@ def nvfp4_matmul(a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype: torch.dtype = tor
     if backend != "reference" and _use_cuda(a.codes):
         return _cuda().nvfp4_matmul(a, b, out_dtype=out_dtype, out=out, accumulate=accumulate, backend=backend)
     if backend != "reference" and a.codes.device.type == "cpu" and cpu_native.available():
-        reference._check_gemm_operands(a, b)
+        reference.check_gemm_operands(a, b)
         if accumulate and out is None:
             raise ValueError("nvfp4_matmul: accumulate=True needs out=")
         if out is not None and tuple(out.shape) != (a.shape[0], b.shape[0]):

@@ -23,6 +23,7 @@ from ida_common import native_build
 from nvfp4_cuda import build as _build
 from mxfp8_codec.constants import BLOCK_SIZE
 from nvfp4_cuda.formats import NVFP4_BLOCK
+from nvfp4_cuda.reference import check_gemm_operands, check_matrix, check_rounding
 from nvfp4_cuda.reference_master import WRITEBACK_MODES, check_lion_bf16_args, f32_const
 from mxfp8_codec.rng import stream_keys
 from nvfp4_cuda.tensor import NVFP4Tensor
@@ -147,10 +148,8 @@ def cublaslt_library() -> str:
 def quantize_nvfp4(x: torch.Tensor, *, block_2d: bool = False, rounding: str = "rne", seed: int = 0, step: int = 0,
                    tensor_id: int = 0, hadamard: bool = False) -> NVFP4Tensor:
     """CUDA quantizer (same bits as :func:`nvfp4_cuda.reference.quantize_nvfp4`)."""
-    from nvfp4_cuda.reference import _check_matrix, _check_rounding
-
-    _check_matrix(x, "quantize_nvfp4")
-    _check_rounding(rounding, "quantize_nvfp4")
+    check_matrix(x, "quantize_nvfp4")
+    check_rounding(rounding, "quantize_nvfp4")
     xc, dt = _float_input(x)
     q = _quantize(xc, dt, None, x.shape[0], x.shape[1], False, block_2d, rounding, seed, step, tensor_id, hadamard)
     assert isinstance(q, NVFP4Tensor)
@@ -188,10 +187,8 @@ def _quantize(x: torch.Tensor, dtype_code: int, x_scales: torch.Tensor | None, r
 def quantize_decoded(x: torch.Tensor, *, block_2d: bool = False, rounding: str = "rne", seed: int = 0, step: int = 0,
                      tensor_id: int = 0, hadamard: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(decode_scaled(q), q.tensor_scale)`` of ``q = quantize_nvfp4(x, ...)`` in one pass, without the codes."""
-    from nvfp4_cuda.reference import _check_matrix, _check_rounding
-
-    _check_matrix(x, "quantize_decoded")
-    _check_rounding(rounding, "quantize_decoded")
+    check_matrix(x, "quantize_decoded")
+    check_rounding(rounding, "quantize_decoded")
     xc, dt = _float_input(x)
     out = _quantize(xc, dt, None, x.shape[0], x.shape[1], False, block_2d, rounding, seed, step, tensor_id, hadamard,
                     decoded=True)
@@ -302,9 +299,7 @@ def gemm_decoded(da: torch.Tensor, db: torch.Tensor, a_scale: torch.Tensor, b_sc
 def nvfp4_matmul(a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
                  out: torch.Tensor | None = None, accumulate: bool = False, backend: str = "auto") -> torch.Tensor:
     """CUDA GEMM: ``emulated`` (exact BF16 decode + cuBLASLt) or ``native`` (sm_120a FP4 MMA); ``auto`` picks."""
-    from nvfp4_cuda.reference import _check_gemm_operands
-
-    _check_gemm_operands(a, b)
+    check_gemm_operands(a, b)
     if accumulate and out is None:
         raise ValueError("nvfp4_matmul: accumulate=True needs out=")
     if backend == "auto":

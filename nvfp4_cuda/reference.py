@@ -30,15 +30,22 @@ The 16-point random Hadamard transform is ``x' = x diag(s) H16 / 4`` per 16-elem
 last axis (Sylvester H16, TE's fixed sign vector ``s``), computed as a fixed 4-stage butterfly
 (strides 1, 2, 4, 8) so the float32 additions happen in the same order on every backend.
 
-The MXFP8 master ops (Lion, bfloat16 stochastic rounding) live in :mod:`nvfp4_cuda.reference_master`
-and are re-exported here; MXFP8 encode/decode themselves are ``mxfp8_codec``'s
-(``encode_mxfp8_torch`` / ``decode_mxfp8_torch`` are the pure-PyTorch oracle).
+NVFP4 from an MXFP8 master (:func:`quantize_nvfp4_from_mxfp8`) decodes the master exactly to float32
+and quantizes that. The master's own ops (Lion, bfloat16 stochastic rounding) live in
+:mod:`nvfp4_cuda.reference_master` and are re-exported here, so this module is the oracle of every op;
+MXFP8 encode/decode themselves are ``mxfp8_codec``'s (``encode_mxfp8_torch`` / ``decode_mxfp8_torch``
+are the pure-PyTorch oracle).
+
+The argument checks (:func:`check_matrix`, :func:`check_rounding`, :func:`check_gemm_operands`) are
+public: :mod:`nvfp4_cuda.api` and :mod:`nvfp4_cuda.cuda_ops` run the native paths behind the same checks.
 """
 
 from __future__ import annotations
 
 import torch
 
+from mxfp8_codec.numerics_torch import decode_mxfp8_torch
+from mxfp8_codec.rng import rand24_like
 from nvfp4_cuda.formats import (
     E4M3_MAX,
     FLT_MAX,
@@ -52,16 +59,14 @@ from nvfp4_cuda.formats import (
     e4m3_encode,
     pack_nibbles,
 )
-from nvfp4_cuda.reference_master import (
-    lion_step_mxfp8_,
-    quantize_nvfp4_from_mxfp8,
-    stochastic_round_to_bf16_,
-)
-from mxfp8_codec.rng import rand24_like
+from nvfp4_cuda.reference_master import lion_step_mxfp8_, stochastic_round_to_bf16_
 from nvfp4_cuda.tensor import NVFP4Tensor
 
 __all__ = [
     "NVFP4Tensor",
+    "check_gemm_operands",
+    "check_matrix",
+    "check_rounding",
     "decode_scaled",
     "dequantize_nvfp4",
     "gemm_decoded",
@@ -81,7 +86,8 @@ def _f32(v: float, device: torch.device) -> torch.Tensor:
     return torch.tensor(v, dtype=torch.float32, device=device)
 
 
-def _check_matrix(x: torch.Tensor, what: str) -> None:
+def check_matrix(x: torch.Tensor, what: str) -> None:
+    """``x`` must be a floating 2-D tensor [R, C] with C % 16 == 0 (TypeError / ValueError naming ``what``)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{what}: expected a torch.Tensor, got {type(x).__name__}")
     if x.dim() != 2:
@@ -92,7 +98,8 @@ def _check_matrix(x: torch.Tensor, what: str) -> None:
         raise ValueError(f"{what}: last dimension {x.shape[1]} is not a multiple of {NVFP4_BLOCK}")
 
 
-def _check_rounding(rounding: str, what: str) -> None:
+def check_rounding(rounding: str, what: str) -> None:
+    """``rounding`` must be one of :data:`ROUNDING_MODES` (ValueError naming ``what``)."""
     if rounding not in ROUNDING_MODES:
         raise ValueError(f"{what}: rounding must be one of {ROUNDING_MODES}, got {rounding!r}")
 
@@ -174,8 +181,8 @@ def quantize_nvfp4(x: torch.Tensor, *, block_2d: bool = False, rounding: str = "
         >>> [round(v, 4) for v in dequantize_nvfp4(q)[0, :4].tolist()]
         [0.0, 1.0, -2.0, 3.0]
     """
-    _check_matrix(x, "quantize_nvfp4")
-    _check_rounding(rounding, "quantize_nvfp4")
+    check_matrix(x, "quantize_nvfp4")
+    check_rounding(rounding, "quantize_nvfp4")
     x32 = hadamard16(x) if hadamard else x.to(torch.float32).contiguous()
     r, c = x32.shape
     bam = _block_amax(x32, block_2d)
@@ -193,6 +200,23 @@ def quantize_nvfp4(x: torch.Tensor, *, block_2d: bool = False, rounding: str = "
     codes = e2m1_encode(v, rand)
     return NVFP4Tensor(codes=pack_nibbles(codes), block_scales=sf_bits,
                        tensor_scale=s_dec.reshape(()), shape=(r, c), block_2d=block_2d)
+
+
+def quantize_nvfp4_from_mxfp8(payload: torch.Tensor, scales: torch.Tensor, *, block_2d: bool = True,
+                              rounding: str = "rne", seed: int = 0, step: int = 0, tensor_id: int = 0,
+                              hadamard: bool = False, transpose: bool = False) -> NVFP4Tensor:
+    """NVFP4-quantize a 2-D MXFP8 tensor (decoded exactly to float32 first; optionally its transpose).
+
+    ``transpose=True`` quantizes ``decode(payload, scales).T`` - with the trainer's master stored
+    [in, out] this gives the forward GEMM operand W [out, in] directly.
+    """
+    if payload.dim() != 2:
+        raise ValueError(f"quantize_nvfp4_from_mxfp8: expected a 2-D payload, got shape {list(payload.shape)}")
+    w = decode_mxfp8_torch(payload, scales, dtype=torch.float32)
+    if transpose:
+        w = w.t().contiguous()
+    return quantize_nvfp4(w, block_2d=block_2d, rounding=rounding, seed=seed, step=step, tensor_id=tensor_id,
+                          hadamard=hadamard)
 
 
 _PAIR_TABLES: dict[str, torch.Tensor] = {}
@@ -221,7 +245,8 @@ def dequantize_nvfp4(q: NVFP4Tensor, *, dtype: torch.dtype = torch.float32) -> t
     return (decode_scaled(q) * q.tensor_scale).to(dtype)
 
 
-def _check_gemm_operands(a: NVFP4Tensor, b: NVFP4Tensor) -> None:
+def check_gemm_operands(a: NVFP4Tensor, b: NVFP4Tensor) -> None:
+    """``a`` [M, K] and ``b`` [N, K] must be NVFP4Tensors with the same K (TypeError / ValueError)."""
     if not isinstance(a, NVFP4Tensor) or not isinstance(b, NVFP4Tensor):
         raise TypeError("nvfp4_matmul: a and b must be NVFP4Tensor")
     if a.shape[1] != b.shape[1]:
@@ -250,7 +275,7 @@ def nvfp4_matmul(a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype: torch.dtype = tor
         ((8, 32), torch.bfloat16)
     """
     del backend
-    _check_gemm_operands(a, b)
+    check_gemm_operands(a, b)
     if accumulate and out is None:
         raise ValueError("nvfp4_matmul: accumulate=True needs out=")
     m, n = a.shape[0], b.shape[0]

@@ -1,9 +1,10 @@
-"""Reference for the MXFP8 weight master: NVFP4-from-MXFP8, fused Lion step, BF16 SR.
+"""Reference for the MXFP8 weight master: fused Lion step, BF16 stochastic rounding.
 
 MXFP8 itself (format, RCEIL scale rule, RNE and stochastic rounding with the counter RNG, decode) is
 ``mxfp8_codec``'s: this module calls its pure-torch path (:func:`mxfp8_codec.encode_mxfp8_torch` /
 :func:`mxfp8_codec.decode_mxfp8_torch`, the oracle for the C and CUDA kernels) and adds only what is
-specific to training on an MXFP8 master.
+specific to training on an MXFP8 master. Quantizing the master to NVFP4 for a GEMM
+(:func:`nvfp4_cuda.reference.quantize_nvfp4_from_mxfp8`) is NVFP4 quantization and lives beside it.
 
 **Why the Lion step rounds stochastically.**  An E4M3 master has a spacing of 2**(floor(log2|w|)-3),
 6.7-12.5 % of |w|.  A Lion update is exactly ``lr`` per element; at lr = 1e-5 and |w| = 0.02 that is
@@ -35,10 +36,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from mxfp8_codec.numerics_torch import decode_mxfp8_torch, encode_mxfp8_torch, f32_bits
 from mxfp8_codec.numerics_numpy import scales_shape
+from mxfp8_codec.numerics_torch import decode_mxfp8_torch, encode_mxfp8_torch, f32_bits
 from mxfp8_codec.rng import rand16_like
-from nvfp4_cuda.tensor import NVFP4Tensor
 
 WRITEBACK_MODES = ("stochastic", "rne", "compensated")  # Lion master write-back rounding
 
@@ -61,25 +61,6 @@ def _check_finite(x32: torch.Tensor, what: str) -> None:
 
 def _decode_f32(payload: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return decode_mxfp8_torch(payload, scales, dtype=torch.float32)
-
-
-def quantize_nvfp4_from_mxfp8(payload: torch.Tensor, scales: torch.Tensor, *, block_2d: bool = True,
-                              rounding: str = "rne", seed: int = 0, step: int = 0, tensor_id: int = 0,
-                              hadamard: bool = False, transpose: bool = False) -> NVFP4Tensor:
-    """NVFP4-quantize a 2-D MXFP8 tensor (decoded exactly to float32 first; optionally its transpose).
-
-    ``transpose=True`` quantizes ``decode(payload, scales).T`` - with the trainer's master stored
-    [in, out] this gives the forward GEMM operand W [out, in] directly.
-    """
-    from nvfp4_cuda.reference import quantize_nvfp4  # reference.py imports this module
-
-    if payload.dim() != 2:
-        raise ValueError(f"quantize_nvfp4_from_mxfp8: expected a 2-D payload, got shape {list(payload.shape)}")
-    w = _decode_f32(payload, scales)
-    if transpose:
-        w = w.t().contiguous()
-    return quantize_nvfp4(w, block_2d=block_2d, rounding=rounding, seed=seed, step=step, tensor_id=tensor_id,
-                          hadamard=hadamard)
 
 
 def _check_same_shape(t: torch.Tensor, shape: torch.Size, what: str) -> None:
