@@ -1,7 +1,8 @@
 """Which isolation works on this machine: the candidate levels, strongest first, and the probe.
 
-The sandbox (:mod:`ida_eval.sandbox`) can isolate a program three ways, and what works depends on
-the kernel, on privileges and on where the interpreter lives:
+The sandbox (:mod:`ida_eval.sandbox`) can isolate a program three ways (:class:`Isolation`, defined
+with the sandbox's other types in :mod:`ida_eval.sandbox_types`), and what works depends on the kernel,
+on privileges and on where the interpreter lives:
 
 * ``namespaces``: ``unshare --net --pid --fork --kill-child --mount`` (``--user --map-root-user``
   when not root), read-only file system, hidden home, temp root, ``/run`` and host unix sockets,
@@ -23,7 +24,6 @@ probe that could create a user namespace (no seccomp here). The result is cached
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import os
@@ -34,23 +34,8 @@ import threading
 import warnings
 
 from ida_eval.cgroups import cgroup_support
-
-ISOLATION_LEVELS = ("namespaces", "setuid", "rlimits")
-"""Strongest first. ``auto`` picks the first that works here."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Isolation:
-    """How programs are isolated on this machine (the outcome of :func:`probe_isolation`)."""
-
-    level: str  # one of ISOLATION_LEVELS
-    privilege: str  # "setuid" (per-worker uid), "capdrop" (caps dropped, uid kept) or "none"
-    unshare: tuple[str, ...]  # command prefix ("" when no namespaces)
-    description: str
-
-    @property
-    def uses_namespaces(self) -> bool:
-        return self.level == "namespaces"
+from ida_eval.sandbox import run_program
+from ida_eval.sandbox_types import ISOLATION_LEVELS, Isolation, SandboxError, SandboxLimits
 
 
 def _is_root() -> bool:
@@ -128,12 +113,6 @@ def probe_one(iso: Isolation) -> str | None:
 
 def _probe(iso: Isolation) -> tuple[str | None, dict[str, object]]:
     """(why ``iso`` does not isolate or None, the probe program's report)."""
-    from ida_eval.sandbox import (  # (sandbox imports this module)
-        SandboxError,
-        SandboxLimits,
-        run_program,
-    )
-
     name = f"ida-probe-outside-{os.getpid()}-{secrets.token_hex(4)}.txt"
     targets = [os.path.join(tempfile.gettempdir(), name), os.path.join("/", name)]
     try:
@@ -187,8 +166,6 @@ def _probe_cached(requested: str) -> Isolation:
                 )
             return iso
         reasons.append(f"{iso.level}/{iso.privilege}: {why}")
-    from ida_eval.sandbox import SandboxError
-
     raise SandboxError(f"no sandbox isolation level {requested!r} works on this machine: {'; '.join(reasons)}")
 
 

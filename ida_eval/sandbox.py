@@ -12,7 +12,7 @@ at the timeout. Here every program gets:
   from scratch, ``-E`` protects nothing and the remaining parts of ``-I`` (``-s -P``) are kept.
   ``-S`` (no ``site``) gives a standard-library-only interpreter, which is all MBXP needs, and
   saves ~40 ms of ``.pth`` processing per program (``hash_seed=None`` gives a literal ``-I``).
-* **Kernel isolation** when available (probed once, see :mod:`ida_eval.isolation`):
+* **Kernel isolation** when available (the caller passes what :mod:`ida_eval.isolation` probed):
   ``unshare --net --pid --fork --kill-child --mount`` (plus ``--user --map-root-user`` when not
   root). Inside, a small bootstrap running as PID 1 of the new PID namespace mounts a fresh tmpfs
   of ``disk_bytes`` that holds the work directory and private ``/tmp``, ``/var/tmp`` and
@@ -58,15 +58,18 @@ at the timeout. Here every program gets:
   by :func:`ida_eval.cleanup.remove_tree` (iterative, descriptor-relative: any depth, modes,
   immutable flags, fifos, sockets); what still cannot be removed is a ``RuntimeWarning``, and
   :func:`sweep_stale` likewise warns and goes on.
+
+What a caller hands in and gets back (:class:`~ida_eval.sandbox_types.SandboxLimits`,
+:class:`~ida_eval.sandbox_types.ProgramJob`, :class:`~ida_eval.sandbox_types.SandboxResult`,
+:class:`~ida_eval.sandbox_types.Isolation`, :class:`~ida_eval.sandbox_types.SandboxError`) is defined in
+:mod:`ida_eval.sandbox_types`; which isolation to pass is :func:`ida_eval.isolation.probe_isolation`'s answer.
 """
 
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import functools
 import marshal
-import math
 import os
 import secrets
 import select
@@ -94,167 +97,20 @@ from ida_eval.cgroups import (
     remove_group,
 )
 from ida_eval.cleanup import remove_tree
-from ida_eval.isolation import Isolation, probe_isolation
 
-GiB = 1 << 30  # bytes
-MiB = 1 << 20  # bytes
-KiB = 1 << 10  # bytes
+# `X as X`: re-exported for ida_eval.execute, its tests and the docs, which name them here; the sandbox's
+# vocabulary (limits, results, jobs, errors, isolation) lives in ida_eval.sandbox_types.
+from ida_eval.sandbox_types import MAX_TIMEOUT_S as MAX_TIMEOUT_S
+from ida_eval.sandbox_types import Cancelled, Isolation, ProgramJob, SandboxError, SandboxLimits, SandboxResult
+from ida_eval.sandbox_types import MiB as MiB
+from ida_eval.sandbox_types import check_seconds as check_seconds
 
 UID_BASE = 1_000_000  # first uid handed to sandboxed programs (per-process offset added, see _slot_ids)
 UID_SLOTS_PER_PROCESS = 256  # at most this many concurrent sandboxes per executing process
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"  # the only PATH a sandboxed program sees
 WORK_PREFIX = "ida-exec-"  # work dirs are <tmp>/ida-exec-<runner pid>-<random>/w
 SUPERVISOR_GRACE_S = 5.0  # PID 1 kills the run by itself this long after the timeout (if we did not)
-MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: the largest time limit accepted (CPU rlimits and deadlines stay finite)
-
-
-def check_seconds(value: object, what: str) -> float:
-    """A time limit: a finite number of seconds in ``(0, MAX_TIMEOUT_S]``, as float; else ValueError naming ``what``.
-
-    ``inf`` or ``1e300`` would reach the CPU rlimit (``int(timeout) + 1``) and the supervisor's deadline;
-    they are refused here, where the limit is given, in one line.
-    """
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not (ok and 0 < value <= MAX_TIMEOUT_S):  # type: ignore[operator]
-        raise ValueError(f"{what} must be a number of seconds > 0 and <= {MAX_TIMEOUT_S:g} (a week), got {value!r}")
-    return float(value)  # type: ignore[arg-type]
 KILL_GRACE_S = 0.5  # after the program's main process exits, wait this long for pipes to close
-COMPILE_LOG = "ida-compile.log"  # a ProgramJob's compiler output, in its work directory
-COMPILE_OUTPUT_BYTES = 2 * KiB  # bytes of it kept in SandboxResult.compile_output
-
-
-class SandboxError(RuntimeError):
-    """The sandbox itself could not be set up (not a failure of the program under test)."""
-
-
-class Cancelled(SandboxError):
-    """The run was cancelled through its ``cancel`` event (its process tree has been killed)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SandboxLimits:
-    """Per-program resource limits.
-
-    Attributes:
-        timeout: wall-clock seconds before the whole process tree is killed.
-        memory_bytes: ``RLIMIT_AS`` per process (address space; 4 GiB default) and, where
-            available, the memory cgroup limit of the whole tree.
-        max_processes: processes of the whole tree (pids cgroup where available) and
-            ``RLIMIT_NPROC`` (enforced for the per-worker uid; the kernel exempts uid 0).
-        open_files: ``RLIMIT_NOFILE``.
-        file_size_bytes: ``RLIMIT_FSIZE``: largest file the program may write.
-        disk_bytes: everything the program may write together (work directory, ``/tmp``,
-            ``/var/tmp``, ``/dev/shm``): the size of its private tmpfs (namespaces only; its
-            pages also count against the memory cgroup). A write past it fails with ``ENOSPC``.
-        max_output_bytes: stdout + stderr bytes after which the program is killed.
-        tail_bytes: bytes of stdout and of stderr kept for the result record.
-        hash_seed: ``PYTHONHASHSEED`` (None: run a literal ``python -I`` with a random seed).
-        site_packages: import ``site`` (site-packages visible); off: standard library only.
-    """
-
-    timeout: float = 30.0
-    memory_bytes: int = 4 * GiB
-    max_processes: int = 64
-    open_files: int = 256
-    file_size_bytes: int = 64 * MiB
-    disk_bytes: int = 256 * MiB
-    max_output_bytes: int = 16 * MiB
-    tail_bytes: int = 4 * KiB
-    hash_seed: int | None = 0
-    site_packages: bool = False
-
-    def __post_init__(self) -> None:
-        check_seconds(self.timeout, "timeout")
-        minimums = {
-            "memory_bytes": 64 * MiB,
-            "max_processes": 1,
-            "open_files": 16,
-            "file_size_bytes": 0,
-            "disk_bytes": 1 * MiB,
-            "max_output_bytes": 1,
-            "tail_bytes": 0,
-        }
-        for name, low in minimums.items():
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-        if self.hash_seed is not None and not (0 <= self.hash_seed <= 4294967295):
-            raise ValueError(f"hash_seed must be None or in [0, 2**32-1], got {self.hash_seed!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class SandboxResult:
-    """What happened to one program."""
-
-    finished: bool  # the sentinel arrived: the program's top level (and check(...)) returned
-    exit_status: int | None  # exit code; negative = killed by that signal; None = unknown (timeout)
-    timed_out: bool
-    output_exceeded: bool
-    stdout_tail: str
-    stderr_tail: str
-    output_bytes: int  # stdout + stderr bytes the program wrote
-    elapsed_s: float
-    oom_killed: bool = False  # the tree's cgroup memory limit was hit and the kernel killed a process
-    disk_full: bool = False  # the program filled its disk cap (``disk_bytes``; namespaces only)
-    # a ProgramJob's compile step (None / False / "" / 0.0 when there was none or it did not end)
-    compile_status: int | None = None  # the compiler's exit code (negative: killed by that signal)
-    compile_ok: bool | None = None  # the status is one of the job's compile_ok (and its output exists)
-    compile_timed_out: bool = False
-    compile_output: str = ""  # the first bytes of the compiler's stdout + stderr
-    compile_s: float = 0.0
-
-    @property
-    def passed(self) -> bool:
-        return self.finished and self.exit_status == 0 and not self.timed_out and not self.output_exceeded
-
-
-@dataclasses.dataclass(frozen=True)
-class ProgramJob:
-    """A program in another language than Python: files, an optional compile step, a run command.
-
-    The files are written into the work directory, the compile command (if any) runs there with its
-    own wall-clock limit (``compile_timeout``; the run's ``limits.timeout`` starts when it is done),
-    output to a log; a compile exit status outside ``compile_ok`` ends the job, and the log's first
-    ``COMPILE_OUTPUT_BYTES`` come back on stderr and as ``compile_output``. The run command then replaces the bootstrap's
-    child (same rlimits, uid, namespaces) with the nonce on its stdin: the job's test driver reads it
-    before any program code runs and proves it ran to its end by writing it to stdout as its last
-    act, so ``finished`` means the nonce arrived on stdout. Commands are argv lists resolved through the sandbox's ``PATH``; ``{work}``
-    in ``env`` values is replaced by the work directory. Per-language rules live in
-    :mod:`ida_eval.languages`.
-    """
-
-    files: tuple[tuple[str, str], ...]  # (file name, text) written into the work dir
-    run: tuple[str, ...]
-    compile: tuple[str, ...] | None = None
-    compile_timeout: float = 0.0
-    compile_ok: tuple[int, ...] = (0,)
-    compile_output_file: str | None = None  # the compile step must have produced this file
-    env: tuple[tuple[str, str], ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.run:
-            raise ValueError("a ProgramJob needs a run command")
-        for name, _ in self.files:
-            if not name or "/" in name or name.startswith(".") or name == COMPILE_LOG:
-                raise ValueError(f"ProgramJob file name {name!r} must be a plain name")
-        if self.compile is not None:
-            check_seconds(self.compile_timeout, "compile_timeout")
-
-    def spec(self) -> str:
-        """The job as the bootstrap reads it: one argv string, ``marshal`` data in hex (the
-        bootstrap runs under this same interpreter; ``marshal`` is built in, where importing
-        ``json`` would cost it ~10 ms of CPU per program)."""
-        return marshal.dumps(
-            {
-                "compile": list(self.compile) if self.compile else None,
-                "compile_timeout": self.compile_timeout,
-                "compile_ok": list(self.compile_ok),
-                "compile_output_file": self.compile_output_file,
-                "compile_output_bytes": COMPILE_OUTPUT_BYTES,
-                "run": list(self.run),
-                "log": COMPILE_LOG,
-            }
-        ).hex()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -425,7 +281,7 @@ def run_program(
     source: str | ProgramJob,
     limits: SandboxLimits = SandboxLimits(),
     *,
-    isolation: Isolation | None = None,
+    isolation: Isolation,
     slot: int = 0,
     tmp_root: str | None = None,
     cancel: threading.Event | None = None,
@@ -436,7 +292,8 @@ def run_program(
         source: the program text (written to ``prog.py`` in a new temporary directory), or a
             :class:`ProgramJob` (its files written there, compiled and run by its commands).
         limits: resource limits.
-        isolation: how to isolate (default: :func:`probe_isolation`).
+        isolation: how to isolate: what :func:`ida_eval.isolation.probe_isolation` found works here
+            (the probe itself runs its probe program through this function under each candidate).
         slot: worker slot (0 .. 255); concurrent runs must use distinct slots (it picks the uid).
         tmp_root: where to create the temporary directory (default: the system's).
         cancel: when this event gets set, the program's tree is killed and :class:`Cancelled`
@@ -449,18 +306,18 @@ def run_program(
         SandboxError: the sandbox could not be set up. Cancelled: ``cancel`` was set.
 
     Example:
-        >>> run_program("assert 1 + 1 == 2").passed
+        >>> from ida_eval.isolation import probe_isolation
+        >>> run_program("assert 1 + 1 == 2", isolation=probe_isolation()).passed
         True
-        >>> run_program("import sys; sys.exit(0)").passed
+        >>> run_program("import sys; sys.exit(0)", isolation=probe_isolation()).passed
         False
     """
     if not 0 <= slot < UID_SLOTS_PER_PROCESS:
         raise ValueError(f"slot must be in [0, {UID_SLOTS_PER_PROCESS}), got {slot}")
-    iso = isolation if isolation is not None else probe_isolation()
     if cancel is not None and cancel.is_set():
         raise Cancelled("cancelled before start")
     uid = gid = None
-    if iso.privilege == "setuid":
+    if isolation.privilege == "setuid":
         uid_base, gid_base = _slot_ids()
         uid, gid = uid_base + slot, gid_base + slot
     root = os.path.realpath(tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-", dir=tmp_root))
@@ -479,10 +336,10 @@ def run_program(
         program = os.path.join(workdir, files[0][0])
         if uid is not None:
             os.chown(workdir, uid, gid)
-        server = _JobServer.for_slot(slot, limits) if job is not None and _served_unshare_flags(iso) else None
+        server = _JobServer.for_slot(slot, limits) if job is not None and _served_unshare_flags(isolation) else None
         groups = server.run_groups() if server else SandboxCgroups.create(limits.max_processes, limits.memory_bytes, slot)
         try:
-            res = _spawn_and_wait(program, workdir, limits, iso, uid, gid, groups, cancel, job, server)
+            res = _spawn_and_wait(program, workdir, limits, isolation, uid, gid, groups, cancel, job, server)
         finally:
             groups.remove()
         return res

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from ida_eval import cleanup, isolation
+from ida_eval import cleanup, isolation, sandbox_types
 from ida_eval import sandbox as sb
 from ida_eval.cgroups import cgroup_parents, cgroup_support, leftover_groups
 from ida_eval.cleanup import remove_tree
@@ -85,6 +85,7 @@ def needs_namespaces(iso: isolation.Isolation) -> None:
 
 
 def run(src: str, root: str, limits: sb.SandboxLimits = FAST, **kw) -> sb.SandboxResult:
+    kw.setdefault("isolation", isolation.probe_isolation())  # the strongest that works here (probed once)
     return sb.run_program(textwrap.dedent(src), limits, tmp_root=root, **kw)
 
 
@@ -244,8 +245,8 @@ import sys, types
 pkg = types.ModuleType("ida_eval")  # import the sandbox without the package's heavy __init__
 pkg.__path__ = [{pkg_dir!r}]
 sys.modules["ida_eval"] = pkg
-from ida_eval import sandbox
-sandbox.run_program({src!r}, sandbox.SandboxLimits(timeout=120.0))
+from ida_eval import isolation, sandbox
+sandbox.run_program({src!r}, sandbox.SandboxLimits(timeout=120.0), isolation=isolation.probe_isolation())
 """
 
 
@@ -448,7 +449,10 @@ def test_work_directory_with_odd_characters_stays_writable(tmp_path: Path, iso: 
     root = tmp_path / "dir with space\tand tab é"
     root.mkdir()
     res = sb.run_program(
-        "open('f.txt', 'w').write('x' * 10)\nimport os\nassert os.path.getsize('f.txt') == 10", FAST, tmp_root=str(root)
+        "open('f.txt', 'w').write('x' * 10)\nimport os\nassert os.path.getsize('f.txt') == 10",
+        FAST,
+        tmp_root=str(root),
+        isolation=iso,
     )
     assert res.passed, res.stderr_tail
     assert list(root.iterdir()) == []
@@ -626,7 +630,7 @@ def test_limits_are_validated() -> None:
 def test_docstring_examples_run() -> None:
     import doctest
 
-    for module in (sb, isolation, cleanup):
+    for module in (sb, sandbox_types, isolation, cleanup):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0, module.__name__
     assert doctest.testmod(sb).attempted >= 2  # run_program's examples really ran
@@ -890,8 +894,8 @@ def test_total_disk_use_is_capped_and_the_verdict_says_so(clean: str, iso: isola
     assert 6 << 20 <= written <= 8 << 20  # everything together, not per file
     assert not res.passed and res.disk_full and not res.timed_out
     assert "No space left on device" in res.stderr_tail
-    passed, result, exc = _verdict(res, limits.max_output_bytes)
-    assert not passed and exc == "OSError" and result.endswith("(disk limit reached)")
+    verdict = _verdict(res, limits.max_output_bytes)
+    assert not verdict.passed and verdict.exception == "OSError" and verdict.text.endswith("(disk limit reached)")
     small = run("open('f', 'wb').write(b'x' * (1 << 20))", clean, limits)
     assert small.passed and not small.disk_full
 
@@ -901,9 +905,9 @@ import os, sys, tempfile, types
 pkg = types.ModuleType("ida_eval")
 pkg.__path__ = [{pkg_dir!r}]
 sys.modules["ida_eval"] = pkg
-from ida_eval import sandbox
+from ida_eval import isolation, sandbox
 assert tempfile.gettempdir() == {tmpdir!r}, tempfile.gettempdir()
-res = sandbox.run_program({src!r}, sandbox.SandboxLimits(timeout=20.0))
+res = sandbox.run_program({src!r}, sandbox.SandboxLimits(timeout=20.0), isolation=isolation.probe_isolation())
 print(res.stdout_tail.strip(), res.passed)
 """
 
@@ -1038,7 +1042,7 @@ for src in (
     "import ctypes\\nassert ctypes.CDLL(None, use_errno=True).unshare(0x10000000) == -1",
     "import os\\nassert os.listdir('/run') == [] and not os.path.exists(%r)" % {marker!r},  # the task's own /tmp
 ):
-    res = sb.run_program(src, limits)
+    res = sb.run_program(src, limits, isolation=iso)
     out.append((res.passed, res.disk_full))
 out.append([n for n in os.listdir({tmp!r}) if n.startswith("ida-exec-%d-" % os.getpid())])
 print(repr(out))
@@ -1102,11 +1106,11 @@ def test_bootstrap_imports_stay_cheap_for_an_interpreted_job(monkeypatch):
     assert boot.SIGKILL == signal.SIGKILL
     job = sb.ProgramJob(files=(("a.txt", "x"),), run=("cat",))
     spec = marshal.loads(bytes.fromhex(job.spec()))
-    assert spec["run"] == ["cat"] and spec["compile"] is None and spec["log"] == sb.COMPILE_LOG
+    assert spec["run"] == ["cat"] and spec["compile"] is None and spec["log"] == sandbox_types.COMPILE_LOG
     plain = sb._interpreter_args
     monkeypatch.setattr(sb, "JOB_SERVER", False)  # a bootstrap per program (as without root)
     monkeypatch.setattr(sb, "_interpreter_args", lambda limits: [*plain(limits), "-X", "importtime"])
-    res = sb.run_program(job)
+    res = sb.run_program(job, isolation=isolation.probe_isolation())
     assert res.passed, res
     imported = {line.rpartition("|")[2].strip() for line in res.stderr_tail.splitlines() if line.startswith("import time:")}
     assert "os" in imported  # the report is there
@@ -1129,7 +1133,7 @@ def sh_job(script: str) -> sb.ProgramJob:
 def test_jobs_share_a_warm_server_per_slot_yet_each_gets_its_own_pids_mounts_and_tmp(clean: str, iso: isolation.Isolation) -> None:
     needs_job_server(iso)
     job = sh_job("echo $$ $(readlink /proc/self/ns/net) $(readlink /proc/self/ns/mnt) $(ls /tmp)\ntouch /tmp/left-over\n")
-    runs = [sb.run_program(job, FAST, tmp_root=clean, slot=slot) for slot in (0, 0, 1)]
+    runs = [sb.run_program(job, FAST, tmp_root=clean, slot=slot, isolation=iso) for slot in (0, 0, 1)]
     assert all(r.passed for r in runs), runs
     servers = {slot: s.proc.pid for (pid, slot), s in sb._JobServer._servers.items() if pid == os.getpid()}
     assert sorted(servers) == [0, 1] and servers[0] != servers[1]
@@ -1167,7 +1171,7 @@ def test_a_job_cannot_reach_its_pid_1_which_shares_its_uid(clean: str, iso: isol
         {python} -c "{ptrace}"
         echo uid $(id -u) pid1 $(stat -c %u /proc/1)
     """)
-    res = sb.run_program(job, FAST, tmp_root=clean)
+    res = sb.run_program(job, FAST, tmp_root=clean, isolation=iso)
     assert res.passed, res
     assert "read-" not in res.stdout_tail, res.stdout_tail
     assert "ptrace -1 1" in res.stdout_tail, res.stdout_tail  # EPERM
@@ -1184,19 +1188,19 @@ def test_a_served_run_that_hits_the_memory_limit_says_so_and_the_next_does_not(c
     # four children under RLIMIT_AS (512 MiB) each, together over the tree's 512 MiB
     bomb = sh_job(f"for i in 1 2 3 4; do {python} -c 'import time; b = bytearray(200 << 20); b[::4096] = bytes(len(range(0, 200 << 20, 4096))); time.sleep(1)' & done; wait\n")
     limits = sb.SandboxLimits(timeout=20.0, memory_bytes=512 << 20)
-    first = sb.run_program(bomb, limits, tmp_root=clean)
+    first = sb.run_program(bomb, limits, tmp_root=clean, isolation=iso)
     assert first.oom_killed, first
-    after = sb.run_program(sh_job("true\n"), limits, tmp_root=clean)
+    after = sb.run_program(sh_job("true\n"), limits, tmp_root=clean, isolation=iso)
     assert after.passed and not after.oom_killed  # the group's OOM count is taken per run
 
 
 def test_a_dead_job_server_is_replaced(clean: str, iso: isolation.Isolation) -> None:
     needs_job_server(iso)
-    assert sb.run_program(sh_job(""), FAST, tmp_root=clean).passed
+    assert sb.run_program(sh_job(""), FAST, tmp_root=clean, isolation=iso).passed
     old = sb._JobServer._servers[(os.getpid(), 0)].proc
     old.kill()
     old.wait()
-    assert sb.run_program(sh_job(""), FAST, tmp_root=clean).passed
+    assert sb.run_program(sh_job(""), FAST, tmp_root=clean, isolation=iso).passed
     assert sb._JobServer._servers[(os.getpid(), 0)].proc.pid != old.pid
 
 
@@ -1205,9 +1209,9 @@ import sys, types
 pkg = types.ModuleType("ida_eval")
 pkg.__path__ = [{pkg_dir!r}]
 sys.modules["ida_eval"] = pkg
-from ida_eval import sandbox
+from ida_eval import isolation, sandbox
 job = sandbox.ProgramJob(files=(("a.sh", {script!r}),), run=("/bin/sh", "a.sh"))
-sandbox.run_program(job, sandbox.SandboxLimits(timeout=120.0))
+sandbox.run_program(job, sandbox.SandboxLimits(timeout=120.0), isolation=isolation.probe_isolation())
 """
 
 
