@@ -51,17 +51,8 @@ from ida_eval.isolation import ISOLATION_LEVELS, isolation_description, probe_is
 from ida_common.jsonl import dumps_utf8, iter_jsonl, repair_torn_tail
 from ida_eval.languages import LANGUAGES, Language, LanguageError, assemble, environment, language_of, missing_tools
 from ida_eval.problems import ProblemsError, find_problems_file, load_problems
-from ida_eval.sandbox import (
-    MiB,
-    ProgramJob,
-    SandboxError,
-    SandboxLimits,
-    SandboxResult,
-    check_seconds,
-    close_job_servers,
-    run_program,
-    sweep_stale,
-)
+from ida_eval.sandbox import close_job_servers, run_program, sweep_stale
+from ida_eval.sandbox_types import MiB, ProgramJob, SandboxError, SandboxLimits, SandboxResult, check_seconds
 from ida_common.files import atomic_write_text
 from ida_eval.failures import EXCEPTION_LINE, ResultKind, Verdict, record_kind, result_class, with_kind
 
@@ -638,7 +629,7 @@ def summarize(
 
 
 def seconds_arg(text: str) -> float:
-    """argparse type of a time limit: :func:`ida_eval.sandbox.check_seconds` on the number (``inf``, ``nan``,
+    """argparse type of a time limit: :func:`ida_eval.sandbox_types.check_seconds` on the number (``inf``, ``nan``,
     ``0`` and ``1e300`` are refused at parse time, in one line, before any work)."""
     try:
         value = float(text)

@@ -98,12 +98,8 @@ from ida_eval.cgroups import (
 )
 from ida_eval.cleanup import remove_tree
 
-# `X as X`: re-exported for ida_eval.execute, its tests and the docs, which name them here; the sandbox's
-# vocabulary (limits, results, jobs, errors, isolation) lives in ida_eval.sandbox_types.
-from ida_eval.sandbox_types import MAX_TIMEOUT_S as MAX_TIMEOUT_S
+# the sandbox's vocabulary (limits, results, jobs, errors, isolation) lives in ida_eval.sandbox_types
 from ida_eval.sandbox_types import Cancelled, Isolation, ProgramJob, SandboxError, SandboxLimits, SandboxResult
-from ida_eval.sandbox_types import MiB as MiB
-from ida_eval.sandbox_types import check_seconds as check_seconds
 
 UID_BASE = 1_000_000  # first uid handed to sandboxed programs (per-process offset added, see _slot_ids)
 UID_SLOTS_PER_PROCESS = 256  # at most this many concurrent sandboxes per executing process

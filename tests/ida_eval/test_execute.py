@@ -527,7 +527,7 @@ def test_cli_refuses_unusable_time_limits_before_any_work(flag: list[str], tmp_p
 
 def test_largest_time_limit_is_one_the_sandbox_can_run() -> None:
     """The bound check_seconds accepts (a week) is expressible: config and sandbox limits take it."""
-    from ida_eval.sandbox import MAX_TIMEOUT_S, SandboxLimits, check_seconds
+    from ida_eval.sandbox_types import MAX_TIMEOUT_S, SandboxLimits, check_seconds
 
     cfg = ex.ExecutionConfig(timeout=MAX_TIMEOUT_S, run_timeouts=(("all", MAX_TIMEOUT_S),),
                           compile_timeouts=(("java", MAX_TIMEOUT_S),))

@@ -117,7 +117,7 @@ def test_plain_program_passes_and_reports(clean: str, iso: isolation.Isolation) 
 def test_the_largest_accepted_timeout_runs(clean: str) -> None:
     """MAX_TIMEOUT_S (check_seconds' bound) reaches the CPU rlimit and the supervisor's deadline as a
     usable limit (inf and 1e300 did not: an internal error and a failed sandbox set-up)."""
-    res = run("print('ok')", clean, dataclasses.replace(FAST, timeout=sb.MAX_TIMEOUT_S))
+    res = run("print('ok')", clean, dataclasses.replace(FAST, timeout=sandbox_types.MAX_TIMEOUT_S))
     assert res.passed and res.stdout_tail == "ok\n"
 
 
