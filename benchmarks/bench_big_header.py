@@ -100,8 +100,10 @@ def main(argv: list[str] | None = None) -> int:
                     }[cmd]
                     results[label] = _run(checkout, cmd_args)
                     wall, cpu, rss, outcome = results[label]
-                    print(f"{cmd:<11} {label:<9} wall {wall:7.1f} s  cpu {cpu:7.1f} s  peak RSS {rss / 1024:7.0f} MiB"
-                          f"  {outcome}")
+                    print(
+                        f"{cmd:<11} {label:<9} wall {wall:7.1f} s  cpu {cpu:7.1f} s  peak RSS {rss / 1024:7.0f} MiB"
+                        f"  {outcome}"
+                    )
                 if "baseline" in results:
                     (w0, c0, r0, _), (w1, c1, r1, _) = results["baseline"], results["this"]
                     print(f"{cmd:<11} this/baseline: wall {w1 / w0:.2f}x  cpu {c1 / c0:.2f}x  RSS {r1 / r0:.2f}x")

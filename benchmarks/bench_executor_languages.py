@@ -49,8 +49,9 @@ def tasks_for(lang: str, data_dir: Path, limit: int) -> tuple[dict[str, Any], li
     return problems, samples[:limit]
 
 
-def plain_runner(lang: str, problems: dict[str, Any], samples: list[dict[str, Any]], workers: int,
-                 cfg: ExecutionConfig) -> int:
+def plain_runner(
+    lang: str, problems: dict[str, Any], samples: list[dict[str, Any]], workers: int, cfg: ExecutionConfig
+) -> int:
     """The baseline: same files and commands, plain subprocesses; returns how many passed."""
     language = LANGUAGES[lang]
 
@@ -62,12 +63,25 @@ def plain_runner(lang: str, problems: dict[str, Any], samples: list[dict[str, An
             env.update((k, v.replace("{work}", d)) for k, v in environment(language))
             try:
                 if language.compile is not None:
-                    c = subprocess.run(language.compile, cwd=d, env=env, capture_output=True,
-                                       timeout=cfg.compile_timeout(language), check=False)
+                    c = subprocess.run(
+                        language.compile,
+                        cwd=d,
+                        env=env,
+                        capture_output=True,
+                        timeout=cfg.compile_timeout(language),
+                        check=False,
+                    )
                     if c.returncode not in language.compile_ok:
                         return False
-                r = subprocess.run(language.run, cwd=d, env=env, capture_output=True, stdin=subprocess.DEVNULL,
-                                   timeout=cfg.run_timeout(language), check=False)
+                r = subprocess.run(
+                    language.run,
+                    cwd=d,
+                    env=env,
+                    capture_output=True,
+                    stdin=subprocess.DEVNULL,
+                    timeout=cfg.run_timeout(language),
+                    check=False,
+                )
             except subprocess.TimeoutExpired:
                 return False
             return r.returncode == 0
@@ -89,15 +103,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--data-dir", default=str(DEFAULT_DIR))
-    ap.add_argument("--no-job-server", action="store_true",
-                    help="start a bootstrap per program, as before job servers (ida_eval.sandbox.JOB_SERVER)")
+    ap.add_argument(
+        "--no-job-server",
+        action="store_true",
+        help="start a bootstrap per program, as before job servers (ida_eval.sandbox.JOB_SERVER)",
+    )
     args = ap.parse_args(argv)
     cfg = ExecutionConfig(workers=args.workers)
     sandbox.JOB_SERVER = not args.no_job_server
-    print(f"isolation: {isolation_in_force()}; job server {'off' if args.no_job_server else 'on'}; "
-          f"workers {args.workers}; load {os.getloadavg()}")
-    print(f"{'language':<11} {'tasks':>5} {'plain s':>8} {'ida s':>8} {'ratio':>6} {'plain cpu':>9} {'ida cpu':>8} "
-          f"{'ratio':>6}  passed plain/ida")
+    print(
+        f"isolation: {isolation_in_force()}; job server {'off' if args.no_job_server else 'on'}; "
+        f"workers {args.workers}; load {os.getloadavg()}"
+    )
+    print(
+        f"{'language':<11} {'tasks':>5} {'plain s':>8} {'ida s':>8} {'ratio':>6} {'plain cpu':>9} {'ida cpu':>8} "
+        f"{'ratio':>6}  passed plain/ida"
+    )
     for lang in args.languages.split(","):
         if missing_tools(LANGUAGES[lang]):
             print(f"{lang:<11} toolchain missing: {', '.join(missing_tools(LANGUAGES[lang]))}")
@@ -116,8 +137,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             ours_pass = sum(r["passed"] for r in res)
         p, o = statistics.median(plain_t), statistics.median(ours_t)
         pc, oc = statistics.median(plain_c), statistics.median(ours_c)
-        print(f"{lang:<11} {len(samples):>5} {p:>8.1f} {o:>8.1f} {o / p:>6.2f} {pc:>9.1f} {oc:>8.1f} {oc / pc:>6.2f}  "
-              f"{plain_pass}/{ours_pass}", flush=True)
+        print(
+            f"{lang:<11} {len(samples):>5} {p:>8.1f} {o:>8.1f} {o / p:>6.2f} {pc:>9.1f} {oc:>8.1f} {oc / pc:>6.2f}  "
+            f"{plain_pass}/{ours_pass}",
+            flush=True,
+        )
     print(f"load after: {os.getloadavg()}")
     return 0
 

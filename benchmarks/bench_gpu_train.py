@@ -67,21 +67,38 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
     data_cfg = DataConfig(max_len=args.seq, packing=True)
     examples, _ = load_examples(data_cfg, tokenizer, path=corpus_path())
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    batcher = build_batcher(data_cfg, examples, global_batch_size=args.micro_batch * args.microbatches,
-                            microbatches=args.microbatches, seed=0, pad_id=pad)
-    cfg = NemotronConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
-                         num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                         num_key_value_heads=args.kv_heads, head_dim=args.hidden // args.heads,
-                         max_position_embeddings=max(4096, args.seq),
-                         tie_word_embeddings=False, bos_token_id=None, pad_token_id=None,
-                         eos_token_id=tokenizer.eos_token_id)
+    batcher = build_batcher(
+        data_cfg,
+        examples,
+        global_batch_size=args.micro_batch * args.microbatches,
+        microbatches=args.microbatches,
+        seed=0,
+        pad_id=pad,
+    )
+    cfg = NemotronConfig(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        head_dim=args.hidden // args.heads,
+        max_position_embeddings=max(4096, args.seq),
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        pad_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     with dev:
         model = NemotronForCausalLM(cfg).train()
     recipe = args.only
     keep = ("model.layers.0.*", f"model.layers.{args.layers - 1}.*") if recipe == "nvfp4" else ()
     prec = PrecisionConfig(recipe=recipe, keep_bf16=keep)
-    optim = (OptimConfig(name="lion", lr=1e-5, betas=(0.9, 0.99), grad_clip=1.0) if recipe == "nvfp4"
-             else OptimConfig(name="adamw", lr=1e-5, betas=(0.9, 0.95), weight_decay=0.01, grad_clip=1.0))
+    optim = (
+        OptimConfig(name="lion", lr=1e-5, betas=(0.9, 0.99), grad_clip=1.0)
+        if recipe == "nvfp4"
+        else OptimConfig(name="adamw", lr=1e-5, betas=(0.9, 0.95), weight_decay=0.01, grad_clip=1.0)
+    )
     enable_activation_checkpointing(model)
     apply_recipe(model, prec)
     model.to(dev)
@@ -113,11 +130,19 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
     import nvfp4_cuda
 
     backend = str(nvfp4_cuda.backend_info()["backend"]) if recipe == "nvfp4" else "torch bf16"
-    return {"recipe": recipe, "params": n_params,
-            "tokens_per_step": statistics.mean(tokens), "step_s": step_s, "tokens_per_s": tok_s,
-            "mfu": flops / (args.peak_tflops * 1e12),
-            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan"),
-            "setup_s": setup_s, "losses": losses, "backend": backend, "profile": prof}
+    return {
+        "recipe": recipe,
+        "params": n_params,
+        "tokens_per_step": statistics.mean(tokens),
+        "step_s": step_s,
+        "tokens_per_s": tok_s,
+        "mfu": flops / (args.peak_tflops * 1e12),
+        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan"),
+        "setup_s": setup_s,
+        "losses": losses,
+        "backend": backend,
+        "profile": prof,
+    }
 
 
 def _profile_step(engine: Any, opt: Any, batcher: Any, grad_clip: float, sync: Any) -> dict[str, Any]:
@@ -142,8 +167,11 @@ def _profile_step(engine: Any, opt: Any, batcher: Any, grad_clip: float, sync: A
 
     kernels = [(e.key, dev_us(e), e.count) for e in prof.key_averages() if dev_us(e) > 0]
     kernels.sort(key=lambda k: -k[1])
-    return {"wall_ms_profiled": 1e3 * wall, "device_ms": sum(k[1] for k in kernels) / 1e3,
-            "top": [{"kernel": k[:120], "ms": t / 1e3, "calls": c} for k, t, c in kernels[:25]]}
+    return {
+        "wall_ms_profiled": 1e3 * wall,
+        "device_ms": sum(k[1] for k in kernels) / 1e3,
+        "top": [{"kernel": k[:120], "ms": t / 1e3, "calls": c} for k, t, c in kernels[:25]],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,8 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=6, help="timed steps per recipe")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense BF16 peak for MFU (H100/H200 SXM)")
-    ap.add_argument("--profile", action="store_true",
-                    help="one extra step under torch.profiler: device time per kernel")
+    ap.add_argument(
+        "--profile", action="store_true", help="one extra step under torch.profiler: device time per kernel"
+    )
     ap.add_argument("--out-json", default=None)
     ap.add_argument("--device", default="cuda", help="cuda; cpu runs the same code at toy sizes (a smoke test)")
     ap.add_argument("--only", choices=RECIPES, help=argparse.SUPPRESS)  # child mode
@@ -179,38 +208,54 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for recipe in RECIPES:
             out = Path(tmp) / f"{recipe}.json"
-            res = subprocess.run([sys.executable, __file__, *passthrough, "--only", recipe, "--child-json", str(out)],
-                                 check=False)
-            results[recipe] = json.loads(out.read_text()) if res.returncode == 0 and out.exists() else \
-                {"recipe": recipe, "error": f"child exited {res.returncode}"}
-    shape = (f"NemotronForCausalLM hidden {args.hidden}, {args.layers} layers, {args.heads} heads "
-             f"({args.kv_heads} KV), "
-             f"MLP {args.intermediate}, vocab {args.vocab}; {args.micro_batch} x {args.microbatches} rows of {args.seq} "
-             f"tokens per step; {args.warmup} warm-up + {args.steps} timed steps; "
-             f"{torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}, "
-             f"torch {torch.__version__}")
-    lines = [shape, "", "| recipe | params | s/step | tokens/s | MFU | peak GiB | vs bf16 tokens/s | vs bf16 memory |",
-             "|---|---|---|---|---|---|---|---|"]
+            res = subprocess.run(
+                [sys.executable, __file__, *passthrough, "--only", recipe, "--child-json", str(out)], check=False
+            )
+            results[recipe] = (
+                json.loads(out.read_text())
+                if res.returncode == 0 and out.exists()
+                else {"recipe": recipe, "error": f"child exited {res.returncode}"}
+            )
+    shape = (
+        f"NemotronForCausalLM hidden {args.hidden}, {args.layers} layers, {args.heads} heads "
+        f"({args.kv_heads} KV), "
+        f"MLP {args.intermediate}, vocab {args.vocab}; {args.micro_batch} x {args.microbatches} rows of {args.seq} "
+        f"tokens per step; {args.warmup} warm-up + {args.steps} timed steps; "
+        f"{torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}, "
+        f"torch {torch.__version__}"
+    )
+    lines = [
+        shape,
+        "",
+        "| recipe | params | s/step | tokens/s | MFU | peak GiB | vs bf16 tokens/s | vs bf16 memory |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     ok = all("error" not in r for r in results.values())
     if ok:
         b = results["bf16"]
         for r in (results[k] for k in RECIPES):
-            lines.append(f"| {r['recipe']} ({r['backend']}) | {r['params']} | {r['step_s']:.3f} | "
-                         f"{r['tokens_per_s']:.0f} | {100 * r['mfu']:.1f} % | {r['peak_mem_gib']:.1f} | "
-                         f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}x | "
-                         f"{r['peak_mem_gib'] / b['peak_mem_gib']:.2f}x |")
+            lines.append(
+                f"| {r['recipe']} ({r['backend']}) | {r['params']} | {r['step_s']:.3f} | "
+                f"{r['tokens_per_s']:.0f} | {100 * r['mfu']:.1f} % | {r['peak_mem_gib']:.1f} | "
+                f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}x | "
+                f"{r['peak_mem_gib'] / b['peak_mem_gib']:.2f}x |"
+            )
         speed = results["nvfp4"]["tokens_per_s"] / b["tokens_per_s"]
         mem = results["nvfp4"]["peak_mem_gib"] / b["peak_mem_gib"]
         ok = speed >= SPEED_TARGET and mem <= MEMORY_TARGET
-        lines.append(f"\nnvfp4 / bf16: tokens/s {speed:.2f}x (target >= {SPEED_TARGET}), peak memory {mem:.2f}x "
-                     f"(target <= {MEMORY_TARGET}): {'PASS' if ok else 'MISS'}")
+        lines.append(
+            f"\nnvfp4 / bf16: tokens/s {speed:.2f}x (target >= {SPEED_TARGET}), peak memory {mem:.2f}x "
+            f"(target <= {MEMORY_TARGET}): {'PASS' if ok else 'MISS'}"
+        )
     else:
         lines += [f"| {k} | {r.get('error', '')} |" for k, r in results.items()]
     for r in results.values():
         if r.get("profile"):
             pr = r["profile"]
-            lines.append(f"\n{r['recipe']}: one profiled step, {pr['device_ms']:.0f} ms of kernels in "
-                         f"{pr['wall_ms_profiled']:.0f} ms wall; top kernels (ms, calls):")
+            lines.append(
+                f"\n{r['recipe']}: one profiled step, {pr['device_ms']:.0f} ms of kernels in "
+                f"{pr['wall_ms_profiled']:.0f} ms wall; top kernels (ms, calls):"
+            )
             lines += [f"  {k['ms']:8.1f} {k['calls']:6d}  {k['kernel']}" for k in pr["top"][:15]]
     print("\n".join(lines))
     if args.out_json:

@@ -64,10 +64,16 @@ def _build(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     from mxfp8_codec.hf_config import write_config_json
 
     cfg = NemotronConfig(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-        num_hidden_layers=args.layers, num_attention_heads=max(1, args.hidden // 128),
-        num_key_value_heads=max(1, args.hidden // 512), head_dim=128 if args.hidden >= 128 else args.hidden,
-        max_position_embeddings=4096, bos_token_id=1, eos_token_id=2,
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=4 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=max(1, args.hidden // 128),
+        num_key_value_heads=max(1, args.hidden // 512),
+        head_dim=128 if args.hidden >= 128 else args.hidden,
+        max_position_embeddings=4096,
+        bos_token_id=1,
+        eos_token_id=2,
     )
     torch.manual_seed(0)
     with torch.device("meta"):
@@ -93,19 +99,26 @@ def _build(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         native = sd
     write_mxfp8_safetensors(mx_dir / "model.safetensors", native, orientation=args.orientation)
     write_config_json(mx_dir, mx_dir / "model.safetensors")
-    return {"n_params": n_params, "bf16_bytes": 2 * n_params, "bf16_dir": str(bf16_dir), "mxfp8_dir": str(mx_dir),
-            "vocab": args.vocab, "forwards": args.forwards, "new_tokens": args.new_tokens}
+    return {
+        "n_params": n_params,
+        "bf16_bytes": 2 * n_params,
+        "bf16_dir": str(bf16_dir),
+        "mxfp8_dir": str(mx_dir),
+        "vocab": args.vocab,
+        "forwards": args.forwards,
+        "new_tokens": args.new_tokens,
+    }
 
 
 def _child(variant: str, info: dict[str, Any], out: Path) -> None:
+    import accelerate  # noqa: F401  (every variant pays the same imports before the clock)
     import torch
+    import transformers.models.nemotron.modeling_nemotron  # noqa: F401
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    import accelerate  # noqa: F401  (every variant pays the same imports before the clock)
     import ida_eval
-    import ida_eval.loader  # noqa: F401
+    import ida_eval.loader  # imported before the clock starts, like the rest
     import mxfp8_codec.hf as mxhf
-    import transformers.models.nemotron.modeling_nemotron  # noqa: F401
 
     AutoConfig.from_pretrained(info["bf16_dir"])
     ids = (torch.arange(3, 3 + SEQ_LEN).unsqueeze(0) * 7919) % (info["vocab"] - 3) + 3
@@ -140,12 +153,23 @@ def _child(variant: str, info: dict[str, Any], out: Path) -> None:
             model(ids)
             times.append(time.perf_counter() - t)
         t = time.perf_counter()
-        gen = model.generate(ids[:, :8], max_new_tokens=info["new_tokens"], min_new_tokens=info["new_tokens"],
-                             do_sample=False, pad_token_id=2)
+        gen = model.generate(
+            ids[:, :8],
+            max_new_tokens=info["new_tokens"],
+            min_new_tokens=info["new_tokens"],
+            do_sample=False,
+            pad_token_id=2,
+        )
         gen_s = time.perf_counter() - t
     torch.save(logits[0, -4:].clone(), out / f"{variant}.logits.pt")
-    rec = {"variant": variant, "first": first, "forward": statistics.median(times), "forwards": times,
-           "gen_tok_s": (gen.shape[1] - 8) / gen_s, "added_peak_bytes": (peak_kib - base_kib) * 1024}
+    rec = {
+        "variant": variant,
+        "first": first,
+        "forward": statistics.median(times),
+        "forwards": times,
+        "gen_tok_s": (gen.shape[1] - 8) / gen_s,
+        "added_peak_bytes": (peak_kib - base_kib) * 1024,
+    }
     (out / f"{variant}.json").write_text(json.dumps(rec))
 
 
@@ -158,10 +182,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--forwards", type=int, default=5, help="64-token forwards timed after the first (median)")
     ap.add_argument("--new-tokens", type=int, default=32, help="greedy tokens generated for tokens/s")
     ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--orientation", choices=("in_out", "out_in"), default="in_out",
-                    help="stored orientation of the MXFP8 projections (default: the trainer's in_out)")
-    ap.add_argument("--cold", action="store_true",
-                    help="drop both checkpoints from the page cache before each run (a first load from disk)")
+    ap.add_argument(
+        "--orientation",
+        choices=("in_out", "out_in"),
+        default="in_out",
+        help="stored orientation of the MXFP8 projections (default: the trainer's in_out)",
+    )
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="drop both checkpoints from the page cache before each run (a first load from disk)",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--info", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -177,48 +208,69 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         info = _build(args, root)
         mx_bytes = (root / "mxfp8" / "model.safetensors").stat().st_size
-        print(f"random Nemotron: {info['n_params'] / 1e6:.1f} M params, MXFP8 {args.orientation}, BF16 {info['bf16_bytes'] / 2**20:.0f} MiB, "
-              f"MXFP8 file {mx_bytes / 2**20:.0f} MiB (built in {time.perf_counter() - t0:.0f} s); "
-              f"torch {torch.__version__} ({torch.get_num_threads()} threads), {os.cpu_count()} CPUs; "
-              f"load {os.getloadavg()[0]:.2f}; page cache {'cold (dropped before each run)' if args.cold else 'warm'}")
+        print(
+            f"random Nemotron: {info['n_params'] / 1e6:.1f} M params, MXFP8 {args.orientation}, BF16 {info['bf16_bytes'] / 2**20:.0f} MiB, "
+            f"MXFP8 file {mx_bytes / 2**20:.0f} MiB (built in {time.perf_counter() - t0:.0f} s); "
+            f"torch {torch.__version__} ({torch.get_num_threads()} threads), {os.cpu_count()} CPUs; "
+            f"load {os.getloadavg()[0]:.2f}; page cache {'cold (dropped before each run)' if args.cold else 'warm'}"
+        )
         results: dict[str, dict[str, Any]] = {}
         for _ in range(args.repeats):
             for variant in args.variants.split(","):
                 if args.cold:
                     _evict(Path(info["bf16_dir"]))
                     _evict(Path(info["mxfp8_dir"]))
-                subprocess.run([sys.executable, __file__, "--child", variant, "--info", json.dumps(info),
-                                "--out", tmp], check=True)
+                subprocess.run(
+                    [sys.executable, __file__, "--child", variant, "--info", json.dumps(info), "--out", tmp], check=True
+                )
                 rec = json.loads((root / f"{variant}.json").read_text())
-                r = results.setdefault(variant, {"first": float("inf"), "forward": float("inf"), "gen_tok_s": 0.0,
-                                                 "added_peak_bytes": 0, "runs": []})
+                r = results.setdefault(
+                    variant,
+                    {
+                        "first": float("inf"),
+                        "forward": float("inf"),
+                        "gen_tok_s": 0.0,
+                        "added_peak_bytes": 0,
+                        "runs": [],
+                    },
+                )
                 r["runs"].append((rec["first"], rec["forward"]))
                 r["first"] = min(r["first"], rec["first"])
                 r["forward"] = min(r["forward"], rec["forward"])
                 r["gen_tok_s"] = max(r["gen_tok_s"], rec["gen_tok_s"])
                 r["added_peak_bytes"] = max(r["added_peak_bytes"], rec["added_peak_bytes"])
         base = results.get("bf16")
-        print(f"{'variant':<11} {'load+fwd s':>10} {'x bf16':>7} {'fwd s':>7} {'x bf16':>7} {'gen tok/s':>9} "
-              f"{'added peak RSS':>15} {'x BF16 bytes':>12}")
+        print(
+            f"{'variant':<11} {'load+fwd s':>10} {'x bf16':>7} {'fwd s':>7} {'x bf16':>7} {'gen tok/s':>9} "
+            f"{'added peak RSS':>15} {'x BF16 bytes':>12}"
+        )
         for variant, r in results.items():
             rf = f"{r['first'] / base['first']:.2f}x" if base else "-"
             rw = f"{r['forward'] / base['forward']:.2f}x" if base else "-"
-            print(f"{variant:<11} {r['first']:>10.2f} {rf:>7} {r['forward']:>7.3f} {rw:>7} {r['gen_tok_s']:>9.1f} "
-                  f"{r['added_peak_bytes'] / 2**20:>11.0f} MiB {r['added_peak_bytes'] / info['bf16_bytes']:>11.2f}x")
+            print(
+                f"{variant:<11} {r['first']:>10.2f} {rf:>7} {r['forward']:>7.3f} {rw:>7} {r['gen_tok_s']:>9.1f} "
+                f"{r['added_peak_bytes'] / 2**20:>11.0f} MiB {r['added_peak_bytes'] / info['bf16_bytes']:>11.2f}x"
+            )
         ok = True
         if "mxfp8" in results:
             r = results["mxfp8"]
             mem = r["added_peak_bytes"] / info["bf16_bytes"]
-            print(f"mxfp8: memory {mem:.2f}x BF16 bytes (target <= {MEMORY_TARGET}x): "
-                  f"{'OK' if mem <= MEMORY_TARGET else 'MISSED'}")
+            print(
+                f"mxfp8: memory {mem:.2f}x BF16 bytes (target <= {MEMORY_TARGET}x): "
+                f"{'OK' if mem <= MEMORY_TARGET else 'MISSED'}"
+            )
             ok &= mem <= MEMORY_TARGET
             if base:
                 fw = r["forward"] / base["forward"]
                 ld = r["first"] / base["first"]
-                print(f"mxfp8: forward {fw:.2f}x bf16 (target <= {FORWARD_TARGET}x): "
-                      f"{'OK' if fw <= FORWARD_TARGET else 'MISSED'}")
-                print(f"mxfp8: load+first forward {ld:.2f}x bf16 (target <= {LOAD_TARGET}x): "
-                      f"{'OK' if ld <= LOAD_TARGET else 'MISSED'}")
+                print(
+                    f"mxfp8: forward {fw:.2f}x bf16 (target <= {FORWARD_TARGET}x): "
+                    f"{'OK' if fw <= FORWARD_TARGET else 'MISSED'}"
+                )
+                print(
+                    f"mxfp8: load+first forward {ld:.2f}x bf16 (target <= {LOAD_TARGET}x): "
+                    f"{'OK' if ld <= LOAD_TARGET else 'MISSED'}"
+                )
                 ok &= fw <= FORWARD_TARGET and ld <= LOAD_TARGET
         same = [v for v in ("mxfp8", "dequantize", "load_model") if v in results]
         if len(same) > 1:

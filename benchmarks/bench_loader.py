@@ -110,17 +110,16 @@ def _build(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
 def _child(variant: str, info: dict[str, Any], out: Path) -> None:
     """One measurement, in its own process."""
+    # every variant pays the same imports before the clock starts (we measure loading, not importing)
+    import accelerate  # noqa: F401
     import numpy as np
     import torch
+    import transformers.models.nemotron.modeling_nemotron  # noqa: F401
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     import ida_eval
+    import ida_eval.loader  # ida_eval imports lazily; ml_dtypes 0.7.0 alone takes ~0.5 s here
     from mxfp8_codec import is_projection_weight, read_mxfp8_safetensors
-
-    # every variant pays the same imports before the clock starts (we measure loading, not importing)
-    import accelerate  # noqa: F401
-    import ida_eval.loader  # noqa: F401  (ida_eval imports lazily; ml_dtypes 0.7.0 alone takes ~0.5 s here)
-    import transformers.models.nemotron.modeling_nemotron  # noqa: F401
 
     AutoConfig.from_pretrained(info["bf16_dir"])
     ids = torch.arange(3, 3 + SEQ_LEN).unsqueeze(0) % info["vocab"]
@@ -148,8 +147,12 @@ def _child(variant: str, info: dict[str, Any], out: Path) -> None:
     seconds = time.perf_counter() - t0
     peak_kib = _status_kib("VmHWM")
     torch.save(logits[0, -4:].clone(), out / f"{variant}.logits.pt")
-    rec = {"variant": variant, "seconds": seconds, "added_peak_bytes": (peak_kib - base_kib) * 1024,
-           "base_rss_bytes": base_kib * 1024}
+    rec = {
+        "variant": variant,
+        "seconds": seconds,
+        "added_peak_bytes": (peak_kib - base_kib) * 1024,
+        "base_rss_bytes": base_kib * 1024,
+    }
     (out / f"{variant}.json").write_text(json.dumps(rec))
 
 
@@ -161,8 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--repeats", type=int, default=1, help="runs per variant (best time, max memory reported)")
     ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--cold", action="store_true",
-                    help="evict the checkpoint files from the page cache (posix_fadvise DONTNEED) before each run")
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="evict the checkpoint files from the page cache (posix_fadvise DONTNEED) before each run",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--info", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -179,9 +185,12 @@ def main(argv: list[str] | None = None) -> int:
         info = _build(args, root)
         info["vocab"] = args.vocab
         mx_bytes = (root / "mxfp8" / "model.safetensors").stat().st_size
-        print(("cold page cache; " if args.cold else "warm page cache; ") + f"random Nemotron: {info['n_params'] / 1e6:.1f} M params, BF16 {info['bf16_bytes'] / 2**20:.0f} MiB, "
-              f"MXFP8 file {mx_bytes / 2**20:.0f} MiB (built in {time.perf_counter() - t0:.0f} s); "
-              f"torch {torch.__version__}, {os.cpu_count()} CPUs")
+        print(
+            ("cold page cache; " if args.cold else "warm page cache; ")
+            + f"random Nemotron: {info['n_params'] / 1e6:.1f} M params, BF16 {info['bf16_bytes'] / 2**20:.0f} MiB, "
+            f"MXFP8 file {mx_bytes / 2**20:.0f} MiB (built in {time.perf_counter() - t0:.0f} s); "
+            f"torch {torch.__version__}, {os.cpu_count()} CPUs"
+        )
         results: dict[str, dict[str, float]] = {}
         for _ in range(args.repeats):  # interleaved, so machine noise hits every variant alike
             for variant in args.variants.split(","):
@@ -197,12 +206,16 @@ def main(argv: list[str] | None = None) -> int:
                 best["seconds"] = min(best["seconds"], rec["seconds"])
                 best["added_peak_bytes"] = max(best["added_peak_bytes"], rec["added_peak_bytes"])
         base_t = results.get("from_pretrained", {}).get("seconds")
-        print(f"{'variant':<16} {'load+forward s':>15} {'vs from_pretrained':>19} {'added peak RSS':>15} {'x BF16 bytes':>13}")
+        print(
+            f"{'variant':<16} {'load+forward s':>15} {'vs from_pretrained':>19} {'added peak RSS':>15} {'x BF16 bytes':>13}"
+        )
         for variant, r in results.items():
             ratio_t = f"{r['seconds'] / base_t:.2f}x" if base_t else "-"
-            print(f"{variant:<16} {r['seconds']:>15.2f} {ratio_t:>19} {r['added_peak_bytes'] / 2**20:>11.0f} MiB "
-                  f"{r['added_peak_bytes'] / info['bf16_bytes']:>12.2f}x   runs: "
-                  + " ".join(f"{t:.2f}" for t in r["runs"]))
+            print(
+                f"{variant:<16} {r['seconds']:>15.2f} {ratio_t:>19} {r['added_peak_bytes'] / 2**20:>11.0f} MiB "
+                f"{r['added_peak_bytes'] / info['bf16_bytes']:>12.2f}x   runs: "
+                + " ".join(f"{t:.2f}" for t in r["runs"])
+            )
         ok = True
         if "ours" in results:
             mem = results["ours"]["added_peak_bytes"] / info["bf16_bytes"]

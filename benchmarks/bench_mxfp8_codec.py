@@ -97,8 +97,9 @@ def _paired_ratio(fn: Callable[[], object], baseline: Callable[[], object], repe
     return statistics.median(ratios)
 
 
-def _compare_old_kernel(rev: str, cases: list[tuple[str, np.ndarray, np.ndarray]], copy: Callable[[], object],
-                        repeats: int) -> None:
+def _compare_old_kernel(
+    rev: str, cases: list[tuple[str, np.ndarray, np.ndarray]], copy: Callable[[], object], repeats: int
+) -> None:
     """Paired decode ratios of the kernel source at git revision ``rev`` (same bits checked)."""
     import subprocess
     import tempfile
@@ -109,8 +110,9 @@ def _compare_old_kernel(rev: str, cases: list[tuple[str, np.ndarray, np.ndarray]
     from mxfp8_codec.numerics_numpy import decode_table
 
     repo = Path(__file__).resolve().parents[1]
-    src = subprocess.run(["git", "-C", str(repo), "show", f"{rev}:mxfp8_codec/_kernel.c"], capture_output=True,
-                         check=True).stdout
+    src = subprocess.run(
+        ["git", "-C", str(repo), "show", f"{rev}:mxfp8_codec/_kernel.c"], capture_output=True, check=True
+    ).stdout
     with tempfile.TemporaryDirectory() as tmp:
         c_file, lib_file = Path(tmp) / "old_kernel.c", Path(tmp) / "old_kernel.so"
         c_file.write_bytes(src)
@@ -118,8 +120,10 @@ def _compare_old_kernel(rev: str, cases: list[tuple[str, np.ndarray, np.ndarray]
         cc = _native._find_compiler()
         subprocess.run([cc, *_native.CFLAGS, "-o", str(lib_file), str(c_file)], check=True)
         ffi = cffi.FFI()
-        ffi.cdef("void mx_decode_bf16(const uint8_t *q, const uint8_t *s, int64_t rows, int64_t k, uint16_t *out, "
-                 "const uint16_t *lut);")
+        ffi.cdef(
+            "void mx_decode_bf16(const uint8_t *q, const uint8_t *s, int64_t rows, int64_t k, uint16_t *out, "
+            "const uint16_t *lut);"
+        )
         lib = ffi.dlopen(str(lib_file))
         lut = decode_table("bf16")
         print(f"\nkernel at {rev} (bf16 row decode into out=, paired with np.copyto):")
@@ -127,9 +131,14 @@ def _compare_old_kernel(rev: str, cases: list[tuple[str, np.ndarray, np.ndarray]
             out = np.zeros(qq.shape, np.uint16)
 
             def old(qq: np.ndarray = qq, ss: np.ndarray = ss, out: np.ndarray = out) -> None:
-                lib.mx_decode_bf16(ffi.cast("uint8_t *", qq.ctypes.data), ffi.cast("uint8_t *", ss.ctypes.data),
-                                   qq.shape[0], qq.shape[1], ffi.cast("uint16_t *", out.ctypes.data),
-                                   ffi.cast("uint16_t *", lut.ctypes.data))
+                lib.mx_decode_bf16(
+                    ffi.cast("uint8_t *", qq.ctypes.data),
+                    ffi.cast("uint8_t *", ss.ctypes.data),
+                    qq.shape[0],
+                    qq.shape[1],
+                    ffi.cast("uint16_t *", out.ctypes.data),
+                    ffi.cast("uint16_t *", lut.ctypes.data),
+                )
 
             ratio = _paired_ratio(old, copy, repeats)
             ref = decode_mxfp8_numpy(qq[:256], ss[:256], dtype=ml_dtypes.bfloat16).view(np.uint16)
@@ -186,14 +195,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slow-repeats", type=int, default=2, help="timed runs for the slow baselines")
     ap.add_argument("--json", help="also write the results to this JSON file")
     ap.add_argument("--strict", action="store_true", help="exit 1 if a target ratio is missed")
-    ap.add_argument("--old-kernel", metavar="REV", help="also time the bf16 row decode of mxfp8_codec/_kernel.c as of "
-                    "git revision REV (compiled here with the same flags), paired against np.copyto")
+    ap.add_argument(
+        "--old-kernel",
+        metavar="REV",
+        help="also time the bf16 row decode of mxfp8_codec/_kernel.c as of "
+        "git revision REV (compiled here with the same flags), paired against np.copyto",
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
 
     n = args.elements
-    print(f"mxfp8_codec benchmark: {n:,} elements ({n * 2 / 2**20:.0f} MiB bfloat16), torch threads 1, "
-          f"kernel {_native.kernel_info()}, affinity {sorted(os.sched_getaffinity(0))}")
+    print(
+        f"mxfp8_codec benchmark: {n:,} elements ({n * 2 / 2**20:.0f} MiB bfloat16), torch threads 1, "
+        f"kernel {_native.kernel_info()}, affinity {sorted(os.sched_getaffinity(0))}"
+    )
     w, q, s = _make_data(n)
     src16 = w.view(np.uint16)
     dst16 = np.empty_like(src16)
@@ -209,11 +224,23 @@ def main(argv: list[str] | None = None) -> int:
     rout = np.empty(q.shape, ml_dtypes.bfloat16)
     qw, sw = np.empty_like(q), np.empty_like(s)
     results = [
-        _time(f"baseline: numpy copy into an existing {n * 2 / 2**20:.0f} MiB array", lambda: np.copyto(dst16, src16), fast),
+        _time(
+            f"baseline: numpy copy into an existing {n * 2 / 2**20:.0f} MiB array",
+            lambda: np.copyto(dst16, src16),
+            fast,
+        ),
         _time(f"baseline: numpy copy to a new {n * 2 / 2**20:.0f} MiB array", lambda: src16.copy(), fast),
-        _time("decode->bf16  ours native, into out=", lambda: decode_mxfp8(q, s, dtype=ml_dtypes.bfloat16, out=out16), fast),
+        _time(
+            "decode->bf16  ours native, into out=",
+            lambda: decode_mxfp8(q, s, dtype=ml_dtypes.bfloat16, out=out16),
+            fast,
+        ),
         _time("decode->bf16  ours native, new array", lambda: decode_mxfp8(q, s, dtype=ml_dtypes.bfloat16), fast),
-        _time("decode->bf16  ours numpy fallback, new array", lambda: decode_mxfp8_numpy(q, s, dtype=ml_dtypes.bfloat16), slow),
+        _time(
+            "decode->bf16  ours numpy fallback, new array",
+            lambda: decode_mxfp8_numpy(q, s, dtype=ml_dtypes.bfloat16),
+            slow,
+        ),
         _time("decode->bf16  torch cast x scale, into out", lambda: _torch_cast_times_scale(tq, ts, tout), slow),
         _time("decode->bf16  naive float32 path, new array", lambda: _naive_f32(q, s), slow),
         _time("decode->f32   ours native, into out= (2x bytes)", lambda: decode_mxfp8(q, s, out=out32), fast),
@@ -222,14 +249,20 @@ def main(argv: list[str] | None = None) -> int:
         _time("encode bf16   ours native, new arrays", lambda: encode_mxfp8(w), fast),
         _time("encode bf16   ours numpy fallback", lambda: encode_mxfp8_numpy(w), slow),
         _time("encode bf16   ours torch-ops path", lambda: encode_mxfp8_torch(tw), slow),
-        _time("decode->bf16  ours native, into out=, random bytes", lambda: decode_mxfp8(rq, rs, dtype=ml_dtypes.bfloat16, out=rout), fast),
+        _time(
+            "decode->bf16  ours native, into out=, random bytes",
+            lambda: decode_mxfp8(rq, rs, dtype=ml_dtypes.bfloat16, out=rout),
+            fast,
+        ),
         _time("encode bf16   ours native, into out=, wide range", lambda: encode_mxfp8(ww, out=(qw, sw)), fast),
     ]
     copy_into, copy_new = results[0].best_ms, results[1].best_ms
     print(f"\n{'method':<52} {'best ms':>9} {'median ms':>10} {'x copy into':>12} {'x copy new':>11}")
     for r in results:
-        print(f"{r.name:<52} {r.best_ms:9.1f} {r.median_ms:10.1f} {r.best_ms / copy_into:12.2f} "
-              f"{r.best_ms / copy_new:11.2f}")
+        print(
+            f"{r.name:<52} {r.best_ms:9.1f} {r.median_ms:10.1f} {r.best_ms / copy_into:12.2f} "
+            f"{r.best_ms / copy_new:11.2f}"
+        )
 
     # bit-identity of what was timed (cheap sanity; the tests prove it exhaustively)
     same = np.array_equal(out16.view(np.uint16), decode_mxfp8_numpy(q, s, dtype=ml_dtypes.bfloat16).view(np.uint16))
@@ -247,8 +280,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"(info) encode wide-range into out= vs copy into: {results[14].best_ms / copy_into:5.2f}x")
     copy = lambda: np.copyto(dst16, src16)  # noqa: E731
     paired = [
-        ("decode->bf16 into out=, weights", lambda: decode_mxfp8(q, s, dtype=ml_dtypes.bfloat16, out=out16), DECODE_TARGET),
-        ("decode->bf16 into out=, random bytes", lambda: decode_mxfp8(rq, rs, dtype=ml_dtypes.bfloat16, out=rout), DECODE_TARGET),
+        (
+            "decode->bf16 into out=, weights",
+            lambda: decode_mxfp8(q, s, dtype=ml_dtypes.bfloat16, out=out16),
+            DECODE_TARGET,
+        ),
+        (
+            "decode->bf16 into out=, random bytes",
+            lambda: decode_mxfp8(rq, rs, dtype=ml_dtypes.bfloat16, out=rout),
+            DECODE_TARGET,
+        ),
         ("encode bf16 into out=, weights", lambda: encode_mxfp8(w, out=(qo, so)), ENCODE_TARGET),
         ("encode bf16 into out=, wide range (info)", lambda: encode_mxfp8(ww, out=(qw, sw)), None),
     ]
@@ -259,7 +300,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {label:<46} {ratio:5.2f}x copy{verdict}")
         if target is not None:
             checks.append((f"paired {label}", ratio, target))
-    print(f"\nnative == numpy fallback bits (decode, and encode vs the data's numpy-made codes) on all {n:,} elements: {same}")
+    print(
+        f"\nnative == numpy fallback bits (decode, and encode vs the data's numpy-made codes) on all {n:,} elements: {same}"
+    )
     for label, ratio, target in checks:
         print(f"{label:<48} {ratio:5.2f}x (target <= {target}x): {'PASS' if ratio <= target else 'MISS'}")
     if args.old_kernel:

@@ -76,12 +76,16 @@ def main(argv: list[str] | None = None) -> int:
 
     g = torch.Generator().manual_seed(0)
     tensors = {
-        f"model.layers.{i}.mlp.up_proj.weight": (torch.randn(args.rows, args.cols, generator=g) * 0.02).to(torch.bfloat16)
+        f"model.layers.{i}.mlp.up_proj.weight": (torch.randn(args.rows, args.cols, generator=g) * 0.02).to(
+            torch.bfloat16
+        )
         for i in range(args.tensors)
     }
     n_el = args.tensors * args.rows * args.cols
     with tempfile.TemporaryDirectory() as d:
-        mx, bf, renamed, copied = (Path(d) / n for n in ("mx.safetensors", "bf16.safetensors", "r.safetensors", "c.safetensors"))
+        mx, bf, renamed, copied = (
+            Path(d) / n for n in ("mx.safetensors", "bf16.safetensors", "r.safetensors", "c.safetensors")
+        )
         t_write = best_of(lambda: write_mxfp8_safetensors(mx, tensors, progress=False), args.repeat)
         t_save = best_of(lambda: save_file(tensors, str(bf)), args.repeat)
 
@@ -111,8 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         size_mx, size_bf = mx.stat().st_size, bf.stat().st_size
 
     mib = 1 << 20
-    print(f"workload: {args.tensors} x [{args.rows}, {args.cols}] = {n_el / mib:.0f} Mi elements; "
-          f"MXFP8 file {size_mx / mib:.1f} MiB, BF16 file {size_bf / mib:.1f} MiB; torch threads {torch.get_num_threads()}")
+    print(
+        f"workload: {args.tensors} x [{args.rows}, {args.cols}] = {n_el / mib:.0f} Mi elements; "
+        f"MXFP8 file {size_mx / mib:.1f} MiB, BF16 file {size_bf / mib:.1f} MiB; torch threads {torch.get_num_threads()}"
+    )
     rows = [
         ("load -> torch bf16 (streaming)", t_stream, "safe_open BF16 file", t_bf16),
         ("load -> torch bf16 (streaming)", t_stream, "naive torch cast*scale on MXFP8", t_naive),
@@ -123,8 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'ours':40s} {'time':>9s}   {'baseline':34s} {'time':>9s}   ours/baseline")
     for name, t, base, tb in rows:
         print(f"{name:40s} {t * 1e3:7.1f}ms   {base:34s} {tb * 1e3:7.1f}ms   {t / tb:6.2f}x")
-    print(f"memory: streaming peak {peak_stream / mib:.1f} MiB vs read-all peak {peak_all / mib:.1f} MiB "
-          f"(one decoded float32 tensor = {one / mib:.1f} MiB; ratio {peak_all / peak_stream:.1f}x)")
+    print(
+        f"memory: streaming peak {peak_stream / mib:.1f} MiB vs read-all peak {peak_all / mib:.1f} MiB "
+        f"(one decoded float32 tensor = {one / mib:.1f} MiB; ratio {peak_all / peak_stream:.1f}x)"
+    )
     return 0
 
 

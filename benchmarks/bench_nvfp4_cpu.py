@@ -53,8 +53,9 @@ def bench_shape(m: int, n: int, k: int, repeats: int) -> dict[str, float]:
     b = torch.randn(n, k, generator=g) * 0.02
 
     def ours() -> torch.Tensor:
-        return nvfp4_cuda.nvfp4_matmul(nvfp4_cuda.quantize_nvfp4(a),
-                                       nvfp4_cuda.quantize_nvfp4(b, block_2d=True), out_dtype=torch.float32)
+        return nvfp4_cuda.nvfp4_matmul(
+            nvfp4_cuda.quantize_nvfp4(a), nvfp4_cuda.quantize_nvfp4(b, block_2d=True), out_dtype=torch.float32
+        )
 
     def ours_sr_rht() -> torch.Tensor:
         qa = nvfp4_cuda.quantize_nvfp4(a, rounding="stochastic", hadamard=True, seed=1, step=1, tensor_id=1)
@@ -95,8 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="write results here")
     args = ap.parse_args(argv)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, target ours/fp32 <= {TARGET}")
-    print(f"{'M x N x K':>18} {'fp32 mm':>9} {'nvfp4':>9} {'ratio':>6} {'SR+RHT':>9} {'ratio':>6} "
-          f"{'quant A':>9} {'gemm':>9}")
+    print(
+        f"{'M x N x K':>18} {'fp32 mm':>9} {'nvfp4':>9} {'ratio':>6} {'SR+RHT':>9} {'ratio':>6} "
+        f"{'quant A':>9} {'gemm':>9}"
+    )
     results = {}
     ok = True
     for s in args.shapes:
@@ -104,16 +107,23 @@ def main(argv: list[str] | None = None) -> int:
         r = bench_shape(m, n, k, args.repeats)
         results[s] = r
         ok &= r["ratio"] <= TARGET
-        print(f"{s:>18} {r['fp32_matmul_s'] * 1e3:8.1f}m {r['nvfp4_s'] * 1e3:8.1f}m {r['ratio']:6.2f} "
-              f"{r['nvfp4_sr_rht_s'] * 1e3:8.1f}m {r['ratio_sr_rht']:6.2f} {r['quantize_a_s'] * 1e3:8.1f}m "
-              f"{r['gemm_only_s'] * 1e3:8.1f}m")
+        print(
+            f"{s:>18} {r['fp32_matmul_s'] * 1e3:8.1f}m {r['nvfp4_s'] * 1e3:8.1f}m {r['ratio']:6.2f} "
+            f"{r['nvfp4_sr_rht_s'] * 1e3:8.1f}m {r['ratio_sr_rht']:6.2f} {r['quantize_a_s'] * 1e3:8.1f}m "
+            f"{r['gemm_only_s'] * 1e3:8.1f}m"
+        )
     opt = bench_optimizer(4096, 1024, args.repeats)
-    print(f"optimizer, 4096 x 1024 params: Lion on MXFP8 master (SR) {opt['lion_mxfp8_s'] * 1e3:.1f} ms, "
-          f"torch AdamW float32 {opt['adamw_fp32_s'] * 1e3:.1f} ms, ratio {opt['ratio']:.2f} (information)")
+    print(
+        f"optimizer, 4096 x 1024 params: Lion on MXFP8 master (SR) {opt['lion_mxfp8_s'] * 1e3:.1f} ms, "
+        f"torch AdamW float32 {opt['adamw_fp32_s'] * 1e3:.1f} ms, ratio {opt['ratio']:.2f} (information)"
+    )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"torch": torch.__version__, "threads": torch.get_num_threads(), "results": results,
-                       "optimizer": opt}, f, indent=2)
+            json.dump(
+                {"torch": torch.__version__, "threads": torch.get_num_threads(), "results": results, "optimizer": opt},
+                f,
+                indent=2,
+            )
     print("target met" if ok else "TARGET MISSED on at least one shape")
     return 0 if ok else 1
 

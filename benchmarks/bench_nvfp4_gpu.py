@@ -82,18 +82,29 @@ def gemm_rows(iters: int) -> list[dict[str, object]]:
         a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         b = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
         flops = 2.0 * m * n * k
-        t_bf16 = cuda_time(lambda: torch.matmul(a, b.t()), iters)
+        t_bf16 = cuda_time(lambda a=a, b=b: torch.matmul(a, b.t()), iters)
         qa, qb = nvfp4_cuda.quantize_nvfp4(a), nvfp4_cuda.quantize_nvfp4(b, block_2d=True)
-        t_emu = cuda_time(lambda: nvfp4_cuda.nvfp4_matmul(qa, qb, backend="emulated"), iters)
+        t_emu = cuda_time(lambda qa=qa, qb=qb: nvfp4_cuda.nvfp4_matmul(qa, qb, backend="emulated"), iters)
         db = nvfp4_cuda.decode_scaled(qb)  # a weight decoded once per step
-        t_pre = cuda_time(lambda: nvfp4_cuda.gemm_decoded(nvfp4_cuda.decode_scaled(qa), db, qa.tensor_scale,
-                                                          qb.tensor_scale), iters)
-        row = {"name": name, "m": m, "n": n, "k": k, "torch_bf16_tflops": flops / t_bf16 / 1e12,
-               "emulated_tflops": flops / t_emu / 1e12, "emulated_vs_torch_bf16": t_bf16 / t_emu,
-               "decoded_weight_vs_torch_bf16": t_bf16 / t_pre,
-               "target": GEMM_TARGET_4096 if name == "4096^3" else GEMM_TARGET_SHAPES}
+        t_pre = cuda_time(
+            lambda qa=qa, qb=qb, db=db: nvfp4_cuda.gemm_decoded(
+                nvfp4_cuda.decode_scaled(qa), db, qa.tensor_scale, qb.tensor_scale
+            ),
+            iters,
+        )
+        row = {
+            "name": name,
+            "m": m,
+            "n": n,
+            "k": k,
+            "torch_bf16_tflops": flops / t_bf16 / 1e12,
+            "emulated_tflops": flops / t_emu / 1e12,
+            "emulated_vs_torch_bf16": t_bf16 / t_emu,
+            "decoded_weight_vs_torch_bf16": t_bf16 / t_pre,
+            "target": GEMM_TARGET_4096 if name == "4096^3" else GEMM_TARGET_SHAPES,
+        }
         if torch.cuda.get_device_capability()[0] == 12:
-            t_nat = cuda_time(lambda: nvfp4_cuda.nvfp4_matmul(qa, qb, backend="native"), iters)
+            t_nat = cuda_time(lambda qa=qa, qb=qb: nvfp4_cuda.nvfp4_matmul(qa, qb, backend="native"), iters)
             row["native_vs_torch_bf16"] = t_bf16 / t_nat
         rows.append(row)
         del a, b, qa, qb, db
@@ -115,35 +126,51 @@ def bandwidth_rows(iters: int, copy_bw: float) -> list[dict[str, object]]:
     x = torch.randn(16384, 4096, device=dev, dtype=torch.bfloat16)
     n = x.numel()
     q_bytes = 2 * 2 * n + n // 2 + n // 16  # read twice (amax, quantize), codes + scales written
-    variants = (("quantize 1x16 RNE", {}, QUANT_TARGET),
-                ("quantize 1x16 stochastic", {"rounding": "stochastic", "seed": 1, "step": 2, "tensor_id": 3},
-                 QUANT_TARGET),
-                ("quantize 16x16 RNE", {"block_2d": True}, QUANT_TARGET),
-                ("quantize 1x16 RNE + Hadamard", {"hadamard": True}, HADAMARD_TARGET),
-                ("quantize 1x16 stochastic + Hadamard", {"hadamard": True, "rounding": "stochastic", "seed": 1},
-                 HADAMARD_TARGET))
+    variants = (
+        ("quantize 1x16 RNE", {}, QUANT_TARGET),
+        ("quantize 1x16 stochastic", {"rounding": "stochastic", "seed": 1, "step": 2, "tensor_id": 3}, QUANT_TARGET),
+        ("quantize 16x16 RNE", {"block_2d": True}, QUANT_TARGET),
+        ("quantize 1x16 RNE + Hadamard", {"hadamard": True}, HADAMARD_TARGET),
+        (
+            "quantize 1x16 stochastic + Hadamard",
+            {"hadamard": True, "rounding": "stochastic", "seed": 1},
+            HADAMARD_TARGET,
+        ),
+    )
     for name, kw, target in variants:
-        t = cuda_time(lambda kw=kw: nvfp4_cuda.quantize_nvfp4(x, **kw), iters)
-        rows.append({"name": name, "GBps": q_bytes / t / 1e9, "fraction_of_copy": q_bytes / t / copy_bw,
-                     "target": target})
-    for name, kw in (("quantize_decoded 1x16 RNE (BF16 values out)", {}),
-                     ("quantize_decoded 1x16 stochastic + Hadamard", {"hadamard": True, "rounding": "stochastic"})):
-        t = cuda_time(lambda kw=kw: nvfp4_cuda.quantize_decoded(x, **kw), iters)
+        t = cuda_time(lambda x=x, kw=kw: nvfp4_cuda.quantize_nvfp4(x, **kw), iters)
+        rows.append(
+            {"name": name, "GBps": q_bytes / t / 1e9, "fraction_of_copy": q_bytes / t / copy_bw, "target": target}
+        )
+    for name, kw in (
+        ("quantize_decoded 1x16 RNE (BF16 values out)", {}),
+        ("quantize_decoded 1x16 stochastic + Hadamard", {"hadamard": True, "rounding": "stochastic"}),
+    ):
+        t = cuda_time(lambda x=x, kw=kw: nvfp4_cuda.quantize_decoded(x, **kw), iters)
         b = 2 * 2 * n + 2 * n  # read twice, BF16 values written
         rows.append({"name": name, "GBps": b / t / 1e9, "fraction_of_copy": b / t / copy_bw, "target": None})
     from nvfp4_cuda import cuda_ops
 
     amax = torch.empty(1, dtype=torch.float32, device=dev)
     st = torch.cuda.current_stream().cuda_stream
-    t = cuda_time(lambda: cuda_ops._call("nvfp4_amax", x.data_ptr(), 1, 0, x.shape[0], x.shape[1], 0, 0,
-                                         amax.data_ptr(), st), iters)
-    rows.append({"name": "amax pass alone", "GBps": 2 * n / t / 1e9, "fraction_of_copy": 2 * n / t / copy_bw,
-                 "target": None})
+    t = cuda_time(
+        lambda x=x: cuda_ops._call("nvfp4_amax", x.data_ptr(), 1, 0, x.shape[0], x.shape[1], 0, 0, amax.data_ptr(), st),
+        iters,
+    )
+    rows.append(
+        {"name": "amax pass alone", "GBps": 2 * n / t / 1e9, "fraction_of_copy": 2 * n / t / copy_bw, "target": None}
+    )
     q = nvfp4_cuda.quantize_nvfp4(x)
     d_bytes = n // 2 + n // 16 + 2 * n
-    t = cuda_time(lambda: nvfp4_cuda.decode_scaled(q), iters)
-    rows.append({"name": "decode NVFP4 -> BF16", "GBps": d_bytes / t / 1e9, "fraction_of_copy": d_bytes / t / copy_bw,
-                 "target": None})
+    t = cuda_time(lambda q=q: nvfp4_cuda.decode_scaled(q), iters)
+    rows.append(
+        {
+            "name": "decode NVFP4 -> BF16",
+            "GBps": d_bytes / t / 1e9,
+            "fraction_of_copy": d_bytes / t / copy_bw,
+            "target": None,
+        }
+    )
     del x, q
     shape = (4096, 8192)
     p, s = mxfp8_codec.encode_mxfp8(0.02 * torch.randn(*shape, device=dev))
@@ -153,19 +180,33 @@ def bandwidth_rows(iters: int, copy_bw: float) -> list[dict[str, object]]:
     step = iter(range(10**9))
     for wb in ("stochastic", "rne", "compensated"):
         c = comp if wb == "compensated" else None
-        t = cuda_time(lambda wb=wb, c=c: nvfp4_cuda.lion_step_mxfp8_(p, s, grad, mom, lr=1e-5, writeback=wb,
-                                                                      compensation=c, step=next(step)), iters)
+        t = cuda_time(
+            lambda wb=wb, c=c: nvfp4_cuda.lion_step_mxfp8_(
+                p, s, grad, mom, lr=1e-5, writeback=wb, compensation=c, step=next(step)
+            ),
+            iters,
+        )
         l_bytes = p.numel() * (2 + 2 + 4) + 2 * s.numel() + (8 * p.numel() if c is not None else 0)
-        rows.append({"name": f"Lion on MXFP8 master, {wb}", "GBps": l_bytes / t / 1e9,
-                     "fraction_of_copy": l_bytes / t / copy_bw, "target": LION_TARGET})
+        rows.append(
+            {
+                "name": f"Lion on MXFP8 master, {wb}",
+                "GBps": l_bytes / t / 1e9,
+                "fraction_of_copy": l_bytes / t / copy_bw,
+                "target": LION_TARGET,
+            }
+        )
     return rows
 
 
 def run(iters: int) -> dict[str, object]:
     """All measurements; returns a result dict."""
-    res: dict[str, object] = {"device": torch.cuda.get_device_name(), "capability": torch.cuda.get_device_capability(),
-                              "torch": torch.__version__, "cuda": torch.version.cuda,
-                              "backend_info": nvfp4_cuda.backend_info()}
+    res: dict[str, object] = {
+        "device": torch.cuda.get_device_name(),
+        "capability": torch.cuda.get_device_capability(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "backend_info": nvfp4_cuda.backend_info(),
+    }
     res["gemm"] = gemm_rows(iters)
     from nvfp4_cuda import cuda_ops
 
@@ -181,22 +222,29 @@ def run(iters: int) -> dict[str, object]:
 
 def markdown(res: dict[str, object]) -> str:
     """The side-by-side tables."""
-    lines = [f"Device: {res['device']} (sm_{res['capability'][0]}{res['capability'][1]}), torch {res['torch']}, "
-             f"CUDA {res['cuda']}; copy bandwidth {res['copy_GBps']:.0f} GB/s (read + write); "
-             f"cuBLASLt {res['cublaslt'] or '?'}", "",
-             "| GEMM (M x N x K) | torch bf16 TFLOP/s | emulated NVFP4 TFLOP/s | emulated / bf16 | "
-             "decoded weight / bf16 | target |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"Device: {res['device']} (sm_{res['capability'][0]}{res['capability'][1]}), torch {res['torch']}, "
+        f"CUDA {res['cuda']}; copy bandwidth {res['copy_GBps']:.0f} GB/s (read + write); "
+        f"cuBLASLt {res['cublaslt'] or '?'}",
+        "",
+        "| GEMM (M x N x K) | torch bf16 TFLOP/s | emulated NVFP4 TFLOP/s | emulated / bf16 | "
+        "decoded weight / bf16 | target |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in res["gemm"]:
         mark = "" if r["emulated_vs_torch_bf16"] >= r["target"] else " **MISSED**"
-        lines.append(f"| {r['name']} ({r['m']} x {r['n']} x {r['k']}) | {r['torch_bf16_tflops']:.0f} | "
-                     f"{r['emulated_tflops']:.0f} | {r['emulated_vs_torch_bf16']:.2f}x{mark} | "
-                     f"{r['decoded_weight_vs_torch_bf16']:.2f}x | >= {r['target']} |")
+        lines.append(
+            f"| {r['name']} ({r['m']} x {r['n']} x {r['k']}) | {r['torch_bf16_tflops']:.0f} | "
+            f"{r['emulated_tflops']:.0f} | {r['emulated_vs_torch_bf16']:.2f}x{mark} | "
+            f"{r['decoded_weight_vs_torch_bf16']:.2f}x | >= {r['target']} |"
+        )
     lines += ["", "| kernel | GB/s | / copy | target |", "|---|---|---|---|"]
     for r in res["bandwidth"]:
         ok = r["target"] is None or r["fraction_of_copy"] >= r["target"]
         tgt = f">= {r['target']}" if r["target"] is not None else "(info)"
-        lines.append(f"| {r['name']} | {r['GBps']:.0f} | {r['fraction_of_copy']:.2f}{'' if ok else ' **MISSED**'} | "
-                     f"{tgt} |")
+        lines.append(
+            f"| {r['name']} | {r['GBps']:.0f} | {r['fraction_of_copy']:.2f}{'' if ok else ' **MISSED**'} | {tgt} |"
+        )
     lines += ["", "All targets met." if not res["missed"] else f"Missed: {', '.join(res['missed'])}."]
     return "\n".join(lines) + "\n"
 

@@ -46,15 +46,21 @@ def corpus_loss(trainer: Trainer) -> float:
     """Mean token loss over every row of the training data (eval mode, no grad)."""
     rows = trainer.batcher.rows
     length = max(sum(len(e.input_ids) for e in r) for r in rows)
-    pad = trainer.tokenizer.pad_token_id if trainer.tokenizer.pad_token_id is not None else trainer.tokenizer.eos_token_id
+    pad = (
+        trainer.tokenizer.pad_token_id if trainer.tokenizer.pad_token_id is not None else trainer.tokenizer.eos_token_id
+    )
     mb = collate(rows, pad_id=pad, length=length, packed=trainer.batcher.packed)
     model = trainer.model
     was = model.training
     model.eval()
     try:
         with torch.no_grad():
-            out = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
-                        position_ids=mb["position_ids"], use_cache=False)
+            out = model(
+                input_ids=mb["input_ids"],
+                attention_mask=mb["attention_mask"],
+                position_ids=mb["position_ids"],
+                use_cache=False,
+            )
             total = causal_lm_loss_sum(out.logits, mb["labels"])
     finally:
         model.train(was)
@@ -77,8 +83,21 @@ def changed_fraction(before: dict[str, torch.Tensor], after: dict[str, torch.Ten
 
 
 def run_one(name: str, argv: list[str], out_root: Path) -> dict[str, Any]:
-    cfg = parse_args([*argv, "--out", str(out_root / name), "--train.progress", "false", "--eval.final", "false",
-                      "--checkpoint.export", "false", "--train.log_every", "1000000"])
+    cfg = parse_args(
+        [
+            *argv,
+            "--out",
+            str(out_root / name),
+            "--train.progress",
+            "false",
+            "--eval.final",
+            "false",
+            "--checkpoint.export",
+            "false",
+            "--train.log_every",
+            "1000000",
+        ]
+    )
     trainer = Trainer(cfg)
     t0 = time.perf_counter()
     try:
@@ -91,11 +110,19 @@ def run_one(name: str, argv: list[str], out_root: Path) -> dict[str, Any]:
         losses = [loss for _, loss in trainer.logger.losses]
     finally:
         trainer.close()
-    return {"run": name, "recipe": cfg.precision.recipe, "optimizer": cfg.optim.name, "lr": cfg.optim.lr,
-            "writeback": cfg.precision.writeback if cfg.precision.recipe == "nvfp4" else "-",
-            "first_train_loss": losses[0], "final_train_loss": sum(losses[-LAST_K:]) / len(losses[-LAST_K:]),
-            "corpus_loss_before": before_loss, "corpus_loss_after": after_loss, "bytes_changed": frac,
-            "wall_s": time.perf_counter() - t0}
+    return {
+        "run": name,
+        "recipe": cfg.precision.recipe,
+        "optimizer": cfg.optim.name,
+        "lr": cfg.optim.lr,
+        "writeback": cfg.precision.writeback if cfg.precision.recipe == "nvfp4" else "-",
+        "first_train_loss": losses[0],
+        "final_train_loss": sum(losses[-LAST_K:]) / len(losses[-LAST_K:]),
+        "corpus_loss_before": before_loss,
+        "corpus_loss_after": after_loss,
+        "bytes_changed": frac,
+        "wall_s": time.perf_counter() - t0,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,16 +137,46 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.results is not None:
         return report(json.loads(args.results.read_text()), args)
-    common = ["--steps", str(args.steps), "--model.hidden_size", str(args.hidden), "--model.intermediate_size",
-              str(args.intermediate), "--train.global_batch_size", str(args.batch)]
+    common = [
+        "--steps",
+        str(args.steps),
+        "--model.hidden_size",
+        str(args.hidden),
+        "--model.intermediate_size",
+        str(args.intermediate),
+        "--train.global_batch_size",
+        str(args.batch),
+    ]
     runs = {
         "bf16": [*common, "--recipe", "bf16"],
         "nvfp4-sr": [*common, "--recipe", "nvfp4", "--writeback", "stochastic"],
         "nvfp4-comp": [*common, "--recipe", "nvfp4", "--writeback", "compensated"],
-        "nvfp4-rne-low": [*common, "--recipe", "nvfp4", "--writeback", "rne", "--optim.lr", str(args.low_lr),
-                          "--optim.warmup_steps", "0", "--optim.min_lr_ratio", "1.0"],
-        "nvfp4-sr-low": [*common, "--recipe", "nvfp4", "--writeback", "stochastic", "--optim.lr", str(args.low_lr),
-                         "--optim.warmup_steps", "0", "--optim.min_lr_ratio", "1.0"],
+        "nvfp4-rne-low": [
+            *common,
+            "--recipe",
+            "nvfp4",
+            "--writeback",
+            "rne",
+            "--optim.lr",
+            str(args.low_lr),
+            "--optim.warmup_steps",
+            "0",
+            "--optim.min_lr_ratio",
+            "1.0",
+        ],
+        "nvfp4-sr-low": [
+            *common,
+            "--recipe",
+            "nvfp4",
+            "--writeback",
+            "stochastic",
+            "--optim.lr",
+            str(args.low_lr),
+            "--optim.warmup_steps",
+            "0",
+            "--optim.min_lr_ratio",
+            "1.0",
+        ],
     }
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -133,15 +190,21 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(results: dict[str, Any], args: argparse.Namespace) -> int:
     """Print the markdown table and the PASS/MISS lines."""
-    print(f"demo corpus, {args.steps} steps, hidden {args.hidden}, intermediate {args.intermediate}, "
-          f"global batch {args.batch}, torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print("| run | recipe | optimizer | lr | write-back | train loss step 1 | train loss last 10 | "
-          "corpus loss before -> after | master bytes changed | wall s |")
+    print(
+        f"demo corpus, {args.steps} steps, hidden {args.hidden}, intermediate {args.intermediate}, "
+        f"global batch {args.batch}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
+    print(
+        "| run | recipe | optimizer | lr | write-back | train loss step 1 | train loss last 10 | "
+        "corpus loss before -> after | master bytes changed | wall s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results.values():
-        print(f"| {r['run']} | {r['recipe']} | {r['optimizer']} | {r['lr']:g} | {r['writeback']} | "
-              f"{r['first_train_loss']:.4f} | {r['final_train_loss']:.4f} | {r['corpus_loss_before']:.4f} -> "
-              f"{r['corpus_loss_after']:.4f} | {100 * r['bytes_changed']:.2f} % | {r['wall_s']:.0f} |")
+        print(
+            f"| {r['run']} | {r['recipe']} | {r['optimizer']} | {r['lr']:g} | {r['writeback']} | "
+            f"{r['first_train_loss']:.4f} | {r['final_train_loss']:.4f} | {r['corpus_loss_before']:.4f} -> "
+            f"{r['corpus_loss_after']:.4f} | {100 * r['bytes_changed']:.2f} % | {r['wall_s']:.0f} |"
+        )
     ratio = results["nvfp4-sr"]["final_train_loss"] / results["bf16"]["final_train_loss"]
     rne, sr = results["nvfp4-rne-low"], results["nvfp4-sr-low"]
     rne_drop = rne["corpus_loss_before"] - rne["corpus_loss_after"]
@@ -156,11 +219,15 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> int:
     print(f"{'PASS' if ok1 else 'MISS'}: nvfp4-sr / bf16 final training loss = {ratio:.3f} (target <= {TARGET_RATIO})")
     if "nvfp4-comp" in results:
         ratio_c = results["nvfp4-comp"]["final_train_loss"] / results["bf16"]["final_train_loss"]
-        print(f"{'PASS' if ratio_c <= TARGET_RATIO else 'MISS'}: nvfp4-comp / bf16 final training loss = "
-              f"{ratio_c:.3f} (target <= {TARGET_RATIO})")
-    print(f"{'PASS' if ok2 else 'MISS'}: at lr {args.low_lr:g}, rne write-back changed "
-          f"{100 * rne['bytes_changed']:.3f} % of master bytes and moved the corpus loss by {rne_drop:+.4f}; "
-          f"stochastic rounding changed {100 * sr['bytes_changed']:.2f} % and moved it by {sr_drop:+.4f}")
+        print(
+            f"{'PASS' if ratio_c <= TARGET_RATIO else 'MISS'}: nvfp4-comp / bf16 final training loss = "
+            f"{ratio_c:.3f} (target <= {TARGET_RATIO})"
+        )
+    print(
+        f"{'PASS' if ok2 else 'MISS'}: at lr {args.low_lr:g}, rne write-back changed "
+        f"{100 * rne['bytes_changed']:.3f} % of master bytes and moved the corpus loss by {rne_drop:+.4f}; "
+        f"stochastic rounding changed {100 * sr['bytes_changed']:.2f} % and moved it by {sr_drop:+.4f}"
+    )
     return 0
 
 

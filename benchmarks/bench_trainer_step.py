@@ -34,8 +34,11 @@ def _setup(recipe: str, model_cfg: ModelConfig, tokenizer: object) -> tuple[Loca
     model = build_demo_model(model_cfg, tokenizer, seed=0)
     prec = PrecisionConfig(recipe=recipe)
     apply_recipe(model, prec)
-    optim = OptimConfig(name="lion", lr=1e-3) if recipe == "nvfp4" else OptimConfig(name="adamw", lr=1e-3,
-                                                                                     betas=(0.9, 0.95))
+    optim = (
+        OptimConfig(name="lion", lr=1e-3)
+        if recipe == "nvfp4"
+        else OptimConfig(name="adamw", lr=1e-3, betas=(0.9, 0.95))
+    )
     return LocalEngine(model), build_optimizer(model, optim, prec)
 
 
@@ -58,8 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     data_cfg = DataConfig(max_len=args.max_len, packing=True)
     examples, _ = load_examples(data_cfg, tokenizer, path=corpus_path())
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    batcher = build_batcher(data_cfg, examples, global_batch_size=args.batch, microbatches=args.microbatches,
-                            seed=0, pad_id=pad)
+    batcher = build_batcher(
+        data_cfg, examples, global_batch_size=args.batch, microbatches=args.microbatches, seed=0, pad_id=pad
+    )
     batches = [batcher.next_step() for _ in range(args.steps + 2)]
     runs = {r: _setup(r, model_cfg, tokenizer) for r in ("bf16", "nvfp4")}
     times: dict[str, list[float]] = {r: [] for r in runs}
@@ -75,10 +79,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     tokens = statistics.mean(b.num_tokens for b in batches)
     med = {r: statistics.median(v) for r, v in times.items()}
     ratio = med["nvfp4"] / med["bf16"]
-    print(f"demo NemotronForCausalLM hidden {args.hidden}, {args.layers} layers, intermediate {args.intermediate}; "
-          f"{args.batch} x {args.max_len}-token packed rows per step ({tokens:.0f} tokens), "
-          f"{args.microbatches} micro-batches, {args.steps} timed steps, {args.threads} threads, "
-          f"torch {torch.__version__}")
+    print(
+        f"demo NemotronForCausalLM hidden {args.hidden}, {args.layers} layers, intermediate {args.intermediate}; "
+        f"{args.batch} x {args.max_len}-token packed rows per step ({tokens:.0f} tokens), "
+        f"{args.microbatches} micro-batches, {args.steps} timed steps, {args.threads} threads, "
+        f"torch {torch.__version__}"
+    )
     print("| recipe | median s/step | tokens/s | vs bf16 | last loss |")
     print("|---|---|---|---|---|")
     for r in ("bf16", "nvfp4"):

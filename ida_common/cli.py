@@ -247,8 +247,10 @@ def _line(prog: str, exc: BaseException, status: int, kept: str | Callable[[], s
         return f"{prog}: interrupted" + (f"; {kept}" if kept else "")
     text = describe(exc)
     if status == EXIT_INTERNAL:
-        return (f"{prog}: internal error: {type(exc).__name__}: {text} (a bug in ida: rerun with {DEBUG_FLAG} "
-                f"or {DEBUG_ENV}=1 for the traceback, and please report it)")
+        return (
+            f"{prog}: internal error: {type(exc).__name__}: {text} (a bug in ida: rerun with {DEBUG_FLAG} "
+            f"or {DEBUG_ENV}=1 for the traceback, and please report it)"
+        )
     if isinstance(exc, MemoryError):
         text = f"out of memory{': ' + text if text != 'MemoryError' else ''}"
     return f"{prog}: error: {text}"
@@ -290,11 +292,11 @@ def run_main(
     except BrokenPipeError:
         # stdout went to a pager or `head` that closed: not an error worth a line
         try:
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps the interpreter's final flush quiet
+            sys.stdout = open(os.devnull, "w")  # keeps the interpreter's final flush quiet
         except OSError:
             pass
         return 141
-    except BaseException as e:  # noqa: BLE001 - this is the one place that turns exceptions into lines
+    except BaseException as e:  # this is the one place that turns exceptions into lines
         if run.debug or isinstance(e, GeneratorExit):
             raise
         status = exit_code(e, codes)
@@ -305,8 +307,14 @@ def run_main(
 
 
 def _warning_printer(prog: str) -> Callable[..., None]:
-    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-             file: TextIO | None = None, line: str | None = None) -> None:
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
         kind = "" if issubclass(category, UserWarning) and category is UserWarning else f"{category.__name__}: "
         _print(f"{prog}: warning: {kind}{describe(message) if isinstance(message, Warning) else message}", file)
 

@@ -140,7 +140,9 @@ def check_output(
             continue  # a missing input is the reader's error to report
         src_id = (st.st_dev, st.st_ino)
         if real_id == src_id:
-            raise ValueError(f"{name}: is the input {src_p} itself; writing there would destroy it; choose another output")
+            raise ValueError(
+                f"{name}: is the input {src_p} itself; writing there would destroy it; choose another output"
+            )
         if src_id in out_ids:
             raise ValueError(f"{name}: is inside the input {src_p}; write the output somewhere else")
         if real_id is not None and real.is_dir() and real_id in _ids_upwards(src_p):
@@ -150,7 +152,9 @@ def check_output(
         return target
     if kind == "file":
         if os.path.isdir(real):
-            raise ValueError(f"{name}: is a directory; give the output file's name (e.g. {target / 'model.safetensors'})")
+            raise ValueError(
+                f"{name}: is a directory; give the output file's name (e.g. {target / 'model.safetensors'})"
+            )
         if not overwrite:
             raise ValueError(f"{name}: exists; pass --overwrite to replace it")
     elif kind == "dir":
@@ -324,8 +328,11 @@ def atomic_directory(path: str | os.PathLike[str], *, overwrite: bool = False) -
             os.close(lock_fd)
     except OSError as exc:  # name the output the caller gave, not our hidden temporary
         base = nearest_existing(parent)
-        why = f"{base} is a file, not a directory" if not base.is_dir() else (
-            f"cannot create a directory in {base} ({exc.strerror or exc})")
+        why = (
+            f"{base} is a file, not a directory"
+            if not base.is_dir()
+            else (f"cannot create a directory in {base} ({exc.strerror or exc})")
+        )
         raise OSError(exc.errno, why, str(out)) from None
     try:
         yield tmp
@@ -334,8 +341,9 @@ def atomic_directory(path: str | os.PathLike[str], *, overwrite: bool = False) -
         try:
             _move_into_place(tmp, out, overwrite=overwrite)
         except OSError as exc:
-            raise OSError(exc.errno, f"cannot move the finished output into place ({exc.strerror or exc})",
-                          str(out)) from None
+            raise OSError(
+                exc.errno, f"cannot move the finished output into place ({exc.strerror or exc})", str(out)
+            ) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -19,8 +19,14 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MAX_JSON_DEPTH_MESSAGE", "decode_error_text", "dumps_utf8", "iter_jsonl", "json_error_text",
-           "repair_torn_tail"]
+__all__ = [
+    "MAX_JSON_DEPTH_MESSAGE",
+    "decode_error_text",
+    "dumps_utf8",
+    "iter_jsonl",
+    "json_error_text",
+    "repair_torn_tail",
+]
 
 MAX_JSON_DEPTH_MESSAGE = "nested too deeply to parse (more levels of [ or { than the JSON reader allows)"
 
@@ -65,7 +71,7 @@ def json_error_text(err: json.JSONDecodeError) -> str:
 
 def decode_error_text(err: UnicodeDecodeError) -> str:
     """``invalid UTF-8 (byte 0xff at column 407)``: the bad byte and its 1-based byte column in the line."""
-    bad = err.object[err.start:err.start + 1].hex()
+    bad = err.object[err.start : err.start + 1].hex()
     return f"invalid UTF-8 (byte 0x{bad} at byte column {err.start + 1})"
 
 

@@ -98,8 +98,11 @@ def cache_dir(component: str) -> Path:
     """
     legacy = LEGACY_CACHE_ENVS.get(component)
     if legacy and os.environ.get(legacy) and not os.environ.get(CACHE_ENV):
-        _warn_once(legacy, f"{legacy} is deprecated; set {CACHE_ENV} (the cache of every ida native build, "
-                           f"this one in {CACHE_ENV}/{component})")
+        _warn_once(
+            legacy,
+            f"{legacy} is deprecated; set {CACHE_ENV} (the cache of every ida native build, "
+            f"this one in {CACHE_ENV}/{component})",
+        )
         return Path(os.environ[legacy])
     return cache_root() / component
 
@@ -115,8 +118,11 @@ def switch_enabled(variable: str) -> bool:
     if value in _OFF:
         return False
     if value not in _ON:
-        _warn_once(variable, f"{variable}={os.environ[variable]!r} is not one of 0/1/false/true/no/yes/off/on; "
-                             "ignored (the native path stays on)")
+        _warn_once(
+            variable,
+            f"{variable}={os.environ[variable]!r} is not one of 0/1/false/true/no/yes/off/on; "
+            "ignored (the native path stays on)",
+        )
     return True
 
 
@@ -135,8 +141,10 @@ def tool_from_env(variable: str, what: str) -> str | None:
         return found
     if Path(value).is_file() and os.access(value, os.X_OK):
         return value
-    raise FileNotFoundError(f"{variable}={value}: no such executable (it should name the {what}; "
-                            f"unset {variable} to search the usual places)")
+    raise FileNotFoundError(
+        f"{variable}={value}: no such executable (it should name the {what}; "
+        f"unset {variable} to search the usual places)"
+    )
 
 
 def find_c_compiler() -> str | None:

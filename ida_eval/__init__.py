@@ -19,11 +19,15 @@ from typing import Any
 # run those modules as __main__; importing them from the package first would load them twice (runpy
 # warns), and the executor needs neither torch nor transformers, so it should not pay for their import.
 _LAZY = {
-    **dict.fromkeys(["classify_failure", "compare_runs", "degeneration_reason", "format_comparison", "is_degenerate"],
-                    "ida_eval.analysis"),
+    **dict.fromkeys(
+        ["classify_failure", "compare_runs", "degeneration_reason", "format_comparison", "is_degenerate"],
+        "ida_eval.analysis",
+    ),
     **dict.fromkeys(["FAILURE_CLASSES", "FAILURE_TABLE", "RESULT_KINDS", "ResultKind"], "ida_eval.failures"),
-    **dict.fromkeys(["STOP_STRINGS", "DecodingConfig", "Generation", "generate_completions", "truncate_completion"],
-                    "ida_eval.generate"),
+    **dict.fromkeys(
+        ["STOP_STRINGS", "DecodingConfig", "Generation", "generate_completions", "truncate_completion"],
+        "ida_eval.generate",
+    ),
     **dict.fromkeys(["ExecutionConfig", "execute_samples", "isolation_in_force", "load_problems"], "ida_eval.execute"),
     **dict.fromkeys(["CheckpointLoadError", "describe_checkpoint", "load_model"], "ida_eval.loader"),
     **dict.fromkeys(["evaluate_checkpoint", "evaluate_model"], "ida_eval.mbxp"),

@@ -343,7 +343,7 @@ def enter_program_context(cfg):
 
 
 def _parse(argv):
-    cfg = dict(zip(ARGS, argv))
+    cfg = dict(zip(ARGS, argv, strict=True))
     for key in ("uid", "gid", "status_fd", "sentinel_fd", "lifeline_fd"):
         cfg[key] = int(cfg[key]) if cfg[key] else None
     cfg["deadline_s"] = float(cfg["deadline_s"])
@@ -455,7 +455,9 @@ def run_job(cfg):
         _setup_failed(status_fd, exc)
     if job["compile"]:
         with open(job["log"], "wb") as log:
-            pid = _spawn_step(job["compile"], [(os.POSIX_SPAWN_DUP2, log.fileno(), 1), (os.POSIX_SPAWN_DUP2, log.fileno(), 2)])
+            pid = _spawn_step(
+                job["compile"], [(os.POSIX_SPAWN_DUP2, log.fileno(), 1), (os.POSIX_SPAWN_DUP2, log.fileno(), 2)]
+            )
         if pid is None:  # the compiler is not there (or not executable): an ordinary failure
             os.write(status_fd, b"compiled %d 0;" % (127 << 8))
             _report_exit(cfg, 127 << 8)
@@ -469,7 +471,9 @@ def run_job(cfg):
             os.write(status_fd, b"compile-timeout;")
             _report_exit(cfg, 124 << 8)
         code = os.waitstatus_to_exitcode(status)
-        ok = code in job["compile_ok"] and (not job["compile_output_file"] or os.path.isfile(job["compile_output_file"]))
+        ok = code in job["compile_ok"] and (
+            not job["compile_output_file"] or os.path.isfile(job["compile_output_file"])
+        )
         os.write(status_fd, b"compiled %d %d;" % (status, ok))
         if not ok:  # the compiler's first lines go to stderr (the work dir is private to the sandbox)
             with open(job["log"], "rb") as log:
@@ -561,7 +565,7 @@ def boot(cfg):
 
     code = compile(source, cfg["program"], "exec")
     del source, cfg
-    exec(code, {"__name__": "__main__", "__file__": sys.argv[0], "__builtins__": builtins})  # noqa: S102 - the point
+    exec(code, {"__name__": "__main__", "__file__": sys.argv[0], "__builtins__": builtins})  # the point
     write(sentinel_fd, nonce)  # reached only when the program (and its check(...)) returned
 
 

@@ -57,9 +57,7 @@ WHITESPACE_MIN_LEN = 40
 # MBXP Python tasks no completion can pass with the tests as shipped (reference note mbxp_eval.md §2):
 # entry_point == "check" shadows the solution (56, 349, 899, 967); tests use undefined globals
 # (367, 927: root*; 601: Pair, passable only by defining it); the test contradicts the docstring (160).
-UNPASSABLE_TASKS: frozenset[str] = frozenset(
-    f"MBPP/{i}" for i in (56, 160, 349, 367, 601, 899, 927, 967)
-)
+UNPASSABLE_TASKS: frozenset[str] = frozenset(f"MBPP/{i}" for i in (56, 160, 349, 367, 601, 899, 927, 967))
 # expected outputs that depend on the Python version or set iteration order
 VERSION_DEPENDENT_TASKS: frozenset[str] = frozenset(f"MBPP/{i}" for i in (341, 596, 642))
 MAX_EXAMPLES = 5  # degenerate examples kept in summary.json

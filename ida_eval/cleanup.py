@@ -91,9 +91,7 @@ def _loosen(dir_fd: int, name: str | None) -> None:
         _clear_flags(name, dir_fd)
 
 
-def _retry(
-    op: Callable[..., None], dir_fd: int, name: str, errors: _Errors, where: Callable[[], str]
-) -> bool:
+def _retry(op: Callable[..., None], dir_fd: int, name: str, errors: _Errors, where: Callable[[], str]) -> bool:
     """Run ``op(name, dir_fd=dir_fd)``; on a permission error loosen modes/flags and try once more."""
     for attempt in range(2):
         try:
@@ -239,6 +237,6 @@ def _remove_below(path: str, st: os.stat_result, errors: _Errors) -> None:
             ust = os.fstat(fd)
             if (ust.st_dev, ust.st_ino) != stack[-1].ident:
                 raise OSError(errno.ESTALE, "directory moved while it was being removed", _where(path, stack, ".."))
-            _retry(os.rmdir, fd, level.name, errors, lambda: _where(path, stack, level.name))
+            _retry(os.rmdir, fd, level.name, errors, lambda name=level.name: _where(path, stack, name))
     finally:
         os.close(fd)

@@ -47,14 +47,22 @@ from typing import Any
 from tqdm import tqdm
 
 from ida_common.cli import ArgumentParser, CannotRunHere, Run, check_output_file, run_main
-from ida_eval.isolation import ISOLATION_LEVELS, isolation_description, probe_isolation
+from ida_common.files import atomic_write_text
 from ida_common.jsonl import dumps_utf8, iter_jsonl, repair_torn_tail
+from ida_eval.failures import EXCEPTION_LINE, ResultKind, Verdict, record_kind, result_class, with_kind
+from ida_eval.isolation import ISOLATION_LEVELS, isolation_description, probe_isolation
 from ida_eval.languages import LANGUAGES, Language, LanguageError, assemble, environment, language_of, missing_tools
 from ida_eval.problems import ProblemsError, find_problems_file, load_problems
 from ida_eval.sandbox import close_job_servers, run_program, sweep_stale
-from ida_eval.sandbox_types import MiB, ProgramJob, SandboxError, SandboxLimits, SandboxResult, check_seconds
-from ida_common.files import atomic_write_text
-from ida_eval.failures import EXCEPTION_LINE, ResultKind, Verdict, record_kind, result_class, with_kind
+from ida_eval.sandbox_types import (
+    DEFAULT_LIMITS,
+    MiB,
+    ProgramJob,
+    SandboxError,
+    SandboxLimits,
+    SandboxResult,
+    check_seconds,
+)
 
 __all__ = [
     "ExecutionConfig",
@@ -80,9 +88,13 @@ COMPILE_ERROR_LINES = 5  # compiler output lines kept in a "compile error" resul
 # the messages MBXP / HumanEval tests raise on a wrong value, in every language ("Exception -- test
 # case 2 did not pass", "Error at 3th assert statement", JavaScript's failing message builder, whose
 # JSON.stringify(x) of an undefined x throws "x is not defined")
-_ERROR_LINE = re.compile(r"Error\b|Exception\b|^panic:|error:|Uncaught|terminate called|^what\(\)|Fatal")  # a crash's message
+_ERROR_LINE = re.compile(
+    r"Error\b|Exception\b|^panic:|error:|Uncaught|terminate called|^what\(\)|Fatal"
+)  # a crash's message
 _JVM_WARNING = re.compile(r"\S.* VM warning: ")  # e.g. kotlinc 1.3 on JDK 17 (deprecated -noverify), before any error
-_TEST_FAILURE = re.compile(r"test case \d+|\d+th assert statement|\bx is not defined|Error at test case|assertion failed")
+_TEST_FAILURE = re.compile(
+    r"test case \d+|\d+th assert statement|\bx is not defined|Error at test case|assertion failed"
+)
 
 
 class ResultsFileError(ValueError):
@@ -94,9 +106,6 @@ def _nproc() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - non-Linux
         return max(1, os.cpu_count() or 1)
-
-
-_SANDBOX_DEFAULTS = SandboxLimits()  # the per-program limits' defaults live in one place
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,16 +130,16 @@ class ExecutionConfig:
 
     timeout: float = DEFAULT_TIMEOUT_S
     workers: int = dataclasses.field(default_factory=_nproc)
-    memory_bytes: int = _SANDBOX_DEFAULTS.memory_bytes
-    max_processes: int = _SANDBOX_DEFAULTS.max_processes
-    open_files: int = _SANDBOX_DEFAULTS.open_files
-    file_size_bytes: int = _SANDBOX_DEFAULTS.file_size_bytes
-    disk_bytes: int = _SANDBOX_DEFAULTS.disk_bytes
-    max_output_bytes: int = _SANDBOX_DEFAULTS.max_output_bytes
-    tail_bytes: int = _SANDBOX_DEFAULTS.tail_bytes
+    memory_bytes: int = DEFAULT_LIMITS.memory_bytes
+    max_processes: int = DEFAULT_LIMITS.max_processes
+    open_files: int = DEFAULT_LIMITS.open_files
+    file_size_bytes: int = DEFAULT_LIMITS.file_size_bytes
+    disk_bytes: int = DEFAULT_LIMITS.disk_bytes
+    max_output_bytes: int = DEFAULT_LIMITS.max_output_bytes
+    tail_bytes: int = DEFAULT_LIMITS.tail_bytes
     isolation: str = "auto"
-    hash_seed: int | None = _SANDBOX_DEFAULTS.hash_seed
-    site_packages: bool = _SANDBOX_DEFAULTS.site_packages
+    hash_seed: int | None = DEFAULT_LIMITS.hash_seed
+    site_packages: bool = DEFAULT_LIMITS.site_packages
     tmp_root: str | None = None
     compile_timeouts: tuple[tuple[str, float], ...] = ()
     run_timeouts: tuple[tuple[str, float], ...] = ()
@@ -174,7 +183,7 @@ class ExecutionConfig:
             max_processes=max(self.max_processes, lang.max_processes),
             memory_bytes=(
                 max(self.memory_bytes, lang.memory_bytes)
-                if self.memory_bytes == _SANDBOX_DEFAULTS.memory_bytes
+                if self.memory_bytes == DEFAULT_LIMITS.memory_bytes
                 else self.memory_bytes  # a limit the user chose applies to every language
             ),
             open_files=max(self.open_files, 1024),
@@ -426,7 +435,11 @@ def canonical_samples(problems: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One sample per problem that has a ``canonical_solution`` (file order): the anchors' input.
     Samples-only files (go, perl, scala) give an empty list."""
     return [
-        {"task_id": tid, "completion": p["canonical_solution"], **({"language": p["language"]} if p.get("language") else {})}
+        {
+            "task_id": tid,
+            "completion": p["canonical_solution"],
+            **({"language": p["language"]} if p.get("language") else {}),
+        }
         for tid, p in problems.items()
         if isinstance(p.get("canonical_solution"), str)
     ]
@@ -507,8 +520,11 @@ def execute_samples(
             results[i] = rec
     todo = [i for i, r in enumerate(results) if r is None]
     if path is not None and len(todo) < len(items):
-        print(f"resumed: {len(items) - len(todo)} of {len(items)} already done (execution, {path})", file=sys.stderr,
-              flush=True)
+        print(
+            f"resumed: {len(items) - len(todo)} of {len(items)} already done (execution, {path})",
+            file=sys.stderr,
+            flush=True,
+        )
     if not todo:
         return [r for r in results if r is not None]
 
@@ -577,9 +593,7 @@ def pass_at_1(results: Sequence[Mapping[str, Any]]) -> float:
     return sum(c / n for c, n in per_task.values()) / len(per_task)
 
 
-def summarize(
-    results: Sequence[Mapping[str, Any]], problems: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
+def summarize(results: Sequence[Mapping[str, Any]], problems: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """pass@1, counts per result class, the tasks without a sample and the isolation used.
 
     ``isolation`` is always a list: the sorted mode names the results ran under (``"unknown"`` for a
@@ -603,7 +617,9 @@ def summarize(
         "passed": sum(bool(r["passed"]) for r in results),
         "timed_out": sum(record_kind(r) is ResultKind.TIMEOUT for r in results),
         "result_classes": dict(Counter(result_class(r) for r in results).most_common()),
-        "isolation": sorted({str(r.get("isolation", "unknown")) for r in results if r.get("isolation", "") is not None}),
+        "isolation": sorted(
+            {str(r.get("isolation", "unknown")) for r in results if r.get("isolation", "") is not None}
+        ),
         "missing_tasks_count": len(missing),
         "missing_tasks_first": missing[:MAX_LISTED_TASKS],
     }
@@ -653,8 +669,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", required=True, help="results JSONL (appended; a rerun resumes)")
     ap.add_argument("--canonical", action="store_true", help="execute each problem's canonical_solution")
     ap.add_argument("--workers", type=int, default=None, help="programs at once (default: nproc)")
-    ap.add_argument("--timeout", type=seconds_arg, default=DEFAULT_TIMEOUT_S,
-                    help="seconds per Python program (default 30)")
+    ap.add_argument(
+        "--timeout", type=seconds_arg, default=DEFAULT_TIMEOUT_S, help="seconds per Python program (default 30)"
+    )
     ap.add_argument(
         "--run-timeout",
         action="append",
@@ -672,11 +689,15 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--memory-mb",
         type=int,
-        default=_SANDBOX_DEFAULTS.memory_bytes // MiB,
+        default=DEFAULT_LIMITS.memory_bytes // MiB,
         help="address-space limit per process in MiB",
     )
-    ap.add_argument("--isolation", default="auto", choices=("auto", *ISOLATION_LEVELS),
-                    help="sandbox isolation (default auto: the strongest this machine allows)")
+    ap.add_argument(
+        "--isolation",
+        default="auto",
+        choices=("auto", *ISOLATION_LEVELS),
+        help="sandbox isolation (default auto: the strongest this machine allows)",
+    )
     ap.add_argument("--summary", help="also write the summary as JSON to this path")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
@@ -722,8 +743,9 @@ def _main(run: Run) -> int:
     )
     try:
         print(f"isolation: {isolation_in_force(args.isolation)}", file=sys.stderr)
-        results = execute_samples(problems, samples, out_path=args.out, config=config, canonical=args.canonical,
-                                  progress=not args.no_progress)
+        results = execute_samples(
+            problems, samples, out_path=args.out, config=config, canonical=args.canonical, progress=not args.no_progress
+        )
     except SandboxError as e:
         raise sandbox_unavailable(e) from None
     summary = summarize(results, problems)
@@ -742,7 +764,12 @@ def _main(run: Run) -> int:
             f"pass@1 over the runnable ones = {summary['pass@1_runnable']:.4f}"
         )
     if len(summary["languages"]) > 1:
-        print("by language: " + ", ".join(f"{k} {v['pass@1']:.4f} ({v['passed']}/{v['samples']})" for k, v in summary["languages"].items()))
+        print(
+            "by language: "
+            + ", ".join(
+                f"{k} {v['pass@1']:.4f} ({v['passed']}/{v['samples']})" for k, v in summary["languages"].items()
+            )
+        )
     print("results by class: " + ", ".join(f"{k}: {v}" for k, v in summary["result_classes"].items()))
     isolation = ", ".join(summary["isolation"]) or "none (nothing ran)"
     print(f"timed out: {summary['timed_out']} (compile: {summary['timed_out_compile']}); isolation: {isolation}")

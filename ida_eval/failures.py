@@ -99,12 +99,15 @@ class FailureKind:
 FAILURE_TABLE: tuple[FailureKind, ...] = (
     FailureKind(FailureClass.DEGENERATE.value, "the completion (or raw generation) shows repetition collapse"),
     FailureKind(FailureClass.TIMEOUT.value, "the program (or its compile step) ran past its time limit"),
-    FailureKind(FailureClass.SYNTAX_ERROR.value,
-                "prompt + completion does not parse (SyntaxError, IndentationError, TabError) or compile"),
+    FailureKind(
+        FailureClass.SYNTAX_ERROR.value,
+        "prompt + completion does not parse (SyntaxError, IndentationError, TabError) or compile",
+    ),
     FailureKind(FailureClass.WRONG_ANSWER.value, "the program ran and a test assertion failed"),
     FailureKind(FailureClass.RUNTIME_ERROR.value, "anything else: another exception, an early exit, a kill"),
-    FailureKind(FailureClass.TOOLCHAIN_MISSING.value,
-                "not run: the language's toolchain is not installed (not a model failure)"),
+    FailureKind(
+        FailureClass.TOOLCHAIN_MISSING.value, "not run: the language's toolchain is not installed (not a model failure)"
+    ),
 )
 FAILURE_CLASSES: tuple[str, ...] = tuple(k.name for k in FAILURE_TABLE)
 """Every failed task gets exactly one of these (in this precedence order)."""
@@ -112,27 +115,37 @@ FAILURE_CLASSES: tuple[str, ...] = tuple(k.name for k in FAILURE_TABLE)
 RESULT_KIND_TABLE: tuple[FailureKind, ...] = (
     FailureKind(ResultKind.PASSED.value, "check() returned (result text 'passed')"),
     FailureKind(ResultKind.TIMEOUT.value, "the program ran past its time limit (result text 'timed out', mxeval's)"),
-    FailureKind(ResultKind.EXCEPTION.value,
-                "a Python exception ended the program ('failed: NameError: ...'); its type name, the record's "
-                "'exception', is the result class"),
+    FailureKind(
+        ResultKind.EXCEPTION.value,
+        "a Python exception ended the program ('failed: NameError: ...'); its type name, the record's "
+        "'exception', is the result class",
+    ),
     FailureKind(ResultKind.OUTPUT_LIMIT.value, "the program wrote more than the output limit"),
     FailureKind(ResultKind.KILLED.value, "the program was killed by a signal (e.g. the memory limit)"),
-    FailureKind(ResultKind.EARLY_EXIT.value,
-                "the program exited with status 0 before check() (or the test driver) finished"),
+    FailureKind(
+        ResultKind.EARLY_EXIT.value, "the program exited with status 0 before check() (or the test driver) finished"
+    ),
     FailureKind(ResultKind.EXIT_STATUS.value, "the program exited non-zero without a traceback"),
     FailureKind(ResultKind.OTHER.value, "an old record's failure text none of the legacy rules recognise"),
     # other MBXP languages (ida_eval.languages)
-    FailureKind(ResultKind.COMPILE_ERROR.value,
-                "the compiler rejected the program (result text 'failed: compile error: ...')"),
-    FailureKind(ResultKind.COMPILE_TIMEOUT.value,
-                "the compile step ran past its limit (result text 'timed out (compile)')"),
+    FailureKind(
+        ResultKind.COMPILE_ERROR.value, "the compiler rejected the program (result text 'failed: compile error: ...')"
+    ),
+    FailureKind(
+        ResultKind.COMPILE_TIMEOUT.value, "the compile step ran past its limit (result text 'timed out (compile)')"
+    ),
     FailureKind(ResultKind.WRONG_ANSWER.value, "a test check failed (result text 'failed: wrong answer: ...')"),
-    FailureKind(ResultKind.RUNTIME_ERROR.value,
-                "any other non-zero exit or signal (result text 'failed: runtime error: ...')"),
-    FailureKind(ResultKind.TOOLCHAIN_MISSING.value,
-                "not run: the language's tools are not installed (result text 'toolchain missing: ...')"),
-    FailureKind(ResultKind.BAD_INPUT.value,
-                "not run: unknown language, no test, a test the driver cannot wrap ('failed: bad input: ...')"),
+    FailureKind(
+        ResultKind.RUNTIME_ERROR.value, "any other non-zero exit or signal (result text 'failed: runtime error: ...')"
+    ),
+    FailureKind(
+        ResultKind.TOOLCHAIN_MISSING.value,
+        "not run: the language's tools are not installed (result text 'toolchain missing: ...')",
+    ),
+    FailureKind(
+        ResultKind.BAD_INPUT.value,
+        "not run: unknown language, no test, a test the driver cannot wrap ('failed: bad input: ...')",
+    ),
 )
 RESULT_KINDS: tuple[str, ...] = tuple(k.name for k in RESULT_KIND_TABLE)
 """Every value of a record's ``"kind"`` (result classes add the exception type names)."""
@@ -183,8 +196,9 @@ def record_kind(record: Mapping[str, Any]) -> ResultKind:
     try:
         return ResultKind(value)
     except ValueError:
-        raise ValueError(f"result record {record.get('task_id', '?')!r}: unknown kind {value!r} "
-                         f"(known: {', '.join(RESULT_KINDS)})") from None
+        raise ValueError(
+            f"result record {record.get('task_id', '?')!r}: unknown kind {value!r} (known: {', '.join(RESULT_KINDS)})"
+        ) from None
 
 
 def result_class(record: Mapping[str, Any]) -> str:
@@ -206,8 +220,11 @@ def result_class(record: Mapping[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------
 # Records written before the "kind" field: the one legacy parser
 
-_LEGACY_FIXED = {"passed": ResultKind.PASSED, "timed out": ResultKind.TIMEOUT,
-                 "timed out (compile)": ResultKind.COMPILE_TIMEOUT}
+_LEGACY_FIXED = {
+    "passed": ResultKind.PASSED,
+    "timed out": ResultKind.TIMEOUT,
+    "timed out (compile)": ResultKind.COMPILE_TIMEOUT,
+}
 _LEGACY_REASONS = (  # "failed: <reason>" of the old executor, first match wins
     ("compile error:", ResultKind.COMPILE_ERROR),
     ("wrong answer:", ResultKind.WRONG_ANSWER),

@@ -213,7 +213,7 @@ def _decode_continuation(tokenizer: Any, prompt_ids: list[int], new_ids: list[in
     full = tokenizer.decode(prompt_ids + new_ids, skip_special_tokens=True)
     head = tokenizer.decode(prompt_ids, skip_special_tokens=True)
     if full.startswith(head):
-        return full[len(head):]
+        return full[len(head) :]
     return tokenizer.decode(new_ids, skip_special_tokens=True)
 
 
@@ -276,7 +276,7 @@ def generate_completions(
                 seqs = model.generate(**batch, generation_config=gen_config, tokenizer=tokenizer)
                 new = seqs[:, batch["input_ids"].shape[1] :].tolist()
                 done: list[Generation] = []
-                for tid, row in zip(ids, new):
+                for tid, row in zip(ids, new, strict=True):
                     done.append(_finish_row(tokenizer, tid, prompts[tid], encoded[tid], row, eos, pad_id, config))
                 for g in done:
                     out[g.task_id] = g

@@ -54,10 +54,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+import mxfp8_codec.hf  # noqa: F401 - registers the "mxfp8_codec" quantization method with transformers
 from mxfp8_codec import WEIGHTS_DTYPE, CheckpointLayout, MXFP8Error, checkpoint_files, decode_mxfp8, open_mxfp8
 from mxfp8_codec.layout import file_norm_convention, file_orientation
 from mxfp8_codec.numerics import SPLIT_MIN_VALUES, decode_mxfp8_split
-import mxfp8_codec.hf  # noqa: F401,E402  registers the "mxfp8_codec" quantization method with transformers
 
 PREFETCH_MAX_BYTES = 32 << 20  # 32 MiB: larger tensors are not decoded ahead (bounds peak memory)
 _STORED_TORCH_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}  # copied as bits
@@ -75,8 +75,14 @@ class CheckpointLoadError(ValueError):
 
 # Files any transformers tokenizer is built from (fast JSON, sentencepiece, BPE/WordPiece vocabularies);
 # tokenizer_config.json alone builds nothing. ``*.tiktoken`` files count too.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
-                   "sentencepiece.bpe.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
 
 
 def check_checkpoint_dir(checkpoint_dir: str | Path, what: str = "checkpoint") -> Path:
@@ -367,7 +373,7 @@ def _same_stored_values(a: Any, a_name: str, b: Any, b_name: str) -> bool:
         # rare (stored differently): decode both whole
         return bool(np.array_equal(a.get(a_name), b.get(b_name)))
     raw_a, raw_b = a.raw_view(a_name), b.raw_view(b_name)
-    parts = zip(raw_a, raw_b) if a.is_quantized(a_name) else [(raw_a, raw_b)]
+    parts = zip(raw_a, raw_b, strict=True) if a.is_quantized(a_name) else [(raw_a, raw_b)]
     return all(np.array_equal(x.view(np.uint8), y.view(np.uint8)) for x, y in parts)
 
 
@@ -377,7 +383,9 @@ def _resolve_device_map(model: Any, device_map: Any, dtype: torch.dtype) -> dict
     if isinstance(device_map, (torch.device, int)) or (
         isinstance(device_map, str) and device_map not in ("auto", "balanced", "balanced_low_0", "sequential")
     ):
-        return {"": str(torch.device(device_map) if not isinstance(device_map, int) else torch.device("cuda", device_map))}
+        return {
+            "": str(torch.device(device_map) if not isinstance(device_map, int) else torch.device("cuda", device_map))
+        }
     if isinstance(device_map, str):
         from accelerate import infer_auto_device_map
         from accelerate.utils import get_balanced_memory
@@ -534,9 +542,7 @@ def load_model(
             parts.append(f"missing {len(missing)}: {_list(missing)}")
         if unexpected:
             parts.append(f"unexpected {len(unexpected)}: {_list(sorted(unexpected))}")
-        raise CheckpointLoadError(
-            f"{ckpt}: checkpoint does not match {type(model).__name__} ({'; '.join(parts)})"
-        )
+        raise CheckpointLoadError(f"{ckpt}: checkpoint does not match {type(model).__name__} ({'; '.join(parts)})")
     if tied:
         model.tie_weights()
         for dst, src in tied.items():
@@ -558,8 +564,9 @@ def _load_mxfp8_resident(ckpt: Path, *, dtype: torch.dtype, device_map: Any) -> 
     weight is read; its :class:`~mxfp8_codec.MXFP8Error` (naming file and tensor) becomes our
     :class:`CheckpointLoadError`.
     """
-    import mxfp8_codec.hf as mxhf
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import mxfp8_codec.hf as mxhf
 
     tokenizer = AutoTokenizer.from_pretrained(ckpt)
     config = json.loads((ckpt / "config.json").read_text(encoding="utf-8"))
@@ -615,7 +622,11 @@ def describe_checkpoint(checkpoint_dir: str | Path, *, hash_files: bool = True) 
         "format": "mxfp8" if any(f.mxfp8 for f in files) else "plain",
         "architectures": config.get("architectures"),
         "files": [
-            {"name": f.path.name, "bytes": f.path.stat().st_size, **({"sha256": file_sha256(f.path)} if hash_files else {})}
+            {
+                "name": f.path.name,
+                "bytes": f.path.stat().st_size,
+                **({"sha256": file_sha256(f.path)} if hash_files else {}),
+            }
             for f in files
         ],
         "precision": {

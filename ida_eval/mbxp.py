@@ -41,6 +41,9 @@ from typing import Any
 
 import torch
 
+from ida_common.cli import ArgumentParser, Run, check_output_dir, run_main
+from ida_common.files import atomic_write_text
+from ida_common.jsonl import dumps_utf8, iter_jsonl, repair_torn_tail
 from ida_eval.analysis import (
     ceiling_report,
     compare_runs,
@@ -48,7 +51,6 @@ from ida_eval.analysis import (
     failure_counts,
     format_comparison,
 )
-from ida_common.cli import ArgumentParser, Run, check_output_dir, run_main
 from ida_eval.execute import (
     ExecutionConfig,
     SandboxError,
@@ -65,8 +67,6 @@ from ida_eval.generate import (
     Generation,
     generate_completions,
 )
-from ida_common.files import atomic_write_text
-from ida_common.jsonl import dumps_utf8, iter_jsonl, repair_torn_tail
 from ida_eval.languages import LANGUAGES, language_of
 from ida_eval.loader import check_checkpoint_dir, describe_checkpoint, load_model
 from ida_eval.problems import find_problems_file, language_files, load_problems
@@ -107,8 +107,15 @@ def read_samples(path: Path) -> dict[str, dict[str, Any]]:
 
 def _append_samples(path: Path, gens: Sequence[Generation]) -> None:
     lines = "".join(
-        dumps_utf8({"task_id": g.task_id, "completion": g.completion, "raw": g.raw, "n_tokens": g.n_tokens,
-                    "stop_reason": g.stop_reason})
+        dumps_utf8(
+            {
+                "task_id": g.task_id,
+                "completion": g.completion,
+                "raw": g.raw,
+                "n_tokens": g.n_tokens,
+                "stop_reason": g.stop_reason,
+            }
+        )
         + "\n"
         for g in gens
     )
@@ -235,8 +242,11 @@ def evaluate_model(
     have = read_samples(samples_path)
     todo = {t: p["prompt"] for t, p in chosen.items() if t not in have}
     if len(todo) < len(chosen):
-        print(f"resumed: {len(chosen) - len(todo)} of {len(chosen)} already done (generation, {samples_path})",
-              file=sys.stderr, flush=True)
+        print(
+            f"resumed: {len(chosen) - len(todo)} of {len(chosen)} already done (generation, {samples_path})",
+            file=sys.stderr,
+            flush=True,
+        )
     if todo and model is None:
         raise ValueError(f"{out}: {len(todo)} tasks still need generating but no model was given")
     if unpinned:  # the inputs are valid and work starts: only now is the directory this run's
@@ -244,8 +254,10 @@ def evaluate_model(
 
     gen_seconds, new_tokens = 0.0, 0
     if todo:
-        _phase(f"generate: {len(todo)} problems, {decoding.batch_size} at a time, up to {decoding.max_new_tokens} "
-               "new tokens each (greedy)")
+        _phase(
+            f"generate: {len(todo)} problems, {decoding.batch_size} at a time, up to {decoding.max_new_tokens} "
+            "new tokens each (greedy)"
+        )
         t0 = time.perf_counter()
         gens = generate_completions(
             model, tokenizer, todo, decoding, progress=progress, on_batch=lambda b: _append_samples(samples_path, b)
@@ -306,7 +318,11 @@ def _phase(line: str) -> None:
 
 
 def _lazy_model(
-    checkpoint_dir: str | Path, info: Mapping[str, Any] | None, dtype: torch.dtype, device_map: Any, progress: bool,
+    checkpoint_dir: str | Path,
+    info: Mapping[str, Any] | None,
+    dtype: torch.dtype,
+    device_map: Any,
+    progress: bool,
     weights: str,
 ) -> Any:
     """A function that loads the checkpoint on its first call (with a phase line) and returns it after."""
@@ -315,10 +331,13 @@ def _lazy_model(
     def model_and_tokenizer() -> tuple[Any, Any]:
         if not loaded:
             kind = (info or {}).get("format", "")
-            _phase(f"load: {checkpoint_dir} ({kind + ' ' if kind else ''}safetensors -> "
-                   f"{str(dtype).removeprefix('torch.')} model, weights {weights})")
-            loaded.extend(load_model(checkpoint_dir, dtype=dtype, device_map=device_map, progress=progress,
-                                     weights=weights))
+            _phase(
+                f"load: {checkpoint_dir} ({kind + ' ' if kind else ''}safetensors -> "
+                f"{str(dtype).removeprefix('torch.')} model, weights {weights})"
+            )
+            loaded.extend(
+                load_model(checkpoint_dir, dtype=dtype, device_map=device_map, progress=progress, weights=weights)
+            )
         return loaded[0], loaded[1]
 
     return model_and_tokenizer
@@ -382,10 +401,13 @@ def evaluate_checkpoint(
     problems = select_problems(load_problems(find_problems_file(problems_path)), limit)
     check_checkpoint_dir(checkpoint_dir, "--checkpoint")
     info = describe_checkpoint(checkpoint_dir)
-    model_and_tokenizer = _lazy_model(checkpoint_dir, info, dtype, _device_map_for(device, device_map), progress, weights)
+    model_and_tokenizer = _lazy_model(
+        checkpoint_dir, info, dtype, _device_map_for(device, device_map), progress, weights
+    )
 
-    return _evaluate_loaded(problems, Path(out_dir), info, model_and_tokenizer, batch_size, max_new_tokens, limit,
-                            exec_config, progress)
+    return _evaluate_loaded(
+        problems, Path(out_dir), info, model_and_tokenizer, batch_size, max_new_tokens, limit, exec_config, progress
+    )
 
 
 def _evaluate_loaded(
@@ -401,7 +423,9 @@ def _evaluate_loaded(
 ) -> dict[str, Any]:
     """:func:`evaluate_model` with the model loaded (by ``model_and_tokenizer()``) only when some
     task still needs generating, and a run with other settings refused before that load."""
-    decoding = DecodingConfig(batch_size=batch_size, max_new_tokens=max_new_tokens, stop_strings=stop_strings_for(problems))
+    decoding = DecodingConfig(
+        batch_size=batch_size, max_new_tokens=max_new_tokens, stop_strings=stop_strings_for(problems)
+    )
     _check_run_file(out_dir, _run_record(decoding, info))  # refuse a different run before a long load
     have = read_samples(out_dir / SAMPLES_FILE)
     model = tokenizer = None
@@ -447,14 +471,17 @@ def evaluate_checkpoint_languages(
     check_output_dir(out_dir, "--out")
     check_checkpoint_dir(checkpoint_dir, "--checkpoint")
     info = describe_checkpoint(checkpoint_dir)
-    model_and_tokenizer = _lazy_model(checkpoint_dir, info, dtype, _device_map_for(device, device_map), progress, weights)
+    model_and_tokenizer = _lazy_model(
+        checkpoint_dir, info, dtype, _device_map_for(device, device_map), progress, weights
+    )
 
     out = Path(out_dir)
     table: dict[str, Any] = {}
     for lang, path in files.items():
         problems = select_problems(load_problems(path), limit)
-        summary = _evaluate_loaded(problems, out / lang, info, model_and_tokenizer, batch_size, max_new_tokens, limit,
-                                   exec_config, progress)
+        summary = _evaluate_loaded(
+            problems, out / lang, info, model_and_tokenizer, batch_size, max_new_tokens, limit, exec_config, progress
+        )
         lang_row = summary["languages"].get(lang, {})
         table[lang] = {
             "pass@1": summary["pass@1"],
@@ -477,8 +504,10 @@ def format_language_table(table: Mapping[str, Mapping[str, Any]]) -> str:
     w = max([len(k) for k in table] + [8])
     lines = [f"{'language':<{w}}  pass@1  passed/tasks  runnable pass@1  toolchain missing"]
     for lang, r in table.items():
-        lines.append(f"{lang:<{w}}  {r['pass@1']:.4f}  {r['passed']:>6}/{r['n_tasks']:<5}  "
-                     f"{r['pass@1_runnable']:.4f}           {r['toolchain_missing']}")
+        lines.append(
+            f"{lang:<{w}}  {r['pass@1']:.4f}  {r['passed']:>6}/{r['n_tasks']:<5}  "
+            f"{r['pass@1_runnable']:.4f}           {r['toolchain_missing']}"
+        )
     return "\n".join(lines)
 
 
@@ -494,27 +523,59 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "Exit status: 0 done, 2 bad input, 3 no sandbox here, 130 interrupted (docs/cli.md).",
     )
     ap.add_argument("--checkpoint", help="checkpoint directory (MXFP8 or plain safetensors, config + tokenizer)")
-    ap.add_argument("--problems", help="problems JSONL of any language (default: an installed mxeval's MBXP Python data)")
-    ap.add_argument("--language", help="a language's file from the benchmark directory's metadata.json, or 'all' "
-                    "(each language in turn into OUT/<language>/, plus OUT/languages.json)")
-    ap.add_argument("--benchmark", choices=("mbxp", "humaneval"), default="mbxp",
-                    help="with --language: MBXP or multilingual HumanEval (default mbxp)")
-    ap.add_argument("--data-dir", help="with --language: the benchmark directory (default $IDA_MBXP_DIR / "
-                    "$IDA_HUMANEVAL_DIR, else an installed mxeval's data/)")
+    ap.add_argument(
+        "--problems", help="problems JSONL of any language (default: an installed mxeval's MBXP Python data)"
+    )
+    ap.add_argument(
+        "--language",
+        help="a language's file from the benchmark directory's metadata.json, or 'all' "
+        "(each language in turn into OUT/<language>/, plus OUT/languages.json)",
+    )
+    ap.add_argument(
+        "--benchmark",
+        choices=("mbxp", "humaneval"),
+        default="mbxp",
+        help="with --language: MBXP or multilingual HumanEval (default mbxp)",
+    )
+    ap.add_argument(
+        "--data-dir",
+        help="with --language: the benchmark directory (default $IDA_MBXP_DIR / "
+        "$IDA_HUMANEVAL_DIR, else an installed mxeval's data/)",
+    )
     ap.add_argument("--out", help="output directory (default: ./mbxp-<checkpoint name>)")
     ap.add_argument("--limit", type=int, help="only the first N problems")
-    ap.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
-                    help=f"prompts generated at once (default {DEFAULT_BATCH_SIZE})")
-    ap.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
-                    help=f"generation budget per problem (default {DEFAULT_MAX_NEW_TOKENS})")
-    ap.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto",
-                    help="where the model runs (default auto: cuda when available)")
+    ap.add_argument(
+        "--batch-size",
+        type=int,
+        default=DEFAULT_BATCH_SIZE,
+        help=f"prompts generated at once (default {DEFAULT_BATCH_SIZE})",
+    )
+    ap.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=DEFAULT_MAX_NEW_TOKENS,
+        help=f"generation budget per problem (default {DEFAULT_MAX_NEW_TOKENS})",
+    )
+    ap.add_argument(
+        "--device",
+        choices=("cpu", "cuda", "auto"),
+        default="auto",
+        help="where the model runs (default auto: cuda when available)",
+    )
     ap.add_argument("--device-map", help="accelerate device map, e.g. 'auto' to split layers over GPUs")
-    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
-                    help="dtype of the loaded weights (default bfloat16)")
-    ap.add_argument("--weights", choices=("bf16", "mxfp8"), default="bf16",
-                    help="bf16: weights decoded once (default); mxfp8: projections stay MXFP8 in memory and are "
-                    "decoded at each forward (same logits, about half the weight memory); summary.json records it")
+    ap.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float32"),
+        default="bfloat16",
+        help="dtype of the loaded weights (default bfloat16)",
+    )
+    ap.add_argument(
+        "--weights",
+        choices=("bf16", "mxfp8"),
+        default="bf16",
+        help="bf16: weights decoded once (default); mxfp8: projections stay MXFP8 in memory and are "
+        "decoded at each forward (same logits, about half the weight memory); summary.json records it",
+    )
     ap.add_argument("--workers", type=int, help="programs executed at once (default: nproc)")
     ap.add_argument("--timeout", type=seconds_arg, help="seconds per program (executor default when omitted)")
     ap.add_argument("--compare", nargs=2, metavar=("DIR_A", "DIR_B"), help="print two finished runs side by side")
@@ -532,10 +593,15 @@ def _print_summary(s: Mapping[str, Any], out: Path) -> None:
     print(f"pass@1 = {s['pass@1']:.4f}  ({s['passed']}/{s['n_tasks']} tasks)  -> {out / SUMMARY_FILE}")
     print("classes: " + ", ".join(f"{k}: {v}" for k, v in c.items()))
     d = s["degenerate"]
-    print(f"degenerate completions: {d['count']}" + (f" (e.g. {d['examples'][0]['task_id']}: {d['examples'][0]['reason']})" if d["examples"] else ""))
+    print(
+        f"degenerate completions: {d['count']}"
+        + (f" (e.g. {d['examples'][0]['task_id']}: {d['examples'][0]['reason']})" if d["examples"] else "")
+    )
     t = s["timings"]
-    print(f"generation {t['generation_s']} s ({t['tokens_per_s']} tokens/s), execution {t['execution_s']} s; "
-          f"isolation: {', '.join(s['isolation']) or 'none (nothing ran)'}")
+    print(
+        f"generation {t['generation_s']} s ({t['tokens_per_s']} tokens/s), execution {t['execution_s']} s; "
+        f"isolation: {', '.join(s['isolation']) or 'none (nothing ran)'}"
+    )
 
 
 PROG = "ida_eval.mbxp"
@@ -552,8 +618,11 @@ def _main(run: Run) -> int:
     if args.compare:
         a, b = (Path(d) for d in args.compare)
         if (a / LANGUAGES_FILE).is_file() and (b / LANGUAGES_FILE).is_file():  # two --language all runs
-            common = [lang for lang in json.loads((a / LANGUAGES_FILE).read_text())["languages"]
-                      if (a / lang / SUMMARY_FILE).is_file() and (b / lang / SUMMARY_FILE).is_file()]
+            common = [
+                lang
+                for lang in json.loads((a / LANGUAGES_FILE).read_text())["languages"]
+                if (a / lang / SUMMARY_FILE).is_file() and (b / lang / SUMMARY_FILE).is_file()
+            ]
             for lang in common:
                 print(f"=== {lang}")
                 print(format_comparison(compare_runs(a / lang, b / lang)))
@@ -582,8 +651,10 @@ def _main(run: Run) -> int:
     if args.language:
         files = language_files(args.benchmark, args.data_dir)
         if args.language != "all" and args.language not in files:
-            raise ValueError(f"--language {args.language!r}: not in the {args.benchmark} metadata.json "
-                             f"(there: all, {', '.join(files)})")
+            raise ValueError(
+                f"--language {args.language!r}: not in the {args.benchmark} metadata.json "
+                f"(there: all, {', '.join(files)})"
+            )
         chosen = files if args.language == "all" else {args.language: files[args.language]}
         try:
             result = evaluate_checkpoint_languages(

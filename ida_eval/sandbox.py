@@ -99,7 +99,15 @@ from ida_eval.cgroups import (
 from ida_eval.cleanup import remove_tree
 
 # the sandbox's vocabulary (limits, results, jobs, errors, isolation) lives in ida_eval.sandbox_types
-from ida_eval.sandbox_types import Cancelled, Isolation, ProgramJob, SandboxError, SandboxLimits, SandboxResult
+from ida_eval.sandbox_types import (
+    DEFAULT_LIMITS,
+    Cancelled,
+    Isolation,
+    ProgramJob,
+    SandboxError,
+    SandboxLimits,
+    SandboxResult,
+)
 
 UID_BASE = 1_000_000  # first uid handed to sandboxed programs (per-process offset added, see _slot_ids)
 UID_SLOTS_PER_PROCESS = 256  # at most this many concurrent sandboxes per executing process
@@ -275,7 +283,7 @@ def _remove_work_dir(root: str, workdir: str, names: Sequence[str]) -> None:
 
 def run_program(
     source: str | ProgramJob,
-    limits: SandboxLimits = SandboxLimits(),
+    limits: SandboxLimits = DEFAULT_LIMITS,
     *,
     isolation: Isolation,
     slot: int = 0,
@@ -333,7 +341,9 @@ def run_program(
         if uid is not None:
             os.chown(workdir, uid, gid)
         server = _JobServer.for_slot(slot, limits) if job is not None and _served_unshare_flags(isolation) else None
-        groups = server.run_groups() if server else SandboxCgroups.create(limits.max_processes, limits.memory_bytes, slot)
+        groups = (
+            server.run_groups() if server else SandboxCgroups.create(limits.max_processes, limits.memory_bytes, slot)
+        )
         try:
             res = _spawn_and_wait(program, workdir, limits, isolation, uid, gid, groups, cancel, job, server)
         finally:
@@ -412,7 +422,9 @@ class _JobServer:
         key = (os.getpid(), slot)  # a forked runner starts servers of its own
         with cls._lock:
             server = cls._servers.get(key)
-        if server is not None and (server.proc.poll() is not None or server.limits != (limits.max_processes, limits.memory_bytes)):
+        if server is not None and (
+            server.proc.poll() is not None or server.limits != (limits.max_processes, limits.memory_bytes)
+        ):
             server.close()
             server = None
         if server is None:
@@ -450,7 +462,9 @@ class _JobServer:
             socket.send_fds(self.sock, [marshal.dumps({"argv": argv, "env": env, "unshare": flags})], fds)
             reply, got, _, _ = socket.recv_fds(self.sock, 64, 1)
         except OSError as e:
-            raise SandboxError(f"job server (pid {self.proc.pid}, exit {self.proc.poll()}) did not start the run: {e}") from e
+            raise SandboxError(
+                f"job server (pid {self.proc.pid}, exit {self.proc.poll()}) did not start the run: {e}"
+            ) from e
         finally:
             self.sock.settimeout(None)
         if not reply.startswith(b"started ") or len(got) != 1:
@@ -494,7 +508,9 @@ class _ServedRun:
                 pass
 
 
-def _start_served(server: _JobServer, argv: list[str], env: dict[str, str], flags: int, pipes: Sequence[int]) -> _ServedRun:
+def _start_served(
+    server: _JobServer, argv: list[str], env: dict[str, str], flags: int, pipes: Sequence[int]
+) -> _ServedRun:
     """Start one program through a job server, with new stdin/stdout/stderr pipes; ``pipes`` are
     the sentinel, status and lifeline ends."""
     ends = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr
@@ -508,9 +524,9 @@ def _start_served(server: _JobServer, argv: list[str], env: dict[str, str], flag
     finally:
         for fd in theirs[:3]:
             os.close(fd)
-    session.stdin = open(ends[0][1], "wb", buffering=0)  # noqa: SIM115 - closed by _spawn_and_wait
-    session.stdout = open(ends[1][0], "rb", buffering=0)  # noqa: SIM115
-    session.stderr = open(ends[2][0], "rb", buffering=0)  # noqa: SIM115
+    session.stdin = open(ends[0][1], "wb", buffering=0)  # closed by _spawn_and_wait
+    session.stdout = open(ends[1][0], "rb", buffering=0)
+    session.stderr = open(ends[2][0], "rb", buffering=0)
     return session
 
 
@@ -544,7 +560,9 @@ def _hidden_paths(workdir: str) -> tuple[list[str], list[str], list[str]]:
     (What they are depends only on the temp root, the home and the temp dir: worked out once for
     each, as it costs ~0.5 ms per program.)
     """
-    hidden, kept, fresh = _hidden_paths_for(os.path.dirname(os.path.dirname(workdir)), os.path.expanduser("~"), tempfile.gettempdir())
+    hidden, kept, fresh = _hidden_paths_for(
+        os.path.dirname(os.path.dirname(workdir)), os.path.expanduser("~"), tempfile.gettempdir()
+    )
     return list(hidden), list(kept), list(fresh)
 
 

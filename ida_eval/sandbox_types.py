@@ -27,6 +27,7 @@ import math
 __all__ = [
     "COMPILE_LOG",
     "COMPILE_OUTPUT_BYTES",
+    "DEFAULT_LIMITS",
     "Cancelled",
     "GiB",
     "ISOLATION_LEVELS",
@@ -121,6 +122,9 @@ class SandboxLimits:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         if self.hash_seed is not None and not (0 <= self.hash_seed <= 4294967295):
             raise ValueError(f"hash_seed must be None or in [0, 2**32-1], got {self.hash_seed!r}")
+
+
+DEFAULT_LIMITS = SandboxLimits()  # frozen: one shared instance is the default everywhere
 
 
 @dataclasses.dataclass(frozen=True)

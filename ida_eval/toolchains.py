@@ -58,9 +58,13 @@ def _library_missing(lang: Language) -> str | None:
             return "lodash (node-lodash)"
     if lang.name == "perl":
         perl = shutil.which("perl", path=SAFE_PATH)
-        ok = perl is not None and subprocess.run(
-            [perl, "-MData::Compare", "-e1"], capture_output=True, env=_tool_env(), check=False
-        ).returncode == 0
+        ok = (
+            perl is not None
+            and subprocess.run(
+                [perl, "-MData::Compare", "-e1"], capture_output=True, env=_tool_env(), check=False
+            ).returncode
+            == 0
+        )
         if not ok:
             return "Data::Compare (libdata-compare-perl)"
     return None
@@ -107,7 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(run: Run) -> int:
     ap = ArgumentParser(
-        prog=f"python -m {PROG}", short_prog=PROG,
+        prog=f"python -m {PROG}",
+        short_prog=PROG,
         description="List the MBXP languages' toolchains (present, version).",
     )
     ap.add_argument("--language", action="append", choices=list(LANGUAGES), help="only these languages")
@@ -131,8 +136,9 @@ def _main(run: Run) -> int:
     cmd = apt_command(rows, args.all)
     unavailable = [r["language"] for r in rows if not r["packages"] and (args.all or not r["present"])]
     if args.yes and cmd and os.geteuid() != 0:
-        raise PermissionError(f"--install --yes runs apt-get, which needs root: run it as root, or run "
-                              f"'{' '.join(cmd)}' yourself")
+        raise PermissionError(
+            f"--install --yes runs apt-get, which needs root: run it as root, or run '{' '.join(cmd)}' yourself"
+        )
     if args.json:
         print(json.dumps({"command": cmd, "no_debian_package": unavailable}, indent=2))
     else:
@@ -144,7 +150,9 @@ def _main(run: Run) -> int:
             env = _tool_env() | {"DEBIAN_FRONTEND": "noninteractive"}
             status = subprocess.run(step, env=env, stdout=sys.stderr if args.json else None, check=False).returncode
             if status != 0:
-                raise CannotRunHere(f"'{' '.join(step)}' failed with exit status {status}: the packages are not installed")
+                raise CannotRunHere(
+                    f"'{' '.join(step)}' failed with exit status {status}: the packages are not installed"
+                )
     return 0
 
 

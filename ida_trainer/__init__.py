@@ -3,7 +3,8 @@
 Modules: :mod:`ida_trainer.config` (one frozen config tree, validation),
 :mod:`ida_trainer.cli` (presets, TOML, command line), :mod:`ida_trainer.data`
 (JSONL formats, completion-only labels, packing, resumable batches), :mod:`ida_trainer.engine` (loss,
-``LocalEngine``, schedule, clipping), :mod:`ida_trainer.trainer` (loop, resume, eval), :mod:`ida_trainer.checkpoint` (atomic checkpoints, resume, export),
+``LocalEngine``, schedule, clipping), :mod:`ida_trainer.trainer` (loop, resume, eval),
+:mod:`ida_trainer.checkpoint` (atomic checkpoints, resume, export),
 :mod:`ida_trainer.logs`, :mod:`ida_trainer.special_tokens`, :mod:`ida_trainer.precision` (recipes,
 NVFP4 linear, optimizers), :mod:`ida_trainer.distributed` (1F1B pipeline, FSDP2), :mod:`ida_trainer.demo`.
 

@@ -52,8 +52,16 @@ MODEL_FILE = "model.safetensors"
 OPTIM_FILE = "optimizer.pt"
 STATE_FILE = "trainer_state.json"
 MANIFEST_FILE = "export_manifest.json"
-_COPY_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-               "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")
+_COPY_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+)
 
 
 def checkpoint_name(step: int) -> str:
@@ -86,7 +94,7 @@ def list_checkpoints(root: str | Path, *, run_id: str | None = None) -> list[tup
         if not p.is_dir() or not p.name.startswith(CKPT_PREFIX) or p.name.endswith(TMP_SUFFIX):
             continue
         try:
-            step = int(p.name[len(CKPT_PREFIX):])
+            step = int(p.name[len(CKPT_PREFIX) :])
         except ValueError:
             continue
         if (p / STATE_FILE).is_file() and (p / MODEL_FILE).is_file():
@@ -111,7 +119,7 @@ def remove_partial(root: str | Path) -> list[Path]:
     if not root.is_dir():
         return []
     for p in sorted(root.glob(f"{CKPT_PREFIX}*{OLD_SUFFIX}")):
-        final = root / p.name[:-len(OLD_SUFFIX)]
+        final = root / p.name[: -len(OLD_SUFFIX)]
         if p.is_dir() and not final.exists():
             os.replace(p, final)
     removed = [p for p in root.glob(f"{CKPT_PREFIX}*{TMP_SUFFIX}") if p.is_dir()]
@@ -127,12 +135,18 @@ def rng_state() -> dict[str, Any]:
     state: dict[str, Any] = {
         "torch_cpu": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii"),
         "python": [version, list(internal), gauss],
-        "numpy": {"name": name, "keys": keys.tolist(), "pos": int(pos), "has_gauss": int(has_gauss),
-                  "cached": float(cached)},
+        "numpy": {
+            "name": name,
+            "keys": keys.tolist(),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["torch_cuda"] = [base64.b64encode(s.numpy().tobytes()).decode("ascii")
-                               for s in torch.cuda.get_rng_state_all()]
+        state["torch_cuda"] = [
+            base64.b64encode(s.numpy().tobytes()).decode("ascii") for s in torch.cuda.get_rng_state_all()
+        ]
     return state
 
 
@@ -151,10 +165,20 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state_all([_bytes_tensor(s) for s in state["torch_cuda"]])
 
 
-def save_checkpoint(root: str | Path, step: int, *, tensors: Mapping[str, Any], model_config: Any,
-                    generation_config: Any, tokenizer: Any, optimizer_state: Mapping[str, Any],
-                    trainer_state: Mapping[str, Any], metadata: Mapping[str, str], keep: int,
-                    before_rename: Callable[[Path], None] | None = None) -> Path:
+def save_checkpoint(
+    root: str | Path,
+    step: int,
+    *,
+    tensors: Mapping[str, Any],
+    model_config: Any,
+    generation_config: Any,
+    tokenizer: Any,
+    optimizer_state: Mapping[str, Any],
+    trainer_state: Mapping[str, Any],
+    metadata: Mapping[str, str],
+    keep: int,
+    before_rename: Callable[[Path], None] | None = None,
+) -> Path:
     """Write one checkpoint directory atomically and prune to the newest ``keep``.
 
     Args:
@@ -188,8 +212,14 @@ def save_checkpoint(root: str | Path, step: int, *, tensors: Mapping[str, Any], 
     tmp.mkdir()
     from ida_trainer.precision import EXPORT_LAYOUT
 
-    write_mxfp8_safetensors(tmp / MODEL_FILE, tensors, metadata=dict(metadata), progress=False,
-                            orientation=EXPORT_LAYOUT.orientation, norm_convention=EXPORT_LAYOUT.norm_convention)
+    write_mxfp8_safetensors(
+        tmp / MODEL_FILE,
+        tensors,
+        metadata=dict(metadata),
+        progress=False,
+        orientation=EXPORT_LAYOUT.orientation,
+        norm_convention=EXPORT_LAYOUT.norm_convention,
+    )
     # config.json names our quantization method (orientation, norm convention from the file's metadata)
     write_config_json(tmp, tmp / MODEL_FILE, config=json.loads(model_config.to_json_string(use_diff=False)))
     atomic_write_text(tmp / "generation_config.json", generation_config.to_json_string(use_diff=True))
@@ -243,8 +273,10 @@ def read_model_tensors(path: str | Path) -> dict[str, Any]:
         for name in names:
             if reader.is_quantized(name):
                 raw = reader.get_raw(name)
-                out[name] = MXFP8Tensor(torch.from_numpy(np.ascontiguousarray(raw.payload)),
-                                        torch.from_numpy(np.ascontiguousarray(raw.scales)))
+                out[name] = MXFP8Tensor(
+                    torch.from_numpy(np.ascontiguousarray(raw.payload)),
+                    torch.from_numpy(np.ascontiguousarray(raw.scales)),
+                )
             else:
                 out[name] = reader.get(name, framework="pt")
     return out
@@ -276,8 +308,9 @@ def parse_prefix_mapping(spec: str) -> Callable[[str], str]:
     return prefix_mapping({old: new})
 
 
-def export_checkpoint(ckpt_dir: str | Path, export_dir: str | Path, *,
-                      rename: Mapping[str, str] | Callable[[str], str] | None = None) -> dict[str, Any]:
+def export_checkpoint(
+    ckpt_dir: str | Path, export_dir: str | Path, *, rename: Mapping[str, str] | Callable[[str], str] | None = None
+) -> dict[str, Any]:
     """Publish a checkpoint: header-only rename of ``model.safetensors`` plus the transformers files.
 
     Args:

@@ -45,10 +45,20 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "": {"out": "runs/minitron-4b"},
         "model": {"activation_checkpointing": True},
         "data": {"format": "alpaca", "max_len": 2048, "packing": True},
-        "precision": {"recipe": "nvfp4", "writeback": "stochastic",
-                      "keep_bf16": ("model.layers.0.*", "model.layers.31.*")},
-        "optim": {"name": "lion", "lr": 1e-5, "betas": LION_BETAS, "weight_decay": 0.0,
-                  "warmup_steps": 100, "min_lr_ratio": 0.1, "grad_clip": 1.0},
+        "precision": {
+            "recipe": "nvfp4",
+            "writeback": "stochastic",
+            "keep_bf16": ("model.layers.0.*", "model.layers.31.*"),
+        },
+        "optim": {
+            "name": "lion",
+            "lr": 1e-5,
+            "betas": LION_BETAS,
+            "weight_decay": 0.0,
+            "warmup_steps": 100,
+            "min_lr_ratio": 0.1,
+            "grad_clip": 1.0,
+        },
         "parallel": {"pipeline_stages": 2, "microbatches": 8},
         "train": {"steps": 2000, "global_batch_size": 32, "log_every": 10},
         "checkpoint": {"every": 250, "keep": 3},
@@ -60,8 +70,15 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "model": {"activation_checkpointing": True},
         "data": {"format": "chat", "max_len": 4096, "packing": False},
         "precision": {"recipe": "bf16"},
-        "optim": {"name": "adamw", "lr": 1e-5, "betas": ADAMW_BETAS, "weight_decay": 0.01,
-                  "warmup_steps": 100, "min_lr_ratio": 0.1, "grad_clip": 1.0},
+        "optim": {
+            "name": "adamw",
+            "lr": 1e-5,
+            "betas": ADAMW_BETAS,
+            "weight_decay": 0.01,
+            "warmup_steps": 100,
+            "min_lr_ratio": 0.1,
+            "grad_clip": 1.0,
+        },
         "parallel": {"data_parallel": "fsdp", "microbatches": 4},
         "train": {"steps": 2000, "global_batch_size": 64, "log_every": 10},
         "checkpoint": {"every": 250, "keep": 3},
@@ -123,7 +140,7 @@ def _coerce(section: str, name: str, tp: Any, raw: Any) -> Any:
                 return tuple(_coerce(section, name, elem, x) for x in items)
             if len(items) != len(args):
                 raise ValueError(f"expected {len(args)} comma-separated values")
-            return tuple(_coerce(section, name, a, x) for a, x in zip(args, items))
+            return tuple(_coerce(section, name, a, x) for a, x in zip(args, items, strict=True))
     except (TypeError, ValueError) as err:
         raise ValueError(f"invalid setting {where} = {raw!r}: {err}") from None
     raise AssertionError(f"unsupported field type {tp!r} for {where}")
@@ -275,12 +292,14 @@ def _is_number(s: str) -> bool:
 
 def usage() -> str:
     """One-screen help text listing presets, friendly flags and every dotted setting."""
-    lines = ["usage: python -m ida_trainer [--config FILE.toml] [--preset NAME] [--section.key VALUE ...]",
-             f"  no arguments: the embedded demo (tiny Nemotron, nvfp4 on CPU, {DEMO_DURATION}; writes runs/demo)",
-             f"  presets: {', '.join(PRESETS)}",
-             "  --debug: full tracebacks instead of one-line errors (also IDA_DEBUG=1); exit status 0 ok, "
-             "1 training diverged, 2 bad input, 3 cannot run here, 70 internal error, 130 interrupted (docs/cli.md)",
-             "  flags: " + " ".join(f"{k} {'' if k in _SWITCHES else 'V'}".strip() for k in _FRIENDLY)]
+    lines = [
+        "usage: python -m ida_trainer [--config FILE.toml] [--preset NAME] [--section.key VALUE ...]",
+        f"  no arguments: the embedded demo (tiny Nemotron, nvfp4 on CPU, {DEMO_DURATION}; writes runs/demo)",
+        f"  presets: {', '.join(PRESETS)}",
+        "  --debug: full tracebacks instead of one-line errors (also IDA_DEBUG=1); exit status 0 ok, "
+        "1 training diverged, 2 bad input, 3 cannot run here, 70 internal error, 130 interrupted (docs/cli.md)",
+        "  flags: " + " ".join(f"{k} {'' if k in _SWITCHES else 'V'}".strip() for k in _FRIENDLY),
+    ]
     for section, cls in SECTIONS.items():
         defaults = cls()
         lines.append(f"  [{section}] " + " ".join(f"{f.name}={getattr(defaults, f.name)!r}" for f in fields(cls)))
@@ -320,5 +339,3 @@ def from_tree(tree: Mapping[str, Mapping[str, Any]]) -> JobConfig:
         for name, raw in values.items():
             _merge(norm, section, name, raw, "config tree")
     return _build(norm)
-
-

@@ -127,9 +127,12 @@ class OptimConfig:
             _fail("optim", "min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
         if 0.0 < self.min_lr_ratio and self.lr * self.min_lr_ratio < sys.float_info.min:
             # A ratio so small that the final lr is 0.0 or subnormal is not a floor at all: say 0.
-            _fail("optim", "min_lr_ratio", self.min_lr_ratio,
-                  f"the final lr lr * min_lr_ratio = {self.lr * self.min_lr_ratio!r} underflows; "
-                  "use 0 to decay to zero")
+            _fail(
+                "optim",
+                "min_lr_ratio",
+                self.min_lr_ratio,
+                f"the final lr lr * min_lr_ratio = {self.lr * self.min_lr_ratio!r} underflows; use 0 to decay to zero",
+            )
         if self.grad_clip < 0:
             _fail("optim", "grad_clip", self.grad_clip, "must be >= 0 (0 disables clipping)")
 
@@ -156,11 +159,19 @@ class ParallelConfig:
         if self.microbatches < 1:
             _fail("parallel", "microbatches", self.microbatches, "must be >= 1")
         if self.pipeline_stages > 1 and self.data_parallel != "none":
-            _fail("parallel", "data_parallel", self.data_parallel,
-                  "pipeline stages and FSDP cannot be combined yet; use one of them")
+            _fail(
+                "parallel",
+                "data_parallel",
+                self.data_parallel,
+                "pipeline stages and FSDP cannot be combined yet; use one of them",
+            )
         if self.pipeline_stages > 1 and self.microbatches < self.pipeline_stages:
-            _fail("parallel", "microbatches", self.microbatches,
-                  f"a {self.pipeline_stages}-stage 1F1B pipeline needs at least {self.pipeline_stages} micro-batches")
+            _fail(
+                "parallel",
+                "microbatches",
+                self.microbatches,
+                f"a {self.pipeline_stages}-stage 1F1B pipeline needs at least {self.pipeline_stages} micro-batches",
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -274,8 +285,12 @@ class CheckpointConfig:
         if self.keep < 1:
             _fail("checkpoint", "keep", self.keep, "must be >= 1")
         if self.resume and self.overwrite:
-            _fail("checkpoint", "overwrite", self.overwrite, "--resume continues the run in --out, --overwrite "
-                  "replaces it: give one of them")
+            _fail(
+                "checkpoint",
+                "overwrite",
+                self.overwrite,
+                "--resume continues the run in --out, --overwrite replaces it: give one of them",
+            )
         if self.export_prefix and "=" not in self.export_prefix:
             _fail("checkpoint", "export_prefix", self.export_prefix, "write it as OLD=NEW, e.g. 'model.=backbone.'")
 
@@ -333,17 +348,34 @@ class JobConfig:
         if not self.out:
             _fail("job", "out", self.out, "give a run directory with --out DIR")
         if self.precision.recipe == "nvfp4" and self.optim.name != "lion":
-            _fail("optim", "name", self.optim.name,
-                  "the nvfp4 recipe updates its MXFP8 master with Lion; use --optim.name lion or --recipe bf16")
+            _fail(
+                "optim",
+                "name",
+                self.optim.name,
+                "the nvfp4 recipe updates its MXFP8 master with Lion; use --optim.name lion or --recipe bf16",
+            )
         if self.precision.recipe == "bf16" and self.optim.name != "adamw":
-            _fail("optim", "name", self.optim.name,
-                  "the bf16 comparison recipe uses AdamW; use --optim.name adamw or --recipe nvfp4")
+            _fail(
+                "optim",
+                "name",
+                self.optim.name,
+                "the bf16 comparison recipe uses AdamW; use --optim.name adamw or --recipe nvfp4",
+            )
         per_step = self.parallel.microbatches
         if self.train.global_batch_size % per_step:
-            _fail("train", "global_batch_size", self.train.global_batch_size,
-                  f"must be a multiple of parallel.microbatches={per_step}")
+            _fail(
+                "train",
+                "global_batch_size",
+                self.train.global_batch_size,
+                f"must be a multiple of parallel.microbatches={per_step}",
+            )
         if self.data.path == "" and self.data.format != "plain":
-            _fail("data", "format", self.data.format, "the demo corpus is plain text; give your data file with --data FILE.jsonl")
+            _fail(
+                "data",
+                "format",
+                self.data.format,
+                "the demo corpus is plain text; give your data file with --data FILE.jsonl",
+            )
 
     @property
     def is_demo(self) -> bool:
@@ -352,8 +384,14 @@ class JobConfig:
 
 
 SECTIONS: dict[str, type] = {
-    "model": ModelConfig, "data": DataConfig, "precision": PrecisionConfig, "optim": OptimConfig,
-    "parallel": ParallelConfig, "train": TrainConfig, "checkpoint": CheckpointConfig, "eval": EvalConfig,
+    "model": ModelConfig,
+    "data": DataConfig,
+    "precision": PrecisionConfig,
+    "optim": OptimConfig,
+    "parallel": ParallelConfig,
+    "train": TrainConfig,
+    "checkpoint": CheckpointConfig,
+    "eval": EvalConfig,
 }
 
 
@@ -375,7 +413,9 @@ def ignored_settings(cfg: JobConfig) -> list[str]:
     if cfg.eval.every and cfg.eval.every > cfg.train.steps:
         notes.append(f"eval.every={cfg.eval.every} exceeds train.steps={cfg.train.steps}: no in-training eval will run")
     if cfg.checkpoint.every and cfg.checkpoint.every > cfg.train.steps:
-        notes.append(f"checkpoint.every={cfg.checkpoint.every} exceeds train.steps: only the final checkpoint is written")
+        notes.append(
+            f"checkpoint.every={cfg.checkpoint.every} exceeds train.steps: only the final checkpoint is written"
+        )
     return notes
 
 

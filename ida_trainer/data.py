@@ -112,13 +112,16 @@ def end_of_turn_marker(tokenizer: Any) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise DataError("data.format = 'chat' needs a tokenizer with a chat template; this tokenizer has none")
     probe = "Q7ZX"
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "U"}, {"role": "assistant", "content": probe}],
-                                         tokenize=False)
-    after = text[text.rindex(probe) + len(probe):].strip()
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "U"}, {"role": "assistant", "content": probe}], tokenize=False
+    )
+    after = text[text.rindex(probe) + len(probe) :].strip()
     marker = after.split()[0] if after else ""
     if not marker:
-        raise DataError("the chat template puts no end-of-turn marker after an assistant message; "
-                        "the model could never learn to stop")
+        raise DataError(
+            "the chat template puts no end-of-turn marker after an assistant message; "
+            "the model could never learn to stop"
+        )
     ids = tokenizer(marker, add_special_tokens=False)["input_ids"]
     if len(ids) != 1:
         raise DataError(f"the chat template's end-of-turn marker {marker!r} is not a single token ({ids})")
@@ -149,7 +152,7 @@ def _check_record(rec: Any, fmt: str) -> str | None:
         return 'expected {"messages": [{"role": ..., "content": ...}, ...]} with at least one message'
     for k, m in enumerate(msgs):
         if not isinstance(m, dict) or not isinstance(m.get("content"), str):
-            return f"message {k} must be an object with a string \"content\""
+            return f'message {k} must be an object with a string "content"'
         if m.get("role") not in _CHAT_ROLES:
             return f"message {k} has role {m.get('role')!r}; expected one of {', '.join(_CHAT_ROLES)}"
     if not any(m["role"] == "assistant" for m in msgs):
@@ -172,8 +175,10 @@ def _check_unicode(rec: dict[str, Any], fmt: str) -> str | None:
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as err:
-            return (f"{what} holds a lone surrogate (\\u{ord(text[err.start]):04x} at character {err.start + 1}), "
-                    "which is not Unicode text")
+            return (
+                f"{what} holds a lone surrogate (\\u{ord(text[err.start]):04x} at character {err.start + 1}), "
+                "which is not Unicode text"
+            )
     return None
 
 
@@ -262,8 +267,15 @@ def _left(limit: int | None, used: int) -> int | None:
     return None if limit is None else max(0, limit - used)
 
 
-def encode_record(rec: dict[str, Any], fmt: str, tokenizer: Any, *, source: str,
-                  end_marker: str | None = None, max_tokens: int | None = None) -> list[Example]:
+def encode_record(
+    rec: dict[str, Any],
+    fmt: str,
+    tokenizer: Any,
+    *,
+    source: str,
+    end_marker: str | None = None,
+    max_tokens: int | None = None,
+) -> list[Example]:
     """Tokenise one validated record into one example (plain, alpaca) or one per assistant turn (chat).
 
     ``max_tokens``: tokenise only as far as the first ``max_tokens`` tokens of each example need
@@ -273,8 +285,9 @@ def encode_record(rec: dict[str, Any], fmt: str, tokenizer: Any, *, source: str,
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     if fmt == "plain":
         bos = _bos(tokenizer)
-        return [_prompt_target([], bos + encode_prefix(tokenizer, rec["text"], _left(max_tokens, len(bos))) + eos,
-                               source)]
+        return [
+            _prompt_target([], bos + encode_prefix(tokenizer, rec["text"], _left(max_tokens, len(bos))) + eos, source)
+        ]
     if fmt == "alpaca":
         prompt = ALPACA_INSTRUCTION + rec["instruction"] + "\n\n"
         if rec.get("input"):
@@ -282,8 +295,11 @@ def encode_record(rec: dict[str, Any], fmt: str, tokenizer: Any, *, source: str,
         prompt += ALPACA_RESPONSE
         bos = _bos(tokenizer)
         prompt_ids = bos + encode_prefix(tokenizer, prompt, _left(max_tokens, len(bos)))
-        return [_prompt_target(prompt_ids, encode_prefix(tokenizer, rec["output"], _left(max_tokens, len(prompt_ids)))
-                               + eos, source)]
+        return [
+            _prompt_target(
+                prompt_ids, encode_prefix(tokenizer, rec["output"], _left(max_tokens, len(prompt_ids))) + eos, source
+            )
+        ]
     assert end_marker is not None
     msgs = [{"role": m["role"], "content": m["content"]} for m in rec["messages"]]
     out: list[Example] = []
@@ -295,16 +311,19 @@ def encode_record(rec: dict[str, Any], fmt: str, tokenizer: Any, *, source: str,
         full = tokenizer.apply_chat_template(history + [msg], tokenize=False)
         where = f"{source} (assistant turn {k})"
         if not full.startswith(prompt):
-            raise DataError(f"{where}: the chat template does not render the conversation so far as a prefix "
-                            "of the conversation with this turn; cannot separate prompt from completion")
-        target = full[len(prompt):]
+            raise DataError(
+                f"{where}: the chat template does not render the conversation so far as a prefix "
+                "of the conversation with this turn; cannot separate prompt from completion"
+            )
+        target = full[len(prompt) :]
         cut = target.find(end_marker)
         if cut < 0:
             raise DataError(f"{where}: the rendered turn lacks the end-of-turn marker {end_marker!r}")
-        target = target[:cut + len(end_marker)]
+        target = target[: cut + len(end_marker)]
         prompt_ids = encode_prefix(tokenizer, prompt, max_tokens)
-        out.append(_prompt_target(prompt_ids, encode_prefix(tokenizer, target, _left(max_tokens, len(prompt_ids))),
-                                  where))
+        out.append(
+            _prompt_target(prompt_ids, encode_prefix(tokenizer, target, _left(max_tokens, len(prompt_ids))), where)
+        )
     return out
 
 
@@ -320,11 +339,12 @@ def load_examples(data: DataConfig, tokenizer: Any, *, path: str | Path) -> tupl
     examples: list[Example] = []
     for lineno, rec in records:
         # max_len + 1 tokens tell "fits" from "truncated" without tokenising a huge line whole
-        for ex in encode_record(rec, data.format, tokenizer, source=f"{path}:{lineno}", end_marker=marker,
-                                max_tokens=data.max_len + 1):
+        for ex in encode_record(
+            rec, data.format, tokenizer, source=f"{path}:{lineno}", end_marker=marker, max_tokens=data.max_len + 1
+        ):
             if len(ex.input_ids) > data.max_len:
                 stats.num_truncated += 1
-                ex = Example(ex.input_ids[:data.max_len], ex.supervised[:data.max_len], ex.source)
+                ex = Example(ex.input_ids[: data.max_len], ex.supervised[: data.max_len], ex.source)
             if ex.num_targets == 0:
                 stats.num_dropped += 1
                 continue
@@ -377,11 +397,11 @@ def collate(rows: Sequence[Row], *, pad_id: int, length: int, packed: bool) -> d
             n = len(ex.input_ids)
             assert t + n <= length, "row longer than the padded length"
             seg = torch.tensor(ex.input_ids, dtype=torch.long)
-            ids[i, t:t + n] = seg
+            ids[i, t : t + n] = seg
             sup = torch.tensor(ex.supervised[1:], dtype=torch.bool)
-            labels[i, t:t + n - 1] = torch.where(sup, seg[1:], torch.full_like(seg[1:], IGNORE_INDEX))
-            pos[i, t:t + n] = torch.arange(n)
-            doc[i, t:t + n] = d
+            labels[i, t : t + n - 1] = torch.where(sup, seg[1:], torch.full_like(seg[1:], IGNORE_INDEX))
+            pos[i, t : t + n] = torch.arange(n)
+            doc[i, t : t + n] = d
             t += n
         pos[i, t:] = torch.arange(length - t)
     if packed:
@@ -424,11 +444,24 @@ class StepBatcher:
         (2, 4)
     """
 
-    def __init__(self, rows: Sequence[Row], *, global_batch_size: int, microbatches: int, seed: int,
-                 pad_id: int, shuffle: bool = True, packed: bool = False, dp_rank: int = 0, dp_size: int = 1):
+    def __init__(
+        self,
+        rows: Sequence[Row],
+        *,
+        global_batch_size: int,
+        microbatches: int,
+        seed: int,
+        pad_id: int,
+        shuffle: bool = True,
+        packed: bool = False,
+        dp_rank: int = 0,
+        dp_size: int = 1,
+    ):
         if global_batch_size % (microbatches * dp_size):
-            raise ValueError(f"train.global_batch_size={global_batch_size} must be a multiple of "
-                             f"parallel.microbatches x data-parallel ranks = {microbatches} x {dp_size}")
+            raise ValueError(
+                f"train.global_batch_size={global_batch_size} must be a multiple of "
+                f"parallel.microbatches x data-parallel ranks = {microbatches} x {dp_size}"
+            )
         if not rows:
             raise ValueError("no training rows")
         self.rows = list(rows)
@@ -464,13 +497,18 @@ class StepBatcher:
         rows = [self._take() for _ in range(self.global_batch_size)]
         length = max(sum(len(ex.input_ids) for ex in row) for row in rows)
         valid = sum(ex.num_targets for row in rows for ex in row)
-        mine = rows[self.dp_rank::self.dp_size]
+        mine = rows[self.dp_rank :: self.dp_size]
         per_mb = len(mine) // self.microbatches
-        mbs = [collate(mine[i * per_mb:(i + 1) * per_mb], pad_id=self.pad_id, length=length, packed=self.packed)
-               for i in range(self.microbatches)]
-        return StepBatch(microbatches=mbs, global_valid_tokens=valid,
-                         sources=[ex.source for row in rows for ex in row],
-                         num_tokens=sum(len(ex.input_ids) for row in rows for ex in row))
+        mbs = [
+            collate(mine[i * per_mb : (i + 1) * per_mb], pad_id=self.pad_id, length=length, packed=self.packed)
+            for i in range(self.microbatches)
+        ]
+        return StepBatch(
+            microbatches=mbs,
+            global_valid_tokens=valid,
+            sources=[ex.source for row in rows for ex in row],
+            num_tokens=sum(len(ex.input_ids) for row in rows for ex in row),
+        )
 
     def state_dict(self) -> dict[str, int]:
         """The data cursor."""
@@ -479,16 +517,36 @@ class StepBatcher:
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Restore the cursor (the rows must be the same as when it was saved)."""
         if state.get("num_rows") != len(self.rows):
-            raise ValueError(f"cannot resume the data cursor: the checkpoint saw {state.get('num_rows')} rows, "
-                             f"the data now has {len(self.rows)}; resume with the same data and data.* settings")
+            raise ValueError(
+                f"cannot resume the data cursor: the checkpoint saw {state.get('num_rows')} rows, "
+                f"the data now has {len(self.rows)}; resume with the same data and data.* settings"
+            )
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
         self._order = self._permutation(self.epoch)
 
 
-def build_batcher(data: DataConfig, examples: Sequence[Example], *, global_batch_size: int, microbatches: int,
-                  seed: int, pad_id: int, dp_rank: int = 0, dp_size: int = 1) -> StepBatcher:
+def build_batcher(
+    data: DataConfig,
+    examples: Sequence[Example],
+    *,
+    global_batch_size: int,
+    microbatches: int,
+    seed: int,
+    pad_id: int,
+    dp_rank: int = 0,
+    dp_size: int = 1,
+) -> StepBatcher:
     """Rows from ``examples`` (packed when ``data.packing``) wrapped in a :class:`StepBatcher`."""
     rows = pack_examples(examples, data.max_len) if data.packing else [(ex,) for ex in examples]
-    return StepBatcher(rows, global_batch_size=global_batch_size, microbatches=microbatches, seed=seed,
-                       pad_id=pad_id, shuffle=data.shuffle, packed=data.packing, dp_rank=dp_rank, dp_size=dp_size)
+    return StepBatcher(
+        rows,
+        global_batch_size=global_batch_size,
+        microbatches=microbatches,
+        seed=seed,
+        pad_id=pad_id,
+        shuffle=data.shuffle,
+        packed=data.packing,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+    )

@@ -126,13 +126,17 @@ def init_distributed(parallel: ParallelConfig) -> DistInfo:
     wants = parallel.pipeline_stages > 1 or parallel.data_parallel == "fsdp"
     if not wants:
         if world > 1:
-            raise ValueError(f"launched with {world} processes but neither --pipeline-stages > 1 nor "
-                             "--data-parallel fsdp is set; run a single process or choose a parallelism")
+            raise ValueError(
+                f"launched with {world} processes but neither --pipeline-stages > 1 nor "
+                "--data-parallel fsdp is set; run a single process or choose a parallelism"
+            )
         return DistInfo()
     if parallel.pipeline_stages > 1 and world != parallel.pipeline_stages:
-        raise ValueError(f"--pipeline-stages {parallel.pipeline_stages} needs exactly {parallel.pipeline_stages} "
-                         f"processes, got WORLD_SIZE={world}: launch with "
-                         f"torchrun --nproc-per-node {parallel.pipeline_stages} -m ida_trainer ...")
+        raise ValueError(
+            f"--pipeline-stages {parallel.pipeline_stages} needs exactly {parallel.pipeline_stages} "
+            f"processes, got WORLD_SIZE={world}: launch with "
+            f"torchrun --nproc-per-node {parallel.pipeline_stages} -m ida_trainer ..."
+        )
     if parallel.data_parallel == "fsdp" and "WORLD_SIZE" not in os.environ:
         raise ValueError("--data-parallel fsdp needs torchrun: torchrun --nproc-per-node N -m ida_trainer ...")
     cuda = torch.cuda.is_available()
@@ -142,8 +146,15 @@ def init_distributed(parallel: ParallelConfig) -> DistInfo:
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         dist.init_process_group(backend=backend)
-    return DistInfo(rank=rank, world_size=world, local_rank=local_rank, backend=backend, device=device,
-                    pipeline_stages=parallel.pipeline_stages, data_parallel=parallel.data_parallel)
+    return DistInfo(
+        rank=rank,
+        world_size=world,
+        local_rank=local_rank,
+        backend=backend,
+        device=device,
+        pipeline_stages=parallel.pipeline_stages,
+        data_parallel=parallel.data_parallel,
+    )
 
 
 def split_layers(num_layers: int, num_stages: int) -> list[range]:
@@ -154,8 +165,10 @@ def split_layers(num_layers: int, num_stages: int) -> list[range]:
         [range(0, 3), range(3, 5)]
     """
     if num_stages < 1 or num_layers < num_stages:
-        raise ValueError(f"cannot split {num_layers} decoder layers over {num_stages} pipeline stages "
-                         "(every stage needs at least one layer)")
+        raise ValueError(
+            f"cannot split {num_layers} decoder layers over {num_stages} pipeline stages "
+            "(every stage needs at least one layer)"
+        )
     base, extra = divmod(num_layers, num_stages)
     out, start = [], 0
     for s in range(num_stages):
@@ -177,16 +190,26 @@ def token_loss(logits: torch.Tensor, labels: torch.Tensor, global_valid_tokens: 
 def _decoder(model: nn.Module) -> nn.Module:
     base = getattr(model, "model", None)
     if base is None or not hasattr(base, "layers") or not hasattr(model, "lm_head"):
-        raise ValueError(f"{type(model).__name__}: pipelining needs a transformers causal LM with .model.layers "
-                         "and .lm_head (Nemotron, Llama, Qwen3 ...)")
+        raise ValueError(
+            f"{type(model).__name__}: pipelining needs a transformers causal LM with .model.layers "
+            "and .lm_head (Nemotron, Llama, Qwen3 ...)"
+        )
     return base
 
 
 class _StageModule(nn.Module):
     """One pipeline stage of a transformers causal LM: (embed) -> layers[a:b] -> (norm, lm_head)."""
 
-    def __init__(self, lm: nn.Module, layers: range, *, is_first: bool, is_last: bool,
-                 boundary_dtype: torch.dtype, autocast_device: str | None) -> None:
+    def __init__(
+        self,
+        lm: nn.Module,
+        layers: range,
+        *,
+        is_first: bool,
+        is_last: bool,
+        boundary_dtype: torch.dtype,
+        autocast_device: str | None,
+    ) -> None:
         super().__init__()
         self.lm = lm
         self.layer_ids = list(layers)
@@ -204,8 +227,11 @@ class _StageModule(nn.Module):
         mb = self.side[self.calls]
         self.calls += 1
         base = self.lm.model
-        ctx = (torch.autocast(device_type=self.autocast_device, dtype=torch.bfloat16)
-               if self.autocast_device else _nullcontext())
+        ctx = (
+            torch.autocast(device_type=self.autocast_device, dtype=torch.bfloat16)
+            if self.autocast_device
+            else _nullcontext()
+        )
         with ctx:
             h = base.embed_tokens(x) if self.is_first else x
             pos = mb.get("position_ids")
@@ -213,13 +239,18 @@ class _StageModule(nn.Module):
                 pos = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
             pos = pos.to(h.device)
             am = mb.get("attention_mask")
-            mask = create_causal_mask(config=self.lm.config, inputs_embeds=h,
-                                      attention_mask=None if am is None else am.to(h.device), cache=None,
-                                      position_ids=pos)
+            mask = create_causal_mask(
+                config=self.lm.config,
+                inputs_embeds=h,
+                attention_mask=None if am is None else am.to(h.device),
+                cache=None,
+                position_ids=pos,
+            )
             pe = base.rotary_emb(h, position_ids=pos)
             for i in self.layer_ids:
-                h = base.layers[i](h, attention_mask=mask, position_ids=pos, cache=None, use_cache=False,
-                                   position_embeddings=pe)
+                h = base.layers[i](
+                    h, attention_mask=mask, position_ids=pos, cache=None, use_cache=False, position_embeddings=pe
+                )
             if self.is_last:
                 h = base.norm(h)
                 if self.return_hidden:
@@ -261,13 +292,17 @@ class PipelineEngine:
     def __init__(self, model: nn.Module, parallel: ParallelConfig, info: DistInfo) -> None:
         microbatches = parallel.microbatches
         if info.pipeline_stages != parallel.pipeline_stages or info.world_size != parallel.pipeline_stages:
-            raise ValueError(f"PipelineEngine: {parallel.pipeline_stages} stages configured but the process group "
-                             f"has {info.world_size} ranks")
+            raise ValueError(
+                f"PipelineEngine: {parallel.pipeline_stages} stages configured but the process group "
+                f"has {info.world_size} ranks"
+            )
         if info.pipeline_stages < 2:
             raise ValueError("PipelineEngine needs pipeline_stages >= 2 (use the local engine otherwise)")
         if microbatches < info.pipeline_stages:
-            raise ValueError(f"a {info.pipeline_stages}-stage 1F1B pipeline needs >= {info.pipeline_stages} "
-                             f"micro-batches per step, got {microbatches}")
+            raise ValueError(
+                f"a {info.pipeline_stages}-stage 1F1B pipeline needs >= {info.pipeline_stages} "
+                f"micro-batches per step, got {microbatches}"
+            )
         base = _decoder(model)
         recipe = model_recipe(model)
         self.info = info
@@ -292,8 +327,14 @@ class PipelineEngine:
         self.group = dist.group.WORLD
         autocast = info.device.type if recipe == "bf16" else None
         self.boundary_dtype = torch.float32 if recipe == "bf16" else torch.bfloat16
-        self.module = _StageModule(model, self.layers, is_first=self.is_first, is_last=self.is_last,
-                                   boundary_dtype=self.boundary_dtype, autocast_device=autocast)
+        self.module = _StageModule(
+            model,
+            self.layers,
+            is_first=self.is_first,
+            is_last=self.is_last,
+            boundary_dtype=self.boundary_dtype,
+            autocast_device=autocast,
+        )
         self.hidden_size = int(model.config.hidden_size)
         self.vocab_size = int(model.config.vocab_size)
         self._schedules: dict[tuple[int, int], Any] = {}
@@ -313,10 +354,14 @@ class PipelineEngine:
         hid = torch.zeros(b, t, self.hidden_size, dtype=self.boundary_dtype, device=dev, requires_grad=True)
         inp = torch.zeros(b, t, dtype=torch.long, device=dev) if self.is_first else hid
         chunked = self._chunked(b, t)
-        out = torch.zeros(b, t, self.vocab_size, dtype=torch.float32, device=dev, requires_grad=True) \
-            if self.is_last and not chunked else hid
-        stage = PipelineStage(self.module, self.stage_index, self.num_stages, dev, input_args=(inp,),
-                              output_args=(out,))
+        out = (
+            torch.zeros(b, t, self.vocab_size, dtype=torch.float32, device=dev, requires_grad=True)
+            if self.is_last and not chunked
+            else hid
+        )
+        stage = PipelineStage(
+            self.module, self.stage_index, self.num_stages, dev, input_args=(inp,), output_args=(out,)
+        )
         sched = Schedule1F1B(stage, n_microbatches=self.microbatches, loss_fn=self._loss, scale_grads=False)
         if len(self._schedules) >= MAX_SCHEDULES:
             self._schedules.pop(next(iter(self._schedules)))
@@ -346,15 +391,14 @@ class PipelineEngine:
         device_type = self.module.autocast_device
 
         def piece(hc: torch.Tensor, yc: torch.Tensor) -> torch.Tensor:
-            ctx = (torch.autocast(device_type=device_type, dtype=torch.bfloat16) if device_type
-                   else _nullcontext())
+            ctx = torch.autocast(device_type=device_type, dtype=torch.bfloat16) if device_type else _nullcontext()
             with ctx:
                 logits = lm_head(hc)
             return F.cross_entropy(logits.float(), yc, reduction="sum", ignore_index=IGNORE_INDEX)
 
         total = hidden.new_zeros((), dtype=torch.float32)
         for start in range(0, h.shape[0], chunk):
-            total = total + checkpoint(piece, h[start:start + chunk], y[start:start + chunk], use_reentrant=False)
+            total = total + checkpoint(piece, h[start : start + chunk], y[start : start + chunk], use_reentrant=False)
         return total / self._gvt
 
     def forward_backward(self, microbatches: list[dict[str, torch.Tensor]], global_valid_tokens: int) -> float:
@@ -364,8 +408,9 @@ class PipelineEngine:
             The step loss (sum over micro-batches of the token-normalised loss), on every rank.
         """
         if len(microbatches) != self.microbatches:
-            raise ValueError(f"PipelineEngine: got {len(microbatches)} micro-batches, the schedule was built for "
-                             f"{self.microbatches}")
+            raise ValueError(
+                f"PipelineEngine: got {len(microbatches)} micro-batches, the schedule was built for {self.microbatches}"
+            )
         shapes = {tuple(mb["input_ids"].shape) for mb in microbatches}
         if len(shapes) != 1:
             raise ValueError(f"PipelineEngine: micro-batches of one step must share a shape, got {sorted(shapes)}")
@@ -396,8 +441,10 @@ class PipelineEngine:
         Every rank must call it.  Tensors arrive on the CPU; names are global, so the result written by
         the codec is the same file a single-process run writes.
         """
-        local = {k: (MXFP8Tensor(v.payload.cpu(), v.scales.cpu()) if isinstance(v, MXFP8Tensor) else v.cpu())
-                 for k, v in export_state(self.model).items()}
+        local = {
+            k: (MXFP8Tensor(v.payload.cpu(), v.scales.cpu()) if isinstance(v, MXFP8Tensor) else v.cpu())
+            for k, v in export_state(self.model).items()
+        }
         parts: list[Any] = [None] * self.num_stages if self.info.is_main else []
         dist.gather_object(local, parts if self.info.is_main else None, dst=0)
         if not self.info.is_main:
@@ -442,10 +489,12 @@ def apply_fsdp(model: nn.Module, info: DistInfo) -> nn.Module:
 
     recipe = model_recipe(model)
     if recipe == "nvfp4":
-        raise ValueError("--data-parallel fsdp supports the bf16 recipe only: the nvfp4 recipe's MXFP8 master is a "
-                         "pair of uint8 buffers (E4M3 payload + per-32-element UE8M0 scales) updated in place by a "
-                         "fused Lion kernel; FSDP2 shards only floating-point parameters along dim 0 and cannot "
-                         "keep 32-element scale blocks intact or gather them. Use --pipeline-stages for nvfp4.")
+        raise ValueError(
+            "--data-parallel fsdp supports the bf16 recipe only: the nvfp4 recipe's MXFP8 master is a "
+            "pair of uint8 buffers (E4M3 payload + per-32-element UE8M0 scales) updated in place by a "
+            "fused Lion kernel; FSDP2 shards only floating-point parameters along dim 0 and cannot "
+            "keep 32-element scale blocks intact or gather them. Use --pipeline-stages for nvfp4."
+        )
     if not dist.is_initialized():
         raise ValueError("apply_fsdp: no process group; call init_distributed first (launch with torchrun)")
     base = _decoder(model)

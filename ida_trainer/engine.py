@@ -66,8 +66,9 @@ def causal_lm_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tens
 
     Computed in FP32 whatever the logits' dtype. Divide by the step's global supervised-token count.
     """
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten().to(logits.device), reduction="sum",
-                           ignore_index=IGNORE_INDEX)
+    return F.cross_entropy(
+        logits.float().flatten(0, 1), labels.flatten().to(logits.device), reduction="sum", ignore_index=IGNORE_INDEX
+    )
 
 
 def _model_inputs(mb: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:

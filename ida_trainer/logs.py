@@ -72,8 +72,14 @@ class MLLogger:
             return
         caller = sys._getframe(2)  # the code that called event/start/end (inspect.stack is ~50 ms)
         md = {"file": os.path.basename(caller.f_code.co_filename), "lineno": caller.f_lineno, **(metadata or {})}
-        rec = {"namespace": "", "time_ms": int(time.time() * 1000), "event_type": event_type, "key": key,
-               "value": value, "metadata": md}
+        rec = {
+            "namespace": "",
+            "time_ms": int(time.time() * 1000),
+            "event_type": event_type,
+            "key": key,
+            "value": value,
+            "metadata": md,
+        }
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(MLLOG_PREFIX + json.dumps(rec) + "\n")
 
@@ -95,7 +101,7 @@ def read_mllog(path: str | Path) -> list[dict[str, Any]]:
     out = []
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         if line.startswith(MLLOG_PREFIX):
-            out.append(json.loads(line[len(MLLOG_PREFIX):]))
+            out.append(json.loads(line[len(MLLOG_PREFIX) :]))
     return out
 
 
@@ -113,7 +119,7 @@ def read_train_log(path: str | Path) -> list[dict[str, Any]]:
         out = []
         for _, where, rec in iter_jsonl(f, path, TrainLogError, what="train_log line"):
             if not isinstance(rec.get("step"), int):
-                raise TrainLogError(f"{where}: a step record needs an integer \"step\"")
+                raise TrainLogError(f'{where}: a step record needs an integer "step"')
             out.append(rec)
         return out
 
@@ -132,7 +138,7 @@ def cut_mllog(path: str | Path, step: int) -> None:
         text = line.decode("utf-8", errors="replace")
         if text.startswith(MLLOG_PREFIX):
             try:
-                rec = json.loads(text[len(MLLOG_PREFIX):])
+                rec = json.loads(text[len(MLLOG_PREFIX) :])
                 at = rec.get("metadata", {}).get("step_num")
             except (ValueError, AttributeError):
                 continue  # a damaged line carries nothing worth keeping
@@ -146,8 +152,10 @@ def cut_mllog(path: str | Path, step: int) -> None:
 
 def format_step(rec: Mapping[str, Any], total_steps: int) -> str:
     """The fixed-format console line for one step record."""
-    return (f"step {rec['step']:>6}/{total_steps} | loss {rec['loss']:.4f} | grad_norm {rec['grad_norm']:.4f} | "
-            f"lr {rec['lr']:.3e} | tok/s {rec['tokens_per_s']:,.0f} | mem {rec['mem_gib']:.2f} GiB")
+    return (
+        f"step {rec['step']:>6}/{total_steps} | loss {rec['loss']:.4f} | grad_norm {rec['grad_norm']:.4f} | "
+        f"lr {rec['lr']:.3e} | tok/s {rec['tokens_per_s']:,.0f} | mem {rec['mem_gib']:.2f} GiB"
+    )
 
 
 class RunLogger:
@@ -162,8 +170,16 @@ class RunLogger:
         enabled: False on non-zero ranks.
     """
 
-    def __init__(self, out_dir: str | Path, *, total_steps: int, start_step: int = 0, log_every: int = 10,
-                 progress: bool = True, enabled: bool = True):
+    def __init__(
+        self,
+        out_dir: str | Path,
+        *,
+        total_steps: int,
+        start_step: int = 0,
+        log_every: int = 10,
+        progress: bool = True,
+        enabled: bool = True,
+    ):
         self.out = Path(out_dir)
         self.total_steps = total_steps
         self.log_every = log_every
@@ -185,8 +201,9 @@ class RunLogger:
         if progress and total_steps > start_step:
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", file=sys.stderr,
-                             dynamic_ncols=True)
+            self._bar = tqdm(
+                total=total_steps, initial=start_step, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True
+            )
 
     def print(self, msg: str) -> None:
         """A console message that does not break the progress bar."""
@@ -205,10 +222,10 @@ class RunLogger:
         rec = {k: rec[k] for k in STEP_KEYS}
         line = json.dumps(rec) + "\n"
         with open(self.jsonl, "a", encoding="utf-8") as f:
-            f.write(line[:len(line) // 2])
+            f.write(line[: len(line) // 2])
             f.flush()
             kill_point("train_log.torn_record")
-            f.write(line[len(line) // 2:])
+            f.write(line[len(line) // 2 :])
         self.losses.append((rec["step"], rec["loss"]))
         self.mllog.event("train_loss", rec["loss"], {"step_num": rec["step"], "samples_count": samples})
         if rec["step"] % self.log_every == 0 or rec["step"] == self.total_steps or rec["step"] == 1:
@@ -221,12 +238,19 @@ class RunLogger:
         """Record an evaluation (MLLOG ``eval_accuracy`` = pass@1, degenerate count; console)."""
         if not self.enabled:
             return
-        rec = {"step": step, "pass@1": summary.get("pass@1"), "num_degenerate": summary.get("num_degenerate"),
-               "num_problems": summary.get("num_problems")}
+        rec = {
+            "step": step,
+            "pass@1": summary.get("pass@1"),
+            "num_degenerate": summary.get("num_degenerate"),
+            "num_problems": summary.get("num_problems"),
+        }
         self.evals.append(rec)
         self.mllog.start("eval_start", None, {"step_num": step})
-        self.mllog.event("eval_accuracy", rec["pass@1"], {"step_num": step, "samples_count": samples_count,
-                                                             "num_degenerate": rec["num_degenerate"]})
+        self.mllog.event(
+            "eval_accuracy",
+            rec["pass@1"],
+            {"step_num": step, "samples_count": samples_count, "num_degenerate": rec["num_degenerate"]},
+        )
         self.mllog.end("eval_stop", None, {"step_num": step})
         passed, n = summary.get("passed"), rec["num_problems"]
         if isinstance(passed, int) and isinstance(n, int):
@@ -259,7 +283,7 @@ class RunLogger:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-        steps, losses = zip(*self.losses)
+        steps, losses = zip(*self.losses, strict=True)
         ax.plot(steps, losses, lw=1.2, label="train loss (left axis)")
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("loss (nats / supervised token)")
@@ -269,8 +293,13 @@ class RunLogger:
         evals = [e for e in self.evals if e["pass@1"] is not None]
         if evals:
             ax2 = ax.twinx()
-            ax2.plot([e["step"] for e in evals], [e["pass@1"] for e in evals], "o--", color="tab:red",
-                     label="pass@1 of the eval (right axis)")
+            ax2.plot(
+                [e["step"] for e in evals],
+                [e["pass@1"] for e in evals],
+                "o--",
+                color="tab:red",
+                label="pass@1 of the eval (right axis)",
+            )
             ax2.set_ylabel("pass@1")
             ax2.set_ylim(-0.02, 1.02)
             h2, l2 = ax2.get_legend_handles_labels()

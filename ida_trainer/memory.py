@@ -116,24 +116,50 @@ class StageMemory:
     @property
     def total_bytes(self) -> int:
         """Everything above."""
-        return (self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.transient_bytes
-                + self.activation_bytes + self.logits_bytes + self.runtime_bytes)
+        return (
+            self.weights_bytes
+            + self.grads_bytes
+            + self.optimizer_bytes
+            + self.transient_bytes
+            + self.activation_bytes
+            + self.logits_bytes
+            + self.runtime_bytes
+        )
 
     def row(self) -> str:
         """One Markdown table row in GiB."""
-        f = [self.weights_bytes, self.grads_bytes, self.optimizer_bytes, self.transient_bytes,
-             self.activation_bytes, self.logits_bytes, self.runtime_bytes, self.total_bytes]
-        return (f"| {self.stage} | {self.layers.start}-{self.layers.stop - 1} | {self.params / 1e9:.3f} B | "
-                + " | ".join(f"{v / GIB:.2f}" for v in f) + " |")
+        f = [
+            self.weights_bytes,
+            self.grads_bytes,
+            self.optimizer_bytes,
+            self.transient_bytes,
+            self.activation_bytes,
+            self.logits_bytes,
+            self.runtime_bytes,
+            self.total_bytes,
+        ]
+        return (
+            f"| {self.stage} | {self.layers.start}-{self.layers.stop - 1} | {self.params / 1e9:.3f} B | "
+            + " | ".join(f"{v / GIB:.2f}" for v in f)
+            + " |"
+        )
 
 
 def minitron_4b_config() -> Any:
     """The Minitron-4B architecture as a ``transformers.NemotronConfig`` (no weights)."""
     from transformers import NemotronConfig
 
-    return NemotronConfig(vocab_size=256000, hidden_size=3072, intermediate_size=9216, num_hidden_layers=32,
-                          num_attention_heads=24, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False,
-                          max_position_embeddings=4096)
+    return NemotronConfig(
+        vocab_size=256000,
+        hidden_size=3072,
+        intermediate_size=9216,
+        num_hidden_layers=32,
+        num_attention_heads=24,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=False,
+        max_position_embeddings=4096,
+    )
 
 
 def build_meta_model(config: Any, precision: PrecisionConfig) -> nn.Module:
@@ -168,8 +194,9 @@ def _bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def stage_memory(config: Any, precision: PrecisionConfig, *, stages: int = 2,
-                 activations: ActivationSpec = ActivationSpec()) -> list[StageMemory]:
+def stage_memory(
+    config: Any, precision: PrecisionConfig, *, stages: int = 2, activations: ActivationSpec = ActivationSpec()
+) -> list[StageMemory]:
     """Per-stage training memory of ``config`` under ``precision``, counted on the meta device.
 
     Args:
@@ -241,14 +268,27 @@ def stage_memory(config: Any, precision: PrecisionConfig, *, stages: int = 2,
             act = in_flight * len(layers) * layer_working
         logits = _logits_bytes(tokens, int(config.vocab_size), hidden, boundary) if s == stages - 1 else 0
         transient = int(largest[s] * NVFP4_TRANSIENT_BYTES) if recipe == "nvfp4" else 0
-        out.append(StageMemory(stage=s, layers=layers, params=params[s], weights_bytes=weights[s],
-                               grads_bytes=grads[s], optimizer_bytes=optim[s], transient_bytes=transient,
-                               activation_bytes=act, logits_bytes=logits, runtime_bytes=RUNTIME_BYTES))
+        out.append(
+            StageMemory(
+                stage=s,
+                layers=layers,
+                params=params[s],
+                weights_bytes=weights[s],
+                grads_bytes=grads[s],
+                optimizer_bytes=optim[s],
+                transient_bytes=transient,
+                activation_bytes=act,
+                logits_bytes=logits,
+                runtime_bytes=RUNTIME_BYTES,
+            )
+        )
     return out
 
 
-TABLE_HEADER = ("| stage | layers | params | weights | grads | optimizer | transients | activations | logits | "
-                "runtime | total (GiB) |\n|---|---|---|---|---|---|---|---|---|---|---|")
+TABLE_HEADER = (
+    "| stage | layers | params | weights | grads | optimizer | transients | activations | logits | "
+    "runtime | total (GiB) |\n|---|---|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -259,21 +299,32 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(run: Run) -> int:
     from ida_trainer.config import PrecisionConfig
 
-    ap = ArgumentParser(prog="python -m ida_trainer.memory", short_prog="ida_trainer.memory",
-                        description=__doc__.split("\n")[0])
+    ap = ArgumentParser(
+        prog="python -m ida_trainer.memory", short_prog="ida_trainer.memory", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--recipe", choices=("nvfp4", "bf16"), default="nvfp4", help="precision recipe (default nvfp4)")
-    ap.add_argument("--writeback", choices=("stochastic", "rne", "compensated"), default="stochastic",
-                    help="MXFP8 master write-back of the nvfp4 recipe (default stochastic)")
+    ap.add_argument(
+        "--writeback",
+        choices=("stochastic", "rne", "compensated"),
+        default="stochastic",
+        help="MXFP8 master write-back of the nvfp4 recipe (default stochastic)",
+    )
     ap.add_argument("--stages", type=int, default=2, help="pipeline stages (default 2)")
     ap.add_argument("--tokens", type=int, default=1024, help="tokens per micro-batch (default 1024)")
     ap.add_argument("--no-checkpointing", action="store_true", help="activation checkpointing off")
     args = ap.parse_args(run.argv)
     prec = PrecisionConfig(recipe=args.recipe, writeback=args.writeback)
-    report = stage_memory(minitron_4b_config(), prec, stages=args.stages,
-                          activations=ActivationSpec(args.tokens, not args.no_checkpointing))
-    print(f"Minitron-4B, recipe {args.recipe} ({args.writeback if args.recipe == 'nvfp4' else 'fp32 master'}), "
-          f"{args.stages} stage(s), {args.tokens} tokens per micro-batch, "
-          f"checkpointing {'off' if args.no_checkpointing else 'on'}")
+    report = stage_memory(
+        minitron_4b_config(),
+        prec,
+        stages=args.stages,
+        activations=ActivationSpec(args.tokens, not args.no_checkpointing),
+    )
+    print(
+        f"Minitron-4B, recipe {args.recipe} ({args.writeback if args.recipe == 'nvfp4' else 'fp32 master'}), "
+        f"{args.stages} stage(s), {args.tokens} tokens per micro-batch, "
+        f"checkpointing {'off' if args.no_checkpointing else 'on'}"
+    )
     print(TABLE_HEADER)
     for s in report:
         print(s.row())

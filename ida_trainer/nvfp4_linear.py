@@ -103,8 +103,14 @@ class NVFP4LinearFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, x2: torch.Tensor, anchor: torch.Tensor, payload: torch.Tensor,
-                scales: torch.Tensor, layer: NVFP4Linear) -> torch.Tensor:  # type: ignore[override]
+    def forward(
+        ctx: Any,
+        x2: torch.Tensor,
+        anchor: torch.Tensor,
+        payload: torch.Tensor,
+        scales: torch.Tensor,
+        layer: NVFP4Linear,
+    ) -> torch.Tensor:  # type: ignore[override]
         ctx.native = nvfp4_cuda.native_gemm(x2.device)
         if ctx.native:  # FP4 MMA on the codes: the weight as [out, in] codes (an exact re-layout)
             wq_n = nvfp4_cuda.quantize_nvfp4_from_mxfp8(payload, scales, block_2d=True)  # [in, out], RNE
@@ -132,12 +138,17 @@ class NVFP4LinearFunction(torch.autograd.Function):
         step, seed = layer.sr_step, layer.seed
         dx = dw = None
         if ctx.needs_input_grad[0]:
-            kw = {"rounding": rounding, "seed": seed, "step": step,
-                  "tensor_id": tensor_id(layer.global_name, f"dgrad:{call}")}
+            kw = {
+                "rounding": rounding,
+                "seed": seed,
+                "step": step,
+                "tensor_id": tensor_id(layer.global_name, f"dgrad:{call}"),
+            }
             if ctx.native:
                 gq = nvfp4_cuda.quantize_nvfp4(gy, **kw)
-                wq_n = nvfp4_cuda.NVFP4Tensor(codes=w_saved[0], block_scales=w_saved[1], tensor_scale=w_scale,
-                                              shape=ctx.w_shape, block_2d=True)
+                wq_n = nvfp4_cuda.NVFP4Tensor(
+                    codes=w_saved[0], block_scales=w_saved[1], tensor_scale=w_scale, shape=ctx.w_shape, block_2d=True
+                )
                 dx = nvfp4_cuda.nvfp4_matmul(gq, wq_n, out_dtype=torch.bfloat16)  # [M, in]
             else:
                 g_dec, g_scale = nvfp4_cuda.quantize_decoded(gy, **kw)
@@ -146,8 +157,13 @@ class NVFP4LinearFunction(torch.autograd.Function):
             xt = _transpose_padded(x2)  # [in, M'] with M' = M rounded up to 16 (zero tokens)
             gt = _transpose_padded(gy)  # [out, M']
             hadamard = layer.hadamard_wgrad
-            gkw = {"rounding": rounding, "hadamard": hadamard, "seed": seed, "step": step,
-                   "tensor_id": tensor_id(layer.global_name, f"wgrad:{call}")}
+            gkw = {
+                "rounding": rounding,
+                "hadamard": hadamard,
+                "seed": seed,
+                "step": step,
+                "tensor_id": tensor_id(layer.global_name, f"wgrad:{call}"),
+            }
             if ctx.native:
                 xtq = nvfp4_cuda.quantize_nvfp4(xt, rounding="rne", hadamard=hadamard)
                 gtq = nvfp4_cuda.quantize_nvfp4(gt, **gkw)
@@ -174,13 +190,24 @@ class NVFP4Linear(nn.Module):
         sr_step: optimizer step used as the stochastic-rounding key (set by the optimizer).
     """
 
-    def __init__(self, in_features: int, out_features: int, *, bias: bool = False, global_name: str = "",
-                 seed: int = 0, hadamard_wgrad: bool = True, stochastic_grad: bool = True,
-                 device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        bias: bool = False,
+        global_name: str = "",
+        seed: int = 0,
+        hadamard_wgrad: bool = True,
+        stochastic_grad: bool = True,
+        device: torch.device | str | None = None,
+    ) -> None:
         super().__init__()
         if in_features % NVFP4_BLOCK or out_features % NVFP4_BLOCK:
-            raise ValueError(f"NVFP4Linear {global_name or '?'}: in_features={in_features} and "
-                             f"out_features={out_features} must be multiples of {NVFP4_BLOCK}")
+            raise ValueError(
+                f"NVFP4Linear {global_name or '?'}: in_features={in_features} and "
+                f"out_features={out_features} must be multiples of {NVFP4_BLOCK}"
+            )
         self.in_features = in_features
         self.out_features = out_features
         self.global_name = global_name
@@ -190,12 +217,10 @@ class NVFP4Linear(nn.Module):
         self.sr_step = 0
         self._backward_calls = 0
         n_scale = -(-out_features // MXFP8_BLOCK_SIZE)
-        self.register_buffer("weight_payload", torch.zeros(in_features, out_features, dtype=torch.uint8,
-                                                           device=device))
+        self.register_buffer("weight_payload", torch.zeros(in_features, out_features, dtype=torch.uint8, device=device))
         self.register_buffer("weight_scales", torch.zeros(in_features, n_scale, dtype=torch.uint8, device=device))
         self.weight = nn.Parameter(self._anchor(self.weight_payload.device))
-        self.bias = (nn.Parameter(torch.zeros(out_features, dtype=torch.bfloat16, device=device))
-                     if bias else None)
+        self.bias = nn.Parameter(torch.zeros(out_features, dtype=torch.bfloat16, device=device)) if bias else None
 
     def _anchor(self, device: torch.device) -> torch.Tensor:
         return torch.zeros((), dtype=torch.bfloat16, device=device).expand(self.in_features, self.out_features)
@@ -204,9 +229,16 @@ class NVFP4Linear(nn.Module):
     def from_linear(cls, linear: nn.Linear, *, global_name: str, precision: PrecisionConfig) -> NVFP4Linear:
         """Build from an ``nn.Linear``: its weight is transposed and encoded to the MXFP8 master (RNE)."""
         w = linear.weight
-        layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                    global_name=global_name, seed=precision.seed, hadamard_wgrad=precision.hadamard_wgrad,
-                    stochastic_grad=precision.stochastic_grad, device=w.device)
+        layer = cls(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            global_name=global_name,
+            seed=precision.seed,
+            hadamard_wgrad=precision.hadamard_wgrad,
+            stochastic_grad=precision.stochastic_grad,
+            device=w.device,
+        )
         if w.device.type != "meta":
             layer.set_weight_(w.detach())
             if linear.bias is not None:
@@ -218,8 +250,10 @@ class NVFP4Linear(nn.Module):
     def set_weight_(self, weight_out_in: torch.Tensor) -> None:
         """Encode a float weight in ``nn.Linear`` orientation [out, in] into the master (RNE)."""
         if tuple(weight_out_in.shape) != (self.out_features, self.in_features):
-            raise ValueError(f"{self.global_name}: weight shape {list(weight_out_in.shape)}, expected "
-                             f"{[self.out_features, self.in_features]}")
+            raise ValueError(
+                f"{self.global_name}: weight shape {list(weight_out_in.shape)}, expected "
+                f"{[self.out_features, self.in_features]}"
+            )
         payload, scales = encode_mxfp8(weight_out_in.to(torch.float32).t().contiguous())
         self.weight_payload.copy_(payload)
         self.weight_scales.copy_(scales)
@@ -261,8 +295,10 @@ class NVFP4Linear(nn.Module):
         return self
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, master=MXFP8[in,out], compute=NVFP4")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, master=MXFP8[in,out], compute=NVFP4"
+        )
 
 
 def nvfp4_modules(model: nn.Module) -> Iterator[tuple[str, NVFP4Linear]]:

@@ -158,8 +158,11 @@ def apply_recipe(model: nn.Module, precision: PrecisionConfig) -> None:
         if any(fnmatch.fnmatchcase(name, pat) for pat in precision.keep_bf16):
             continue
         if mod.in_features % NVFP4_BLOCK or mod.out_features % NVFP4_BLOCK:
-            warnings.warn(f"apply_recipe: {name} ({mod.in_features}->{mod.out_features}) is kept BF16: NVFP4 "
-                          f"needs both dimensions to be multiples of {NVFP4_BLOCK}", stacklevel=2)
+            warnings.warn(
+                f"apply_recipe: {name} ({mod.in_features}->{mod.out_features}) is kept BF16: NVFP4 "
+                f"needs both dimensions to be multiples of {NVFP4_BLOCK}",
+                stacklevel=2,
+            )
             continue
         targets.append(name)
     for name in targets:
@@ -244,31 +247,41 @@ def load_state(model: nn.Module, tensors: Mapping[str, MXFP8Tensor | torch.Tenso
     if missing or extra:
         more_m = " ..." if len(missing) > 8 else ""
         more_e = " ..." if len(extra) > 8 else ""
-        raise ValueError(f"load_state: checkpoint does not match the model: missing {missing[:8]}{more_m}, "
-                         f"unexpected {extra[:8]}{more_e}")
+        raise ValueError(
+            f"load_state: checkpoint does not match the model: missing {missing[:8]}{more_m}, "
+            f"unexpected {extra[:8]}{more_e}"
+        )
     for name, mod in modules.items():
         key = f"{name}.weight"
         value = tensors[key]
         if isinstance(value, MXFP8Tensor):
             payload, scales = (torch.as_tensor(v) for v in value)
             if tuple(payload.shape) != tuple(mod.weight_payload.shape) or tuple(scales.shape) != tuple(
-                    mod.weight_scales.shape):
-                raise ValueError(f"load_state: {key}: MXFP8 payload {list(payload.shape)} / scales "
-                                 f"{list(scales.shape)}, expected {list(mod.weight_payload.shape)} / "
-                                 f"{list(mod.weight_scales.shape)} ([in, out] orientation)")
+                mod.weight_scales.shape
+            ):
+                raise ValueError(
+                    f"load_state: {key}: MXFP8 payload {list(payload.shape)} / scales "
+                    f"{list(scales.shape)}, expected {list(mod.weight_payload.shape)} / "
+                    f"{list(mod.weight_scales.shape)} ([in, out] orientation)"
+                )
             mod.weight_payload.copy_(payload)
             mod.weight_scales.copy_(scales)
         else:
             w = _as_float(value, key)
             if tuple(w.shape) != (mod.in_features, mod.out_features):
-                raise ValueError(f"load_state: {key}: shape {list(w.shape)}, expected "
-                                 f"{[mod.in_features, mod.out_features]} ([in, out] orientation)")
+                raise ValueError(
+                    f"load_state: {key}: shape {list(w.shape)}, expected "
+                    f"{[mod.in_features, mod.out_features]} ([in, out] orientation)"
+                )
             mod.set_weight_(w.t())
     for key, target in sd.items():
         if key in owned:
             continue
-        value = _as_float(tensors[key], key) if (isinstance(tensors[key], MXFP8Tensor)
-                                                 or target.is_floating_point()) else torch.as_tensor(tensors[key])
+        value = (
+            _as_float(tensors[key], key)
+            if (isinstance(tensors[key], MXFP8Tensor) or target.is_floating_point())
+            else torch.as_tensor(tensors[key])
+        )
         value = EXPORT_LAYOUT.to_transformers(key, value)
         if tuple(value.shape) != tuple(target.shape):
             raise ValueError(f"load_state: {key}: shape {list(value.shape)}, expected {list(target.shape)}")
@@ -294,8 +307,10 @@ class _ExactStateMixin:
     _exact: dict[str, torch.Tensor]
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"exact_params": {n: p.detach().clone() for n, p in self._exact.items()},
-                "param_names": sorted(self._names.values())}
+        return {
+            "exact_params": {n: p.detach().clone() for n, p in self._exact.items()},
+            "param_names": sorted(self._names.values()),
+        }
 
     def _own_part(self, state_dict: Mapping[str, Any]) -> dict[str, Any]:
         """This optimizer's state_dict, also out of a pipeline-gathered one (matched by parameter names)."""
@@ -305,8 +320,10 @@ class _ExactStateMixin:
         for part in state_dict[PIPELINE_STATES_KEY]:
             if part.get("ida", {}).get("param_names") == mine:
                 return dict(part)
-        raise ValueError("optimizer state: none of the pipeline stages' states holds exactly this stage's parameters "
-                         "(was the checkpoint written with another number of stages?)")
+        raise ValueError(
+            "optimizer state: none of the pipeline stages' states holds exactly this stage's parameters "
+            "(was the checkpoint written with another number of stages?)"
+        )
 
     @torch.no_grad()
     def _load_extra_state(self, extra: Mapping[str, Any]) -> None:
@@ -316,8 +333,9 @@ class _ExactStateMixin:
             raise ValueError(f"optimizer state: exact parameter copies missing for {missing[:8]}")
         for n, p in self._exact.items():
             if tuple(saved[n].shape) != tuple(p.shape):
-                raise ValueError(f"optimizer state: parameter {n} has shape {list(saved[n].shape)}, "
-                                 f"expected {list(p.shape)}")
+                raise ValueError(
+                    f"optimizer state: parameter {n} has shape {list(saved[n].shape)}, expected {list(p.shape)}"
+                )
             p.copy_(saved[n])
 
 
@@ -347,8 +365,16 @@ class MXFP8Lion(_ExactStateMixin, torch.optim.Optimizer):
     ``param_groups[i]["lr"]`` at every step.
     """
 
-    def __init__(self, model: nn.Module, *, lr: float, betas: tuple[float, float] = (0.9, 0.99),
-                 weight_decay: float = 0.0, writeback: str = "stochastic", seed: int = 0) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.99),
+        weight_decay: float = 0.0,
+        writeback: str = "stochastic",
+        seed: int = 0,
+    ) -> None:
         if writeback not in ("stochastic", "rne", "compensated"):
             raise ValueError(f"MXFP8Lion: writeback {writeback!r}; choose 'stochastic', 'rne' or 'compensated'")
         named = _named_trainable(model)
@@ -357,8 +383,10 @@ class MXFP8Lion(_ExactStateMixin, torch.optim.Optimizer):
         self._exact = {n: p for n, p in named if _lossy_in_checkpoint(n, p, set(self._masters))}
         for n, p in named:
             if id(p) not in self._masters and p.dtype != torch.bfloat16:
-                raise ValueError(f"MXFP8Lion: parameter {n} is {p.dtype}; the nvfp4 recipe keeps non-master "
-                                 "parameters in bfloat16 (call apply_recipe first)")
+                raise ValueError(
+                    f"MXFP8Lion: parameter {n} is {p.dtype}; the nvfp4 recipe keeps non-master "
+                    "parameters in bfloat16 (call apply_recipe first)"
+                )
         self.writeback = writeback
         self.seed = seed
         self.sr_step = 0
@@ -387,30 +415,57 @@ class MXFP8Lion(_ExactStateMixin, torch.optim.Optimizer):
                 mod = self._masters.get(id(p))
                 if mod is not None:
                     if "momentum" not in state:
-                        state["momentum"] = torch.zeros(mod.weight_payload.shape, dtype=torch.bfloat16,
-                                                        device=mod.weight_payload.device)
+                        state["momentum"] = torch.zeros(
+                            mod.weight_payload.shape, dtype=torch.bfloat16, device=mod.weight_payload.device
+                        )
                         if self.writeback == "compensated":
-                            state["compensation"] = torch.zeros(mod.weight_payload.shape, dtype=torch.float32,
-                                                                device=mod.weight_payload.device)
+                            state["compensation"] = torch.zeros(
+                                mod.weight_payload.shape, dtype=torch.float32, device=mod.weight_payload.device
+                            )
                     nvfp4_cuda.lion_step_mxfp8_(
-                        mod.weight_payload, mod.weight_scales, _as_bf16(p.grad).contiguous(),
-                        state["momentum"], lr=lr, beta1=b1, beta2=b2, weight_decay=wd, writeback=self.writeback,
-                        compensation=state.get("compensation"), seed=self.seed, step=t,
-                        tensor_id=tensor_id(name, "lion"))
+                        mod.weight_payload,
+                        mod.weight_scales,
+                        _as_bf16(p.grad).contiguous(),
+                        state["momentum"],
+                        lr=lr,
+                        beta1=b1,
+                        beta2=b2,
+                        weight_decay=wd,
+                        writeback=self.writeback,
+                        compensation=state.get("compensation"),
+                        seed=self.seed,
+                        step=t,
+                        tensor_id=tensor_id(name, "lion"),
+                    )
                     continue
                 if "momentum" not in state:
                     state["momentum"] = torch.zeros_like(p, dtype=torch.bfloat16)
-                nvfp4_cuda.lion_step_bf16_(p.data, p.grad, state["momentum"], lr=lr, beta1=b1, beta2=b2,
-                                           weight_decay=wd, writeback=self.writeback, seed=self.seed, step=t,
-                                           tensor_id=tensor_id(name, "lion"))
+                nvfp4_cuda.lion_step_bf16_(
+                    p.data,
+                    p.grad,
+                    state["momentum"],
+                    lr=lr,
+                    beta1=b1,
+                    beta2=b2,
+                    weight_decay=wd,
+                    writeback=self.writeback,
+                    seed=self.seed,
+                    step=t,
+                    tensor_id=tensor_id(name, "lion"),
+                )
         self.sr_step = t + 1
         self._sync_modules()
         return loss
 
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
         sd = super().state_dict()
-        sd["ida"] = {"kind": "mxfp8_lion", "sr_step": self.sr_step, "seed": self.seed,
-                     "writeback": self.writeback, **self._extra_state()}
+        sd["ida"] = {
+            "kind": "mxfp8_lion",
+            "sr_step": self.sr_step,
+            "seed": self.seed,
+            "writeback": self.writeback,
+            **self._extra_state(),
+        }
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
@@ -419,8 +474,10 @@ class MXFP8Lion(_ExactStateMixin, torch.optim.Optimizer):
         if extra is None or extra.get("kind") != "mxfp8_lion":
             raise ValueError("MXFP8Lion.load_state_dict: not an MXFP8Lion state (was it saved by the bf16 recipe?)")
         if extra["writeback"] != self.writeback:
-            warnings.warn(f"optimizer state was saved with writeback={extra['writeback']!r}, continuing with "
-                          f"{self.writeback!r}", stacklevel=2)
+            warnings.warn(
+                f"optimizer state was saved with writeback={extra['writeback']!r}, continuing with {self.writeback!r}",
+                stacklevel=2,
+            )
         # torch casts floating state to the parameter's dtype (BF16 for a gradient anchor); the float32
         # compensation buffers are taken out first and put back untouched.
         comp = {}
@@ -441,17 +498,21 @@ class MXFP8Lion(_ExactStateMixin, torch.optim.Optimizer):
 class MasterAdamW(_ExactStateMixin, torch.optim.AdamW):
     """AdamW for the bf16 recipe on FP32 master parameters; state_dict also holds the exact masters."""
 
-    def __init__(self, model: nn.Module, *, lr: float, betas: tuple[float, float] = ADAMW_BETAS,
-                 weight_decay: float = 0.0) -> None:
+    def __init__(
+        self, model: nn.Module, *, lr: float, betas: tuple[float, float] = ADAMW_BETAS, weight_decay: float = 0.0
+    ) -> None:
         named = _named_trainable(model)
         for n, p in named:
             if p.dtype != torch.float32:
-                raise ValueError(f"MasterAdamW: parameter {n} is {p.dtype}; the bf16 recipe keeps FP32 masters "
-                                 "(call apply_recipe first)")
+                raise ValueError(
+                    f"MasterAdamW: parameter {n} is {p.dtype}; the bf16 recipe keeps FP32 masters "
+                    "(call apply_recipe first)"
+                )
         self._names = {id(p): n for n, p in named}
         self._exact = {n: p for n, p in named if _lossy_in_checkpoint(n, p, set())}
-        super().__init__(_param_groups(named, weight_decay), lr=lr, betas=tuple(betas), weight_decay=weight_decay,
-                         foreach=False)
+        super().__init__(
+            _param_groups(named, weight_decay), lr=lr, betas=tuple(betas), weight_decay=weight_decay, foreach=False
+        )
 
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
         sd = super().state_dict()
@@ -488,13 +549,22 @@ def build_optimizer(model: nn.Module, optim: OptimConfig, precision: PrecisionCo
         raise ValueError(f"build_optimizer: model has recipe {recipe!r} but precision.recipe is {precision.recipe!r}")
     if recipe == "nvfp4":
         if optim.name != "lion":
-            raise ValueError(f"build_optimizer: the nvfp4 recipe trains with Lion (MXFP8 master update); got "
-                             f"optim.name={optim.name!r}")
-        return MXFP8Lion(model, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay,
-                         writeback=precision.writeback, seed=precision.seed)
+            raise ValueError(
+                f"build_optimizer: the nvfp4 recipe trains with Lion (MXFP8 master update); got "
+                f"optim.name={optim.name!r}"
+            )
+        return MXFP8Lion(
+            model,
+            lr=optim.lr,
+            betas=optim.betas,
+            weight_decay=optim.weight_decay,
+            writeback=precision.writeback,
+            seed=precision.seed,
+        )
     if optim.name != "adamw":
-        raise ValueError("build_optimizer: the bf16 recipe trains with AdamW (FP32 master); "
-                         f"got optim.name={optim.name!r}")
+        raise ValueError(
+            f"build_optimizer: the bf16 recipe trains with AdamW (FP32 master); got optim.name={optim.name!r}"
+        )
     return MasterAdamW(model, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
 
 
@@ -503,4 +573,3 @@ def count_parameters(model: nn.Module) -> int:
     anchors = {id(m.weight) for _, m in nvfp4_modules(model)}
     n = sum(p.numel() for p in model.parameters() if id(p) not in anchors)
     return n + sum(m.in_features * m.out_features for _, m in nvfp4_modules(model))
-

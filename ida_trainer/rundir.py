@@ -41,8 +41,17 @@ from ida_trainer.config import JobConfig
 
 __all__ = ["RUN_OUTPUTS", "new_run_id", "prepare_run_dir", "run_outputs"]
 
-RUN_OUTPUTS = ("config.toml", "config.json", "train_log.jsonl", "mlperf_log.txt", "report.json", "loss.png",
-               "checkpoints", "export", "eval")
+RUN_OUTPUTS = (
+    "config.toml",
+    "config.json",
+    "train_log.jsonl",
+    "mlperf_log.txt",
+    "report.json",
+    "loss.png",
+    "checkpoints",
+    "export",
+    "eval",
+)
 DEMO_OUT = JobConfig().out  # the embedded demo's own directory
 _TRASH_INFIX = ".overwritten-"
 
@@ -99,16 +108,26 @@ def prepare_run_dir(cfg: JobConfig, *, say: Callable[[str], None] = print) -> No
     overwrite = cfg.checkpoint.overwrite
     implied = not overwrite and cfg.is_demo and cfg.out == DEMO_OUT
     if not overwrite and not implied:
-        raise ValueError(f"{out} already holds a training run ({', '.join(outputs)}): continue it with --resume, "
-                         "replace it with --overwrite, or choose another --out")
+        raise ValueError(
+            f"{out} already holds a training run ({', '.join(outputs)}): continue it with --resume, "
+            "replace it with --overwrite, or choose another --out"
+        )
     flag = "--overwrite" if overwrite else "the demo's own directory"
     if others:
-        raise ValueError(f"{flag}: {out} also holds {', '.join(others)}, which no training run writes; not deleting "
-                         "it: move it away or choose another --out")
-    for what, path in (("model.base", cfg.model.base), ("data.path", cfg.data.path), ("eval.problems", cfg.eval.problems)):
+        raise ValueError(
+            f"{flag}: {out} also holds {', '.join(others)}, which no training run writes; not deleting "
+            "it: move it away or choose another --out"
+        )
+    for what, path in (
+        ("model.base", cfg.model.base),
+        ("data.path", cfg.data.path),
+        ("eval.problems", cfg.eval.problems),
+    ):
         if _inside(path, out):
-            raise ValueError(f"{flag}: {what} {path} lies inside {out}, which would be deleted; copy it elsewhere "
-                             "or choose another --out")
+            raise ValueError(
+                f"{flag}: {what} {path} lies inside {out}, which would be deleted; copy it elsewhere "
+                "or choose another --out"
+            )
     trash = out.parent / f".{out.name}{_TRASH_INFIX}{os.getpid()}.tmp"
     try:
         os.rename(out, trash)
@@ -120,5 +139,7 @@ def prepare_run_dir(cfg: JobConfig, *, say: Callable[[str], None] = print) -> No
     if overwrite:
         say(f"--overwrite: removed the previous run in {out} ({', '.join(outputs)})")
     else:
-        say(f"demo: replacing the previous demo run in {out} (its own directory; --out DIR keeps runs, "
-            "--resume continues one)")
+        say(
+            f"demo: replacing the previous demo run in {out} (its own directory; --out DIR keeps runs, "
+            "--resume continues one)"
+        )

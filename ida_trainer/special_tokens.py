@@ -153,5 +153,7 @@ def set_end_of_turn(model: Any, tokenizer: Any, marker: str) -> int:
     model.config.eos_token_id = marker_id
     model.generation_config.eos_token_id = [marker_id] + [i for i in old_ids if i != marker_id]
     if model.generation_config.pad_token_id is None:
-        model.generation_config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else marker_id
+        model.generation_config.pad_token_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else marker_id
+        )
     return marker_id

@@ -61,9 +61,11 @@ from ida_trainer.special_tokens import (
     set_end_of_turn,
 )
 
-DEMO_NOTE = ("NOTE: the demo shows that every stage of the pipeline runs end to end (tokenizer training, NVFP4 "
-             "compute with an MXFP8 master, atomic MXFP8 checkpoint, header-only export, sandboxed MBXP-style "
-             "execution). A tiny model memorising 48 functions it was trained on says nothing about model quality.")
+DEMO_NOTE = (
+    "NOTE: the demo shows that every stage of the pipeline runs end to end (tokenizer training, NVFP4 "
+    "compute with an MXFP8 master, atomic MXFP8 checkpoint, header-only export, sandboxed MBXP-style "
+    "execution). A tiny model memorising 48 functions it was trained on says nothing about model quality."
+)
 
 
 def _seed_everything(seed: int) -> None:
@@ -99,7 +101,9 @@ class Trainer:
         self.is_main = self.rank == 0
         self.out = Path(cfg.out)
         self.ckpt_root = self.out / "checkpoints"
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        )
         self.start_step = 0
         self.run_id = new_run_id()  # replaced by the checkpoint's on resume
         self.untrained = UntrainedReport()
@@ -191,12 +195,17 @@ class Trainer:
             resume_dir = ckpt.latest_checkpoint(self.ckpt_root)
             runs = {ckpt.checkpoint_run_id(p) for _, p in ckpt.list_checkpoints(self.ckpt_root)}
             if len(runs) > 1:
-                raise ValueError(f"--resume: {self.ckpt_root} holds checkpoints of {len(runs)} different runs "
-                                 f"(run ids in trainer_state.json); cannot tell which to continue: start anew with "
-                                 "--overwrite, or move the other run's checkpoints away")
+                raise ValueError(
+                    f"--resume: {self.ckpt_root} holds checkpoints of {len(runs)} different runs "
+                    f"(run ids in trainer_state.json); cannot tell which to continue: start anew with "
+                    "--overwrite, or move the other run's checkpoints away"
+                )
             if resume_dir is None:
-                warnings.warn(f"--resume: no complete checkpoint in {self.ckpt_root}; starting from step 0",
-                              UserWarning, stacklevel=2)
+                warnings.warn(
+                    f"--resume: no complete checkpoint in {self.ckpt_root}; starting from step 0",
+                    UserWarning,
+                    stacklevel=2,
+                )
         _seed_everything(cfg.train.seed)
         self._load_model_and_tokenizer(resume_dir)
         examples, self.data_stats = load_examples(cfg.data, self.tokenizer, path=self._data_path())
@@ -226,19 +235,34 @@ class Trainer:
             opt_model = self.model
         self.optimizer = build_optimizer(opt_model, cfg.optim, cfg.precision)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        self.batcher = build_batcher(cfg.data, examples, global_batch_size=cfg.train.global_batch_size,
-                                     microbatches=cfg.parallel.microbatches, seed=cfg.train.seed, pad_id=pad,
-                                     dp_rank=dp_rank, dp_size=dp_size)
+        self.batcher = build_batcher(
+            cfg.data,
+            examples,
+            global_batch_size=cfg.train.global_batch_size,
+            microbatches=cfg.parallel.microbatches,
+            seed=cfg.train.seed,
+            pad_id=pad,
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+        )
         self.data_stats.num_rows = len(self.batcher.rows)
         self._dp_size = dp_size
         if resume_dir is not None:
             if dp_size > 1:
-                raise ValueError(f"--resume with --data-parallel fsdp is not supported yet: the optimizer state in "
-                                 f"{resume_dir} holds only rank 0's shard. Resume FSDP runs from the exported "
-                                 "weights with --base instead, or train single-process / pipelined.")
+                raise ValueError(
+                    f"--resume with --data-parallel fsdp is not supported yet: the optimizer state in "
+                    f"{resume_dir} holds only rank 0's shard. Resume FSDP runs from the exported "
+                    "weights with --base instead, or train single-process / pipelined."
+                )
             self._resume(resume_dir)
-        self.logger = RunLogger(self.out, total_steps=cfg.train.steps, start_step=self.start_step,
-                                log_every=cfg.train.log_every, progress=cfg.train.progress, enabled=self.is_main)
+        self.logger = RunLogger(
+            self.out,
+            total_steps=cfg.train.steps,
+            start_step=self.start_step,
+            log_every=cfg.train.log_every,
+            progress=cfg.train.progress,
+            enabled=self.is_main,
+        )
         self._log_start()
 
     def _distributed_engine(self) -> tuple[Any, int, int]:
@@ -263,8 +287,12 @@ class Trainer:
         loaded = ckpt.load_checkpoint(path)
         state = loaded.trainer_state
         if state.get("config_digest") != config_digest(self.cfg):
-            warnings.warn(f"resuming {path} with a config that differs from the one it was saved with; "
-                          "the loss curve will not continue exactly", UserWarning, stacklevel=2)
+            warnings.warn(
+                f"resuming {path} with a config that differs from the one it was saved with; "
+                "the loss curve will not continue exactly",
+                UserWarning,
+                stacklevel=2,
+            )
         load_state(self.model, loaded.tensors)
         self.optimizer.load_state_dict(loaded.optimizer_state)
         self.batcher.load_state_dict(state["data_cursor"])
@@ -286,9 +314,13 @@ class Trainer:
         ml = self.logger.mllog
         weight_p, compute_p = self._precision_names()
         if self.start_step == 0:
-            for key, value in (("submission_benchmark", "ida_sft"), ("submission_division", "open"),
-                               ("submission_org", "ida"), ("submission_platform", str(self.device)),
-                               ("submission_status", "research")):
+            for key, value in (
+                ("submission_benchmark", "ida_sft"),
+                ("submission_division", "open"),
+                ("submission_org", "ida"),
+                ("submission_platform", str(self.device)),
+                ("submission_status", "research"),
+            ):
                 ml.event(key, value)
             ml.event("cache_clear", True)
             ml.start("init_start")
@@ -320,17 +352,23 @@ class Trainer:
             ml.start("run_start")
         else:
             ml.event("resume", str(self.resumed_from), {"step_num": self.start_step})
-        self._say(f"ida_trainer: {self.num_params / 1e6:.2f}M parameters, recipe {cfg.precision.recipe} "
-                  f"(weights {weight_p}, compute {compute_p}"
-                  f"{', write-back ' + cfg.precision.writeback if cfg.precision.recipe == 'nvfp4' else ''}), "
-                  f"optimizer {cfg.optim.name}, backend {self._backend()}")
+        self._say(
+            f"ida_trainer: {self.num_params / 1e6:.2f}M parameters, recipe {cfg.precision.recipe} "
+            f"(weights {weight_p}, compute {compute_p}"
+            f"{', write-back ' + cfg.precision.writeback if cfg.precision.recipe == 'nvfp4' else ''}), "
+            f"optimizer {cfg.optim.name}, backend {self._backend()}"
+        )
         s = self.data_stats
-        self._say(f"data: {s.num_examples} examples from {s.num_lines} lines of {self._data_path()} "
-                  f"({cfg.data.format}), {s.num_rows} rows, {s.num_targets} supervised tokens; "
-                  f"truncated {s.num_truncated}, dropped {s.num_dropped}")
+        self._say(
+            f"data: {s.num_examples} examples from {s.num_lines} lines of {self._data_path()} "
+            f"({cfg.data.format}), {s.num_rows} rows, {s.num_targets} supervised tokens; "
+            f"truncated {s.num_truncated}, dropped {s.num_dropped}"
+        )
         if self.untrained.reinitialised:
-            self._say(f"untrained embedding rows re-initialised (mean of trained rows + noise): "
-                      f"{dict(zip(self.untrained.reinitialised, self.untrained.tokens))}")
+            self._say(
+                f"untrained embedding rows re-initialised (mean of trained rows + noise): "
+                f"{dict(zip(self.untrained.reinitialised, self.untrained.tokens, strict=True))}"
+            )
         elif self.start_step == 0:
             self._say("special tokens: no untrained (duplicate or near-zero) embedding rows among used tokens")
 
@@ -361,18 +399,30 @@ class Trainer:
             dist.all_reduce(total)
             loss = float(total)
         if not math.isfinite(loss):
-            raise NonFiniteError(f"loss is {loss} at step {step + 1}; the batch held {len(batch.sources)} examples: "
-                                 f"{', '.join(batch.sources[:8])}{' ...' if len(batch.sources) > 8 else ''}")
+            raise NonFiniteError(
+                f"loss is {loss} at step {step + 1}; the batch held {len(batch.sources)} examples: "
+                f"{', '.join(batch.sources[:8])}{' ...' if len(batch.sources) > 8 else ''}"
+            )
         norm = grad_norm_and_clip(self.engine.parameters(), cfg.optim.grad_clip, group=self._pipeline_group)
         if not math.isfinite(norm):
-            raise NonFiniteError(f"gradient norm is {norm} at step {step + 1} (loss {loss:.4f}); the batch held "
-                                 f"{', '.join(batch.sources[:8])}")
+            raise NonFiniteError(
+                f"gradient norm is {norm} at step {step + 1} (loss {loss:.4f}); the batch held "
+                f"{', '.join(batch.sources[:8])}"
+            )
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         dt = time.perf_counter() - t0
-        return {"step": step + 1, "loss": loss, "grad_norm": norm, "lr": lr, "tokens_per_s": batch.num_tokens / dt,
-                "mem_gib": peak_memory_gib(), "step_time_s": dt, "valid_tokens": batch.global_valid_tokens,
-                "samples": (step + 1) * cfg.train.global_batch_size}
+        return {
+            "step": step + 1,
+            "loss": loss,
+            "grad_norm": norm,
+            "lr": lr,
+            "tokens_per_s": batch.num_tokens / dt,
+            "mem_gib": peak_memory_gib(),
+            "step_time_s": dt,
+            "valid_tokens": batch.global_valid_tokens,
+            "samples": (step + 1) * cfg.train.global_batch_size,
+        }
 
     def train(self) -> dict[str, Any]:
         """Run the remaining steps, checkpoint, export and evaluate; returns the report (also ``report.json``)."""
@@ -395,20 +445,27 @@ class Trainer:
                     final_ckpt = self.save(done)
             status = "success"
         finally:
-            self.logger.mllog.end("run_stop", None, {"status": status, "samples_count":
-                                                     cfg.train.steps * cfg.train.global_batch_size})
+            self.logger.mllog.end(
+                "run_stop", None, {"status": status, "samples_count": cfg.train.steps * cfg.train.global_batch_size}
+            )
         self.logger.close()
         if final_ckpt is None:
             final_ckpt = ckpt.latest_checkpoint(self.ckpt_root)
         export: dict[str, Any] = {}
         if cfg.checkpoint.export and final_ckpt is not None and self.is_main:
             export_dir = self.out / "export"
-            manifest = ckpt.export_checkpoint(final_ckpt, export_dir,
-                                              rename=ckpt.parse_prefix_mapping(cfg.checkpoint.export_prefix))
-            export = {"dir": str(export_dir), "data_sha256": manifest["data_sha256"],
-                      "num_tensors": len(manifest["tensors"])}
-            self._say(f"export: {final_ckpt} -> {export_dir} (header-only rename, {export['num_tensors']} tensors "
-                      f"sha256-checked, data sha256 {manifest['data_sha256'][:16]}...)")
+            manifest = ckpt.export_checkpoint(
+                final_ckpt, export_dir, rename=ckpt.parse_prefix_mapping(cfg.checkpoint.export_prefix)
+            )
+            export = {
+                "dir": str(export_dir),
+                "data_sha256": manifest["data_sha256"],
+                "num_tensors": len(manifest["tensors"]),
+            }
+            self._say(
+                f"export: {final_ckpt} -> {export_dir} (header-only rename, {export['num_tensors']} tensors "
+                f"sha256-checked, data sha256 {manifest['data_sha256'][:16]}...)"
+            )
         final_eval = None
         if cfg.eval.final and self.is_main and final_ckpt is not None:
             final_eval = self.evaluate(cfg.train.steps, checkpoint_dir=Path(export.get("dir", final_ckpt)))
@@ -419,8 +476,14 @@ class Trainer:
                 self._say(f"demo: pass@1 {score} on problems whose solutions are in the training corpus. {DEMO_NOTE}")
         return self._report(records, time.perf_counter() - t_start, final_ckpt, export, final_eval)
 
-    def _report(self, records: list[dict[str, Any]], wall: float, final_ckpt: Path | None,
-                export: dict[str, Any], final_eval: dict[str, Any] | None) -> dict[str, Any]:
+    def _report(
+        self,
+        records: list[dict[str, Any]],
+        wall: float,
+        final_ckpt: Path | None,
+        export: dict[str, Any],
+        final_eval: dict[str, Any] | None,
+    ) -> dict[str, Any]:
         assert self.logger is not None
         cfg = self.cfg
         losses = self.logger.losses
@@ -436,8 +499,13 @@ class Trainer:
             "mean_tokens_per_s": (sum(r["tokens_per_s"] for r in records) / len(records)) if records else None,
             "peak_mem_gib": peak_memory_gib(),
             "wall_s": wall,
-            "precision": {"recipe": cfg.precision.recipe, "weight_precision": weight_p, "compute_precision": compute_p,
-                          "writeback": cfg.precision.writeback, "backend": self._backend()},
+            "precision": {
+                "recipe": cfg.precision.recipe,
+                "weight_precision": weight_p,
+                "compute_precision": compute_p,
+                "writeback": cfg.precision.writeback,
+                "backend": self._backend(),
+            },
             "data": vars(self.data_stats),
             "untrained_tokens": {"reinitialised": self.untrained.reinitialised, "tokens": self.untrained.tokens},
             "checkpoint": str(final_ckpt) if final_ckpt else None,
@@ -448,8 +516,10 @@ class Trainer:
         }
         if self.is_main:
             self.logger.write_report(report)
-            self.logger.plot_loss(title=f"ida_trainer {cfg.precision.recipe} ({cfg.optim.name}, lr {cfg.optim.lr:g})"
-                                  + (" - demo" if cfg.is_demo else ""))
+            self.logger.plot_loss(
+                title=f"ida_trainer {cfg.precision.recipe} ({cfg.optim.name}, lr {cfg.optim.lr:g})"
+                + (" - demo" if cfg.is_demo else "")
+            )
             self._say(f"report: {self.out / 'report.json'}, loss curve: {self.out / 'loss.png'}")
         return report
 
@@ -468,15 +538,36 @@ class Trainer:
             return None
         assert self.batcher is not None and self.optimizer is not None
         weight_p, compute_p = self._precision_names()
-        metadata = {"producer": "ida_trainer", "recipe": cfg.precision.recipe, "writeback": cfg.precision.writeback,
-                    "weight_precision": weight_p, "compute_precision": compute_p, "step": str(step),
-                    "base_model": cfg.model.base or "demo", "config_digest": config_digest(cfg)}
-        state = {"step": step, "data_cursor": self.batcher.state_dict(), "rng": ckpt.rng_state(),
-                 "config_digest": config_digest(cfg), "evals": self.evals, "run_id": self.run_id}
-        path = ckpt.save_checkpoint(self.ckpt_root, step, tensors=tensors, model_config=self.model.config,
-                                    generation_config=self.model.generation_config, tokenizer=self.tokenizer,
-                                    optimizer_state=optimizer_state, trainer_state=state, metadata=metadata,
-                                    keep=cfg.checkpoint.keep)
+        metadata = {
+            "producer": "ida_trainer",
+            "recipe": cfg.precision.recipe,
+            "writeback": cfg.precision.writeback,
+            "weight_precision": weight_p,
+            "compute_precision": compute_p,
+            "step": str(step),
+            "base_model": cfg.model.base or "demo",
+            "config_digest": config_digest(cfg),
+        }
+        state = {
+            "step": step,
+            "data_cursor": self.batcher.state_dict(),
+            "rng": ckpt.rng_state(),
+            "config_digest": config_digest(cfg),
+            "evals": self.evals,
+            "run_id": self.run_id,
+        }
+        path = ckpt.save_checkpoint(
+            self.ckpt_root,
+            step,
+            tensors=tensors,
+            model_config=self.model.config,
+            generation_config=self.model.generation_config,
+            tokenizer=self.tokenizer,
+            optimizer_state=optimizer_state,
+            trainer_state=state,
+            metadata=metadata,
+            keep=cfg.checkpoint.keep,
+        )
         return path
 
     def _optimizer_state(self) -> dict[str, Any]:
@@ -509,23 +600,41 @@ class Trainer:
         limit = cfg.eval.num_problems or None
         out_dir = self.out / "eval" / (f"step-{step:06d}" + ("-checkpoint" if checkpoint_dir else ""))
         if checkpoint_dir is not None:
-            summary = mbxp.evaluate_checkpoint(checkpoint_dir, problems_path=self._problems_path(), out_dir=out_dir,
-                                               batch_size=cfg.eval.batch_size, max_new_tokens=cfg.eval.max_new_tokens,
-                                               limit=limit, progress=cfg.train.progress)
+            summary = mbxp.evaluate_checkpoint(
+                checkpoint_dir,
+                problems_path=self._problems_path(),
+                out_dir=out_dir,
+                batch_size=cfg.eval.batch_size,
+                max_new_tokens=cfg.eval.max_new_tokens,
+                limit=limit,
+                progress=cfg.train.progress,
+            )
         else:
             was_training = self.model.training
             self.model.eval()
             try:
                 with torch.no_grad():
-                    summary = mbxp.evaluate_model(self.model, self.tokenizer, self._problems_path(), out_dir,
-                                                  batch_size=cfg.eval.batch_size,
-                                                  max_new_tokens=cfg.eval.max_new_tokens, limit=limit,
-                                                  progress=cfg.train.progress)
+                    summary = mbxp.evaluate_model(
+                        self.model,
+                        self.tokenizer,
+                        self._problems_path(),
+                        out_dir,
+                        batch_size=cfg.eval.batch_size,
+                        max_new_tokens=cfg.eval.max_new_tokens,
+                        limit=limit,
+                        progress=cfg.train.progress,
+                    )
             finally:
                 self.model.train(was_training)
-        rec = {"step": step, "pass@1": summary.get("pass@1"), "num_degenerate": _num_degenerate(summary),
-               "num_problems": summary.get("n_tasks"), "passed": summary.get("passed"), "out_dir": str(out_dir),
-               "checkpoint": str(checkpoint_dir) if checkpoint_dir else None}
+        rec = {
+            "step": step,
+            "pass@1": summary.get("pass@1"),
+            "num_degenerate": _num_degenerate(summary),
+            "num_problems": summary.get("n_tasks"),
+            "passed": summary.get("passed"),
+            "out_dir": str(out_dir),
+            "checkpoint": str(checkpoint_dir) if checkpoint_dir else None,
+        }
         self.evals.append(rec)
         assert self.logger is not None
         self.logger.log_eval(step, rec, samples_count=step * cfg.train.global_batch_size)

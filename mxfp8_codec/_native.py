@@ -52,8 +52,13 @@ KERNEL_HEADER = Path(__file__).with_name("mxfp8.h")  # #included by the kernel (
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 # -march=native: AVX-512 intrinsics where the CPU has them (see _kernel.c), else portable C
 CFLAGS = (
-    "-O3", "-march=native", *(("-mprefer-vector-width=512",) if _X86 else ()),
-    "-std=c11", "-fPIC", "-shared", "-fno-math-errno",
+    "-O3",
+    "-march=native",
+    *(("-mprefer-vector-width=512",) if _X86 else ()),
+    "-std=c11",
+    "-fPIC",
+    "-shared",
+    "-fno-math-errno",
 )
 PORTABLE_CFLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fno-math-errno")  # no CPU extensions
 _CDEF = """
@@ -100,8 +105,12 @@ def _find_compiler() -> str | None:
 
 def _build_key(compiler: str) -> str:
     return native_build.build_key(
-        KERNEL_SOURCE.read_bytes(), KERNEL_HEADER.read_bytes(), " ".join(CFLAGS),
-        native_build.compiler_banner(compiler), native_build.cpu_identity(), length=20,
+        KERNEL_SOURCE.read_bytes(),
+        KERNEL_HEADER.read_bytes(),
+        " ".join(CFLAGS),
+        native_build.compiler_banner(compiler),
+        native_build.cpu_identity(),
+        length=20,
     )
 
 
@@ -110,7 +119,10 @@ def _compile(compiler: str, out: Path, cflags: tuple[str, ...] = CFLAGS) -> None
     with native_build.install_atomic(out) as tmp:
         proc = subprocess.run(
             [compiler, *cflags, "-o", str(tmp), str(KERNEL_SOURCE)],
-            capture_output=True, text=True, timeout=300, check=False,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
         )
         if proc.returncode != 0:
             raise RuntimeError(f"{compiler} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
@@ -164,23 +176,43 @@ class NativeKernel:
         ctype = "const float *" if x.dtype == np.float32 else "const uint16_t *"
         assert x.dtype in (np.float32, np.uint16) and x.flags.c_contiguous
         assert q.flags.c_contiguous and s.flags.c_contiguous and q.shape == x.shape
-        return int(fn(self._ptr(ctype, x), rows, k, self._ptr("uint8_t *", q),
-                      self._ptr("uint8_t *", s), int(rceil)))
+        return int(fn(self._ptr(ctype, x), rows, k, self._ptr("uint8_t *", q), self._ptr("uint8_t *", s), int(rceil)))
 
-    def encode_grid(self, x: np.ndarray, q: np.ndarray, s: np.ndarray, rceil: bool, stochastic: bool,
-                    index0: int, keys: tuple[int, int]) -> int:
+    def encode_grid(
+        self,
+        x: np.ndarray,
+        q: np.ndarray,
+        s: np.ndarray,
+        rceil: bool,
+        stochastic: bool,
+        index0: int,
+        keys: tuple[int, int],
+    ) -> int:
         """Grid-rounding encode (RNE or stochastic with the counter RNG's round ``keys``) of float32
         or bfloat16-bits rows; element (r, c) uses the word of flat index ``index0 + r * k + c``.
         Returns -1 or the first bad block index."""
         rows, k = x.shape
         assert x.dtype in (np.float32, np.uint16) and x.flags.c_contiguous
         assert q.flags.c_contiguous and s.flags.c_contiguous and q.shape == x.shape
-        return int(self.lib.mx_encode_grid(self._ptr("const void *", x), int(x.dtype == np.uint16), rows, k,
-                                           self._ptr("uint8_t *", q), self._ptr("uint8_t *", s), int(rceil),
-                                           int(stochastic), index0, keys[0], keys[1]))
+        return int(
+            self.lib.mx_encode_grid(
+                self._ptr("const void *", x),
+                int(x.dtype == np.uint16),
+                rows,
+                k,
+                self._ptr("uint8_t *", q),
+                self._ptr("uint8_t *", s),
+                int(rceil),
+                int(stochastic),
+                index0,
+                keys[0],
+                keys[1],
+            )
+        )
 
-    def decode(self, q: np.ndarray, s: np.ndarray, out: np.ndarray, table: np.ndarray,
-               team: tuple[str, int] | None = None) -> None:
+    def decode(
+        self, q: np.ndarray, s: np.ndarray, out: np.ndarray, table: np.ndarray, team: tuple[str, int] | None = None
+    ) -> None:
         """Decode rows into ``out`` (uint16 bfloat16 bits or uint32 float32 bits).
 
         ``team = (runtime, threads)`` runs the decode on the thread team of the OpenMP runtime
@@ -191,22 +223,40 @@ class NativeKernel:
         assert out.shape == q.shape and table.dtype == out.dtype and table.size == 65536
         if team is not None and rows > 1:
             omp = self._openmp(team[0])
-            args = self.ffi.new("mx_team_args *", {
-                "q": self._ptr("const uint8_t *", q), "s": self._ptr("const uint8_t *", s), "rows": rows, "k": k,
-                "out": self._ptr("void *", out), "lut": self._ptr("const void *", table),
-                "thread_num": omp.omp_get_thread_num, "num_threads": omp.omp_get_num_threads,
-            })
+            args = self.ffi.new(
+                "mx_team_args *",
+                {
+                    "q": self._ptr("const uint8_t *", q),
+                    "s": self._ptr("const uint8_t *", s),
+                    "rows": rows,
+                    "k": k,
+                    "out": self._ptr("void *", out),
+                    "lut": self._ptr("const void *", table),
+                    "thread_num": omp.omp_get_thread_num,
+                    "num_threads": omp.omp_get_num_threads,
+                },
+            )
             body = self.lib.mx_decode_bf16_team if out.dtype == np.uint16 else self.lib.mx_decode_f32_team
             omp.GOMP_parallel(body, args, max(1, team[1]), 0)
             return
         if out.dtype == np.uint16:
-            self.lib.mx_decode_bf16(self._ptr("const uint8_t *", q), self._ptr("const uint8_t *", s),
-                                    rows, k, self._ptr("uint16_t *", out),
-                                    self._ptr("const uint16_t *", table))
+            self.lib.mx_decode_bf16(
+                self._ptr("const uint8_t *", q),
+                self._ptr("const uint8_t *", s),
+                rows,
+                k,
+                self._ptr("uint16_t *", out),
+                self._ptr("const uint16_t *", table),
+            )
         else:
-            self.lib.mx_decode_f32(self._ptr("const uint8_t *", q), self._ptr("const uint8_t *", s),
-                                   rows, k, self._ptr("uint32_t *", out),
-                                   self._ptr("const uint32_t *", table))
+            self.lib.mx_decode_f32(
+                self._ptr("const uint8_t *", q),
+                self._ptr("const uint8_t *", s),
+                rows,
+                k,
+                self._ptr("uint32_t *", out),
+                self._ptr("const uint32_t *", table),
+            )
 
     def _openmp(self, runtime: str) -> Any:
         """The OpenMP runtime library at ``runtime``, opened once (dlopen of a library the process
@@ -233,11 +283,9 @@ class NativeKernel:
         ld = out.strides[0] // out.itemsize
         args = (self._ptr("const uint8_t *", q), ldq, self._ptr("const uint8_t *", s), lds, rows, k)
         if out.dtype == np.uint16:
-            self.lib.mx_decode_bf16_t(*args, self._ptr("uint16_t *", out), ld,
-                                      self._ptr("const uint16_t *", table))
+            self.lib.mx_decode_bf16_t(*args, self._ptr("uint16_t *", out), ld, self._ptr("const uint16_t *", table))
         else:
-            self.lib.mx_decode_f32_t(*args, self._ptr("uint32_t *", out), ld,
-                                     self._ptr("const uint32_t *", table))
+            self.lib.mx_decode_f32_t(*args, self._ptr("uint32_t *", out), ld, self._ptr("const uint32_t *", table))
 
 
 def open_library(path: Path) -> NativeKernel:
@@ -276,7 +324,8 @@ def _load() -> NativeKernel | str:
         reason = f"{type(exc).__name__}: {exc}"
         warnings.warn(
             f"mxfp8_codec: native kernel unavailable, using the pure-numpy path ({reason})",
-            RuntimeWarning, stacklevel=3,
+            RuntimeWarning,
+            stacklevel=3,
         )
         return reason
 
@@ -307,6 +356,5 @@ def kernel_info() -> dict[str, str]:
     with _lock:
         loaded = _load()
     if isinstance(loaded, NativeKernel):
-        return {"backend": "native", "library": str(loaded.path),
-                "simd": "avx512" if loaded.simd else "portable-c"}
+        return {"backend": "native", "library": str(loaded.path), "simd": "avx512" if loaded.simd else "portable-c"}
     return {"backend": "numpy", "reason": loaded}

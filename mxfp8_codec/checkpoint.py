@@ -220,7 +220,7 @@ def dequantize_checkpoint(
     files = checkpoint_files(src_p)
     names = ["model.safetensors" if len(files) == 1 else f.name for f in files]
     with atomic_directory(out_p, overwrite=overwrite) as tmp:
-        for f, name in zip(files, names):
+        for f, name in zip(files, names, strict=True):
             _dequantize_file(f, tmp / name, model_type)
         copy_side_files(src_p, tmp)
         if (tmp / "config.json").is_file():  # a plain copy: no quantization_config

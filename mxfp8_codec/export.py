@@ -121,8 +121,10 @@ class ExportReport:
 
     def lines(self) -> list[str]:
         """The human-readable report the CLI prints."""
-        out = [f"exported {self.src} -> {self.dst} (compressed-tensors mxfp8-quantized, "
-               f"{len(self.projections)} projections, {self.values} values)"]
+        out = [
+            f"exported {self.src} -> {self.dst} (compressed-tensors mxfp8-quantized, "
+            f"{len(self.projections)} projections, {self.values} values)"
+        ]
         if self.orientation == "out_in":
             out.append("source orientation out_in: payload and scale bytes unchanged (sha256 source = written):")
             for name, sp, ss, dp, ds in self.projections:
@@ -217,7 +219,6 @@ def export_compressed_tensors(
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-
     src_p, dst_p = Path(src), Path(dst)
     if not (src_p / "config.json").is_file():
         raise MXFP8Error(f"{src_p}: no config.json (export needs a checkpoint directory)")
@@ -287,7 +288,9 @@ def _copy_side_files_and_config(src: Path, out: Path, sharded: bool, weight_map:
     copy_side_files(src, out)
     config = json.loads((src / "config.json").read_text(encoding="utf-8"))
     config["quantization_config"] = compressed_tensors_config()
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")  # in the temp dir
+    (out / "config.json").write_text(
+        json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )  # in the temp dir
     if sharded:
         index = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
         (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")

@@ -44,9 +44,9 @@ import ml_dtypes
 import numpy as np
 
 from mxfp8_codec.constants import WEIGHTS_DTYPE
-from mxfp8_codec.numerics_numpy import scales_shape
 from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.layout import NORM_CONVENTIONS, ORIENTATIONS  # allowed metadata values (the layout rules' home)
+from mxfp8_codec.numerics_numpy import scales_shape
 
 HEADER_LENGTH_BYTES = 8  # the u64 little-endian header length that starts every file
 MAX_HEADER_BYTES = 100_000_000  # 100 MB, the same limit as safetensors' MAX_HEADER_SIZE
@@ -331,9 +331,7 @@ def _check_text(path: str, entries: Mapping[str, TensorEntry], metadata: Mapping
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError as exc:
-                raise _fail(
-                    path, METADATA_KEY, f"metadata {ascii(text)}: {_surrogate_reason(exc)}"
-                ) from None
+                raise _fail(path, METADATA_KEY, f"metadata {ascii(text)}: {_surrogate_reason(exc)}") from None
     for name in entries:
         try:
             name.encode("utf-8")
@@ -456,7 +454,9 @@ def parse_header_bytes(raw: bytes, *, data_size: int, path: str = "<memory>", re
     Raises:
         MXFP8Error: on any violation, naming ``path``, the tensor and the reason.
     """
-    return _parse_text(_decode(raw, path), header_len=len(raw), data_size=data_size, path=path, require_mxfp8=require_mxfp8)
+    return _parse_text(
+        _decode(raw, path), header_len=len(raw), data_size=data_size, path=path, require_mxfp8=require_mxfp8
+    )
 
 
 def _decode(raw: bytes, path: str) -> str:

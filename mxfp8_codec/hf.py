@@ -127,10 +127,10 @@ from transformers.quantizers.auto import register_quantization_config, register_
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
 from mxfp8_codec.constants import WEIGHTS_DTYPE
-from mxfp8_codec.errors import MXFP8Error
-from mxfp8_codec.hf_config import FORMAT_VERSION, QUANT_METHOD, quantization_config_dict
 from mxfp8_codec.convert import numpy_dtype_of, torch_dtype_of
+from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.header import DTYPES, FLOAT_DTYPES, SCALE_SUFFIX, read_header, sniff_mxfp8
+from mxfp8_codec.hf_config import FORMAT_VERSION, QUANT_METHOD, quantization_config_dict
 from mxfp8_codec.layout import NORM_CONVENTIONS, ORIENTATIONS, is_projection_weight, norm_adds_one, unfold_norm
 from mxfp8_codec.numerics import decode_mxfp8, decode_mxfp8_split
 from mxfp8_codec.reader import open_mxfp8
@@ -147,7 +147,6 @@ __all__ = [
     "decode_into",
     "quantization_config_dict",
 ]
-
 
 
 class MXFP8LoadError(MXFP8Error):
@@ -231,8 +230,11 @@ class MXFP8Config(QuantizationConfigMixin):
             raise ValueError(f"MXFP8Config: weights_dtype={self.weights_dtype!r}, expected {WEIGHTS_DTYPE!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"quant_method": QUANT_METHOD, "weights_dtype": self.weights_dtype,
-                             "format_version": self.format_version}
+        d: dict[str, Any] = {
+            "quant_method": QUANT_METHOD,
+            "weights_dtype": self.weights_dtype,
+            "format_version": self.format_version,
+        }
         for key in ("orientation", "norm_convention", "scale_rule"):
             if getattr(self, key) is not None:
                 d[key] = getattr(self, key)
@@ -333,13 +335,16 @@ def _torch_openmp_runtime() -> str | None:
     paths = {f[5].strip() for f in fields if len(f) == 6}
     runtimes = sorted(p for p in paths if re.match(r"lib(gomp|omp|iomp5)\b", Path(p).name))
     home = Path(torch.__file__).resolve().parent  # torch/ (torch/lib) and its sibling torch.libs
-    own = [p for p in runtimes if any(Path(p).resolve().is_relative_to(d) for d in (home, home.with_name("torch.libs")))]
+    own = [
+        p for p in runtimes if any(Path(p).resolve().is_relative_to(d) for d in (home, home.with_name("torch.libs")))
+    ]
     found = own or runtimes
     return found[0] if len(found) == 1 else None
 
 
-def _decode_cpu(payload: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, transpose: bool, name: str,
-                *, split: bool = False) -> None:
+def _decode_cpu(
+    payload: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, transpose: bool, name: str, *, split: bool = False
+) -> None:
     """The codec's C kernel into ``out`` (same bits however it is split).
 
     A forward's decode (``transpose=False``) runs on torch's own OpenMP thread team
@@ -416,7 +421,13 @@ class MXFP8Linear(nn.Module):
     """
 
     def __init__(
-        self, in_features: int, out_features: int, *, bias: nn.Parameter | None, orientation: str, dtype: torch.dtype,
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        bias: nn.Parameter | None,
+        orientation: str,
+        dtype: torch.dtype,
         name: str = "",
     ) -> None:
         super().__init__()
@@ -438,7 +449,9 @@ class MXFP8Linear(nn.Module):
     @property
     def stored_shape(self) -> tuple[int, int]:
         return (
-            (self.in_features, self.out_features) if self.orientation == "in_out" else (self.out_features, self.in_features)
+            (self.in_features, self.out_features)
+            if self.orientation == "in_out"
+            else (self.out_features, self.in_features)
         )
 
     def decode_weight(self, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -549,9 +562,14 @@ class FileRowsEmbedding(nn.Embedding):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         rows = self._rows
         if (
-            rows is None or rows.fd is None or self.max_norm is not None or input.device.type != "cpu"
-            or (torch.is_grad_enabled() and self.weight.requires_grad) or self._weight_state() != self._weight_key
-            or input.numel() == 0 or input.dtype not in (torch.int64, torch.int32)
+            rows is None
+            or rows.fd is None
+            or self.max_norm is not None
+            or input.device.type != "cpu"
+            or (torch.is_grad_enabled() and self.weight.requires_grad)
+            or self._weight_state() != self._weight_key
+            or input.numel() == 0
+            or input.dtype not in (torch.int64, torch.int32)
         ):
             return super().forward(input)
         flat = input.reshape(-1)
@@ -709,7 +727,9 @@ def _read_rows_from_file(model: Any, plan: _Plan, readers: dict[str, Any]) -> No
     except (AttributeError, NotImplementedError):
         return
     if (
-        type(emb) is not nn.Embedding or emb.weight.device.type != "cpu" or getattr(head, "weight", None) is emb.weight
+        type(emb) is not nn.Embedding
+        or emb.weight.device.type != "cpu"
+        or getattr(head, "weight", None) is emb.weight
         or emb.weight.is_inference()  # loaded under inference_mode: no version counter to see changes by
     ):
         return
@@ -802,7 +822,11 @@ class MXFP8HfQuantizer(HfQuantizer):
             parent_name, _, leaf = module_name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
             new = MXFP8Linear(
-                in_f, out_f, bias=old.bias, orientation=plan.stored[module_name + ".weight"].orientation, dtype=dtype,
+                in_f,
+                out_f,
+                bias=old.bias,
+                orientation=plan.stored[module_name + ".weight"].orientation,
+                dtype=dtype,
                 name=module_name + ".weight",
             )
             setattr(parent, leaf, new)
@@ -849,8 +873,9 @@ class MXFP8HfQuantizer(HfQuantizer):
             self.remove_quantization_config(model)
         return model
 
-    def _load_projection(self, model: Any, module_name: str, module: MXFP8Linear, r: Any, name: str,
-                         s: _Stored, device: torch.device) -> bool:
+    def _load_projection(
+        self, model: Any, module_name: str, module: MXFP8Linear, r: Any, name: str, s: _Stored, device: torch.device
+    ) -> bool:
         """Load one projection; True when its tensors still view the file's mapping (CPU, MXFP8).
         A NaN scale byte (0xFF) is refused first: it would make its whole block NaN, and it costs one
         vectorised pass over 1/32 of the weight's bytes to know."""
@@ -869,8 +894,14 @@ class MXFP8HfQuantizer(HfQuantizer):
                 payload, scales = r.raw_view(name)
                 _decode_cpu(torch.from_numpy(payload), torch.from_numpy(scales), weight, flip, name, split=True)
             else:
-                tmp = MXFP8Linear(module.in_features, module.out_features, bias=None, orientation=s.orientation,
-                                  dtype=self._dtype, name=name)
+                tmp = MXFP8Linear(
+                    module.in_features,
+                    module.out_features,
+                    bias=None,
+                    orientation=s.orientation,
+                    dtype=self._dtype,
+                    name=name,
+                )
                 payload, scales = r.raw_view(name)
                 tmp.payload = torch.from_numpy(payload).to(device)
                 tmp.scales = torch.from_numpy(scales).to(device)
@@ -896,7 +927,9 @@ class MXFP8HfQuantizer(HfQuantizer):
     def is_trainable(self) -> bool:
         return bool(self.quantization_config.dequantize)
 
-    def get_state_dict_and_metadata(self, model: Any, *args: Any, **kwargs: Any) -> tuple[dict[str, torch.Tensor], dict]:
+    def get_state_dict_and_metadata(
+        self, model: Any, *args: Any, **kwargs: Any
+    ) -> tuple[dict[str, torch.Tensor], dict]:
         """Our format again: payload/scale bytes as loaded, other tensors in the file's orientation,
         norm convention and stored dtype, the first file's metadata.
 
@@ -1009,8 +1042,10 @@ def _install_from_pretrained_hooks() -> None:
     from_pretrained = mu.PreTrainedModel.__dict__.get("from_pretrained")
     get_dtype = getattr(mu, "_get_dtype", None)
     if not (
-        transformers.__version__.split(".")[0] == "5" and isinstance(from_pretrained, classmethod)
-        and callable(get_dtype) and {"checkpoint_files", "config", "hf_quantizer"} <= set(inspect.signature(get_dtype).parameters)
+        transformers.__version__.split(".")[0] == "5"
+        and isinstance(from_pretrained, classmethod)
+        and callable(get_dtype)
+        and {"checkpoint_files", "config", "hf_quantizer"} <= set(inspect.signature(get_dtype).parameters)
     ):
         warnings.warn(
             f"mxfp8_codec.hf: transformers {transformers.__version__} is not a 5.x release this module knows: "

@@ -81,7 +81,10 @@ def quantization_config_from_metadata(metadata: Mapping[str, str]) -> dict[str, 
 
 
 def write_config_json(
-    directory: str | os.PathLike[str], weights: str | os.PathLike[str] | None, *, config: Mapping[str, Any] | None = None
+    directory: str | os.PathLike[str],
+    weights: str | os.PathLike[str] | None,
+    *,
+    config: Mapping[str, Any] | None = None,
 ) -> Path:
     """(Re)write ``directory/config.json`` atomically with the ``quantization_config`` of the MXFP8
     file ``weights``, or without any ``quantization_config`` when ``weights`` is None (a plain copy).

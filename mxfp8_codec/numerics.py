@@ -21,8 +21,8 @@ and its amax covers only the real elements):
 Policy choices (the OCP spec leaves them open; tested in tests/mxfp8_codec/test_numerics*.py):
 
 * **Tiny blocks** (amax <= 1.75 * 2^-119 ~ 2.6e-36, where RCEIL asks for e < -127): the clamp
-  e = -127 still lets every element be scaled exactly by 2^127, so they round correctly instead of flushing to zero (TE / torchao RCEIL) or being off by a
-  factor 2 (torchao FLOOR, pytorch/ao#1104).
+  e = -127 still lets every element be scaled exactly by 2^127, so they round correctly instead of
+  flushing to zero (TE / torchao RCEIL) or being off by a factor 2 (torchao FLOOR, pytorch/ao#1104).
 * **Top of the range**: with RCEIL an amax >= 1.9375 * 2^127 (the top 8 bfloat16 magnitudes) would
   give e = 120 (byte 247) and an element that rounds to 2^8, decoding to 2^128 = inf. A finite weight
   must never decode to inf, so in blocks with byte 247 elements saturate at 240 (code 0x77),
@@ -150,8 +150,16 @@ def _encode_numpy_dispatch(
     if kernel is None:
         if sr is None:
             return encode_mxfp8_numpy(x, scale_rule=rule, name=name, out=out)
-        return encode_mxfp8_numpy(x, scale_rule=rule, name=name, out=out, rounding=Rounding.STOCHASTIC,
-                                  seed=sr.seed, step=sr.step, tensor_id=sr.tensor_id)
+        return encode_mxfp8_numpy(
+            x,
+            scale_rule=rule,
+            name=name,
+            out=out,
+            rounding=Rounding.STOCHASTIC,
+            seed=sr.seed,
+            step=sr.step,
+            tensor_id=sr.tensor_id,
+        )
     x = check_encode_input_numpy(x, name)
     payload, scales = encode_out(out, x.shape, name)
     if payload.size == 0 or scales.size == 0:
@@ -313,8 +321,9 @@ def encode_mxfp8(
         outs = _torch_encode_out(out, name)
         on_cpu = x.device.type == "cpu" and all(o.device.type == "cpu" for o in outs)
         if not on_cpu or x.dtype not in torch_encodable_dtypes() or x.dim() < 1:
-            q, s = encode_mxfp8_torch(x, scale_rule=rule, name=name, rounding=rounding, seed=seed, step=step,
-                                      tensor_id=tensor_id)
+            q, s = encode_mxfp8_torch(
+                x, scale_rule=rule, name=name, rounding=rounding, seed=seed, step=step, tensor_id=tensor_id
+            )
             if out is None:
                 return q, s
             _copy_into(outs[0], q, name)
@@ -391,9 +400,7 @@ def decode_mxfp8(
             result = decode_mxfp8_torch(p, s, dtype=dtype, name=name, transpose=transpose)
             return result if out is None else _copy_into(out, result, name)
         np_out = None if out is None else _torch_out_view(out, name)
-        decoded = _decode_numpy_dispatch(
-            cpu_tensor_view(p), cpu_tensor_view(s), dtype, name, np_out, transpose, team
-        )
+        decoded = _decode_numpy_dispatch(cpu_tensor_view(p), cpu_tensor_view(s), dtype, name, np_out, transpose, team)
         return out if out is not None else numpy_to_torch(decoded)
     if out is not None and not isinstance(out, np.ndarray):
         raise MXFP8Error(f"tensor {name!r}: out must be a numpy array for numpy input")
@@ -437,7 +444,8 @@ def decode_mxfp8_split(
         else:
             pieces.append((payload[a:b], scales[a:b], out[a:b]))
     futures = [
-        pool.submit(decode_mxfp8, p, sc, dtype=o.dtype, name=name, out=o, transpose=transpose) for p, sc, o in pieces[1:]
+        pool.submit(decode_mxfp8, p, sc, dtype=o.dtype, name=name, out=o, transpose=transpose)
+        for p, sc, o in pieces[1:]
     ]
     try:
         p, sc, o = pieces[0]

@@ -201,8 +201,7 @@ def out_kind(dtype: Any) -> OutKind:
     if name in ("bfloat16", "bf16"):
         return "bf16"
     raise MXFP8Error(
-        f"unsupported decode dtype {dtype!r}; use np.float32, ml_dtypes.bfloat16, "
-        "torch.float32 or torch.bfloat16"
+        f"unsupported decode dtype {dtype!r}; use np.float32, ml_dtypes.bfloat16, torch.float32 or torch.bfloat16"
     )
 
 
@@ -367,9 +366,7 @@ def encode_out(
     return payload, scales
 
 
-def raise_nonfinite_in_block(
-    x2: np.ndarray, row: int, block: int, shape: tuple[int, ...], name: str | None
-) -> None:
+def raise_nonfinite_in_block(x2: np.ndarray, row: int, block: int, shape: tuple[int, ...], name: str | None) -> None:
     """Raise :func:`nonfinite_error` for the first NaN/Inf in 32-block ``block`` of row ``row`` of the
     2-D view ``x2`` of an input of ``shape`` (a block an encoder reported as not finite)."""
     seg = x2[row, block * BLOCK_SIZE : (block + 1) * BLOCK_SIZE].astype(np.float32)
@@ -404,8 +401,7 @@ def check_decode_input_numpy(p: np.ndarray, s: np.ndarray, name: str | None) -> 
         s = s.view(np.uint8)
     if p.dtype != np.uint8 or s.dtype != np.uint8:
         raise MXFP8Error(
-            f"{who}: payload and scales must be uint8 (or float8_e4m3fn / float8_e8m0fnu), "
-            f"got {p.dtype} and {s.dtype}"
+            f"{who}: payload and scales must be uint8 (or float8_e4m3fn / float8_e8m0fnu), got {p.dtype} and {s.dtype}"
         )
     if p.ndim < 1:
         raise MXFP8Error(f"{who}: payload must have rank >= 1, got a 0-d array")

@@ -180,6 +180,7 @@ def _encode_rows_torch(
 # E4M3 too) and mxfp8.h is their C/CUDA spelling. Every float32 operation is exact or rounds once.
 # ---------------------------------------------------------------------------------------------
 
+
 def f32_bits(x: torch.Tensor) -> torch.Tensor:
     """Return the IEEE bits of a float32 tensor as non-negative int64 (0 .. 2**32-1)."""
     torch = _torch_module()
@@ -222,7 +223,6 @@ def round_to_grid(t: torch.Tensor, rand24: torch.Tensor | None) -> torch.Tensor:
     fl = torch.floor(t)
     frac = (t - fl) * SR_SCALE  # exact
     return fl + (rand24.to(torch.float32) < frac).to(torch.float32)
-
 
 
 def e4m3_round(a: torch.Tensor, rand24: torch.Tensor | None = None) -> torch.Tensor:
@@ -307,9 +307,7 @@ def _torch_table(kind: OutKind, device: str) -> torch.Tensor:
     return torch.from_numpy(signed).to(device)
 
 
-def check_decode_input_torch(
-    p: torch.Tensor, s: torch.Tensor, name: str | None
-) -> tuple[torch.Tensor, torch.Tensor]:
+def check_decode_input_torch(p: torch.Tensor, s: torch.Tensor, name: str | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(payload, scales) as uint8 tensors (float8 views accepted) of matching shapes on one device,
     else MXFP8Error: the torch twin of :func:`~mxfp8_codec.numerics_numpy.check_decode_input_numpy`."""
     torch = _torch_module()
@@ -322,8 +320,7 @@ def check_decode_input_torch(
         s = s.view(torch.uint8)
     if p.dtype != torch.uint8 or s.dtype != torch.uint8:
         raise MXFP8Error(
-            f"{who}: payload and scales must be uint8 (or float8_e4m3fn / float8_e8m0fnu), "
-            f"got {p.dtype} and {s.dtype}"
+            f"{who}: payload and scales must be uint8 (or float8_e4m3fn / float8_e8m0fnu), got {p.dtype} and {s.dtype}"
         )
     if p.dim() < 1:
         raise MXFP8Error(f"{who}: payload must have rank >= 1, got a 0-d tensor")

@@ -71,7 +71,9 @@ class MXFP8Reader:
         header: the validated :class:`~mxfp8_codec.header.Header`.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, require_mxfp8: bool = False, copy_on_write: bool = False) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, require_mxfp8: bool = False, copy_on_write: bool = False
+    ) -> None:
         self.path = str(path)
         try:
             self._file: BinaryIO | None = open(self.path, "rb")
@@ -296,7 +298,9 @@ class MXFP8Reader:
                 raise MXFP8Error(f"{self.path}: tensor {entry.name!r}: {what} at index {tuple(int(i) for i in idx)}")
 
 
-def open_mxfp8(path: str | os.PathLike[str], *, require_mxfp8: bool = False, copy_on_write: bool = False) -> MXFP8Reader:
+def open_mxfp8(
+    path: str | os.PathLike[str], *, require_mxfp8: bool = False, copy_on_write: bool = False
+) -> MXFP8Reader:
     """Open a checkpoint file for reading (validates the header, memory-maps the data).
 
     ``copy_on_write=True`` maps the file privately and writable (``MAP_PRIVATE``): views from
@@ -352,7 +356,9 @@ def _warn_if_recipe_misreads(path: str | os.PathLike[str], metadata: dict[str, s
     build a wrong model from this file: an ``out_in`` file or norm weights stored as ``1 + w``."""
     problems = []
     if metadata.get("weights_dtype") is not None and file_orientation(metadata) == "out_in":
-        problems.append("orientation=out_in: projections are already in nn.Linear's [out, in] layout (do not transpose)")
+        problems.append(
+            "orientation=out_in: projections are already in nn.Linear's [out, in] layout (do not transpose)"
+        )
     if file_norm_convention(metadata) == "folded":
         model_type = model_type_of(path)
         try:
@@ -494,7 +500,9 @@ def check_inside_checkpoint(checkpoint_dir: str | os.PathLike[str], path: str | 
     if root.parent.name == "snapshots":  # Hugging Face hub cache: snapshots/<rev>/x -> ../../blobs/<sha>
         allowed.append(root.parent.parent / "blobs")
     if not any(target.is_relative_to(a) for a in allowed):
-        raise MXFP8Error(f"{p}: is a symlink to {target}, outside the checkpoint directory {d}; copy the file in instead")
+        raise MXFP8Error(
+            f"{p}: is a symlink to {target}, outside the checkpoint directory {d}; copy the file in instead"
+        )
 
 
 def checkpoint_files(checkpoint_dir: str | os.PathLike[str]) -> list[Path]:

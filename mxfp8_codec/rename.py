@@ -32,6 +32,7 @@ from typing import BinaryIO
 
 from tqdm.auto import tqdm
 
+from ida_common.files import atomic_output
 from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.header import (
     HEADER_ALIGNMENT,
@@ -43,7 +44,6 @@ from mxfp8_codec.header import (
     read_header,
     read_header_from,
 )
-from ida_common.files import atomic_output
 
 COPY_BUFFER_BYTES = 1 << 20  # 1 MiB: the only buffer the copy and the hashing use
 
@@ -186,7 +186,8 @@ def rename_tensors(
         >>> from mxfp8_codec import write_mxfp8_safetensors, open_mxfp8
         >>> d = tempfile.mkdtemp()
         >>> write_mxfp8_safetensors(f"{d}/a.safetensors", {"blk.0.q_proj.weight": np.ones((2, 32), np.float32)})
-        >>> rep = rename_tensors(f"{d}/a.safetensors", f"{d}/b.safetensors", {"blk.0.q_proj.weight": "model.layers.0.self_attn.q_proj.weight"})
+        >>> new = {"blk.0.q_proj.weight": "model.layers.0.self_attn.q_proj.weight"}
+        >>> rep = rename_tensors(f"{d}/a.safetensors", f"{d}/b.safetensors", new)
         >>> rep.renamed[1]
         ('blk.0.q_proj.weight.scale', 'model.layers.0.self_attn.q_proj.weight.scale')
         >>> open_mxfp8(f"{d}/b.safetensors").keys()

@@ -166,8 +166,9 @@ def rand24_numpy(n: int, seed: int, step: int, tensor_id: int, *, offset: int = 
     return w
 
 
-def random_words_like(shape: tuple[int, ...], seed: int, step: int, tensor_id: int, *,
-                      device: torch.device | str = "cpu", offset: int = 0) -> torch.Tensor:
+def random_words_like(
+    shape: tuple[int, ...], seed: int, step: int, tensor_id: int, *, device: torch.device | str = "cpu", offset: int = 0
+) -> torch.Tensor:
     """Random words (int64 in [0, 2**32)) for every element of a row-major tensor of ``shape``.
 
     The counter is the flat index plus ``offset``.  On CPU this runs in numpy uint32 arithmetic
@@ -182,8 +183,9 @@ def random_words_like(shape: tuple[int, ...], seed: int, step: int, tensor_id: i
     return random_words(idx, seed, step, tensor_id)
 
 
-def _shifted(shape: tuple[int, ...], seed: int, step: int, tensor_id: int, device: torch.device | str,
-             shift: int) -> torch.Tensor:
+def _shifted(
+    shape: tuple[int, ...], seed: int, step: int, tensor_id: int, device: torch.device | str, shift: int
+) -> torch.Tensor:
     torch = _torch()
     n = math.prod(int(s) for s in shape)
     if torch.device(device).type == "cpu":
@@ -194,13 +196,15 @@ def _shifted(shape: tuple[int, ...], seed: int, step: int, tensor_id: int, devic
     return random_words_like(shape, seed, step, tensor_id, device=device) >> shift
 
 
-def rand24_like(shape: tuple[int, ...], seed: int, step: int, tensor_id: int, *,
-                device: torch.device | str = "cpu") -> torch.Tensor:
+def rand24_like(
+    shape: tuple[int, ...], seed: int, step: int, tensor_id: int, *, device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """24-bit random integers (int32 on CPU, int64 elsewhere) used by stochastic rounding to a grid."""
     return _shifted(shape, seed, step, tensor_id, device, 32 - SR_BITS)
 
 
-def rand16_like(shape: tuple[int, ...], seed: int, step: int, tensor_id: int, *,
-                device: torch.device | str = "cpu") -> torch.Tensor:
+def rand16_like(
+    shape: tuple[int, ...], seed: int, step: int, tensor_id: int, *, device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """16-bit random integers (int32 on CPU, int64 elsewhere) used by float32 -> bfloat16 SR."""
     return _shifted(shape, seed, step, tensor_id, device, 16)

@@ -40,8 +40,16 @@ def _cuda():  # the cffi-backed ops, imported only when a CUDA tensor shows up
     return cuda_ops
 
 
-def quantize_nvfp4(x: torch.Tensor, *, block_2d: bool = False, rounding: str = "rne", seed: int = 0, step: int = 0,
-                   tensor_id: int = 0, hadamard: bool = False) -> NVFP4Tensor:
+def quantize_nvfp4(
+    x: torch.Tensor,
+    *,
+    block_2d: bool = False,
+    rounding: str = "rne",
+    seed: int = 0,
+    step: int = 0,
+    tensor_id: int = 0,
+    hadamard: bool = False,
+) -> NVFP4Tensor:
     """Quantize x [R, C] to NVFP4 (see :func:`nvfp4_cuda.reference.quantize_nvfp4` for the exact rules).
 
     Example:
@@ -51,16 +59,19 @@ def quantize_nvfp4(x: torch.Tensor, *, block_2d: bool = False, rounding: str = "
         (torch.Size([16, 32]), torch.Size([16, 4]))
     """
     if _use_cuda(x):
-        return _cuda().quantize_nvfp4(x, block_2d=block_2d, rounding=rounding, seed=seed, step=step,
-                                      tensor_id=tensor_id, hadamard=hadamard)
+        return _cuda().quantize_nvfp4(
+            x, block_2d=block_2d, rounding=rounding, seed=seed, step=step, tensor_id=tensor_id, hadamard=hadamard
+        )
     if x.device.type == "cpu" and cpu_native.available():
         reference.check_matrix(x, "quantize_nvfp4")
         reference.check_rounding(rounding, "quantize_nvfp4")
         x32 = cpu_native.hadamard16(x) if hadamard else x.to(torch.float32).contiguous()
-        return cpu_native.quantize_nvfp4(x32, block_2d=block_2d, rounding=rounding, seed=seed, step=step,
-                                         tensor_id=tensor_id)
-    return reference.quantize_nvfp4(x, block_2d=block_2d, rounding=rounding, seed=seed, step=step,
-                                    tensor_id=tensor_id, hadamard=hadamard)
+        return cpu_native.quantize_nvfp4(
+            x32, block_2d=block_2d, rounding=rounding, seed=seed, step=step, tensor_id=tensor_id
+        )
+    return reference.quantize_nvfp4(
+        x, block_2d=block_2d, rounding=rounding, seed=seed, step=step, tensor_id=tensor_id, hadamard=hadamard
+    )
 
 
 def dequantize_nvfp4(q: NVFP4Tensor, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -72,8 +83,15 @@ def dequantize_nvfp4(q: NVFP4Tensor, *, dtype: torch.dtype = torch.float32) -> t
     return reference.dequantize_nvfp4(q, dtype=dtype)
 
 
-def nvfp4_matmul(a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
-                 out: torch.Tensor | None = None, accumulate: bool = False, backend: str = "auto") -> torch.Tensor:
+def nvfp4_matmul(
+    a: NVFP4Tensor,
+    b: NVFP4Tensor,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    out: torch.Tensor | None = None,
+    accumulate: bool = False,
+    backend: str = "auto",
+) -> torch.Tensor:
     """``C[M, N] = A[M, K] @ B[N, K]^T``, FP32 accumulation, ``alpha = S_dec_a * S_dec_b`` in the epilogue.
 
     Args:
@@ -104,8 +122,15 @@ def nvfp4_matmul(a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype: torch.dtype = tor
             raise ValueError("nvfp4_matmul: accumulate=True needs out=")
         if out is not None and tuple(out.shape) != (a.shape[0], b.shape[0]):
             raise ValueError(f"nvfp4_matmul: out has shape {list(out.shape)}, expected {[a.shape[0], b.shape[0]]}")
-        return reference.gemm_decoded(cpu_native.decode_scaled(a), cpu_native.decode_scaled(b), a.tensor_scale,
-                                      b.tensor_scale, out_dtype=out_dtype, out=out, accumulate=accumulate)
+        return reference.gemm_decoded(
+            cpu_native.decode_scaled(a),
+            cpu_native.decode_scaled(b),
+            a.tensor_scale,
+            b.tensor_scale,
+            out_dtype=out_dtype,
+            out=out,
+            accumulate=accumulate,
+        )
     return reference.nvfp4_matmul(a, b, out_dtype=out_dtype, out=out, accumulate=accumulate)
 
 
@@ -140,8 +165,16 @@ def decode_scaled(q: NVFP4Tensor) -> torch.Tensor:
     return reference.decode_scaled(q)
 
 
-def quantize_decoded(x: torch.Tensor, *, block_2d: bool = False, rounding: str = "rne", seed: int = 0, step: int = 0,
-                     tensor_id: int = 0, hadamard: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_decoded(
+    x: torch.Tensor,
+    *,
+    block_2d: bool = False,
+    rounding: str = "rne",
+    seed: int = 0,
+    step: int = 0,
+    tensor_id: int = 0,
+    hadamard: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(decode_scaled(q), q.tensor_scale)`` for ``q = quantize_nvfp4(x, ...)``: an emulated-GEMM operand.
 
     The same bits as the two calls; on CUDA one pass that writes the BF16 values and never the codes
@@ -155,20 +188,42 @@ def quantize_decoded(x: torch.Tensor, *, block_2d: bool = False, rounding: str =
         >>> bool(torch.equal(v, nvfp4_cuda.decode_scaled(q))), bool(torch.equal(s, q.tensor_scale))
         (True, True)
     """
-    kw: dict[str, Any] = {"block_2d": block_2d, "rounding": rounding, "seed": seed, "step": step,
-                          "tensor_id": tensor_id, "hadamard": hadamard}
+    kw: dict[str, Any] = {
+        "block_2d": block_2d,
+        "rounding": rounding,
+        "seed": seed,
+        "step": step,
+        "tensor_id": tensor_id,
+        "hadamard": hadamard,
+    }
     if _use_cuda(x):
         return _cuda().quantize_decoded(x, **kw)
     q = quantize_nvfp4(x, **kw)
     return decode_scaled(q), q.tensor_scale
 
 
-def quantize_decoded_from_mxfp8(payload: torch.Tensor, scales: torch.Tensor, *, block_2d: bool = True,
-                                rounding: str = "rne", seed: int = 0, step: int = 0, tensor_id: int = 0,
-                                hadamard: bool = False, transpose: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_decoded_from_mxfp8(
+    payload: torch.Tensor,
+    scales: torch.Tensor,
+    *,
+    block_2d: bool = True,
+    rounding: str = "rne",
+    seed: int = 0,
+    step: int = 0,
+    tensor_id: int = 0,
+    hadamard: bool = False,
+    transpose: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(decode_scaled(q), q.tensor_scale)`` for ``q = quantize_nvfp4_from_mxfp8(...)``, one pass on CUDA."""
-    kw: dict[str, Any] = {"block_2d": block_2d, "rounding": rounding, "seed": seed, "step": step,
-                          "tensor_id": tensor_id, "hadamard": hadamard, "transpose": transpose}
+    kw: dict[str, Any] = {
+        "block_2d": block_2d,
+        "rounding": rounding,
+        "seed": seed,
+        "step": step,
+        "tensor_id": tensor_id,
+        "hadamard": hadamard,
+        "transpose": transpose,
+    }
     if _use_cuda(payload):
         out = _cuda().quantize_nvfp4_from_mxfp8(payload, scales, decoded=True, **kw)
         assert isinstance(out, tuple)
@@ -177,9 +232,16 @@ def quantize_decoded_from_mxfp8(payload: torch.Tensor, scales: torch.Tensor, *, 
     return decode_scaled(q), q.tensor_scale
 
 
-def gemm_decoded(da: torch.Tensor, db: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor, *,
-                 out_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None,
-                 accumulate: bool = False) -> torch.Tensor:
+def gemm_decoded(
+    da: torch.Tensor,
+    db: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    out: torch.Tensor | None = None,
+    accumulate: bool = False,
+) -> torch.Tensor:
     """``(da @ db.T) * (a_scale * b_scale)``, FP32 accumulation: :func:`nvfp4_matmul` on decoded operands.
 
     Args:
@@ -217,27 +279,56 @@ def hadamard16(x: torch.Tensor) -> torch.Tensor:
     return reference.hadamard16(x)
 
 
-def quantize_nvfp4_from_mxfp8(payload: torch.Tensor, scales: torch.Tensor, *, block_2d: bool = True,
-                              rounding: str = "rne", seed: int = 0, step: int = 0, tensor_id: int = 0,
-                              hadamard: bool = False, transpose: bool = False) -> NVFP4Tensor:
+def quantize_nvfp4_from_mxfp8(
+    payload: torch.Tensor,
+    scales: torch.Tensor,
+    *,
+    block_2d: bool = True,
+    rounding: str = "rne",
+    seed: int = 0,
+    step: int = 0,
+    tensor_id: int = 0,
+    hadamard: bool = False,
+    transpose: bool = False,
+) -> NVFP4Tensor:
     """NVFP4 of an MXFP8 master (``transpose=True``: of its transpose, e.g. [in, out] master -> W [out, in])."""
-    kw: dict[str, Any] = {"block_2d": block_2d, "rounding": rounding, "seed": seed, "step": step, "tensor_id": tensor_id,
-                              "hadamard": hadamard, "transpose": transpose}
+    kw: dict[str, Any] = {
+        "block_2d": block_2d,
+        "rounding": rounding,
+        "seed": seed,
+        "step": step,
+        "tensor_id": tensor_id,
+        "hadamard": hadamard,
+        "transpose": transpose,
+    }
     if _use_cuda(payload):
         return _cuda().quantize_nvfp4_from_mxfp8(payload, scales, **kw)
     if payload.device.type == "cpu" and cpu_native.available():
         if payload.dim() != 2:
             raise ValueError(f"quantize_nvfp4_from_mxfp8: expected a 2-D payload, got shape {list(payload.shape)}")
         w = decode_mxfp8(payload, scales, dtype=torch.float32, transpose=transpose)
-        return quantize_nvfp4(w, block_2d=block_2d, rounding=rounding, seed=seed, step=step, tensor_id=tensor_id,
-                              hadamard=hadamard)
+        return quantize_nvfp4(
+            w, block_2d=block_2d, rounding=rounding, seed=seed, step=step, tensor_id=tensor_id, hadamard=hadamard
+        )
     return reference.quantize_nvfp4_from_mxfp8(payload, scales, **kw)
 
 
-def lion_step_mxfp8_(payload: torch.Tensor, scales: torch.Tensor, grad: torch.Tensor, momentum: torch.Tensor, *,
-                     lr: float, beta1: float = 0.9, beta2: float = 0.99, weight_decay: float = 0.0,
-                     writeback: str = "stochastic", compensation: torch.Tensor | None = None, seed: int = 0,
-                     step: int = 0, tensor_id: int = 0) -> None:
+def lion_step_mxfp8_(
+    payload: torch.Tensor,
+    scales: torch.Tensor,
+    grad: torch.Tensor,
+    momentum: torch.Tensor,
+    *,
+    lr: float,
+    beta1: float = 0.9,
+    beta2: float = 0.99,
+    weight_decay: float = 0.0,
+    writeback: str = "stochastic",
+    compensation: torch.Tensor | None = None,
+    seed: int = 0,
+    step: int = 0,
+    tensor_id: int = 0,
+) -> None:
     """Fused Lion step on an MXFP8 master, in place (see :mod:`nvfp4_cuda.reference_master`).
 
     Example:
@@ -247,8 +338,17 @@ def lion_step_mxfp8_(payload: torch.Tensor, scales: torch.Tensor, grad: torch.Te
         >>> m = torch.zeros(1, 32, dtype=torch.bfloat16)
         >>> nvfp4_cuda.lion_step_mxfp8_(p, s, torch.ones(1, 32), m, lr=1e-5, step=1)
     """
-    kw: dict[str, Any] = {"lr": lr, "beta1": beta1, "beta2": beta2, "weight_decay": weight_decay, "writeback": writeback,
-                              "compensation": compensation, "seed": seed, "step": step, "tensor_id": tensor_id}
+    kw: dict[str, Any] = {
+        "lr": lr,
+        "beta1": beta1,
+        "beta2": beta2,
+        "weight_decay": weight_decay,
+        "writeback": writeback,
+        "compensation": compensation,
+        "seed": seed,
+        "step": step,
+        "tensor_id": tensor_id,
+    }
     if _use_cuda(payload):
         return _cuda().lion_step_mxfp8_(payload, scales, grad, momentum, **kw)
     in_place = (payload, scales, momentum) + ((compensation,) if compensation is not None else ())
@@ -256,25 +356,50 @@ def lion_step_mxfp8_(payload: torch.Tensor, scales: torch.Tensor, grad: torch.Te
         reference_master.check_lion_args(payload, scales, grad, momentum, writeback, compensation)
         consts = reference_master.lion_constants(lr, beta1, beta2, weight_decay)
         if not all(math.isfinite(v) for v in consts):
-            raise ValueError(f"lion_step_mxfp8_ (tensor_id {tensor_id}): non-finite hyper-parameter "
-                             f"(lr={lr}, weight_decay={weight_decay}); nothing was updated")
-        bad = cpu_native.lion_step_mxfp8_(payload, scales, grad, momentum, consts=consts,
-                                          writeback_code=reference_master.WRITEBACK_MODES.index(writeback),
-                                          compensation=compensation if writeback == "compensated" else None,
-                                          seed=seed, step=step, tensor_id=tensor_id)
+            raise ValueError(
+                f"lion_step_mxfp8_ (tensor_id {tensor_id}): non-finite hyper-parameter "
+                f"(lr={lr}, weight_decay={weight_decay}); nothing was updated"
+            )
+        bad = cpu_native.lion_step_mxfp8_(
+            payload,
+            scales,
+            grad,
+            momentum,
+            consts=consts,
+            writeback_code=reference_master.WRITEBACK_MODES.index(writeback),
+            compensation=compensation if writeback == "compensated" else None,
+            seed=seed,
+            step=step,
+            tensor_id=tensor_id,
+        )
         if bad <= -2:
-            raise ValueError(f"lion_step_mxfp8_ (tensor_id {tensor_id}): non-finite gradient at flat index "
-                             f"{-2 - bad}; nothing was updated")
+            raise ValueError(
+                f"lion_step_mxfp8_ (tensor_id {tensor_id}): non-finite gradient at flat index "
+                f"{-2 - bad}; nothing was updated"
+            )
         if bad >= 0:
-            raise ValueError(f"lion_step_mxfp8_ (tensor_id {tensor_id}): non-finite updated weight in the block "
-                             f"starting at flat index {bad} (corrupt master or compensation buffer)")
+            raise ValueError(
+                f"lion_step_mxfp8_ (tensor_id {tensor_id}): non-finite updated weight in the block "
+                f"starting at flat index {bad} (corrupt master or compensation buffer)"
+            )
         return None
     return reference.lion_step_mxfp8_(payload, scales, grad, momentum, **kw)
 
 
-def lion_step_bf16_(param: torch.Tensor, grad: torch.Tensor, momentum: torch.Tensor, *, lr: float,
-                    beta1: float = 0.9, beta2: float = 0.99, weight_decay: float = 0.0, writeback: str = "stochastic",
-                    seed: int = 0, step: int = 0, tensor_id: int = 0) -> None:
+def lion_step_bf16_(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    momentum: torch.Tensor,
+    *,
+    lr: float,
+    beta1: float = 0.9,
+    beta2: float = 0.99,
+    weight_decay: float = 0.0,
+    writeback: str = "stochastic",
+    seed: int = 0,
+    step: int = 0,
+    tensor_id: int = 0,
+) -> None:
     """Lion step on a plain BF16 parameter, in place (see :func:`nvfp4_cuda.reference_master.lion_step_bf16_`).
 
     CUDA: one fused kernel (no float32 copies of the parameter); CPU: PyTorch with the C stochastic
@@ -288,23 +413,34 @@ def lion_step_bf16_(param: torch.Tensor, grad: torch.Tensor, momentum: torch.Ten
         >>> p.tolist()
         [0.25, 0.25, 0.25, 0.25]
     """
-    kw: dict[str, Any] = {"lr": lr, "beta1": beta1, "beta2": beta2, "weight_decay": weight_decay,
-                          "writeback": writeback, "seed": seed, "step": step, "tensor_id": tensor_id}
+    kw: dict[str, Any] = {
+        "lr": lr,
+        "beta1": beta1,
+        "beta2": beta2,
+        "weight_decay": weight_decay,
+        "writeback": writeback,
+        "seed": seed,
+        "step": step,
+        "tensor_id": tensor_id,
+    }
     if _use_cuda(param):
         return _cuda().lion_step_bf16_(param, grad, momentum, **kw)
     reference_master.lion_step_bf16_(param, grad, momentum, round_bf16=stochastic_round_to_bf16_, **kw)
     return None
 
 
-def stochastic_round_to_bf16_(dst_bf16: torch.Tensor, src_fp32: torch.Tensor, *, seed: int, step: int,
-                              tensor_id: int) -> torch.Tensor:
+def stochastic_round_to_bf16_(
+    dst_bf16: torch.Tensor, src_fp32: torch.Tensor, *, seed: int, step: int, tensor_id: int
+) -> torch.Tensor:
     """Unbiased float32 -> bfloat16 rounding into ``dst_bf16`` (for plain BF16 params under the nvfp4 recipe)."""
     if _use_cuda(src_fp32):
         return _cuda().stochastic_round_to_bf16_(dst_bf16, src_fp32, seed=seed, step=step, tensor_id=tensor_id)
     if src_fp32.device.type == "cpu" and cpu_native.available():
         if dst_bf16.dtype != torch.bfloat16 or tuple(dst_bf16.shape) != tuple(src_fp32.shape):
-            raise ValueError(f"stochastic_round_to_bf16_: dst must be bfloat16 of shape {list(src_fp32.shape)}, got "
-                             f"{dst_bf16.dtype} {list(dst_bf16.shape)}")
+            raise ValueError(
+                f"stochastic_round_to_bf16_: dst must be bfloat16 of shape {list(src_fp32.shape)}, got "
+                f"{dst_bf16.dtype} {list(dst_bf16.shape)}"
+            )
         dst_bf16.copy_(cpu_native.stochastic_round_to_bf16(src_fp32, seed=seed, step=step, tensor_id=tensor_id))
         return dst_bf16
     return reference.stochastic_round_to_bf16_(dst_bf16, src_fp32, seed=seed, step=step, tensor_id=tensor_id)
@@ -341,8 +477,13 @@ def backend_info() -> dict[str, Any]:
     """
     native = cpu_native.available()
     cpu_backend = "cpu-native" if native else "cpu-reference"
-    info: dict[str, Any] = {"backend": cpu_backend, "device": "cpu", "library": None, "reason": "",
-                            "cpu_native": native}
+    info: dict[str, Any] = {
+        "backend": cpu_backend,
+        "device": "cpu",
+        "library": None,
+        "reason": "",
+        "cpu_native": native,
+    }
     if os.environ.get(BACKEND_ENV, "").lower() == "reference":
         info["backend"] = "cpu-reference"
         info["reason"] = f"{BACKEND_ENV}=reference (every tensor runs through the PyTorch reference)"
@@ -364,6 +505,9 @@ def backend_info() -> dict[str, Any]:
         info["reason"] = str(e)
         return info
     info["backend"] = "native-sm120a" if major == 12 else "emulated-cuda"
-    info["reason"] = ("compute capability 12.x has FP4 mma.sync" if major == 12
-                      else "no FP4 tensor cores: exact BF16 decode + cuBLASLt BF16 GEMM (FP32 accumulation)")
+    info["reason"] = (
+        "compute capability 12.x has FP4 mma.sync"
+        if major == 12
+        else "no FP4 tensor cores: exact BF16 decode + cuBLASLt BF16 GEMM (FP32 accumulation)"
+    )
     return info

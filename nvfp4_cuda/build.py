@@ -42,8 +42,16 @@ GENCODES: tuple[tuple[str, str], ...] = (
     ("compute_120a", "sm_120a"),
     ("compute_120a", "compute_120a"),  # PTX for forward compatibility within the 12.0 "a" family
 )
-BASE_FLAGS: tuple[str, ...] = ("-O3", "-std=c++17", "-fmad=false", "-Xcompiler", "-fPIC", "--threads", "2",
-                               f"-I{C_HEADER.parent}")  # mxfp8.h: MXFP8 constants, scale rule, RNG
+BASE_FLAGS: tuple[str, ...] = (
+    "-O3",
+    "-std=c++17",
+    "-fmad=false",
+    "-Xcompiler",
+    "-fPIC",
+    "--threads",
+    "2",
+    f"-I{C_HEADER.parent}",
+)  # mxfp8.h: MXFP8 constants, scale rule, RNG
 LINK_FLAGS: tuple[str, ...] = ("-ldl", "-lpthread")  # cuBLASLt is found at run time (nvfp4_lt.cu), not linked
 
 
@@ -85,10 +93,12 @@ def find_nvcc() -> str:
     for c in candidates:
         if c and Path(c).is_file() and os.access(c, os.X_OK):
             return c
-    raise BuildError("nvcc not found (looked at $NVFP4_CUDA_NVCC, $CUDA_HOME/bin/nvcc and PATH). "
-                     "Install the CUDA toolkit (12.8+ for sm_120a) or point NVFP4_CUDA_NVCC at nvcc; "
-                     "CPU tensors do not need it (they use nvfp4_cuda.reference); NVFP4_CUDA_BACKEND=reference "
-                     "runs CUDA tensors through the PyTorch reference as well.")
+    raise BuildError(
+        "nvcc not found (looked at $NVFP4_CUDA_NVCC, $CUDA_HOME/bin/nvcc and PATH). "
+        "Install the CUDA toolkit (12.8+ for sm_120a) or point NVFP4_CUDA_NVCC at nvcc; "
+        "CPU tensors do not need it (they use nvfp4_cuda.reference); NVFP4_CUDA_BACKEND=reference "
+        "runs CUDA tensors through the PyTorch reference as well."
+    )
 
 
 def nvcc_version(nvcc: str) -> str:

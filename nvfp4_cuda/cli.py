@@ -46,8 +46,10 @@ def _info() -> dict[str, object]:
 
 
 PROG = "nvfp4_cuda"
-DESCRIPTION = ("NVFP4 CUDA kernels: 'build' compiles the shared library into the cache and prints its path; "
-               "'info' reports the backend CUDA tensors would use, the device and the library (compiles nothing).")
+DESCRIPTION = (
+    "NVFP4 CUDA kernels: 'build' compiles the shared library into the cache and prints its path; "
+    "'info' reports the backend CUDA tensors would use, the device and the library (compiles nothing)."
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -57,8 +59,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(run: Run) -> int:
     parser = ArgumentParser(prog="python -m nvfp4_cuda", short_prog=PROG, description=DESCRIPTION)
-    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{build,info}",
-                                help="the command (python -m nvfp4_cuda COMMAND --help for its options)")
+    sub = parser.add_subparsers(
+        dest="cmd",
+        required=True,
+        metavar="{build,info}",
+        help="the command (python -m nvfp4_cuda COMMAND --help for its options)",
+    )
     b = sub.add_parser("build", help="compile libnvfp4_cuda.so into the cache (sm_80, sm_90, sm_120a)")
     b.add_argument("--force", action="store_true", help="rebuild even if a cached library exists")
     i = sub.add_parser("info", help="report backend, device and library path")

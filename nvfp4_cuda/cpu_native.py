@@ -30,14 +30,21 @@ import torch
 
 from ida_common import native_build
 from mxfp8_codec.constants import C_HEADER
-from nvfp4_cuda.formats import NVFP4_BLOCK, e4m3_decode_table
 from mxfp8_codec.rng import stream_keys
+from nvfp4_cuda.formats import NVFP4_BLOCK, e4m3_decode_table
 from nvfp4_cuda.tensor import NVFP4Tensor
 
 ENV_SWITCH = "NVFP4_CPU_NATIVE"  # "0" / "false" / "no" / "off" disables the native CPU path (native_build syntax)
 SOURCE = Path(__file__).resolve().parent / "cpu" / "nvfp4_cpu.c"
-CFLAGS: tuple[str, ...] = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC",
-                           f"-I{C_HEADER.parent}")  # mxfp8.h: MXFP8 constants, scale rule, RNG, block encoder
+CFLAGS: tuple[str, ...] = (
+    "-O3",
+    "-march=native",
+    "-ffp-contract=off",
+    "-fno-fast-math",
+    "-shared",
+    "-fPIC",
+    f"-I{C_HEADER.parent}",
+)  # mxfp8.h: MXFP8 constants, scale rule, RNG, block encoder
 CDEF = """
 int64_t nvfp4_cpu_block_amax(const float *x, int64_t rows, int64_t cols, int block_2d, float *bam, float *amax);
 void nvfp4_cpu_encode(const float *x, int64_t rows, int64_t cols, const float *bam, float s_enc, float s_dec, int sr,
@@ -54,8 +61,13 @@ void nvfp4_cpu_sr_bf16(const float *src, int64_t n, uint32_t k2, uint32_t k3, ui
 
 def library_path(compiler: str) -> Path:
     """Cache path of the compiled library for this source / header / flags / compiler / CPU / version."""
-    key = native_build.build_key(SOURCE.read_bytes(), C_HEADER.read_bytes(), " ".join(CFLAGS),
-                                 native_build.compiler_banner(compiler), native_build.cpu_identity())
+    key = native_build.build_key(
+        SOURCE.read_bytes(),
+        C_HEADER.read_bytes(),
+        " ".join(CFLAGS),
+        native_build.compiler_banner(compiler),
+        native_build.cpu_identity(),
+    )
     return native_build.cache_dir("nvfp4_cuda") / "cpu" / f"nvfp4_cpu-{key}.so"
 
 
@@ -70,8 +82,9 @@ def _build_library() -> Path:
     with native_build.file_lock(lib.parent / ".lock"):
         if not lib.is_file():
             with native_build.install_atomic(lib) as out:
-                res = subprocess.run([compiler, *CFLAGS, "-o", str(out), str(SOURCE)], capture_output=True,
-                                     text=True, check=False)
+                res = subprocess.run(
+                    [compiler, *CFLAGS, "-o", str(out), str(SOURCE)], capture_output=True, text=True, check=False
+                )
                 if res.returncode != 0:
                     raise RuntimeError(f"{compiler} failed: {res.stderr.strip()[-1500:]}")
     return lib
@@ -96,8 +109,9 @@ def _ptr(ffi: Any, ctype: str, t: torch.Tensor) -> Any:
     return ffi.cast(ctype, t.data_ptr())
 
 
-def quantize_nvfp4(x32: torch.Tensor, *, block_2d: bool, rounding: str, seed: int, step: int,
-                   tensor_id: int) -> NVFP4Tensor:
+def quantize_nvfp4(
+    x32: torch.Tensor, *, block_2d: bool, rounding: str, seed: int, step: int, tensor_id: int
+) -> NVFP4Tensor:
     """Quantize a contiguous float32 CPU matrix (already Hadamard-transformed if requested)."""
     from nvfp4_cuda.reference import nvfp4_scales  # the scalar tensor-scale rule lives in one place
 
@@ -107,8 +121,9 @@ def quantize_nvfp4(x32: torch.Tensor, *, block_2d: bool, rounding: str, seed: in
     r, c = x32.shape
     bam = torch.empty(r, c // NVFP4_BLOCK, dtype=torch.float32)
     amax = torch.zeros((), dtype=torch.float32)
-    bad = lib.nvfp4_cpu_block_amax(_ptr(ffi, "float *", x32), r, c, int(block_2d), _ptr(ffi, "float *", bam),
-                                   _ptr(ffi, "float *", amax))
+    bad = lib.nvfp4_cpu_block_amax(
+        _ptr(ffi, "float *", x32), r, c, int(block_2d), _ptr(ffi, "float *", bam), _ptr(ffi, "float *", amax)
+    )
     if bad >= 0:
         idx = [bad // c, bad % c]
         raise ValueError(f"quantize_nvfp4: non-finite input at index {idx} (value {x32[idx[0], idx[1]].item()})")
@@ -116,11 +131,22 @@ def quantize_nvfp4(x32: torch.Tensor, *, block_2d: bool, rounding: str, seed: in
     codes = torch.empty(r, c // 2, dtype=torch.uint8)
     scales = torch.empty(r, c // NVFP4_BLOCK, dtype=torch.uint8)
     k2, k3 = stream_keys(seed, step, tensor_id)
-    lib.nvfp4_cpu_encode(_ptr(ffi, "float *", x32), r, c, _ptr(ffi, "float *", bam), float(s_enc), float(s_dec),
-                         1 if rounding == "stochastic" else 0, k2, k3, _ptr(ffi, "uint8_t *", codes),
-                         _ptr(ffi, "uint8_t *", scales))
-    return NVFP4Tensor(codes=codes, block_scales=scales, tensor_scale=s_dec.reshape(()), shape=(r, c),
-                       block_2d=block_2d)
+    lib.nvfp4_cpu_encode(
+        _ptr(ffi, "float *", x32),
+        r,
+        c,
+        _ptr(ffi, "float *", bam),
+        float(s_enc),
+        float(s_dec),
+        1 if rounding == "stochastic" else 0,
+        k2,
+        k3,
+        _ptr(ffi, "uint8_t *", codes),
+        _ptr(ffi, "uint8_t *", scales),
+    )
+    return NVFP4Tensor(
+        codes=codes, block_scales=scales, tensor_scale=s_dec.reshape(()), shape=(r, c), block_2d=block_2d
+    )
 
 
 def decode_scaled(q: NVFP4Tensor) -> torch.Tensor:
@@ -132,8 +158,14 @@ def decode_scaled(q: NVFP4Tensor) -> torch.Tensor:
     codes, scales = q.codes.contiguous(), q.block_scales.contiguous()
     table = e4m3_decode_table("cpu")
     out = torch.empty(r, c, dtype=torch.float32)
-    lib.nvfp4_cpu_decode(_ptr(ffi, "uint8_t *", codes), _ptr(ffi, "uint8_t *", scales), _ptr(ffi, "float *", table),
-                         r, c, _ptr(ffi, "float *", out))
+    lib.nvfp4_cpu_decode(
+        _ptr(ffi, "uint8_t *", codes),
+        _ptr(ffi, "uint8_t *", scales),
+        _ptr(ffi, "float *", table),
+        r,
+        c,
+        _ptr(ffi, "float *", out),
+    )
     return out
 
 
@@ -150,9 +182,19 @@ def hadamard16(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def lion_step_mxfp8_(payload: torch.Tensor, scales: torch.Tensor, grad: torch.Tensor, momentum: torch.Tensor, *,
-                     consts: tuple[float, float, float, float, float, float], writeback_code: int,
-                     compensation: torch.Tensor | None, seed: int, step: int, tensor_id: int) -> int:
+def lion_step_mxfp8_(
+    payload: torch.Tensor,
+    scales: torch.Tensor,
+    grad: torch.Tensor,
+    momentum: torch.Tensor,
+    *,
+    consts: tuple[float, float, float, float, float, float],
+    writeback_code: int,
+    compensation: torch.Tensor | None,
+    seed: int,
+    step: int,
+    tensor_id: int,
+) -> int:
     """In-place fused Lion on contiguous CPU tensors; returns -1 or the flat index of a non-finite update."""
     loaded = _load()
     assert loaded is not None
@@ -161,9 +203,21 @@ def lion_step_mxfp8_(payload: torch.Tensor, scales: torch.Tensor, grad: torch.Te
     g = grad.to(torch.float32).contiguous()
     k2, k3 = stream_keys(seed, step, tensor_id)
     comp_ptr = _ptr(ffi, "float *", compensation) if compensation is not None else ffi.NULL
-    return int(lib.nvfp4_cpu_lion(_ptr(ffi, "uint8_t *", payload), _ptr(ffi, "uint8_t *", scales),
-                                  _ptr(ffi, "float *", g), _ptr(ffi, "uint16_t *", momentum), comp_ptr,
-                                  payload.numel() // c if c else 0, c, *consts, writeback_code, k2, k3))
+    return int(
+        lib.nvfp4_cpu_lion(
+            _ptr(ffi, "uint8_t *", payload),
+            _ptr(ffi, "uint8_t *", scales),
+            _ptr(ffi, "float *", g),
+            _ptr(ffi, "uint16_t *", momentum),
+            comp_ptr,
+            payload.numel() // c if c else 0,
+            c,
+            *consts,
+            writeback_code,
+            k2,
+            k3,
+        )
+    )
 
 
 def stochastic_round_to_bf16(src: torch.Tensor, *, seed: int, step: int, tensor_id: int) -> torch.Tensor:

@@ -20,12 +20,12 @@ from typing import Any
 import torch
 
 from ida_common import native_build
-from nvfp4_cuda import build as _build
 from mxfp8_codec.constants import BLOCK_SIZE
+from mxfp8_codec.rng import stream_keys
+from nvfp4_cuda import build as _build
 from nvfp4_cuda.formats import NVFP4_BLOCK
 from nvfp4_cuda.reference import check_gemm_operands, check_matrix, check_rounding
 from nvfp4_cuda.reference_master import WRITEBACK_MODES, check_lion_bf16_args, f32_const
-from mxfp8_codec.rng import stream_keys
 from nvfp4_cuda.tensor import NVFP4Tensor
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}  # NVFP4_DTYPE_F32 / _BF16 (2 = MXFP8 input)
@@ -67,8 +67,10 @@ def load_library(path: str | Path | None = None) -> tuple[Any, Any]:
     try:
         lib = ffi.dlopen(str(lib_path), ffi.RTLD_NOW | ffi.RTLD_LOCAL)
     except OSError as e:
-        raise NVFP4CudaError(f"nvfp4_cuda: cannot load {lib_path}: {e}. Rebuild with 'python -m nvfp4_cuda build "
-                             f"--force' (cache dir {_build.cache_dir()})") from e
+        raise NVFP4CudaError(
+            f"nvfp4_cuda: cannot load {lib_path}: {e}. Rebuild with 'python -m nvfp4_cuda build "
+            f"--force' (cache dir {_build.cache_dir()})"
+        ) from e
     if path is None:
         _FFI, _LIB = ffi, lib
     return ffi, lib
@@ -126,8 +128,10 @@ def _scratch(device: torch.device, stream: int) -> tuple[torch.Tensor, torch.Ten
     """
     key = (device.index if device.index is not None else torch.cuda.current_device(), stream)
     if key not in _SCRATCH:
-        _SCRATCH[key] = (torch.empty(LT_WORKSPACE_BYTES, dtype=torch.uint8, device=device),
-                         torch.empty(2, dtype=torch.float32, device=device))
+        _SCRATCH[key] = (
+            torch.empty(LT_WORKSPACE_BYTES, dtype=torch.uint8, device=device),
+            torch.empty(2, dtype=torch.float32, device=device),
+        )
     return _SCRATCH[key]
 
 
@@ -145,8 +149,16 @@ def cublaslt_library() -> str:
     return ffi.string(buf).decode()
 
 
-def quantize_nvfp4(x: torch.Tensor, *, block_2d: bool = False, rounding: str = "rne", seed: int = 0, step: int = 0,
-                   tensor_id: int = 0, hadamard: bool = False) -> NVFP4Tensor:
+def quantize_nvfp4(
+    x: torch.Tensor,
+    *,
+    block_2d: bool = False,
+    rounding: str = "rne",
+    seed: int = 0,
+    step: int = 0,
+    tensor_id: int = 0,
+    hadamard: bool = False,
+) -> NVFP4Tensor:
     """CUDA quantizer (same bits as :func:`nvfp4_cuda.reference.quantize_nvfp4`)."""
     check_matrix(x, "quantize_nvfp4")
     check_rounding(rounding, "quantize_nvfp4")
@@ -156,9 +168,21 @@ def quantize_nvfp4(x: torch.Tensor, *, block_2d: bool = False, rounding: str = "
     return q
 
 
-def _quantize(x: torch.Tensor, dtype_code: int, x_scales: torch.Tensor | None, rows: int, cols: int, transpose: bool,
-              block_2d: bool, rounding: str, seed: int, step: int, tensor_id: int, hadamard: bool,
-              decoded: bool = False) -> NVFP4Tensor | tuple[torch.Tensor, torch.Tensor]:
+def _quantize(
+    x: torch.Tensor,
+    dtype_code: int,
+    x_scales: torch.Tensor | None,
+    rows: int,
+    cols: int,
+    transpose: bool,
+    block_2d: bool,
+    rounding: str,
+    seed: int,
+    step: int,
+    tensor_id: int,
+    hadamard: bool,
+    decoded: bool = False,
+) -> NVFP4Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The amax pass then the quantize pass; ``decoded``: BF16 values ``e2m1 * e4m3`` instead of codes."""
     dev = x.device
     amax = torch.empty(1, dtype=torch.float32, device=dev)
@@ -174,9 +198,26 @@ def _quantize(x: torch.Tensor, dtype_code: int, x_scales: torch.Tensor | None, r
     k2, k3 = stream_keys(seed, step, tensor_id)
     st = _stream(x)
     _call("nvfp4_amax", _ptr(x), dtype_code, _ptr(x_scales), rows, cols, int(transpose), int(hadamard), _ptr(amax), st)
-    _call("nvfp4_quantize", _ptr(x), dtype_code, _ptr(x_scales), rows, cols, int(transpose), int(hadamard),
-          int(block_2d), 1 if rounding == "stochastic" else 0, k2, k3, _ptr(amax), _ptr(codes), _ptr(scales), _ptr(ts),
-          _ptr(values), st)
+    _call(
+        "nvfp4_quantize",
+        _ptr(x),
+        dtype_code,
+        _ptr(x_scales),
+        rows,
+        cols,
+        int(transpose),
+        int(hadamard),
+        int(block_2d),
+        1 if rounding == "stochastic" else 0,
+        k2,
+        k3,
+        _ptr(amax),
+        _ptr(codes),
+        _ptr(scales),
+        _ptr(ts),
+        _ptr(values),
+        st,
+    )
     if decoded:
         assert values is not None
         return values, ts
@@ -184,22 +225,40 @@ def _quantize(x: torch.Tensor, dtype_code: int, x_scales: torch.Tensor | None, r
     return NVFP4Tensor(codes=codes, block_scales=scales, tensor_scale=ts, shape=(rows, cols), block_2d=block_2d)
 
 
-def quantize_decoded(x: torch.Tensor, *, block_2d: bool = False, rounding: str = "rne", seed: int = 0, step: int = 0,
-                     tensor_id: int = 0, hadamard: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_decoded(
+    x: torch.Tensor,
+    *,
+    block_2d: bool = False,
+    rounding: str = "rne",
+    seed: int = 0,
+    step: int = 0,
+    tensor_id: int = 0,
+    hadamard: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(decode_scaled(q), q.tensor_scale)`` of ``q = quantize_nvfp4(x, ...)`` in one pass, without the codes."""
     check_matrix(x, "quantize_decoded")
     check_rounding(rounding, "quantize_decoded")
     xc, dt = _float_input(x)
-    out = _quantize(xc, dt, None, x.shape[0], x.shape[1], False, block_2d, rounding, seed, step, tensor_id, hadamard,
-                    decoded=True)
+    out = _quantize(
+        xc, dt, None, x.shape[0], x.shape[1], False, block_2d, rounding, seed, step, tensor_id, hadamard, decoded=True
+    )
     assert isinstance(out, tuple)
     return out
 
 
-def quantize_nvfp4_from_mxfp8(payload: torch.Tensor, scales: torch.Tensor, *, block_2d: bool = True,
-                              rounding: str = "rne", seed: int = 0, step: int = 0, tensor_id: int = 0,
-                              hadamard: bool = False, transpose: bool = False,
-                              decoded: bool = False) -> NVFP4Tensor | tuple[torch.Tensor, torch.Tensor]:
+def quantize_nvfp4_from_mxfp8(
+    payload: torch.Tensor,
+    scales: torch.Tensor,
+    *,
+    block_2d: bool = True,
+    rounding: str = "rne",
+    seed: int = 0,
+    step: int = 0,
+    tensor_id: int = 0,
+    hadamard: bool = False,
+    transpose: bool = False,
+    decoded: bool = False,
+) -> NVFP4Tensor | tuple[torch.Tensor, torch.Tensor]:
     """NVFP4 straight from an MXFP8 master on the GPU (decoded in registers, never materialised).
 
     ``decoded=True`` returns ``(decode_scaled(q), q.tensor_scale)`` instead of ``q``, in the same pass.
@@ -211,16 +270,38 @@ def quantize_nvfp4_from_mxfp8(payload: torch.Tensor, scales: torch.Tensor, *, bl
         raise ValueError(f"quantize_nvfp4_from_mxfp8: quantized axis has {cols} elements, not a multiple of 16")
     if tuple(scales.shape) != (payload.shape[0], -(-payload.shape[1] // BLOCK_SIZE)):
         raise ValueError(f"quantize_nvfp4_from_mxfp8: scales shape {list(scales.shape)} does not match payload")
-    return _quantize(payload.contiguous(), 2, scales.contiguous(), rows, cols, transpose, block_2d, rounding, seed,
-                     step, tensor_id, hadamard, decoded=decoded)
+    return _quantize(
+        payload.contiguous(),
+        2,
+        scales.contiguous(),
+        rows,
+        cols,
+        transpose,
+        block_2d,
+        rounding,
+        seed,
+        step,
+        tensor_id,
+        hadamard,
+        decoded=decoded,
+    )
 
 
 def dequantize_nvfp4(q: NVFP4Tensor, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """CUDA dequantize (float32 math, one cast)."""
     out_dt = dtype if dtype in DTYPE_CODES else torch.float32
     out = torch.empty(q.shape, dtype=out_dt, device=q.device)
-    _call("nvfp4_dequantize", _ptr(q.codes.contiguous()), _ptr(q.block_scales.contiguous()), _ptr(q.tensor_scale),
-          q.shape[0], q.shape[1], _ptr(out), DTYPE_CODES[out_dt], _stream(out))
+    _call(
+        "nvfp4_dequantize",
+        _ptr(q.codes.contiguous()),
+        _ptr(q.block_scales.contiguous()),
+        _ptr(q.tensor_scale),
+        q.shape[0],
+        q.shape[1],
+        _ptr(out),
+        DTYPE_CODES[out_dt],
+        _stream(out),
+    )
     return out.to(dtype)
 
 
@@ -248,8 +329,9 @@ def decode_scaled(q: NVFP4Tensor) -> torch.Tensor:
 def _operand(t: torch.Tensor, what: str) -> tuple[torch.Tensor, int]:
     """A BF16 GEMM operand [rows, K] as (storage tensor, trans): row-major (0) or the ``.t()`` of one (1)."""
     if t.dtype != torch.bfloat16 or t.dim() != 2 or not t.is_cuda:
-        raise ValueError(f"gemm_decoded: {what} must be a 2-D bfloat16 CUDA tensor, got {t.dtype} "
-                         f"{list(t.shape)} on {t.device}")
+        raise ValueError(
+            f"gemm_decoded: {what} must be a 2-D bfloat16 CUDA tensor, got {t.dtype} {list(t.shape)} on {t.device}"
+        )
     if t.is_contiguous() and t.data_ptr() % 16 == 0:
         return t, 0
     if t.t().is_contiguous() and t.data_ptr() % 16 == 0:
@@ -257,9 +339,16 @@ def _operand(t: torch.Tensor, what: str) -> tuple[torch.Tensor, int]:
     return _aligned(t, 16), 0
 
 
-def gemm_decoded(da: torch.Tensor, db: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor, *,
-                 out_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None,
-                 accumulate: bool = False) -> torch.Tensor:
+def gemm_decoded(
+    da: torch.Tensor,
+    db: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    out: torch.Tensor | None = None,
+    accumulate: bool = False,
+) -> torch.Tensor:
     """``(da @ db.T) * (a_scale * b_scale)`` with cuBLASLt: BF16 operands, FP32 accumulation, alpha on the device.
 
     ``da`` [M, K] and ``db`` [N, K] are decoded operands (:func:`decode_scaled`), each row-major or the
@@ -278,16 +367,33 @@ def gemm_decoded(da: torch.Tensor, db: torch.Tensor, a_scale: torch.Tensor, b_sc
     if accumulate and out is None:
         raise ValueError("gemm_decoded: accumulate=True needs out=")
     if out is not None and (tuple(out.shape) != (m, n) or out.dtype not in DTYPE_CODES):
-        raise ValueError(f"gemm_decoded: out must be a float32/bfloat16 [{m}, {n}] tensor, got {out.dtype} "
-                         f"{list(out.shape)}")
+        raise ValueError(
+            f"gemm_decoded: out must be a float32/bfloat16 [{m}, {n}] tensor, got {out.dtype} {list(out.shape)}"
+        )
     direct = out is not None and not accumulate and out.is_contiguous()
     res_dtype = torch.float32 if accumulate else (out.dtype if out is not None else out_dtype)
     res = out if direct else torch.empty(m, n, dtype=res_dtype, device=da.device)
     st = _stream(res)
     ws, ab = _scratch(res.device, st)
     ts_a, ts_b = a_scale.to(torch.float32).reshape(()), b_scale.to(torch.float32).reshape(())
-    _call("nvfp4_gemm_bf16", _ptr(a), at, _ptr(b), bt, _ptr(ts_a), _ptr(ts_b), _ptr(ab), m, n, k, _ptr(res),
-          DTYPE_CODES[res_dtype], _ptr(ws), ws.numel(), st)
+    _call(
+        "nvfp4_gemm_bf16",
+        _ptr(a),
+        at,
+        _ptr(b),
+        bt,
+        _ptr(ts_a),
+        _ptr(ts_b),
+        _ptr(ab),
+        m,
+        n,
+        k,
+        _ptr(res),
+        DTYPE_CODES[res_dtype],
+        _ptr(ws),
+        ws.numel(),
+        st,
+    )
     if direct or out is None:
         return res
     if accumulate:
@@ -296,8 +402,15 @@ def gemm_decoded(da: torch.Tensor, db: torch.Tensor, a_scale: torch.Tensor, b_sc
     return out
 
 
-def nvfp4_matmul(a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
-                 out: torch.Tensor | None = None, accumulate: bool = False, backend: str = "auto") -> torch.Tensor:
+def nvfp4_matmul(
+    a: NVFP4Tensor,
+    b: NVFP4Tensor,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    out: torch.Tensor | None = None,
+    accumulate: bool = False,
+    backend: str = "auto",
+) -> torch.Tensor:
     """CUDA GEMM: ``emulated`` (exact BF16 decode + cuBLASLt) or ``native`` (sm_120a FP4 MMA); ``auto`` picks."""
     check_gemm_operands(a, b)
     if accumulate and out is None:
@@ -305,8 +418,15 @@ def nvfp4_matmul(a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype: torch.dtype = tor
     if backend == "auto":
         backend = "native" if torch.cuda.get_device_capability(a.device)[0] == 12 else "emulated"
     if backend == "emulated":
-        return gemm_decoded(decode_scaled(a), decode_scaled(b), a.tensor_scale, b.tensor_scale, out_dtype=out_dtype,
-                            out=out, accumulate=accumulate)
+        return gemm_decoded(
+            decode_scaled(a),
+            decode_scaled(b),
+            a.tensor_scale,
+            b.tensor_scale,
+            out_dtype=out_dtype,
+            out=out,
+            accumulate=accumulate,
+        )
     m, k = a.shape
     n = b.shape[0]
     if out is None:
@@ -315,13 +435,28 @@ def nvfp4_matmul(a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype: torch.dtype = tor
         raise ValueError(f"nvfp4_matmul: out must be a contiguous float32/bfloat16 [{m}, {n}] tensor")
     ac, bc = _aligned(a.codes, 8), _aligned(b.codes, 8)
     asf, bsf = a.block_scales.contiguous(), b.block_scales.contiguous()
-    _call("nvfp4_gemm_native", _ptr(ac), _ptr(asf), _ptr(a.tensor_scale), _ptr(bc), _ptr(bsf), _ptr(b.tensor_scale),
-          m, n, k, _ptr(out), DTYPE_CODES[out.dtype], int(accumulate), _stream(out))
+    _call(
+        "nvfp4_gemm_native",
+        _ptr(ac),
+        _ptr(asf),
+        _ptr(a.tensor_scale),
+        _ptr(bc),
+        _ptr(bsf),
+        _ptr(b.tensor_scale),
+        m,
+        n,
+        k,
+        _ptr(out),
+        DTYPE_CODES[out.dtype],
+        int(accumulate),
+        _stream(out),
+    )
     return out
 
 
-def encode_mxfp8_cuda(x: torch.Tensor, *, rounding: str = "rne", seed: int = 0, step: int = 0,
-                 tensor_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def encode_mxfp8_cuda(
+    x: torch.Tensor, *, rounding: str = "rne", seed: int = 0, step: int = 0, tensor_id: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """CUDA kernel of :func:`mxfp8_codec.encode_mxfp8` (same bits as its torch path, RNE and stochastic)."""
     if rounding not in ("rne", "stochastic"):
         raise ValueError(f"encode_mxfp8_cuda: rounding must be 'rne' or 'stochastic', got {rounding!r}")
@@ -336,29 +471,63 @@ def encode_mxfp8_cuda(x: torch.Tensor, *, rounding: str = "rne", seed: int = 0, 
     payload = torch.empty(xc.shape, dtype=torch.uint8, device=x.device)
     scales = torch.empty(xc.shape[0], -(-c // BLOCK_SIZE), dtype=torch.uint8, device=x.device)
     k2, k3 = stream_keys(seed, step, tensor_id)
-    _call("nvfp4_mxfp8_encode", _ptr(xc), dt, xc.shape[0], c, 1 if rounding == "stochastic" else 0, k2, k3,
-          _ptr(payload), _ptr(scales), _stream(xc))
+    _call(
+        "nvfp4_mxfp8_encode",
+        _ptr(xc),
+        dt,
+        xc.shape[0],
+        c,
+        1 if rounding == "stochastic" else 0,
+        k2,
+        k3,
+        _ptr(payload),
+        _ptr(scales),
+        _stream(xc),
+    )
     return payload.reshape(x.shape), scales.reshape(*x.shape[:-1], -1)
 
 
-def decode_mxfp8_cuda(payload: torch.Tensor, scales: torch.Tensor, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def decode_mxfp8_cuda(
+    payload: torch.Tensor, scales: torch.Tensor, *, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """CUDA kernel of :func:`mxfp8_codec.decode_mxfp8` (exact float32, then cast)."""
     c = payload.shape[-1]
     if tuple(scales.shape) != (*payload.shape[:-1], -(-c // BLOCK_SIZE)):
-        raise ValueError(f"decode_mxfp8_cuda: scales shape {list(scales.shape)} does not match payload "
-                         f"{list(payload.shape)}")
+        raise ValueError(
+            f"decode_mxfp8_cuda: scales shape {list(scales.shape)} does not match payload {list(payload.shape)}"
+        )
     out_dt = dtype if dtype in DTYPE_CODES else torch.float32
     p2 = payload.reshape(-1, c).contiguous()
     out = torch.empty(p2.shape, dtype=out_dt, device=payload.device)
-    _call("nvfp4_mxfp8_decode", _ptr(p2), _ptr(scales.contiguous()), p2.shape[0], c, _ptr(out), DTYPE_CODES[out_dt],
-          _stream(out))
+    _call(
+        "nvfp4_mxfp8_decode",
+        _ptr(p2),
+        _ptr(scales.contiguous()),
+        p2.shape[0],
+        c,
+        _ptr(out),
+        DTYPE_CODES[out_dt],
+        _stream(out),
+    )
     return out.reshape(payload.shape).to(dtype)
 
 
-def lion_step_mxfp8_(payload: torch.Tensor, scales: torch.Tensor, grad: torch.Tensor, momentum: torch.Tensor, *,
-                     lr: float, beta1: float = 0.9, beta2: float = 0.99, weight_decay: float = 0.0,
-                     writeback: str = "stochastic", compensation: torch.Tensor | None = None, seed: int = 0,
-                     step: int = 0, tensor_id: int = 0) -> None:
+def lion_step_mxfp8_(
+    payload: torch.Tensor,
+    scales: torch.Tensor,
+    grad: torch.Tensor,
+    momentum: torch.Tensor,
+    *,
+    lr: float,
+    beta1: float = 0.9,
+    beta2: float = 0.99,
+    weight_decay: float = 0.0,
+    writeback: str = "stochastic",
+    compensation: torch.Tensor | None = None,
+    seed: int = 0,
+    step: int = 0,
+    tensor_id: int = 0,
+) -> None:
     """Fused CUDA Lion step, in place (payload, scales, momentum, compensation must be contiguous)."""
     if writeback not in WRITEBACK_MODES:
         raise ValueError(f"lion_step_mxfp8_: writeback must be one of {WRITEBACK_MODES}, got {writeback!r}")
@@ -370,21 +539,50 @@ def lion_step_mxfp8_(payload: torch.Tensor, scales: torch.Tensor, grad: torch.Te
         raise ValueError("lion_step_mxfp8_: momentum must be bfloat16 with payload's shape")
     if tuple(grad.shape) != tuple(payload.shape):
         raise ValueError(f"lion_step_mxfp8_: grad has shape {list(grad.shape)}, expected {list(payload.shape)}")
-    if writeback == "compensated" and (compensation is None or compensation.dtype != torch.float32
-                                       or not compensation.is_contiguous()):
+    if writeback == "compensated" and (
+        compensation is None or compensation.dtype != torch.float32 or not compensation.is_contiguous()
+    ):
         raise ValueError("lion_step_mxfp8_: writeback='compensated' needs a contiguous float32 compensation=")
     c = payload.shape[-1]
     g, gdt = _float_input(grad)
     k2, k3 = stream_keys(seed, step, tensor_id)
-    _call("nvfp4_lion_step_mxfp8", _ptr(payload), _ptr(scales), _ptr(g), gdt, _ptr(momentum),
-          _ptr(compensation if writeback == "compensated" else None), payload.numel() // max(c, 1), c, f32_const(-lr),
-          f32_const(1.0 - lr * weight_decay), f32_const(beta1), f32_const(1.0 - beta1), f32_const(beta2),
-          f32_const(1.0 - beta2), WRITEBACK_CODES[writeback], k2, k3, _stream(payload))
+    _call(
+        "nvfp4_lion_step_mxfp8",
+        _ptr(payload),
+        _ptr(scales),
+        _ptr(g),
+        gdt,
+        _ptr(momentum),
+        _ptr(compensation if writeback == "compensated" else None),
+        payload.numel() // max(c, 1),
+        c,
+        f32_const(-lr),
+        f32_const(1.0 - lr * weight_decay),
+        f32_const(beta1),
+        f32_const(1.0 - beta1),
+        f32_const(beta2),
+        f32_const(1.0 - beta2),
+        WRITEBACK_CODES[writeback],
+        k2,
+        k3,
+        _stream(payload),
+    )
 
 
-def lion_step_bf16_(param: torch.Tensor, grad: torch.Tensor, momentum: torch.Tensor, *, lr: float,
-                    beta1: float = 0.9, beta2: float = 0.99, weight_decay: float = 0.0, writeback: str = "stochastic",
-                    seed: int = 0, step: int = 0, tensor_id: int = 0) -> None:
+def lion_step_bf16_(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    momentum: torch.Tensor,
+    *,
+    lr: float,
+    beta1: float = 0.9,
+    beta2: float = 0.99,
+    weight_decay: float = 0.0,
+    writeback: str = "stochastic",
+    seed: int = 0,
+    step: int = 0,
+    tensor_id: int = 0,
+) -> None:
     """Fused CUDA Lion step on a BF16 parameter, in place (same bits as ``reference_master.lion_step_bf16_``)."""
     check_lion_bf16_args(param, grad, momentum, writeback)
     for name, t in (("param", param), ("grad", grad), ("momentum", momentum)):
@@ -394,13 +592,29 @@ def lion_step_bf16_(param: torch.Tensor, grad: torch.Tensor, momentum: torch.Ten
             raise ValueError(f"lion_step_bf16_: {name} must be contiguous (it is updated in place)")
     g, gdt = _float_input(grad)
     k2, k3 = stream_keys(seed, step, tensor_id)
-    _call("nvfp4_lion_step_bf16", _ptr(param), _ptr(g), gdt, _ptr(momentum), param.numel(), f32_const(lr),
-          f32_const(1.0 - lr * weight_decay), f32_const(beta1), f32_const(1.0 - beta1), f32_const(beta2),
-          f32_const(1.0 - beta2), WRITEBACK_CODES[writeback], k2, k3, _stream(param))
+    _call(
+        "nvfp4_lion_step_bf16",
+        _ptr(param),
+        _ptr(g),
+        gdt,
+        _ptr(momentum),
+        param.numel(),
+        f32_const(lr),
+        f32_const(1.0 - lr * weight_decay),
+        f32_const(beta1),
+        f32_const(1.0 - beta1),
+        f32_const(beta2),
+        f32_const(1.0 - beta2),
+        WRITEBACK_CODES[writeback],
+        k2,
+        k3,
+        _stream(param),
+    )
 
 
-def stochastic_round_to_bf16_(dst_bf16: torch.Tensor, src_fp32: torch.Tensor, *, seed: int, step: int,
-                              tensor_id: int) -> torch.Tensor:
+def stochastic_round_to_bf16_(
+    dst_bf16: torch.Tensor, src_fp32: torch.Tensor, *, seed: int, step: int, tensor_id: int
+) -> torch.Tensor:
     """CUDA float32 -> bfloat16 stochastic rounding into ``dst_bf16``."""
     if dst_bf16.dtype != torch.bfloat16 or tuple(dst_bf16.shape) != tuple(src_fp32.shape):
         raise ValueError("stochastic_round_to_bf16_: dst must be bfloat16 with src's shape")

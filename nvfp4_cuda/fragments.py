@@ -41,7 +41,7 @@ _E2M1 = np.array(list(E2M1_VALUES) + [-v for v in E2M1_VALUES], dtype=np.float64
 
 def _words(codes: np.ndarray, row: int, byte0: int) -> int:
     """Little-endian 32-bit word of 4 code bytes starting at codes[row, byte0] (one aligned load)."""
-    return int(codes[row, byte0:byte0 + 4].view("<u4")[0])
+    return int(codes[row, byte0 : byte0 + 4].view("<u4")[0])
 
 
 def pack_a(codes: np.ndarray, row0: int, k0: int) -> np.ndarray:
@@ -66,8 +66,9 @@ def pack_b(codes: np.ndarray, col0: int, k0: int) -> np.ndarray:
 
 def pack_sfa(scales: np.ndarray, row0: int, k0: int) -> np.ndarray:
     """Per-lane A scale words: lane loads the 4 block scales of row ``row0 + (lane>>2) + 8*(lane&1)``."""
-    return np.array([_words(scales, row0 + (lane >> 2) + 8 * (lane & 1), k0 // 16) for lane in range(WARP)],
-                    dtype=np.uint32)
+    return np.array(
+        [_words(scales, row0 + (lane >> 2) + 8 * (lane & 1), k0 // 16) for lane in range(WARP)], dtype=np.uint32
+    )
 
 
 def pack_sfb(scales: np.ndarray, col0: int, k0: int) -> np.ndarray:
@@ -79,8 +80,9 @@ def _nib(word: int, j: int) -> int:
     return (int(word) >> (4 * j)) & 0xF
 
 
-def simulate_mma(a: np.ndarray, b: np.ndarray, sfa: np.ndarray, sfb: np.ndarray, c: np.ndarray,
-                 e4m3_table: np.ndarray) -> np.ndarray:
+def simulate_mma(
+    a: np.ndarray, b: np.ndarray, sfa: np.ndarray, sfb: np.ndarray, c: np.ndarray, e4m3_table: np.ndarray
+) -> np.ndarray:
     """D = A*diag(sf) B^T + C for one m16n8k64 from per-lane registers (PTX fragment semantics).
 
     Reassembles A [16, 64], B [8, 64] and the scales *from the registers alone*, then accumulates in
@@ -135,12 +137,18 @@ def simulate_gemm(a: NVFP4Tensor, b: NVFP4Tensor) -> torch.Tensor:
         for col0 in range(0, n, MMA_N):
             acc = np.zeros((WARP, 4))
             for k0 in range(0, k, MMA_K):
-                acc = simulate_mma(pack_a(ac, row0, k0), pack_b(bc, col0, k0), pack_sfa(asf, row0, k0),
-                                   pack_sfb(bsf, col0, k0), acc, table)
+                acc = simulate_mma(
+                    pack_a(ac, row0, k0),
+                    pack_b(bc, col0, k0),
+                    pack_sfa(asf, row0, k0),
+                    pack_sfb(bsf, col0, k0),
+                    acc,
+                    table,
+                )
             for lane in range(WARP):
                 g, t = lane >> 2, lane & 3
-                out[row0 + g, col0 + 2 * t:col0 + 2 * t + 2] = acc[lane, 0:2]
-                out[row0 + g + 8, col0 + 2 * t:col0 + 2 * t + 2] = acc[lane, 2:4]
+                out[row0 + g, col0 + 2 * t : col0 + 2 * t + 2] = acc[lane, 0:2]
+                out[row0 + g + 8, col0 + 2 * t : col0 + 2 * t + 2] = acc[lane, 2:4]
     alpha = np.float32(a.tensor_scale.item()) * np.float32(b.tensor_scale.item())  # float32, as the epilogue
     return torch.from_numpy(out * float(alpha))
 
@@ -181,9 +189,9 @@ def simulate_decode_bf16(q: NVFP4Tensor) -> torch.Tensor:
     tab = e2m1_pair_table()
     out = np.full(r * c, 0xFFFF, dtype=np.uint16)  # poison: a slot no thread writes stays NaN
     for b in range(r * c // 16):  # thread b
-        pairs = tab[code_bytes[8 * b:8 * b + 8]]
+        pairs = tab[code_bytes[8 * b : 8 * b + 8]]
         sf = float(table[scales[b]])
         lo, hi = _bf16_mul(pairs & 0xFFFF, sf), _bf16_mul(pairs >> 16, sf)
-        out[16 * b:16 * b + 16:2] = lo
-        out[16 * b + 1:16 * b + 16:2] = hi
+        out[16 * b : 16 * b + 16 : 2] = lo
+        out[16 * b + 1 : 16 * b + 16 : 2] = hi
     return torch.from_numpy(out.view(np.int16).copy()).view(torch.bfloat16).reshape(r, c)

@@ -158,8 +158,16 @@ def _block_amax(x: torch.Tensor, block_2d: bool) -> torch.Tensor:
     return tiles.repeat_interleave(NVFP4_BLOCK, dim=0)[:r]
 
 
-def quantize_nvfp4(x: torch.Tensor, *, block_2d: bool = False, rounding: str = "rne", seed: int = 0,
-                   step: int = 0, tensor_id: int = 0, hadamard: bool = False) -> NVFP4Tensor:
+def quantize_nvfp4(
+    x: torch.Tensor,
+    *,
+    block_2d: bool = False,
+    rounding: str = "rne",
+    seed: int = 0,
+    step: int = 0,
+    tensor_id: int = 0,
+    hadamard: bool = False,
+) -> NVFP4Tensor:
     """Quantize a 2-D float tensor [R, C] (C % 16 == 0) to NVFP4, blocks along the last axis.
 
     Args:
@@ -198,13 +206,23 @@ def quantize_nvfp4(x: torch.Tensor, *, block_2d: bool = False, rounding: str = "
     v = (x32.view(r, c // NVFP4_BLOCK, NVFP4_BLOCK) * enc.unsqueeze(-1)).view(r, c)
     rand = rand24_like((r, c), seed, step, tensor_id, device=x.device) if rounding == "stochastic" else None
     codes = e2m1_encode(v, rand)
-    return NVFP4Tensor(codes=pack_nibbles(codes), block_scales=sf_bits,
-                       tensor_scale=s_dec.reshape(()), shape=(r, c), block_2d=block_2d)
+    return NVFP4Tensor(
+        codes=pack_nibbles(codes), block_scales=sf_bits, tensor_scale=s_dec.reshape(()), shape=(r, c), block_2d=block_2d
+    )
 
 
-def quantize_nvfp4_from_mxfp8(payload: torch.Tensor, scales: torch.Tensor, *, block_2d: bool = True,
-                              rounding: str = "rne", seed: int = 0, step: int = 0, tensor_id: int = 0,
-                              hadamard: bool = False, transpose: bool = False) -> NVFP4Tensor:
+def quantize_nvfp4_from_mxfp8(
+    payload: torch.Tensor,
+    scales: torch.Tensor,
+    *,
+    block_2d: bool = True,
+    rounding: str = "rne",
+    seed: int = 0,
+    step: int = 0,
+    tensor_id: int = 0,
+    hadamard: bool = False,
+    transpose: bool = False,
+) -> NVFP4Tensor:
     """NVFP4-quantize a 2-D MXFP8 tensor (decoded exactly to float32 first; optionally its transpose).
 
     ``transpose=True`` quantizes ``decode(payload, scales).T`` - with the trainer's master stored
@@ -215,8 +233,9 @@ def quantize_nvfp4_from_mxfp8(payload: torch.Tensor, scales: torch.Tensor, *, bl
     w = decode_mxfp8_torch(payload, scales, dtype=torch.float32)
     if transpose:
         w = w.t().contiguous()
-    return quantize_nvfp4(w, block_2d=block_2d, rounding=rounding, seed=seed, step=step, tensor_id=tensor_id,
-                          hadamard=hadamard)
+    return quantize_nvfp4(
+        w, block_2d=block_2d, rounding=rounding, seed=seed, step=step, tensor_id=tensor_id, hadamard=hadamard
+    )
 
 
 _PAIR_TABLES: dict[str, torch.Tensor] = {}
@@ -250,12 +269,21 @@ def check_gemm_operands(a: NVFP4Tensor, b: NVFP4Tensor) -> None:
     if not isinstance(a, NVFP4Tensor) or not isinstance(b, NVFP4Tensor):
         raise TypeError("nvfp4_matmul: a and b must be NVFP4Tensor")
     if a.shape[1] != b.shape[1]:
-        raise ValueError(f"nvfp4_matmul: contraction mismatch, a is {list(a.shape)} and b is {list(b.shape)} "
-                         "(computes a @ b.T: both are [*, K])")
+        raise ValueError(
+            f"nvfp4_matmul: contraction mismatch, a is {list(a.shape)} and b is {list(b.shape)} "
+            "(computes a @ b.T: both are [*, K])"
+        )
 
 
-def nvfp4_matmul(a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
-                 out: torch.Tensor | None = None, accumulate: bool = False, backend: str = "reference") -> torch.Tensor:
+def nvfp4_matmul(
+    a: NVFP4Tensor,
+    b: NVFP4Tensor,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    out: torch.Tensor | None = None,
+    accumulate: bool = False,
+    backend: str = "reference",
+) -> torch.Tensor:
     """``C[M, N] = A[M, K] @ B[N, K]^T`` with float32 accumulation and tensor scales in the epilogue.
 
     Epilogue (float32): ``y = acc * (S_dec_a * S_dec_b)``; with ``accumulate``, ``y = y + float(out)``;
@@ -281,13 +309,27 @@ def nvfp4_matmul(a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype: torch.dtype = tor
     m, n = a.shape[0], b.shape[0]
     if out is not None and tuple(out.shape) != (m, n):
         raise ValueError(f"nvfp4_matmul: out has shape {list(out.shape)}, expected {[m, n]}")
-    return gemm_decoded(decode_scaled(a), decode_scaled(b), a.tensor_scale, b.tensor_scale, out_dtype=out_dtype,
-                        out=out, accumulate=accumulate)
+    return gemm_decoded(
+        decode_scaled(a),
+        decode_scaled(b),
+        a.tensor_scale,
+        b.tensor_scale,
+        out_dtype=out_dtype,
+        out=out,
+        accumulate=accumulate,
+    )
 
 
-def gemm_decoded(da: torch.Tensor, db: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor, *,
-                 out_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None,
-                 accumulate: bool = False) -> torch.Tensor:
+def gemm_decoded(
+    da: torch.Tensor,
+    db: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    out: torch.Tensor | None = None,
+    accumulate: bool = False,
+) -> torch.Tensor:
     """The float32 GEMM + epilogue of :func:`nvfp4_matmul` on decoded ``q * sf`` operands [M, K] and [N, K].
 
     ``y = (da @ db.T) * (a_scale * b_scale)`` in float32 (``+ float(out)`` with ``accumulate``), one cast.

@@ -68,8 +68,14 @@ def _check_same_shape(t: torch.Tensor, shape: torch.Size, what: str) -> None:
         raise ValueError(f"lion_step_mxfp8_: {what} has shape {list(t.shape)}, expected {list(shape)}")
 
 
-def check_lion_args(payload: torch.Tensor, scales: torch.Tensor, grad: torch.Tensor, momentum: torch.Tensor,
-                    writeback: str, compensation: torch.Tensor | None) -> None:
+def check_lion_args(
+    payload: torch.Tensor,
+    scales: torch.Tensor,
+    grad: torch.Tensor,
+    momentum: torch.Tensor,
+    writeback: str,
+    compensation: torch.Tensor | None,
+) -> None:
     """Validate the Lion step's arguments (shapes, dtypes, mode); raises ValueError naming the problem."""
     if writeback not in WRITEBACK_MODES:
         raise ValueError(f"lion_step_mxfp8_: writeback must be one of {WRITEBACK_MODES}, got {writeback!r}")
@@ -91,14 +97,32 @@ def check_lion_args(payload: torch.Tensor, scales: torch.Tensor, grad: torch.Ten
 
 def lion_constants(lr: float, beta1: float, beta2: float, weight_decay: float) -> tuple[float, ...]:
     """``(-lr, 1 - lr*wd, beta1, 1 - beta1, beta2, 1 - beta2)``, each rounded once to float32 (host side)."""
-    return (f32_const(-lr), f32_const(1.0 - lr * weight_decay), f32_const(beta1), f32_const(1.0 - beta1),
-            f32_const(beta2), f32_const(1.0 - beta2))
+    return (
+        f32_const(-lr),
+        f32_const(1.0 - lr * weight_decay),
+        f32_const(beta1),
+        f32_const(1.0 - beta1),
+        f32_const(beta2),
+        f32_const(1.0 - beta2),
+    )
 
 
-def lion_step_mxfp8_(payload: torch.Tensor, scales: torch.Tensor, grad: torch.Tensor, momentum: torch.Tensor, *,
-                     lr: float, beta1: float = 0.9, beta2: float = 0.99, weight_decay: float = 0.0,
-                     writeback: str = "stochastic", compensation: torch.Tensor | None = None, seed: int = 0,
-                     step: int = 0, tensor_id: int = 0) -> None:
+def lion_step_mxfp8_(
+    payload: torch.Tensor,
+    scales: torch.Tensor,
+    grad: torch.Tensor,
+    momentum: torch.Tensor,
+    *,
+    lr: float,
+    beta1: float = 0.9,
+    beta2: float = 0.99,
+    weight_decay: float = 0.0,
+    writeback: str = "stochastic",
+    compensation: torch.Tensor | None = None,
+    seed: int = 0,
+    step: int = 0,
+    tensor_id: int = 0,
+) -> None:
     """One fused Lion step on an MXFP8 master, in place on payload, scales, momentum (and compensation).
 
     Args:
@@ -129,8 +153,9 @@ def lion_step_mxfp8_(payload: torch.Tensor, scales: torch.Tensor, grad: torch.Te
     upd = torch.where(c > 0, neg_lr, torch.where(c < 0, -neg_lr, 0.0)).to(torch.float32)
     target = (w * decay) + upd
     _check_finite(target, f"lion_step_mxfp8_ (tensor_id {tensor_id}): updated weight")
-    new_payload, new_scales = encode_mxfp8_torch(target, rounding="stochastic" if writeback == "stochastic" else "rne",
-                                                 seed=seed, step=step, tensor_id=tensor_id)
+    new_payload, new_scales = encode_mxfp8_torch(
+        target, rounding="stochastic" if writeback == "stochastic" else "rne", seed=seed, step=step, tensor_id=tensor_id
+    )
     if writeback == "compensated":
         assert compensation is not None
         compensation.copy_(target - _decode_f32(new_payload, new_scales))
@@ -146,14 +171,27 @@ def check_lion_bf16_args(param: torch.Tensor, grad: torch.Tensor, momentum: torc
     if param.dtype != torch.bfloat16 or momentum.dtype != torch.bfloat16:
         raise ValueError(f"lion_step_bf16_: param and momentum must be bfloat16, got {param.dtype}, {momentum.dtype}")
     if tuple(grad.shape) != tuple(param.shape) or tuple(momentum.shape) != tuple(param.shape):
-        raise ValueError(f"lion_step_bf16_: grad {list(grad.shape)} and momentum {list(momentum.shape)} must have "
-                         f"param's shape {list(param.shape)}")
+        raise ValueError(
+            f"lion_step_bf16_: grad {list(grad.shape)} and momentum {list(momentum.shape)} must have "
+            f"param's shape {list(param.shape)}"
+        )
 
 
-def lion_step_bf16_(param: torch.Tensor, grad: torch.Tensor, momentum: torch.Tensor, *, lr: float,
-                    beta1: float = 0.9, beta2: float = 0.99, weight_decay: float = 0.0, writeback: str = "stochastic",
-                    seed: int = 0, step: int = 0, tensor_id: int = 0,
-                    round_bf16: Callable[..., torch.Tensor] | None = None) -> None:
+def lion_step_bf16_(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    momentum: torch.Tensor,
+    *,
+    lr: float,
+    beta1: float = 0.9,
+    beta2: float = 0.99,
+    weight_decay: float = 0.0,
+    writeback: str = "stochastic",
+    seed: int = 0,
+    step: int = 0,
+    tensor_id: int = 0,
+    round_bf16: Callable[..., torch.Tensor] | None = None,
+) -> None:
     """One Lion step on a plain BF16 parameter (embeddings, norms, kept-BF16 layers), in place.
 
     Float32 math in the optimizer's order, each operation rounded once (the constants as float32)::
@@ -183,8 +221,9 @@ def lion_step_bf16_(param: torch.Tensor, grad: torch.Tensor, momentum: torch.Ten
         (round_bf16 or stochastic_round_to_bf16_)(param, w, seed=seed, step=step, tensor_id=tensor_id)
 
 
-def stochastic_round_to_bf16_(dst_bf16: torch.Tensor, src_fp32: torch.Tensor, *, seed: int, step: int,
-                              tensor_id: int) -> torch.Tensor:
+def stochastic_round_to_bf16_(
+    dst_bf16: torch.Tensor, src_fp32: torch.Tensor, *, seed: int, step: int, tensor_id: int
+) -> torch.Tensor:
     """Round float32 to bfloat16 stochastically (unbiased), writing into ``dst_bf16``; returns it.
 
     Example:
@@ -195,8 +234,9 @@ def stochastic_round_to_bf16_(dst_bf16: torch.Tensor, src_fp32: torch.Tensor, *,
     if dst_bf16.dtype != torch.bfloat16:
         raise ValueError(f"stochastic_round_to_bf16_: dst must be bfloat16, got {dst_bf16.dtype}")
     if tuple(dst_bf16.shape) != tuple(src_fp32.shape):
-        raise ValueError(f"stochastic_round_to_bf16_: shapes differ, dst {list(dst_bf16.shape)} "
-                         f"src {list(src_fp32.shape)}")
+        raise ValueError(
+            f"stochastic_round_to_bf16_: shapes differ, dst {list(dst_bf16.shape)} src {list(src_fp32.shape)}"
+        )
     src = src_fp32.to(torch.float32).contiguous()
     bits = f32_bits(src)
     r16 = rand16_like(tuple(src.shape), seed, step, tensor_id, device=src.device)

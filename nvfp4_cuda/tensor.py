@@ -50,11 +50,14 @@ class NVFP4Tensor:
         if c % NVFP4_BLOCK:
             raise ValueError(f"NVFP4Tensor: last dimension {c} is not a multiple of {NVFP4_BLOCK}")
         if tuple(self.codes.shape) != (r, c // 2) or self.codes.dtype != torch.uint8:
-            raise ValueError(f"NVFP4Tensor: codes must be uint8 [{r}, {c // 2}], got {self.codes.dtype} "
-                             f"{list(self.codes.shape)}")
+            raise ValueError(
+                f"NVFP4Tensor: codes must be uint8 [{r}, {c // 2}], got {self.codes.dtype} {list(self.codes.shape)}"
+            )
         if tuple(self.block_scales.shape) != (r, c // NVFP4_BLOCK) or self.block_scales.dtype != torch.uint8:
-            raise ValueError(f"NVFP4Tensor: block_scales must be uint8 [{r}, {c // NVFP4_BLOCK}], got "
-                             f"{self.block_scales.dtype} {list(self.block_scales.shape)}")
+            raise ValueError(
+                f"NVFP4Tensor: block_scales must be uint8 [{r}, {c // NVFP4_BLOCK}], got "
+                f"{self.block_scales.dtype} {list(self.block_scales.shape)}"
+            )
         if self.tensor_scale.dtype != torch.float32 or self.tensor_scale.dim() != 0:
             raise ValueError("NVFP4Tensor: tensor_scale must be a float32 0-d tensor")
 
@@ -78,12 +81,19 @@ class NVFP4Tensor:
         """
         r, c = self.shape
         if not self.block_2d:
-            raise ValueError("NVFP4Tensor.t(): only 2-D (16x16) block tensors transpose exactly; "
-                             "quantize the transposed tensor for 1x16 blocks")
+            raise ValueError(
+                "NVFP4Tensor.t(): only 2-D (16x16) block tensors transpose exactly; "
+                "quantize the transposed tensor for 1x16 blocks"
+            )
         if r % NVFP4_BLOCK:
             raise ValueError(f"NVFP4Tensor.t(): rows {r} not a multiple of {NVFP4_BLOCK}")
         codes_t = pack_nibbles(unpack_nibbles(self.codes).t().contiguous())
         tiles = self.block_scales[0::NVFP4_BLOCK, :]  # [R/16, C/16], one scale per tile
         scales_t = tiles.t().repeat_interleave(NVFP4_BLOCK, dim=0)  # [C, R/16]
-        return NVFP4Tensor(codes=codes_t, block_scales=scales_t.contiguous(),
-                           tensor_scale=self.tensor_scale, shape=(c, r), block_2d=True)
+        return NVFP4Tensor(
+            codes=codes_t,
+            block_scales=scales_t.contiguous(),
+            tensor_scale=self.tensor_scale,
+            shape=(c, r),
+            block_2d=True,
+        )

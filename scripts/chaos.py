@@ -50,10 +50,28 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 TRAIN_STEPS = 4
-TRAIN_ARGS = ["--model.hidden_size", "32", "--model.intermediate_size", "64", "--model.num_heads", "2",
-              "--train.global_batch_size", "2", "--steps", str(TRAIN_STEPS), "--checkpoint.every", "1",
-              "--checkpoint.keep", "2", "--eval.final", "false", "--checkpoint.export", "true",
-              "--train.progress", "false"]
+TRAIN_ARGS = [
+    "--model.hidden_size",
+    "32",
+    "--model.intermediate_size",
+    "64",
+    "--model.num_heads",
+    "2",
+    "--train.global_batch_size",
+    "2",
+    "--steps",
+    str(TRAIN_STEPS),
+    "--checkpoint.every",
+    "1",
+    "--checkpoint.keep",
+    "2",
+    "--eval.final",
+    "false",
+    "--checkpoint.export",
+    "true",
+    "--train.progress",
+    "false",
+]
 
 
 def _env() -> dict[str, str]:
@@ -130,8 +148,15 @@ def _build_hf_source(root: Path) -> Path:
 
     src = root / "hf"
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
-                      num_attention_heads=8, num_key_value_heads=4, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=8192,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     model.save_pretrained(src, max_shard_size="30MB")
     train_demo_tokenizer(corpus_texts()).save_pretrained(src)
@@ -260,8 +285,7 @@ class Train:
         if replace:  # the old run's config.toml is there already: draw the kill over the whole run
             killed, _, _ = _run_and_kill(self._cmd(out, "--overwrite"), rng.uniform(0, self.duration))
         else:
-            killed, _, _ = _run_and_kill(self._cmd(out), rng.uniform(0, self.work_s),
-                                         started=out / "config.toml")
+            killed, _, _ = _run_and_kill(self._cmd(out), rng.uniform(0, self.work_s), started=out / "config.toml")
         why_lost, why_stuck = [], []
         for _, path in list_checkpoints(out / "checkpoints"):
             try:
@@ -344,8 +368,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="ida-chaos-", dir=args.workdir))
     load = os.getloadavg()[0]
-    print(f"chaos: work dir {work}, seed {args.seed}, {args.kills} kills per command, {args.jobs} trials at a time, "
-          f"load {load:.1f}", flush=True)
+    print(
+        f"chaos: work dir {work}, seed {args.seed}, {args.kills} kills per command, {args.jobs} trials at a time, "
+        f"load {load:.1f}",
+        flush=True,
+    )
     results: list[tuple[str, Tally, float]] = []
     try:
         for cls in (Quantize, Train):

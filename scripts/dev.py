@@ -1,5 +1,8 @@
 """The two commands of README.md: ``python3 scripts/dev.py demo`` and ``python3 scripts/dev.py test``.
 
+``python3 scripts/dev.py lint`` runs the lint CI runs before the tests: ``ruff check`` (pyflakes,
+pycodestyle, isort, bugbear, blind except; configured in pyproject.toml) and ``ruff format --check``.
+
 Each creates (first time) or reuses the project's virtual environment ``.venv`` beside this checkout,
 installs what is missing, then runs the demo (``python -m ida_trainer``) or the tests
 (``python -m pytest -q``) with it. Extra arguments go to that command
@@ -42,7 +45,9 @@ COMMANDS = {
     "demo": ["-m", "ida_trainer"],
     "test": ["-m", "pytest", "-q"],
     "setup": None,
+    "lint": None,
 }
+LINT = (["-m", "ruff", "check", "."], ["-m", "ruff", "format", "--check", "."])
 
 if sys.version_info < MIN_PYTHON:  # before importing anything that needs a newer Python
     sys.stderr.write(
@@ -52,7 +57,7 @@ if sys.version_info < MIN_PYTHON:  # before importing anything that needs a newe
     raise SystemExit(2)
 
 sys.path.insert(0, str(REPO))  # ida_common is stdlib-only: usable before anything is installed
-from ida_common.cli import CannotRunHere, Run, run_main  # noqa: E402
+from ida_common.cli import CannotRunHere, Run, run_main
 
 PROG = "dev.py"
 
@@ -159,16 +164,22 @@ def ensure_environment() -> Path:
 
 def _main(run: Run) -> int:
     if not run.argv or run.argv[0] in ("-h", "--help") or run.argv[0] not in COMMANDS:
-        print(__doc__.split("\n\n")[0] + "\n\nusage: python3 scripts/dev.py {demo,test,setup} [ARGS...]\n"
-              "  demo   create/reuse .venv, then python -m ida_trainer ARGS (the demo: see README.md)\n"
-              "  test   create/reuse .venv, then python -m pytest -q ARGS\n"
-              "  setup  only create/update .venv\n"
-              "  env: IDA_PYTHON (use this interpreter as is), IDA_VENV (venv dir), IDA_TORCH_INDEX (torch index)")
+        print(
+            __doc__.split("\n\n")[0] + "\n\nusage: python3 scripts/dev.py {demo,test,lint,setup} [ARGS...]\n"
+            "  demo   create/reuse .venv, then python -m ida_trainer ARGS (the demo: see README.md)\n"
+            "  test   create/reuse .venv, then python -m pytest -q ARGS\n"
+            "  lint   create/reuse .venv, then ruff check . and ruff format --check . (as CI does)\n"
+            "  setup  only create/update .venv\n"
+            "  env: IDA_PYTHON (use this interpreter as is), IDA_VENV (venv dir), IDA_TORCH_INDEX (torch index)"
+        )
         if run.argv and run.argv[0] not in ("-h", "--help"):
-            raise ValueError(f"unknown command {run.argv[0]!r}: use demo, test or setup")
+            raise ValueError(f"unknown command {run.argv[0]!r}: use demo, test, lint or setup")
         return 0
     command, rest = run.argv[0], run.argv[1:]
     py = ensure_environment()
+    if command == "lint":  # both checks run; the status says whether either found something
+        failed = [subprocess.run([str(py), *args], cwd=REPO, check=False).returncode for args in LINT]
+        return 1 if any(failed) else 0
     tail = COMMANDS[command]
     if tail is None:
         return 0

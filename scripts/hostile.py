@@ -45,19 +45,32 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ida_eval.languages import LANGUAGES, missing_tools  # noqa: E402 - after the path set-up
+from ida_eval.languages import LANGUAGES, missing_tools  # after the path set-up
 
-PY_PROBLEM = {"task_id": "MBPP/1", "prompt": "def add(a, b):\n", "test": "def check(f):\n    assert f(1, 2) == 3\n",
-              "entry_point": "add"}
+PY_PROBLEM = {
+    "task_id": "MBPP/1",
+    "prompt": "def add(a, b):\n",
+    "test": "def check(f):\n    assert f(1, 2) == 3\n",
+    "entry_point": "add",
+}
 # (prompt, test, completion that copies stdin to stdout and exits 0) per interpreted language
 FORGE: dict[str, tuple[str, str, str]] = {
-    "javascript": ("function add(a, b) {\n", "\nif (add(1, 2) !== 3) { throw 'wrong'; }\n",
-                   '    process.stdout.write(require("fs").readFileSync(0));\n    process.exit(0);\n}'),
+    "javascript": (
+        "function add(a, b) {\n",
+        "\nif (add(1, 2) !== 3) { throw 'wrong'; }\n",
+        '    process.stdout.write(require("fs").readFileSync(0));\n    process.exit(0);\n}',
+    ),
     "ruby": ("def add(a, b)\n", '\nraise "wrong" if add(1, 2) != 3\n', "  STDOUT.write(STDIN.read)\n  exit!(0)\nend"),
-    "php": ("<?php\nfunction add($a, $b) {\n", '\nif (add(1, 2) != 3) { throw new Exception("wrong"); }\n',
-            "    fwrite(STDOUT, stream_get_contents(STDIN));\n    exit(0);\n}"),
-    "perl": ("sub add {\n  my ($x, $y) = @_;\n", '\ndie "wrong" unless add(1, 2) == 3;\n',
-             "  local $/;\n  print STDOUT <STDIN>;\n  exit 0;\n}"),
+    "php": (
+        "<?php\nfunction add($a, $b) {\n",
+        '\nif (add(1, 2) != 3) { throw new Exception("wrong"); }\n',
+        "    fwrite(STDOUT, stream_get_contents(STDIN));\n    exit(0);\n}",
+    ),
+    "perl": (
+        "sub add {\n  my ($x, $y) = @_;\n",
+        '\ndie "wrong" unless add(1, 2) == 3;\n',
+        "  local $/;\n  print STDOUT <STDIN>;\n  exit 0;\n}",
+    ),
 }
 
 
@@ -76,8 +89,9 @@ def _run(module: str, argv: list[str]) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("IDA_DEBUG", "RANK")}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     head = ["-m", module] if module else ["-c"]
-    return subprocess.run([sys.executable, *head, *argv], capture_output=True, text=True, env=env,
-                          timeout=600, check=False)
+    return subprocess.run(
+        [sys.executable, *head, *argv], capture_output=True, text=True, env=env, timeout=600, check=False
+    )
 
 
 def _records(path: Path) -> list[dict]:
@@ -96,8 +110,12 @@ def build_cases(work: Path) -> list[Case]:
 
     bad = "    return a + b  # \udcff\n"
     surrogate = work / "surrogate.jsonl"
-    surrogate.write_text(json.dumps({"task_id": "MBPP/1", "completion": bad}) + "\n"
-                         + json.dumps({"task_id": "MBPP/1", "completion": "    return a + b\n"}) + "\n")
+    surrogate.write_text(
+        json.dumps({"task_id": "MBPP/1", "completion": bad})
+        + "\n"
+        + json.dumps({"task_id": "MBPP/1", "completion": "    return a + b\n"})
+        + "\n"
+    )
     out = work / "surrogate-results.jsonl"
 
     def surrogate_check(res: subprocess.CompletedProcess[str]) -> str | None:
@@ -107,31 +125,64 @@ def build_cases(work: Path) -> list[Case]:
         again = _run("ida_eval.execute", [*ex, "--samples", str(surrogate), "--out", str(out)])
         return None if again.returncode == 0 and len(_records(out)) == 2 else f"resume: rc {again.returncode}"
 
-    cases.append(Case("surrogate", "ida_eval.execute", [*ex, "--samples", str(surrogate), "--out", str(out)], 0,
-                      surrogate_check))
+    cases.append(
+        Case("surrogate", "ida_eval.execute", [*ex, "--samples", str(surrogate), "--out", str(out)], 0, surrogate_check)
+    )
 
     nothing = work / "never-written.jsonl"
-    for flag, value in (("--timeout", "inf"), ("--timeout", "nan"), ("--timeout", "0"), ("--timeout", "1e300"),
-                        ("--run-timeout", "all=inf"), ("--compile-timeout", "all=inf")):
-        cases.append(Case(f"timeout-execute{flag}={value}", "ida_eval.execute",
-                          [*ex, "--canonical", "--out", str(nothing), flag, value], 2,
-                          lambda _res: f"{nothing} was written" if nothing.exists() else None, "seconds"))
-    cases.append(Case("timeout-mbxp--timeout=inf", "ida_eval.mbxp",
-                      ["--checkpoint", str(work / "no-checkpoint"), "--out", str(work / "run"), "--timeout", "inf"], 2,
-                      lambda _res: "the run directory was made" if (work / "run").exists() else None, "seconds"))
+    for flag, value in (
+        ("--timeout", "inf"),
+        ("--timeout", "nan"),
+        ("--timeout", "0"),
+        ("--timeout", "1e300"),
+        ("--run-timeout", "all=inf"),
+        ("--compile-timeout", "all=inf"),
+    ):
+        cases.append(
+            Case(
+                f"timeout-execute{flag}={value}",
+                "ida_eval.execute",
+                [*ex, "--canonical", "--out", str(nothing), flag, value],
+                2,
+                lambda _res: f"{nothing} was written" if nothing.exists() else None,
+                "seconds",
+            )
+        )
+    cases.append(
+        Case(
+            "timeout-mbxp--timeout=inf",
+            "ida_eval.mbxp",
+            ["--checkpoint", str(work / "no-checkpoint"), "--out", str(work / "run"), "--timeout", "inf"],
+            2,
+            lambda _res: "the run directory was made" if (work / "run").exists() else None,
+            "seconds",
+        )
+    )
 
     utf8 = work / "utf8.jsonl"
-    utf8.write_bytes(b'{"task_id": "MBPP/1", "completion": "    return a + b\\n"}\n{"task_id": "MBPP/1", "completion": "\xff"}\n')
-    cases.append(Case("invalid-utf8", "ida_eval.execute", [*ex, "--samples", str(utf8), "--out", str(nothing)], 2,
-                      None, f"{utf8}:2: not valid JSON (invalid UTF-8"))
+    utf8.write_bytes(
+        b'{"task_id": "MBPP/1", "completion": "    return a + b\\n"}\n{"task_id": "MBPP/1", "completion": "\xff"}\n'
+    )
+    cases.append(
+        Case(
+            "invalid-utf8",
+            "ida_eval.execute",
+            [*ex, "--samples", str(utf8), "--out", str(nothing)],
+            2,
+            None,
+            f"{utf8}:2: not valid JSON (invalid UTF-8",
+        )
+    )
 
     for lang, (prompt, test, completion) in FORGE.items():
         if missing_tools(LANGUAGES[lang]):
             print(f"skip stdin-forge-{lang}: toolchain missing", file=sys.stderr)
             continue
         tid = f"{LANGUAGES[lang].prefixes[0]}/0"
-        probs = _write_jsonl(work / f"{lang}.jsonl", [{"task_id": tid, "language": lang, "prompt": prompt,
-                                                       "test": test, "entry_point": "add"}])
+        probs = _write_jsonl(
+            work / f"{lang}.jsonl",
+            [{"task_id": tid, "language": lang, "prompt": prompt, "test": test, "entry_point": "add"}],
+        )
         samples = _write_jsonl(work / f"{lang}-samples.jsonl", [{"task_id": tid, "completion": completion}])
         res_file = work / f"{lang}-results.jsonl"
 
@@ -139,9 +190,25 @@ def build_cases(work: Path) -> list[Case]:
             recs = _records(res_file)
             return None if len(recs) == 1 and not recs[0]["passed"] else f"forged: {recs}"
 
-        cases.append(Case(f"stdin-forge-{lang}", "ida_eval.execute",
-                          ["--problems", str(probs), "--samples", str(samples), "--out", str(res_file), "--workers", "1",
-                           "--no-progress"], 0, forged))
+        cases.append(
+            Case(
+                f"stdin-forge-{lang}",
+                "ida_eval.execute",
+                [
+                    "--problems",
+                    str(probs),
+                    "--samples",
+                    str(samples),
+                    "--out",
+                    str(res_file),
+                    "--workers",
+                    "1",
+                    "--no-progress",
+                ],
+                0,
+                forged,
+            )
+        )
     demo = work / "demo"
     cases.append(Case("demo", "mxfp8_codec", ["demo", str(demo)], 0))  # the checkpoints the next cases use
     for how in ("no", "null"):
@@ -151,8 +218,16 @@ def build_cases(work: Path) -> list[Case]:
     blocker.write_text("x")
     for cmd in ("quantize", "dequantize"):
         src = demo / ("hf" if cmd == "quantize" else "mxfp8")
-        cases.append(Case(f"unwritable-destination-{cmd}", "mxfp8_codec", [cmd, str(src), str(blocker / "out")], 2,
-                          None, f"{blocker / 'out'}: {blocker} is a file, not a directory"))
+        cases.append(
+            Case(
+                f"unwritable-destination-{cmd}",
+                "mxfp8_codec",
+                [cmd, str(src), str(blocker / "out")],
+                2,
+                None,
+                f"{blocker / 'out'}: {blocker} is a file, not a directory",
+            )
+        )
     return cases
 
 

@@ -48,7 +48,9 @@ from ida_eval.problems import example_samples_file, language_files, load_problem
 ANCHORS = Path(__file__).resolve().parent.parent / "tests" / "ida_eval" / "mbxp_language_anchors.json"
 
 
-def task_samples(lang: str, which: str, data_dir: str | None, limit: int | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def task_samples(
+    lang: str, which: str, data_dir: str | None, limit: int | None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The problems of ``lang``'s MBXP file and the samples to run: canonical solutions or mxeval's examples."""
     path = language_files("mbxp", data_dir)[lang]
     problems = load_problems(path)
@@ -64,16 +66,30 @@ def task_samples(lang: str, which: str, data_dir: str | None, limit: int | None)
     return problems, samples
 
 
-def run_ours(problems: dict[str, Any], samples: list[dict[str, Any]], out: Path, workers: int) -> dict[tuple[str, int], dict[str, Any]]:
+def run_ours(
+    problems: dict[str, Any], samples: list[dict[str, Any]], out: Path, workers: int
+) -> dict[tuple[str, int], dict[str, Any]]:
     with warnings.catch_warnings():  # records past a smaller --limit are 'not among the samples'
         warnings.simplefilter("ignore")
-        res = ex.execute_samples(problems, [{k: v for k, v in s.items() if k != "completion_id"} for s in samples],
-                                 out_path=out, config=ex.ExecutionConfig(workers=workers), progress=False)
+        res = ex.execute_samples(
+            problems,
+            [{k: v for k, v in s.items() if k != "completion_id"} for s in samples],
+            out_path=out,
+            config=ex.ExecutionConfig(workers=workers),
+            progress=False,
+        )
     return {(r["task_id"], r["completion_id"]): r for r in res}
 
 
-def run_reference(mxeval_dir: str, lang: str, problems: dict[str, Any], samples: list[dict[str, Any]], out: Path,
-                  workers: int, timeout: float) -> dict[tuple[str, int], dict[str, Any]]:
+def run_reference(
+    mxeval_dir: str,
+    lang: str,
+    problems: dict[str, Any],
+    samples: list[dict[str, Any]],
+    out: Path,
+    workers: int,
+    timeout: float,
+) -> dict[tuple[str, int], dict[str, Any]]:
     sys.path.insert(0, str(Path(mxeval_dir).resolve()))
     check = getattr(importlib.import_module("mxeval.execution"), f"check_correctness_{lang}")
     done: dict[tuple[str, int], dict[str, Any]] = {}
@@ -86,8 +102,12 @@ def run_reference(mxeval_dir: str, lang: str, problems: dict[str, Any], samples:
 
     def one(s: dict[str, Any]) -> None:
         r = check(problems[s["task_id"]], s["completion"], timeout)
-        rec = {"task_id": s["task_id"], "completion_id": s["completion_id"], "passed": bool(r["passed"]),
-               "result": str(r["result"] or "")[-2000:]}
+        rec = {
+            "task_id": s["task_id"],
+            "completion_id": s["completion_id"],
+            "passed": bool(r["passed"]),
+            "result": str(r["result"] or "")[-2000:],
+        }
         with lock:
             with open(out, "a", encoding="utf-8") as f:
                 f.write(json.dumps(rec) + "\n")
@@ -126,27 +146,42 @@ def main(argv: list[str] | None = None) -> int:
     for end in range(step, len(samples) + step, step):
         part = samples[: min(end, len(samples))]
         ours = run_ours(problems, part, stem.with_suffix(".ours.jsonl"), args.workers)
-        ref = run_reference(args.mxeval, args.language, problems, part, stem.with_suffix(".mxeval.jsonl"),
-                            args.workers, args.ref_timeout)
+        ref = run_reference(
+            args.mxeval,
+            args.language,
+            problems,
+            part,
+            stem.with_suffix(".mxeval.jsonl"),
+            args.workers,
+            args.ref_timeout,
+        )
         print(f"{len(part)} of {len(samples)} tasks done", file=sys.stderr, flush=True)
 
     keys = [(s["task_id"], s["completion_id"]) for s in samples]
     differ = [k for k in keys if ours[k]["passed"] != ref[k]["passed"]]
     n_ours, n_ref = sum(ours[k]["passed"] for k in keys), sum(ref[k]["passed"] for k in keys)
-    print(f"| language | set | tasks | ours passed | reference passed | differ |\n|---|---|---|---|---|---|\n"
-          f"| {args.language} | {args.which} | {len(keys)} | {n_ours} | {n_ref} | {len(differ)} |")
+    print(
+        f"| language | set | tasks | ours passed | reference passed | differ |\n|---|---|---|---|---|---|\n"
+        f"| {args.language} | {args.which} | {len(keys)} | {n_ours} | {n_ref} | {len(differ)} |"
+    )
     for k in differ:
         o, r = ours[k], ref[k]
-        print(f"{k[0]}: ours {'passed' if o['passed'] else ex.result_class(o)} ({first_line(o['result'])}); "
-              f"reference {'passed' if r['passed'] else 'failed'} ({first_line(r['result'])})")
+        print(
+            f"{k[0]}: ours {'passed' if o['passed'] else ex.result_class(o)} ({first_line(o['result'])}); "
+            f"reference {'passed' if r['passed'] else 'failed'} ({first_line(r['result'])})"
+        )
 
     if args.update_anchors:
         anchors = json.loads(ANCHORS.read_text(encoding="utf-8"))
         anchors.setdefault(args.language, {})[args.which] = {
-            "n": len(keys), "passed": n_ours,
+            "n": len(keys),
+            "passed": n_ours,
             "failed": {k[0]: ex.result_class(ours[k]) for k in keys if not ours[k]["passed"]},
-            "reference": {"n": len(keys), "passed": n_ref,
-                          "differ": {k[0]: "ref passed" if ref[k]["passed"] else "ref failed" for k in differ}},
+            "reference": {
+                "n": len(keys),
+                "passed": n_ref,
+                "differ": {k[0]: "ref passed" if ref[k]["passed"] else "ref failed" for k in differ},
+            },
         }
         atomic_write_text(ANCHORS, json.dumps(anchors, indent=1, sort_keys=True))
         print(f"updated {ANCHORS}", file=sys.stderr)

@@ -31,7 +31,11 @@ def entry_points() -> set[str]:
                 found.add(module.rsplit(".", 1)[0])
                 continue
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                if isinstance(node, ast.If) and "__name__" in ast.unparse(node.test) and "__main__" in ast.unparse(node.test):
+                if (
+                    isinstance(node, ast.If)
+                    and "__name__" in ast.unparse(node.test)
+                    and "__main__" in ast.unparse(node.test)
+                ):
                     found.add(module)
     return found - NOT_COMMANDS
 

@@ -30,8 +30,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("ida_common", "mxfp8_codec", "nvfp4_cuda", "ida_trainer", "ida_eval")
 ALLOWED = {
-    ("ida_trainer", "nvfp4_cuda"), ("nvfp4_cuda", "mxfp8_codec"), ("ida_trainer", "mxfp8_codec"),
-    ("ida_eval", "mxfp8_codec"), ("ida_trainer", "ida_eval"),
+    ("ida_trainer", "nvfp4_cuda"),
+    ("nvfp4_cuda", "mxfp8_codec"),
+    ("ida_trainer", "mxfp8_codec"),
+    ("ida_eval", "mxfp8_codec"),
+    ("ida_trainer", "ida_eval"),
     *((p, "ida_common") for p in PACKAGES if p != "ida_common"),
 }
 
@@ -248,8 +251,12 @@ def test_import_drawing_follows_the_design() -> None:
 
 
 def test_no_package_imports_another_packages_private_module() -> None:
-    bad = [w for where in OURS.package_edges().values() for w in where
-           if any(_private(part) for part in w.split(": ")[1].split(".")[1:])]
+    bad = [
+        w
+        for where in OURS.package_edges().values()
+        for w in where
+        if any(_private(part) for part in w.split(": ")[1].split(".")[1:])
+    ]
     assert not bad, bad
 
 

@@ -46,6 +46,7 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
+
 def corpus_path() -> Path:
     """Path of the shipped demo corpus (plain JSONL, ``{"text": ...}`` per line)."""
     return DEMO_DIR / "corpus.jsonl"
@@ -89,14 +90,23 @@ def train_demo_tokenizer(texts: Iterable[str], *, vocab_size: int = DEMO_VOCAB_S
     # indentation, so prompt + completion must tokenize as tokens(prompt) + tokens(completion); a BPE
     # merge of "\n" with the following spaces would give the model, at generation time, a token boundary
     # it never saw in training (it then predicts EOS right away).
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r"\n"), behavior="isolated"),
-                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(r"\n"), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(list(texts), trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN,
-                                   additional_special_tokens=list(SPECIAL_TOKENS[1:]))
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=EOS_TOKEN,
+        pad_token=EOS_TOKEN,
+        additional_special_tokens=list(SPECIAL_TOKENS[1:]),
+    )
     fast.chat_template = CHAT_TEMPLATE
     fast.padding_side = "right"
     return fast
@@ -122,11 +132,19 @@ def build_demo_model(model: ModelConfig, tokenizer, *, seed: int) -> torch.nn.Mo
     vocab = -(-len(tokenizer) // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
     eos = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     config = NemotronConfig(
-        vocab_size=vocab, hidden_size=model.hidden_size, intermediate_size=model.intermediate_size,
-        num_hidden_layers=model.num_layers, num_attention_heads=model.num_heads,
-        num_key_value_heads=model.num_heads, max_position_embeddings=1024, initializer_range=INIT_RANGE,
+        vocab_size=vocab,
+        hidden_size=model.hidden_size,
+        intermediate_size=model.intermediate_size,
+        num_hidden_layers=model.num_layers,
+        num_attention_heads=model.num_heads,
+        num_key_value_heads=model.num_heads,
+        max_position_embeddings=1024,
+        initializer_range=INIT_RANGE,
         # pad_token_id stays None: with a padding_idx the EOS row (EOS doubles as pad) would get no gradient.
-        bos_token_id=None, eos_token_id=eos, pad_token_id=None, tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=eos,
+        pad_token_id=None,
+        tie_word_embeddings=False,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -37,13 +37,20 @@ def _raiser(exc: BaseException):
     "exc, status, line",
     [
         (ValueError("data.jsonl:3: not JSON"), EXIT_USAGE, "p: error: data.jsonl:3: not JSON"),
-        (FileNotFoundError(2, "No such file or directory", "/x/y"), EXIT_USAGE, "p: error: /x/y: No such file or directory"),
+        (
+            FileNotFoundError(2, "No such file or directory", "/x/y"),
+            EXIT_USAGE,
+            "p: error: /x/y: No such file or directory",
+        ),
         (OSError(28, "No space left on device", "/x/y"), EXIT_CANNOT_RUN, "p: error: /x/y: No space left on device"),
         (CheckFailed("a.safetensors: bad scale"), EXIT_FAILED, "p: error: a.safetensors: bad scale"),
         (CannotRunHere("no sandbox"), EXIT_CANNOT_RUN, "p: error: no sandbox"),
         (MemoryError(), EXIT_CANNOT_RUN, "p: error: out of memory"),
-        (KeyboardInterrupt(), EXIT_INTERRUPTED,
-         "p: interrupted; finished results are kept in r.jsonl: rerun the same command to resume"),
+        (
+            KeyboardInterrupt(),
+            EXIT_INTERRUPTED,
+            "p: interrupted; finished results are kept in r.jsonl: rerun the same command to resume",
+        ),
         (ValueError("two\nlines"), EXIT_USAGE, "p: error: two; lines"),
     ],
 )

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ida_common.files import atomic_directory, check_output, copy_file_atomic, sweep_stale, temp_pattern
+from ida_common.files import atomic_directory, check_output, sweep_stale, temp_pattern
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -87,7 +87,6 @@ def test_atomic_directory_replaces_only_when_complete(tmp_path: Path) -> None:
     assert sorted(os.listdir(out)) == ["b"] and sorted(os.listdir(tmp_path)) == ["out"]
 
 
-
 UNWRITABLE = [("under-a-file", "is a file, not a directory")]
 if Path("/proc/self").is_dir():  # no one may create directories in /proc, root included
     UNWRITABLE.append(("/proc/ida-no/out", r"cannot create a directory in /proc \(No such file or directory\)"))
@@ -129,15 +128,22 @@ def test_a_kill_before_the_rename_keeps_the_old_directory_and_the_next_run_sweep
 
 def test_sweep_removes_dead_writers_temporaries_only(tmp_path: Path) -> None:
     live = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(f"""
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
             import os, sys, tempfile
             from ida_common.files import lock_temporary
             fd, p = tempfile.mkstemp(prefix=".model.safetensors.", suffix=".tmp", dir={str(tmp_path)!r})
             assert lock_temporary(fd)
             print(p, flush=True)
             sys.stdin.read()
-        """)],
-        env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        """),
+        ],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         live_tmp = Path(live.stdout.readline().strip())
@@ -184,15 +190,22 @@ def test_atomic_output_sweeps_a_killed_writers_temporary_but_not_a_live_ones(tmp
 
     target = tmp_path / "model.safetensors"
     live = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(f"""
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
             import sys
             from ida_common.files import atomic_output
             with atomic_output({str(target)!r}) as f:
                 print(f.name, flush=True)
                 sys.stdin.read()
                 f.write(b"live")
-        """)],
-        env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        """),
+        ],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         live_tmp = Path(live.stdout.readline().strip())
@@ -207,4 +220,7 @@ def test_atomic_output_sweeps_a_killed_writers_temporary_but_not_a_live_ones(tmp
         assert not stale[0].exists() and live_tmp.exists() and target.read_bytes() == b"ours"
     finally:
         live.communicate("", timeout=60)
-    assert target.read_bytes() == b"live" and sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "src.bin"]
+    assert target.read_bytes() == b"live" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "model.safetensors",
+        "src.bin",
+    ]

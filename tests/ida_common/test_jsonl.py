@@ -13,12 +13,15 @@ class Bad(ValueError):
     pass
 
 
-@pytest.mark.parametrize("line, needle", [
-    (b'{"a": "x', "(Unterminated string starting at column 7)"),
-    (b'{"a" 1}', "(Expecting ':' delimiter at column 6)"),
-    (b'{"a": "\xff"}', "(invalid UTF-8 (byte 0xff at byte column 8))"),
-    (b"[" * 50_000 + b"]" * 50_000, "nested too deeply"),
-])
+@pytest.mark.parametrize(
+    "line, needle",
+    [
+        (b'{"a": "x', "(Unterminated string starting at column 7)"),
+        (b'{"a" 1}', "(Expecting ':' delimiter at column 6)"),
+        (b'{"a": "\xff"}', "(invalid UTF-8 (byte 0xff at byte column 8))"),
+        (b"[" * 50_000 + b"]" * 50_000, "nested too deeply"),
+    ],
+)
 def test_errors_name_file_line_and_what(tmp_path, line, needle):
     with pytest.raises(Bad) as info:
         list(iter_jsonl([b'{"ok": 1}', line], tmp_path / "f.jsonl", Bad))

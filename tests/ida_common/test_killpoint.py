@@ -21,12 +21,20 @@ print("done", flush=True)
 """
 
 
-@pytest.mark.parametrize("spec, printed, rc", [("phase", "1", -signal.SIGKILL), ("phase:2", "1 2", -signal.SIGKILL),
-                                               ("phase:9", "1 2 3 done", 0), ("", "1 2 3 done", 0)])
+@pytest.mark.parametrize(
+    "spec, printed, rc",
+    [
+        ("phase", "1", -signal.SIGKILL),
+        ("phase:2", "1 2", -signal.SIGKILL),
+        ("phase:9", "1 2 3 done", 0),
+        ("", "1 2 3 done", 0),
+    ],
+)
 def test_kill_point(spec, printed, rc):
     env = dict(os.environ, IDA_KILL_AT=spec, PYTHONPATH=str(REPO))
-    res = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=60,
-                         check=False)
+    res = subprocess.run(
+        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
     assert res.returncode == rc and res.stdout.split() == printed.split()
 
 

@@ -33,7 +33,10 @@ SMALL_PROBLEMS: list[dict[str, str]] = [
     },
     {
         "task_id": "T/3",
-        "prompt": '\n\ndef is_even(n):\n  """\n  Write a python function to check whether a number is even.\n  >>> is_even(4)\n  True\n  """\n',
+        "prompt": (
+            '\n\ndef is_even(n):\n  """\n  Write a python function to check whether a number is even.\n'
+            '  >>> is_even(4)\n  True\n  """\n'
+        ),
         "canonical_solution": "  return n % 2 == 0",
         "test": "\n\nMETADATA = {}\n\n\ndef check(candidate):\n    assert candidate(4) == True\n    assert candidate(7) == False\n\n",
         "entry_point": "is_even",
@@ -42,21 +45,33 @@ SMALL_PROBLEMS: list[dict[str, str]] = [
         "task_id": "T/4",
         "prompt": '\n\ndef rev(s):\n  """\n  Write a function to reverse a string.\n  >>> rev("ab")\n  "ba"\n  """\n',
         "canonical_solution": "  return s[::-1]",
-        "test": "\n\nMETADATA = {}\n\n\ndef check(candidate):\n    assert candidate(\"ab\") == \"ba\"\n    assert candidate(\"xyz\") == \"zyx\"\n\n",
+        "test": (
+            '\n\nMETADATA = {}\n\n\ndef check(candidate):\n    assert candidate("ab") == "ba"\n'
+            '    assert candidate("xyz") == "zyx"\n\n'
+        ),
         "entry_point": "rev",
     },
     {
         "task_id": "T/5",
-        "prompt": '\n\ndef max_of_list(xs):\n\t"""\n\tWrite a function to find the largest item of a list.\n\t>>> max_of_list([1, 5, 2])\n\t5\n\t"""\n',
+        "prompt": (
+            '\n\ndef max_of_list(xs):\n\t"""\n\tWrite a function to find the largest item of a list.\n'
+            '\t>>> max_of_list([1, 5, 2])\n\t5\n\t"""\n'
+        ),
         "canonical_solution": "\tbest = xs[0]\n\tfor x in xs:\n\t\tif x > best:\n\t\t\tbest = x\n\treturn best",
-        "test": "\n\nMETADATA = {}\n\n\ndef check(candidate):\n    assert candidate([1, 5, 2]) == 5\n    assert candidate([-3, -1]) == -1\n\n",
+        "test": (
+            "\n\nMETADATA = {}\n\n\ndef check(candidate):\n    assert candidate([1, 5, 2]) == 5\n"
+            "    assert candidate([-3, -1]) == -1\n\n"
+        ),
         "entry_point": "max_of_list",
     },
     {
         "task_id": "T/6",
-        "prompt": '\n\ndef count_vowels(s):\n  """\n  Write a function to count the vowels in a string.\n  >>> count_vowels("hello")\n  2\n  """\n',
-        "canonical_solution": "  return sum(1 for c in s if c in \"aeiou\")",
-        "test": "\n\nMETADATA = {}\n\n\ndef check(candidate):\n    assert candidate(\"hello\") == 2\n    assert candidate(\"sky\") == 0\n\n",
+        "prompt": (
+            '\n\ndef count_vowels(s):\n  """\n  Write a function to count the vowels in a string.\n'
+            '  >>> count_vowels("hello")\n  2\n  """\n'
+        ),
+        "canonical_solution": '  return sum(1 for c in s if c in "aeiou")',
+        "test": '\n\nMETADATA = {}\n\n\ndef check(candidate):\n    assert candidate("hello") == 2\n    assert candidate("sky") == 0\n\n',
         "entry_point": "count_vowels",
     },
 ]
@@ -194,8 +209,9 @@ def save_mxfp8_checkpoint(
 
 def mxfp8_reference(model: Any, dtype: torch.dtype = torch.bfloat16) -> Any:
     """The same model with projection weights set to decode(encode(w)) directly (native orientation)."""
-    from mxfp8_codec import decode_mxfp8, encode_mxfp8, is_projection_weight
     from transformers import AutoModelForCausalLM
+
+    from mxfp8_codec import decode_mxfp8, encode_mxfp8, is_projection_weight
 
     ref = AutoModelForCausalLM.from_config(model.config, dtype=dtype)
     sd = {}
@@ -212,8 +228,15 @@ def mxfp8_reference(model: Any, dtype: torch.dtype = torch.bfloat16) -> Any:
     return ref.eval()
 
 
-def memorise(model: Any, tokenizer: Any, problems: list[dict[str, Any]], *, max_steps: int = 200, lr: float = 5e-3,
-             target_loss: float = 0.01) -> float:
+def memorise(
+    model: Any,
+    tokenizer: Any,
+    problems: list[dict[str, Any]],
+    *,
+    max_steps: int = 200,
+    lr: float = 5e-3,
+    target_loss: float = 0.01,
+) -> float:
     """Train ``model`` (in place) until it reproduces each problem's canonical solution after its prompt.
 
     Sequences are ``tok(prompt) + tok(solution) + eos`` (tokenised separately, as generation sees
@@ -230,7 +253,7 @@ def memorise(model: Any, tokenizer: Any, problems: list[dict[str, Any]], *, max_
     ids = torch.full((n, length), eos)
     lab = torch.full((n, length), -100)
     att = torch.zeros((n, length), dtype=torch.long)
-    for i, (s, lb) in enumerate(zip(seqs, labels)):
+    for i, (s, lb) in enumerate(zip(seqs, labels, strict=True)):
         ids[i, : len(s)] = torch.tensor(s)
         lab[i, : len(s)] = torch.tensor(lb)
         att[i, : len(s)] = 1

@@ -8,7 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ida_eval import FAILURE_CLASSES, classify_failure, compare_runs, degeneration_reason, format_comparison, is_degenerate
+from ida_eval import (
+    FAILURE_CLASSES,
+    classify_failure,
+    compare_runs,
+    degeneration_reason,
+    format_comparison,
+    is_degenerate,
+)
 from ida_eval.analysis import WORD_REPEAT_MIN, degenerate_report, load_run
 from ida_eval.failures import with_kind
 from tests.ida_eval.support import read_problems
@@ -59,44 +66,75 @@ def test_no_canonical_solution_is_degenerate(mbxp_problems_file):
 
 
 @settings(max_examples=50, deadline=None)
-@given(word=st.from_regex(r"[A-Za-z_]{1,8}", fullmatch=True), n=st.integers(WORD_REPEAT_MIN, 40),
-       head=st.sampled_from(["", "  x = 1\n  ", "\treturn "]))
+@given(
+    word=st.from_regex(r"[A-Za-z_]{1,8}", fullmatch=True),
+    n=st.integers(WORD_REPEAT_MIN, 40),
+    head=st.sampled_from(["", "  x = 1\n  ", "\treturn "]),
+)
 def test_any_repeated_word_run_is_degenerate(word, n, head):
     assert is_degenerate(head + " ".join([word] * n)) is True
 
 
 def _result(passed, result, completion="  return 1", exception=None, kind=None):
     kind = kind or ("passed" if passed else "exception" if exception else "other")
-    return {"task_id": "MBPP/1", "passed": passed, "result": result, "kind": kind, "completion": completion,
-            "exception": exception}
+    return {
+        "task_id": "MBPP/1",
+        "passed": passed,
+        "result": result,
+        "kind": kind,
+        "completion": completion,
+        "exception": exception,
+    }
 
 
 def test_classify_failure():
     assert classify_failure(_result(True, "passed")) == "passed"
-    assert classify_failure(_result(False, "failed: AssertionError", exception="AssertionError"), PROMPT) == "wrong_answer"
+    assert (
+        classify_failure(_result(False, "failed: AssertionError", exception="AssertionError"), PROMPT) == "wrong_answer"
+    )
     assert classify_failure(_result(False, "timed out", kind="timeout"), PROMPT) == "timeout"
-    assert classify_failure(_result(False, "failed: NameError: name 'y' is not defined", exception="NameError"),
-                            PROMPT) == "runtime_error"
-    assert classify_failure(_result(False, "failed: exited with status 0 before check() returned", kind="early_exit"),
-                            PROMPT) == "runtime_error"
+    assert (
+        classify_failure(_result(False, "failed: NameError: name 'y' is not defined", exception="NameError"), PROMPT)
+        == "runtime_error"
+    )
+    assert (
+        classify_failure(
+            _result(False, "failed: exited with status 0 before check() returned", kind="early_exit"), PROMPT
+        )
+        == "runtime_error"
+    )
     # syntax errors found independently of the executor's verdict
     assert classify_failure(_result(False, "failed: something", completion="  return ((("), PROMPT) == "syntax_error"
-    assert classify_failure(_result(False, "failed: IndentationError: unexpected indent",
-                                    exception="IndentationError")) == "syntax_error"
+    assert (
+        classify_failure(_result(False, "failed: IndentationError: unexpected indent", exception="IndentationError"))
+        == "syntax_error"
+    )
     # collapse wins over the symptom it causes
     flood = _result(False, "failed: AssertionError", completion="  return 1 1 1 1 1 1 1 1 1 1 1")
     assert classify_failure(flood, PROMPT) == "degenerate"
     # a collapse cut away by truncation is still seen through the raw generation
-    assert classify_failure(_result(False, "failed: AssertionError", completion=""), PROMPT, raw="\n#\n#\n#\n#\n#") \
+    assert (
+        classify_failure(_result(False, "failed: AssertionError", completion=""), PROMPT, raw="\n#\n#\n#\n#\n#")
         == "degenerate"
+    )
     assert set(FAILURE_CLASSES) == {
-        "degenerate", "timeout", "syntax_error", "wrong_answer", "runtime_error", "toolchain_missing"
+        "degenerate",
+        "timeout",
+        "syntax_error",
+        "wrong_answer",
+        "runtime_error",
+        "toolchain_missing",
     }
     # other languages: the executor's kinds map onto these; no Python parse of a Java prompt
     java = {"language": "java", "completion": "        return a + b;\n    }\n}", "passed": False}
-    for kind, cls in [("compile_error", "syntax_error"), ("wrong_answer", "wrong_answer"),
-                      ("runtime_error", "runtime_error"), ("compile_timeout", "timeout"),
-                      ("toolchain_missing", "toolchain_missing"), ("bad_input", "runtime_error")]:
+    for kind, cls in [
+        ("compile_error", "syntax_error"),
+        ("wrong_answer", "wrong_answer"),
+        ("runtime_error", "runtime_error"),
+        ("compile_timeout", "timeout"),
+        ("toolchain_missing", "toolchain_missing"),
+        ("bad_input", "runtime_error"),
+    ]:
         assert classify_failure({**java, "result": "failed: x", "kind": kind}, "class A {") == cls, kind
     # the kind decides, never the text
     assert classify_failure({**java, "result": "timed out", "kind": "runtime_error"}, "class A {") == "runtime_error"
@@ -124,8 +162,10 @@ def test_old_records_classify_as_before_through_the_legacy_parser():
 
 
 def test_degenerate_report_counts_and_examples():
-    samples = [{"task_id": f"MBPP/{i}", "completion": c, "raw": c} for i, c in
-               enumerate(["  return 1", "", "\t" * 30, " ok" * 12, "  return 2"] * 3)]
+    samples = [
+        {"task_id": f"MBPP/{i}", "completion": c, "raw": c}
+        for i, c in enumerate(["  return 1", "", "\t" * 30, " ok" * 12, "  return 2"] * 3)
+    ]
     rep = degenerate_report(samples)
     assert rep["count"] == 9 and len(rep["examples"]) == 5
     assert rep["kinds"] == {"empty": 3, "whitespace flood": 3, "repeated word": 3}
@@ -136,16 +176,22 @@ def _write_run(path, per_task):
     counts = {k: 0 for k in ("passed", *FAILURE_CLASSES)}
     for c in per_task.values():
         counts[c] += 1
-    summary = {"pass@1": counts["passed"] / len(per_task), "n_tasks": len(per_task), "counts": counts,
-               "per_task": per_task, "degenerate": {"count": counts["degenerate"]}}
+    summary = {
+        "pass@1": counts["passed"] / len(per_task),
+        "n_tasks": len(per_task),
+        "counts": counts,
+        "per_task": per_task,
+        "degenerate": {"count": counts["degenerate"]},
+    }
     (path / "summary.json").write_text(json.dumps(summary))
     return path
 
 
 def test_compare_runs(tmp_path):
     a = _write_run(tmp_path / "a", {"MBPP/1": "passed", "MBPP/2": "degenerate", "MBPP/10": "wrong_answer"})
-    b = _write_run(tmp_path / "b", {"MBPP/1": "wrong_answer", "MBPP/2": "passed", "MBPP/10": "wrong_answer",
-                                    "MBPP/3": "passed"})
+    b = _write_run(
+        tmp_path / "b", {"MBPP/1": "wrong_answer", "MBPP/2": "passed", "MBPP/10": "wrong_answer", "MBPP/3": "passed"}
+    )
     cmp = compare_runs(a, b)
     assert cmp["gained"] == ["MBPP/2"] and cmp["lost"] == ["MBPP/1"]
     assert cmp["changed_class"] == {"MBPP/1": ["passed", "wrong_answer"], "MBPP/2": ["degenerate", "passed"]}

@@ -30,8 +30,8 @@ import pytest
 from ida_eval import analysis, execute, generate
 from ida_eval.isolation import ISOLATION_LEVELS
 from tests.conftest import REPO_ROOT, mbxp_dir
-from tests.ida_eval.test_execute import KNOWN_FAILURES
 from tests.ida_eval.support import SMALL_PROBLEMS
+from tests.ida_eval.test_execute import KNOWN_FAILURES
 
 EVAL_MD = REPO_ROOT / "docs" / "eval.md"
 MAX_LINE = 110
@@ -238,7 +238,7 @@ def harness_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
     problems = {p["task_id"]: p for p in SMALL_PROBLEMS[:2]}
     texts = {"T/1": problems["T/1"]["canonical_solution"], "T/2": " the" * 12}
 
-    def fixed_generations(model, tokenizer, prompts, config, *, progress=True, on_batch=None):  # noqa: ANN001
+    def fixed_generations(model, tokenizer, prompts, config, *, progress=True, on_batch=None):
         gens = [Generation(t, texts[t], texts[t], 3, "eos") for t in prompts]
         if on_batch is not None:
             on_batch(gens)
@@ -259,8 +259,7 @@ def harness_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
     finally:
         mbxp.generate_completions = saved
     read = lambda name: [json.loads(x) for x in (root / "run" / name).read_text().splitlines()]  # noqa: E731
-    yield {"summary": summary, "samples": read("samples.jsonl"), "results": read("results.jsonl"),
-           "problems": problems}
+    yield {"summary": summary, "samples": read("samples.jsonl"), "results": read("results.jsonl"), "problems": problems}
 
 
 def test_summary_json_keys_are_the_ones_the_harness_writes(harness_run: dict[str, Any]) -> None:

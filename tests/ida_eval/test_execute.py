@@ -109,12 +109,19 @@ def test_invalid_utf8_names_file_and_line(tmp_path: Path, toy: dict, gz: bool) -
     problems = tmp_path / ("p.jsonl.gz" if gz else "p.jsonl")
     data = good + b"\n" + bad + b"\n"
     problems.write_bytes(gzip.compress(data) if gz else data)
-    with pytest.raises(ProblemsError, match=r"p\.jsonl(\.gz)?:2: not valid JSON \(invalid UTF-8 \(byte 0xff at byte column \d+\)\)"):
+    with pytest.raises(
+        ProblemsError, match=r"p\.jsonl(\.gz)?:2: not valid JSON \(invalid UTF-8 \(byte 0xff at byte column \d+\)\)"
+    ):
         load_problems(problems)
     samples = tmp_path / "s.jsonl"
-    samples.write_bytes(json.dumps({"task_id": "T/0", "completion": ""}).encode() + b"\n"
-                        + b'{"task_id": "T/1", "completion": "\xc3("}\n')
-    with pytest.raises(ex.ResultsFileError, match=r"s\.jsonl:2: not valid JSON \(invalid UTF-8 \(byte 0xc3 at byte column 35\)\)"):
+    samples.write_bytes(
+        json.dumps({"task_id": "T/0", "completion": ""}).encode()
+        + b"\n"
+        + b'{"task_id": "T/1", "completion": "\xc3("}\n'
+    )
+    with pytest.raises(
+        ex.ResultsFileError, match=r"s\.jsonl:2: not valid JSON \(invalid UTF-8 \(byte 0xc3 at byte column 35\)\)"
+    ):
         ex.load_samples(samples, toy)
 
 
@@ -306,9 +313,19 @@ def test_an_old_results_file_resumes_with_the_same_classes(toy: dict, tmp_path: 
     """Records written before the "kind" field: read once by the legacy parser, never executed again,
     counted as they were (the summary of an old run is the same)."""
     out = tmp_path / "r.jsonl"
-    old = [{"task_id": "T/0", "completion": f"#{i}\n", "completion_id": i, "passed": text == "passed",
-            "result": text, "exit_status": None, "exception": exc, "isolation": "rlimits"}
-           for i, (text, exc, _) in enumerate(OLD_RECORDS)]
+    old = [
+        {
+            "task_id": "T/0",
+            "completion": f"#{i}\n",
+            "completion_id": i,
+            "passed": text == "passed",
+            "result": text,
+            "exit_status": None,
+            "exception": exc,
+            "isolation": "rlimits",
+        }
+        for i, (text, exc, _) in enumerate(OLD_RECORDS)
+    ]
     out.write_text("".join(json.dumps(r) + "\n" for r in old))
     samples = [{"task_id": "T/0", "completion": r["completion"]} for r in old]
     res = ex.execute_samples(toy, samples, out_path=out, config=FAST, progress=False)
@@ -464,8 +481,16 @@ def test_cli_reports_pass_rate_classes_missing_tasks_and_isolation(
 
 def test_summary_counts_missing_tasks_and_lists_the_first_few() -> None:
     problems = {f"P/{i}": {} for i in range(3 + ex.MAX_LISTED_TASKS + 7)}  # file order, not sorted order
-    results = [{"task_id": f"P/{i}", "passed": i == 0, "result": "passed" if i == 0 else "timed out",
-                "kind": "passed" if i == 0 else "timeout", "isolation": "rlimits"} for i in range(3)]
+    results = [
+        {
+            "task_id": f"P/{i}",
+            "passed": i == 0,
+            "result": "passed" if i == 0 else "timed out",
+            "kind": "passed" if i == 0 else "timeout",
+            "isolation": "rlimits",
+        }
+        for i in range(3)
+    ]
     s = ex.summarize(results, problems)
     assert s["missing_tasks_count"] == ex.MAX_LISTED_TASKS + 7
     assert s["missing_tasks_first"] == [f"P/{i}" for i in range(3, 3 + ex.MAX_LISTED_TASKS)]
@@ -482,8 +507,12 @@ def test_cli_sandbox_failure_and_ctrl_c(
     out = tmp_path / "r.jsonl"
     for exc, status, line in (
         (ex.SandboxError("no sandbox here"), 3, "ida_eval.execute: error: sandbox: no sandbox here"),
-        (KeyboardInterrupt(), 130, f"ida_eval.execute: interrupted; finished results are kept in {out}: "
-         "rerun the same command (same --out) to resume"),
+        (
+            KeyboardInterrupt(),
+            130,
+            f"ida_eval.execute: interrupted; finished results are kept in {out}: "
+            "rerun the same command (same --out) to resume",
+        ),
     ):
 
         def fail(level: str, exc: BaseException = exc) -> None:
@@ -508,15 +537,28 @@ def test_cli_input_errors_name_the_line(toy_file: Path, tmp_path: Path, capsys: 
     assert ex.main(["--problems", str(toy_file), "--samples", str(samples), "--out", str(tmp_path / "r.jsonl")]) == 2
     assert "s.jsonl:2: not valid JSON" in capsys.readouterr().err
     assert ex.main(["--problems", str(toy_file), "--out", str(tmp_path / "r.jsonl")]) == 2  # neither option
-    assert capsys.readouterr().err == ("ida_eval.execute: error: give exactly one of --samples or --canonical "
-                                       "(see python -m ida_eval.execute --help)\n")
+    assert capsys.readouterr().err == (
+        "ida_eval.execute: error: give exactly one of --samples or --canonical "
+        "(see python -m ida_eval.execute --help)\n"
+    )
 
 
-@pytest.mark.parametrize("flag", [["--timeout", "inf"], ["--timeout", "1e300"], ["--timeout", "0"], ["--timeout", "nan"],
-                                  ["--timeout", "-1"], ["--run-timeout", "all=inf"], ["--compile-timeout", "java=1e300"],
-                                  ["--run-timeout", "java=ten"]])
-def test_cli_refuses_unusable_time_limits_before_any_work(flag: list[str], tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["--timeout", "inf"],
+        ["--timeout", "1e300"],
+        ["--timeout", "0"],
+        ["--timeout", "nan"],
+        ["--timeout", "-1"],
+        ["--run-timeout", "all=inf"],
+        ["--compile-timeout", "java=1e300"],
+        ["--run-timeout", "java=ten"],
+    ],
+)
+def test_cli_refuses_unusable_time_limits_before_any_work(
+    flag: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Issue 23 item 4: inf / huge / non-positive limits are one line at parse time, rc 2 (were rc 70 / rc 3)."""
     out = tmp_path / "r.jsonl"
     assert ex.main(["--canonical", "--problems", str(tmp_path / "absent.jsonl"), "--out", str(out), *flag]) == 2
@@ -529,8 +571,9 @@ def test_largest_time_limit_is_one_the_sandbox_can_run() -> None:
     """The bound check_seconds accepts (a week) is expressible: config and sandbox limits take it."""
     from ida_eval.sandbox_types import MAX_TIMEOUT_S, SandboxLimits, check_seconds
 
-    cfg = ex.ExecutionConfig(timeout=MAX_TIMEOUT_S, run_timeouts=(("all", MAX_TIMEOUT_S),),
-                          compile_timeouts=(("java", MAX_TIMEOUT_S),))
+    cfg = ex.ExecutionConfig(
+        timeout=MAX_TIMEOUT_S, run_timeouts=(("all", MAX_TIMEOUT_S),), compile_timeouts=(("java", MAX_TIMEOUT_S),)
+    )
     assert cfg.limits().timeout == MAX_TIMEOUT_S == check_seconds(MAX_TIMEOUT_S, "t")
     for bad in (float("inf"), MAX_TIMEOUT_S * 2, 0, True, "30"):
         with pytest.raises(ValueError, match="seconds"):
@@ -561,11 +604,26 @@ def test_a_lone_surrogate_completion_gets_a_verdict_and_the_run_goes_on(
     """Issue 23 item 3: '\\udcff' in a completion (valid JSON) killed the results writer, on every resume."""
     samples = tmp_path / "s.jsonl"
     bad = "\treturn a + b  # \udcff\n"
-    samples.write_text(json.dumps({"task_id": "T/0", "completion": bad}) + "\n"
-                       + json.dumps({"task_id": "T/1", "completion": "    return 2 * x\n"}) + "\n")
+    samples.write_text(
+        json.dumps({"task_id": "T/0", "completion": bad})
+        + "\n"
+        + json.dumps({"task_id": "T/1", "completion": "    return 2 * x\n"})
+        + "\n"
+    )
     out = tmp_path / "r.jsonl"
-    argv = ["--problems", str(toy_file), "--samples", str(samples), "--out", str(out), "--workers", "1",
-            "--timeout", "10", "--no-progress"]
+    argv = [
+        "--problems",
+        str(toy_file),
+        "--samples",
+        str(samples),
+        "--out",
+        str(out),
+        "--workers",
+        "1",
+        "--timeout",
+        "10",
+        "--no-progress",
+    ]
     assert ex.main(argv) == 0, capsys.readouterr().err
     records = {r["task_id"]: r for r in map(json.loads, out.read_bytes().decode("utf-8").splitlines())}
     assert set(records) == {"T/0", "T/1"} and records["T/1"]["passed"]

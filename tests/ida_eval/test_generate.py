@@ -50,8 +50,11 @@ def test_truncation_properties(text):
 
 
 def test_canonical_solutions_survive_truncation(mbxp_problems_file):
-    changed = [p["task_id"] for p in read_problems(mbxp_problems_file)
-               if truncate_completion(p["prompt"], p["canonical_solution"]) != p["canonical_solution"]]
+    changed = [
+        p["task_id"]
+        for p in read_problems(mbxp_problems_file)
+        if truncate_completion(p["prompt"], p["canonical_solution"]) != p["canonical_solution"]
+    ]
     # the two canonical solutions that do not compile at all (both among the 15 known-broken tasks)
     assert changed == ["MBPP/64", "MBPP/966"]
 
@@ -85,7 +88,7 @@ def test_batched_equals_unbatched_and_greedy(arch, tok):
     assert model.generation_config.do_sample is True and tok.pad_token is None and tok.padding_side == "right"
     first = SMALL_PROBLEMS[0]
     want = _manual_greedy(model, tok, first["prompt"], 12)
-    text = tok.decode(tok(first["prompt"])["input_ids"] + want, skip_special_tokens=True)[len(first["prompt"]):]
+    text = tok.decode(tok(first["prompt"])["input_ids"] + want, skip_special_tokens=True)[len(first["prompt"]) :]
     assert batched[0].raw == text
     assert batched[0].n_tokens == len(want)
 
@@ -97,8 +100,9 @@ def test_stop_string_ends_a_row(tok):
     # stop on a 2-character piece of what the model generates anyway: generation stops there
     g = next(g for g in free if len(g.raw) > 6)
     stop = g.raw[3:5]
-    stopped = generate_completions(model, tok, {g.task_id: prompts[g.task_id]}, DecodingConfig(1, 16, (stop,)),
-                                   progress=False)[0]
+    stopped = generate_completions(
+        model, tok, {g.task_id: prompts[g.task_id]}, DecodingConfig(1, 16, (stop,)), progress=False
+    )[0]
     assert stopped.stop_reason == "stop_string"
     assert stop in stopped.raw and stopped.n_tokens < g.n_tokens
     assert stop not in stopped.completion and g.raw.startswith(stopped.raw[: stopped.raw.index(stop)])

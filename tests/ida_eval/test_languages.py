@@ -57,7 +57,7 @@ TOYS: dict[str, dict[str, Any]] = {
         "prompt": "import java.io.*;\nimport java.lang.*;\nimport java.util.*;\nimport java.math.*;\n\n\nclass Add {\n"
         "    public static int add(int a, int b) {\n",
         "test": "\n\nclass Main {\n    public static void main(String[] args) throws Exception {\n        int x0 = Add.add(1, 2);\n"
-        "        if (x0 != 3) {\n            throw new java.lang.Exception(\"Exception -- test case 0 did not pass. x0 = \" + x0);\n"
+        '        if (x0 != 3) {\n            throw new java.lang.Exception("Exception -- test case 0 did not pass. x0 = " + x0);\n'
         "        }\n\n\n}\n}\n",
         "right": "        return a + b;\n    }\n}",
         "wrong": "        return a - b;\n    }\n}",
@@ -66,7 +66,8 @@ TOYS: dict[str, dict[str, Any]] = {
         "closes_early": "        return a + b;\n    }\n}\n}\n}",
     },
     "go": {
-        "prompt": 'package main\n\nimport (\n\t"encoding/json"\n\t"os"\n\t"reflect"\n)\n\nvar _ = os.Args\n\nfunc add(a int, b int) int {\n',
+        "prompt": 'package main\n\nimport (\n\t"encoding/json"\n\t"os"\n\t"reflect"\n)\n\n'
+        "var _ = os.Args\n\nfunc add(a int, b int) int {\n",
         "test": "\n\nfunc deepCompare(a interface{}, b interface{}, msg string) bool {\n\taJSON, _ := json.Marshal(a)\n"
         "\tbJSON, _ := json.Marshal(b)\n\tvar aVal, bVal interface{}\n\tjson.Unmarshal(aJSON, &aVal)\n\tjson.Unmarshal(bJSON, &bVal)\n"
         "\tif !reflect.DeepEqual(aVal, bVal) {\n\t\tpanic(msg)\n\t}\n\treturn true\n}\n\nfunc main() {\n"
@@ -90,7 +91,8 @@ TOYS: dict[str, dict[str, Any]] = {
         "prompt": "using System;\nusing System.Collections.Generic;\nusing System.Linq;\nusing System.Text.RegularExpressions;\n"
         "using KellermanSoftware.CompareNetObjects;\n\nnamespace Solution\n{\n    public class Program\n    {\n"
         "        public static List<int> Add (int a, int b) \n        {\n",
-        "test": "\n\n        public static void Main(string[] args)\n        {\n            CompareLogic compareLogic = new CompareLogic();\n"
+        "test": "\n\n        public static void Main(string[] args)\n        {\n"
+        "            CompareLogic compareLogic = new CompareLogic();\n"
         "            var actual1 = Add(1, 2);\n            var expected1 = new List<int> {3};\n"
         "            var result1 = compareLogic.Compare(actual1, expected1);\n"
         '            if (!result1.AreEqual) {throw new Exception("Exception --- test case 0 failed to pass");}\n\n'
@@ -161,7 +163,8 @@ FORGES: dict[str, dict[str, str]] = {
     "java": {
         "call": "        try { System.out.write(System.in.readAllBytes()); } catch (Exception e) {}\n"
         "        System.out.flush();\n        System.exit(0);\n        return 0;\n    }\n}",
-        "load": "        return a - b;\n    }\n    static {\n        try { System.out.write(System.in.readAllBytes()); } catch (Exception e) {}\n"
+        "load": "        return a - b;\n    }\n    static {\n"
+        "        try { System.out.write(System.in.readAllBytes()); } catch (Exception e) {}\n"
         "        System.out.flush();\n        System.exit(0);\n    }\n}",
     },
     "go": {
@@ -218,7 +221,13 @@ PARAMS = [pytest.param(lang, marks=pytest.mark.slow) if lang in SLOW_LANGUAGES e
 def toy_problem(lang: str, tid: str = "0") -> dict[str, Any]:
     toy = TOYS[lang]
     prefix = LANGUAGES[lang].prefixes[0]
-    return {"task_id": f"{prefix}/{tid}", "language": lang, "prompt": toy["prompt"], "test": toy["test"], "entry_point": "add"}
+    return {
+        "task_id": f"{prefix}/{tid}",
+        "language": lang,
+        "prompt": toy["prompt"],
+        "test": toy["test"],
+        "entry_point": "add",
+    }
 
 
 def run_toy(lang: str, completions: dict[str, str], config: ex.ExecutionConfig = FAST) -> dict[str, dict[str, Any]]:
@@ -285,8 +294,8 @@ def test_csharp_compare_net_objects_stand_in() -> None:
         ('new Dictionary<string, int> {{"a", 1}, {"b", 2}}', 'new Dictionary<string, int> {{"a", 1}, {"b", 2}}', True),
         ('new Dictionary<string, int> {{"a", 1}, {"b", 2}}', 'new Dictionary<string, int> {{"a", 1}, {"b", 3}}', False),
         ('new Dictionary<string, int> {{"a", 1}, {"b", 2}}', 'new Dictionary<string, int> {{"b", 2}, {"a", 1}}', True),
-        ("new Tuple<int, string>(1, \"x\")", "new Tuple<int, string>(1, \"x\")", True),
-        ("new Tuple<int, string>(1, \"x\")", "new Tuple<int, string>(1, \"y\")", False),
+        ('new Tuple<int, string>(1, "x")', 'new Tuple<int, string>(1, "x")', True),
+        ('new Tuple<int, string>(1, "x")', 'new Tuple<int, string>(1, "y")', False),
         ("new List<List<int>> {new List<int> {1}}", "new List<List<int>> {new List<int> {1}}", True),
         ("0.1 + 0.2", "0.3", False),
         ("double.NaN", "double.NaN", True),
@@ -302,7 +311,9 @@ def test_csharp_compare_net_objects_stand_in() -> None:
     toy = dict(TOYS["csharp"])
     test = toy["test"].replace("            var actual1", body + "            var actual1")
     p = toy_problem("csharp") | {"test": test}
-    res = ex.execute_samples({p["task_id"]: p}, [{"task_id": p["task_id"], "completion": toy["right"]}], config=FAST, progress=False)
+    res = ex.execute_samples(
+        {p["task_id"]: p}, [{"task_id": p["task_id"], "completion": toy["right"]}], config=FAST, progress=False
+    )
     assert res[0]["passed"], res[0]["result"] + "\n" + res[0]["stderr_tail"]
 
 
@@ -339,12 +350,19 @@ def test_toolchain_missing_is_reported_apart() -> None:
     if not missing_tools(LANGUAGES["swift"]):
         pytest.skip("swift is installed here: no language without a toolchain to test with")
     need("javascript")
-    sw = {"task_id": "MBSWP/1", "language": "swift", "prompt": "func add(a: Int, b: Int) -> Int {\n",
-          "test": "\nassert(add(a: 1, b: 2) == 3)\n", "entry_point": "add"}
+    sw = {
+        "task_id": "MBSWP/1",
+        "language": "swift",
+        "prompt": "func add(a: Int, b: Int) -> Int {\n",
+        "test": "\nassert(add(a: 1, b: 2) == 3)\n",
+        "entry_point": "add",
+    }
     js = toy_problem("javascript")
     problems = {sw["task_id"]: sw, js["task_id"]: js}
-    samples = [{"task_id": sw["task_id"], "completion": "    return a + b\n}"},
-               {"task_id": js["task_id"], "completion": TOYS["javascript"]["right"]}]
+    samples = [
+        {"task_id": sw["task_id"], "completion": "    return a + b\n}"},
+        {"task_id": js["task_id"], "completion": TOYS["javascript"]["right"]},
+    ]
     res = ex.execute_samples(problems, samples, config=FAST, progress=False)
     assert res[0]["result"] == "toolchain missing: swift not found (swift)" and not res[0]["passed"]
     summary = ex.summarize(res, problems)
@@ -376,12 +394,23 @@ def test_toolchains_cli_voice(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Ca
     assert capsys.readouterr().err.startswith("ida_eval.toolchains: error: --all and --yes go with --install")
     if os.geteuid() != 0:
         pytest.skip("the non-root case needs root to drop to another user")
-    res = subprocess.run([sys.executable, "-m", "ida_eval.toolchains", "--install", "--all", "--yes", "--language", "perl"],
-                         capture_output=True, text=True, check=False, user=65534, group=65534, extra_groups=[],
-                         cwd="/", env={"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "PATH": "/usr/bin:/bin"})
+    res = subprocess.run(
+        [sys.executable, "-m", "ida_eval.toolchains", "--install", "--all", "--yes", "--language", "perl"],
+        capture_output=True,
+        text=True,
+        check=False,
+        user=65534,
+        group=65534,
+        extra_groups=[],
+        cwd="/",
+        env={"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "PATH": "/usr/bin:/bin"},
+    )
     assert res.returncode == 2, res.stderr
-    assert res.stderr.splitlines()[-1].startswith("ida_eval.toolchains: error: --install --yes runs apt-get, which needs root")
+    assert res.stderr.splitlines()[-1].startswith(
+        "ida_eval.toolchains: error: --install --yes runs apt-get, which needs root"
+    )
     assert "Traceback" not in res.stderr
+
 
 def test_language_comes_from_the_record_else_the_task_prefix() -> None:
     assert language_of({"task_id": "MBJP/3"}) == "java"
@@ -445,10 +474,26 @@ def test_cli_runs_another_language(tmp_path: Path) -> None:
     (tmp_path / "p.jsonl").write_text(json.dumps(p) + "\n")
     (tmp_path / "s.jsonl").write_text(json.dumps({"task_id": p["task_id"], "completion": TOYS["ruby"]["right"]}) + "\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "ida_eval.execute", "--problems", str(tmp_path / "p.jsonl"), "--samples",
-         str(tmp_path / "s.jsonl"), "--out", str(tmp_path / "r.jsonl"), "--no-progress", "--run-timeout", "ruby=20",
-         "--summary", str(tmp_path / "sum.json")],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        [
+            sys.executable,
+            "-m",
+            "ida_eval.execute",
+            "--problems",
+            str(tmp_path / "p.jsonl"),
+            "--samples",
+            str(tmp_path / "s.jsonl"),
+            "--out",
+            str(tmp_path / "r.jsonl"),
+            "--no-progress",
+            "--run-timeout",
+            "ruby=20",
+            "--summary",
+            str(tmp_path / "sum.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
     )
     assert proc.returncode == 0, proc.stderr
     assert "pass@1 = 1.0000" in proc.stdout
@@ -456,9 +501,21 @@ def test_cli_runs_another_language(tmp_path: Path) -> None:
         "ruby": {"pass@1": 1.0, "samples": 1, "passed": 1, "toolchain_missing": 0}
     }
     bad = subprocess.run(
-        [sys.executable, "-m", "ida_eval.execute", "--problems", str(tmp_path / "p.jsonl"), "--canonical",
-         "--out", str(tmp_path / "r2.jsonl"), "--run-timeout", "ruby"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "ida_eval.execute",
+            "--problems",
+            str(tmp_path / "p.jsonl"),
+            "--canonical",
+            "--out",
+            str(tmp_path / "r2.jsonl"),
+            "--run-timeout",
+            "ruby",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert bad.returncode == 2 and "--run-timeout wants LANG=SECONDS" in bad.stderr
 
@@ -473,33 +530,71 @@ def _marker() -> str:
 HOSTILE: dict[str, dict[str, tuple[str, str]]] = {
     # case -> (prompt additions before the function, function body returning a + b only if the attack worked)
     "javascript": {
-        "write": ("", '    try { require("fs").writeFileSync("{outside}", "x"); } catch (e) { return -1; }\n    return a + b;\n}'),
-        "network": ("", '    try { require("child_process").execFileSync("bash", ["-c", "exec 3<>/dev/tcp/127.0.0.1/{port}"]); }'
-                    " catch (e) { return -1; }\n    return a + b;\n}"),
-        "forkbomb": ("", '    for (;;) { try { require("child_process").spawn("sleep", ["300", "{marker}"]); } catch (e) {} }\n}'),
-        "daemon": ("", '    require("child_process").spawn("sleep", ["300", "{marker}"], {detached: true, stdio: "ignore"}).unref();\n'
-                   "    return a + b;\n}"),
+        "write": (
+            "",
+            '    try { require("fs").writeFileSync("{outside}", "x"); } catch (e) { return -1; }\n    return a + b;\n}',
+        ),
+        "network": (
+            "",
+            '    try { require("child_process").execFileSync("bash", ["-c", "exec 3<>/dev/tcp/127.0.0.1/{port}"]); }'
+            " catch (e) { return -1; }\n    return a + b;\n}",
+        ),
+        "forkbomb": (
+            "",
+            '    for (;;) { try { require("child_process").spawn("sleep", ["300", "{marker}"]); } catch (e) {} }\n}',
+        ),
+        "daemon": (
+            "",
+            '    require("child_process").spawn("sleep", ["300", "{marker}"], {detached: true, stdio: "ignore"}).unref();\n'
+            "    return a + b;\n}",
+        ),
         "flood": ("", '    for (;;) { require("fs").writeSync(1, "x".repeat(65536)); }\n}'),
     },
     "java": {
-        "write": ("", '        try { new java.io.FileWriter("{outside}").close(); } catch (Exception e) { return -1; }\n'
-                  "        return a + b;\n    }\n}"),
-        "network": ("", '        try { new java.net.Socket("127.0.0.1", {port}).close(); } catch (Exception e) { return -1; }\n'
-                    "        return a + b;\n    }\n}"),
-        "forkbomb": ("", '        for (;;) { try { new ProcessBuilder("sleep", "300", "{marker}").start(); } catch (Exception e) {} }\n    }\n}'),
-        "daemon": ("", '        try { new ProcessBuilder("setsid", "sleep", "300", "{marker}").start(); } catch (Exception e) { return -1; }\n'
-                   "        return a + b;\n    }\n}"),
-        "flood": ("", '        for (;;) { System.out.print("xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"); }\n    }\n}'),
+        "write": (
+            "",
+            '        try { new java.io.FileWriter("{outside}").close(); } catch (Exception e) { return -1; }\n'
+            "        return a + b;\n    }\n}",
+        ),
+        "network": (
+            "",
+            '        try { new java.net.Socket("127.0.0.1", {port}).close(); } catch (Exception e) { return -1; }\n'
+            "        return a + b;\n    }\n}",
+        ),
+        "forkbomb": (
+            "",
+            '        for (;;) { try { new ProcessBuilder("sleep", "300", "{marker}").start(); } catch (Exception e) {} }\n    }\n}',
+        ),
+        "daemon": (
+            "",
+            '        try { new ProcessBuilder("setsid", "sleep", "300", "{marker}").start(); } catch (Exception e) { return -1; }\n'
+            "        return a + b;\n    }\n}",
+        ),
+        "flood": (
+            "",
+            '        for (;;) { System.out.print("xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"); }\n    }\n}',
+        ),
     },
     "go": {
-        "write": ("", '\tif os.WriteFile("{outside}", []byte("x"), 0o644) != nil {\n\t\treturn -1\n\t}\n\treturn a + b\n}'),
-        "network": ('import "net"\n', '\tc, err := net.Dial("tcp", "127.0.0.1:{port}")\n\tif err != nil {\n\t\treturn -1\n\t}\n'
-                    "\tc.Close()\n\treturn a + b\n}"),
+        "write": (
+            "",
+            '\tif os.WriteFile("{outside}", []byte("x"), 0o644) != nil {\n\t\treturn -1\n\t}\n\treturn a + b\n}',
+        ),
+        "network": (
+            'import "net"\n',
+            '\tc, err := net.Dial("tcp", "127.0.0.1:{port}")\n\tif err != nil {\n\t\treturn -1\n\t}\n'
+            "\tc.Close()\n\treturn a + b\n}",
+        ),
         "forkbomb": ('import "os/exec"\n', '\tfor {\n\t\texec.Command("sleep", "300", "{marker}").Start()\n\t}\n}'),
-        "daemon": ('import (\n\t"os/exec"\n\t"syscall"\n)\n',
-                   '\tc := exec.Command("sleep", "300", "{marker}")\n\tc.SysProcAttr = &syscall.SysProcAttr{Setsid: true}\n'
-                   "\tif c.Start() != nil {\n\t\treturn -1\n\t}\n\treturn a + b\n}"),
-        "flood": ('import "fmt"\n', '\tfor {\n\t\tfmt.Print("xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx")\n\t}\n}'),
+        "daemon": (
+            'import (\n\t"os/exec"\n\t"syscall"\n)\n',
+            '\tc := exec.Command("sleep", "300", "{marker}")\n\tc.SysProcAttr = &syscall.SysProcAttr{Setsid: true}\n'
+            "\tif c.Start() != nil {\n\t\treturn -1\n\t}\n\treturn a + b\n}",
+        ),
+        "flood": (
+            'import "fmt"\n',
+            '\tfor {\n\t\tfmt.Print("xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx")\n\t}\n}',
+        ),
     },
 }
 
@@ -623,8 +718,12 @@ def test_docs_anchor_table_matches_the_recorded_anchors() -> None:
     for lang, modes in ANCHORS.items():
         for mode, a in modes.items():
             ref = a.get("reference")
-            want[lang, mode] = [str(a["n"]), str(a["passed"]), str(ref["passed"]) if ref else "not run",
-                                str(len(ref["differ"])) if ref else "-"]
+            want[lang, mode] = [
+                str(a["n"]),
+                str(a["passed"]),
+                str(ref["passed"]) if ref else "not run",
+                str(len(ref["differ"])) if ref else "-",
+            ]
     assert rows == want
 
 
@@ -647,15 +746,21 @@ def test_anchor_verdicts(lang: str, mode: str) -> None:
     assert len(samples) == anchor["n"]
     if not FULL:
         passing = [s for s in samples if s["task_id"] not in anchor["failed"]][:SUBSET_PASSING]
-        failing = [s for s in samples if s["task_id"] in anchor["failed"]
-                   and anchor["failed"][s["task_id"]] not in ("timeout", "compile_timeout")][:SUBSET_FAILING]
+        failing = [
+            s
+            for s in samples
+            if s["task_id"] in anchor["failed"] and anchor["failed"][s["task_id"]] not in ("timeout", "compile_timeout")
+        ][:SUBSET_FAILING]
         samples = passing + failing
     cfg = ex.ExecutionConfig(workers=2)
     res = ex.execute_samples(problems, samples, config=cfg, progress=False)
     got = {r["task_id"]: ex.result_class(r) for r in res if not r["passed"]}
     want = {s["task_id"]: anchor["failed"][s["task_id"]] for s in samples if s["task_id"] in anchor["failed"]}
     timing = ("timeout", "compile_timeout")  # load-dependent: only pass/fail is compared for those
-    assert set(got) == set(want), f"{lang} {mode}: failing tasks differ: now {sorted(set(got) - set(want))}, " \
+    assert set(got) == set(want), (
+        f"{lang} {mode}: failing tasks differ: now {sorted(set(got) - set(want))}, "
         f"no longer {sorted(set(want) - set(got))}"
-    assert {t: c for t, c in got.items() if c not in timing and want[t] not in timing} == \
-        {t: c for t, c in want.items() if c not in timing and got[t] not in timing}
+    )
+    assert {t: c for t, c in got.items() if c not in timing and want[t] not in timing} == {
+        t: c for t, c in want.items() if c not in timing and got[t] not in timing
+    }

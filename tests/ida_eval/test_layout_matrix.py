@@ -33,9 +33,18 @@ def _model(arch: str, vocab: int):
 
     torch.manual_seed(0)
     cfg = AutoConfig.for_model(
-        "gemma", vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-        bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        "gemma",
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
     )
     model = AutoModelForCausalLM.from_config(cfg)
     with torch.no_grad():
@@ -60,8 +69,13 @@ def test_every_reader_yields_the_same_model(arch, convention, orientation, tok, 
     ckpt.mkdir()
     model.config.save_pretrained(ckpt)
     tok.save_pretrained(ckpt)
-    save_file(model.state_dict(), ckpt / "model.safetensors", orientation=orientation, norm_convention=convention,
-              model_type=model.config.model_type)
+    save_file(
+        model.state_dict(),
+        ckpt / "model.safetensors",
+        orientation=orientation,
+        norm_convention=convention,
+        model_type=model.config.model_type,
+    )
 
     # 1. the CLI: dequantize to plain BF16, then transformers' own from_pretrained
     assert codec_main(["dequantize", str(ckpt), str(tmp_path / "plain")]) == 0

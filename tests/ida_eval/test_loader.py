@@ -194,7 +194,10 @@ def test_wrong_orientation_is_a_clear_error(tok, tmp_path):
     model = tiny_model("nemotron", len(tok))
     ckpt = save_mxfp8_checkpoint(model, tok, tmp_path / "ok")
     bad = _rewrite(ckpt, tmp_path / "bad", lambda t, m: (t, {**m, "orientation": "out_in"}))
-    with pytest.raises(CheckpointLoadError, match=r"_proj.weight'.*shape \((128, 64|64, 128)\) after loading \(orientation=out_in\) does not match"):
+    with pytest.raises(
+        CheckpointLoadError,
+        match=r"_proj.weight'.*shape \((128, 64|64, 128)\) after loading \(orientation=out_in\) does not match",
+    ):
         load_model(bad)
     # a file whose metadata the codec rejects: the codec's error (a ValueError naming the file) surfaces
     import shutil
@@ -297,7 +300,10 @@ def test_load_adds_little_more_than_the_bf16_model_to_peak_rss(tok, tmp_path):
     del model
     out = subprocess.run(
         [sys.executable, "-c", _PEAK_RSS_CHILD, str(warm), str(ckpt)],
-        capture_output=True, text=True, check=True, timeout=300,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
     )
     rec = json.loads(out.stdout.strip().splitlines()[-1])
     assert rec["bf16"] > 50 << 20

@@ -45,7 +45,9 @@ def test_run_files_resume_and_pinning(setup, tmp_path):
     on_disk = json.loads((out / "summary.json").read_text())
     assert on_disk["per_task"] == s["per_task"]
     samples = read_samples(out / "samples.jsonl")
-    assert sorted(samples) == ids and all({"completion", "raw", "n_tokens", "stop_reason"} <= set(v) for v in samples.values())
+    assert sorted(samples) == ids and all(
+        {"completion", "raw", "n_tokens", "stop_reason"} <= set(v) for v in samples.values()
+    )
     assert len((out / "results.jsonl").read_text().splitlines()) == 3
 
     # crash mid-append: the last sample line is torn; a rerun regenerates exactly that task
@@ -80,8 +82,13 @@ def test_an_old_run_directory_resumes_and_compares_the_same(tmp_path, monkeypatc
     from ida_eval.generate import Generation
 
     problems = {p["task_id"]: p for p in SMALL_PROBLEMS[:5]}
-    texts = {"T/1": "\treturn a + b", "T/2": "  return n +", "T/3": "  return undefined_name",
-             "T/4": "  return s", "T/5": " the" * 12}  # passed, syntax, NameError, assertion, degenerate
+    texts = {
+        "T/1": "\treturn a + b",
+        "T/2": "  return n +",
+        "T/3": "  return undefined_name",
+        "T/4": "  return s",
+        "T/5": " the" * 12,
+    }  # passed, syntax, NameError, assertion, degenerate
 
     def fixed(model, tokenizer, prompts, config, *, progress=True, on_batch=None):
         gens = [Generation(t, texts[t], texts[t], 3, "eos") for t in prompts]
@@ -99,7 +106,8 @@ def test_an_old_run_directory_resumes_and_compares_the_same(tmp_path, monkeypatc
     for name in ("run.json", "samples.jsonl", "summary.json"):
         (old / name).write_bytes((new / name).read_bytes())
     (old / "results.jsonl").write_text(
-        "".join(json.dumps({k: v for k, v in r.items() if k != "kind"}) + "\n" for r in records))
+        "".join(json.dumps({k: v for k, v in r.items() if k != "kind"}) + "\n" for r in records)
+    )
     s_old = evaluate_model(None, None, problems, old, exec_config=EXEC, progress=False)  # nothing to run
     for key in ("pass@1", "counts", "per_task", "ceiling", "executor", "languages", "isolation"):
         assert s_old[key] == s_new[key], key
@@ -162,14 +170,32 @@ def test_cli_ctrl_c_and_sandbox_failure_end_in_one_line_and_resume(setup, tmp_pa
     (tmp_path / "ckpt").mkdir()  # what the CLI checks before work: a config and tokenizer files
     (tmp_path / "ckpt" / "config.json").write_text("{}")
     (tmp_path / "ckpt" / "tokenizer.json").write_text("{}")
-    args = ["--checkpoint", str(tmp_path / "ckpt"), "--problems", str(problems), "--out", str(out),
-            "--limit", "3", "--batch-size", "2", "--max-new-tokens", "10", "--device", "cpu",
-            "--workers", "2", "--no-progress"]
+    args = [
+        "--checkpoint",
+        str(tmp_path / "ckpt"),
+        "--problems",
+        str(problems),
+        "--out",
+        str(out),
+        "--limit",
+        "3",
+        "--batch-size",
+        "2",
+        "--max-new-tokens",
+        "10",
+        "--device",
+        "cpu",
+        "--workers",
+        "2",
+        "--no-progress",
+    ]
     monkeypatch.setattr(mbxp, "generate_completions", ctrl_c_after_first_batch)
     assert main(args) == 130
     err = capsys.readouterr().err  # phase lines (load, generate), then the one interruption line
-    assert err.splitlines()[-1] == (f"ida_eval.mbxp: interrupted; finished samples and results are kept in {out}: "
-                                    "rerun the same command (same --out) to resume")
+    assert err.splitlines()[-1] == (
+        f"ida_eval.mbxp: interrupted; finished samples and results are kept in {out}: "
+        "rerun the same command (same --out) to resume"
+    )
     assert "Traceback" not in err and err.splitlines()[0].startswith("load: ")
     assert len(read_samples(out / "samples.jsonl")) == 2
 
@@ -202,8 +228,19 @@ def test_select_problems(setup):
 
 def test_cli_errors(tmp_path, capsys):
     assert main([]) == 2
-    assert main(["--checkpoint", str(tmp_path / "nope"), "--problems", str(tmp_path / "none.jsonl"),
-                 "--out", str(tmp_path / "o")]) == 2
+    assert (
+        main(
+            [
+                "--checkpoint",
+                str(tmp_path / "nope"),
+                "--problems",
+                str(tmp_path / "none.jsonl"),
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 2
+    )
     assert "error:" in capsys.readouterr().err
     assert main(["--compare", str(tmp_path), str(tmp_path)]) == 2
     assert "no summary.json" in capsys.readouterr().err
@@ -240,8 +277,25 @@ def test_language_all_scores_each_language_and_writes_the_table(setup, tmp_path,
     write_problems(data / "js.jsonl", js)
     (data / "metadata.json").write_text(json.dumps({"python": "py.jsonl", "javascript": "js.jsonl"}))
     out = tmp_path / "run"
-    args = ["--checkpoint", str(ckpt), "--language", "all", "--data-dir", str(data), "--out", str(out),
-            "--batch-size", "2", "--max-new-tokens", "8", "--device", "cpu", "--workers", "2", "--no-progress"]
+    args = [
+        "--checkpoint",
+        str(ckpt),
+        "--language",
+        "all",
+        "--data-dir",
+        str(data),
+        "--out",
+        str(out),
+        "--batch-size",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--device",
+        "cpu",
+        "--workers",
+        "2",
+        "--no-progress",
+    ]
     assert main(args) == 0
     table = json.loads((out / "languages.json").read_text())["languages"]
     assert list(table) == ["python", "javascript"] and all(r["n_tasks"] == 2 for r in table.values())
@@ -249,8 +303,14 @@ def test_language_all_scores_each_language_and_writes_the_table(setup, tmp_path,
         run = json.loads((out / lang / "run.json").read_text())
         assert tuple(run["decoding"]["stop_strings"]) == LANGUAGES[lang].stop_sequences
         summary = json.loads((out / lang / "summary.json").read_text())
-        assert summary["languages"] == {lang: {"pass@1": table[lang]["pass@1"], "samples": 2,
-                                               "passed": table[lang]["passed"], "toolchain_missing": 0}}
+        assert summary["languages"] == {
+            lang: {
+                "pass@1": table[lang]["pass@1"],
+                "samples": 2,
+                "passed": table[lang]["passed"],
+                "toolchain_missing": 0,
+            }
+        }
         if lang == "javascript":  # no Python syntax check on JavaScript prompts
             assert summary["counts"]["syntax_error"] == 0
     printed = capsys.readouterr().out

@@ -57,8 +57,23 @@ def test_memorised_checkpoint_passes_its_problems(tmp_path: Path) -> None:
     # interleave trained and untrained tasks in the problems file
     problems_file = write_problems(tmp_path / "problems.jsonl", [*untrained[:1], *trained, *untrained[1:]])
     out = tmp_path / "run"
-    args = ["--checkpoint", str(ckpt), "--problems", str(problems_file), "--out", str(out), "--batch-size", "3",
-            "--max-new-tokens", "48", "--device", "cpu", "--workers", "2", "--no-progress"]
+    args = [
+        "--checkpoint",
+        str(ckpt),
+        "--problems",
+        str(problems_file),
+        "--out",
+        str(out),
+        "--batch-size",
+        "3",
+        "--max-new-tokens",
+        "48",
+        "--device",
+        "cpu",
+        "--workers",
+        "2",
+        "--no-progress",
+    ]
     proc = _run(*args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "pass@1 = " in proc.stdout

@@ -8,7 +8,6 @@ test's tmp root, and that no cgroup of ours remains.
 from __future__ import annotations
 
 import dataclasses
-
 import errno
 import os
 import secrets
@@ -90,7 +89,6 @@ def run(src: str, root: str, limits: sb.SandboxLimits = FAST, **kw) -> sb.Sandbo
 
 
 # ------------------------------------------------------------------ the basic contract
-
 
 
 def daemon_program(marker: str) -> str:
@@ -744,7 +742,9 @@ def test_sweep_stale_warns_and_goes_on_when_something_cannot_be_removed(tmp_path
     try:
         r = subprocess.run(
             ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", code],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
     except FileNotFoundError:
         pytest.skip("no unshare(1)")
@@ -761,8 +761,13 @@ def test_a_deep_tree_completion_does_not_stop_the_run(tmp_path: Path) -> None:
     from ida_eval import execute as ex
 
     problem = {
-        "task_id": "T/0", "language": "python", "prompt": "\ndef f():\n", "canonical_solution": "    return 1\n",
-        "test": "\ndef check(c):\n    assert c() == 1\n", "entry_point": "f", "description": "",
+        "task_id": "T/0",
+        "language": "python",
+        "prompt": "\ndef f():\n",
+        "canonical_solution": "    return 1\n",
+        "test": "\ndef check(c):\n    assert c() == 1\n",
+        "entry_point": "f",
+        "description": "",
     }
     problems = {"T/0": problem}
     deep = "    import os\n    for i in range(3000):\n        os.mkdir('d')\n        os.chdir('d')\n    return 1\n"
@@ -863,7 +868,7 @@ def test_nested_user_namespaces_are_denied(mode: isolation.Isolation, clean: str
         pytest.skip("no seccomp filter for this architecture")
     res = run(NESTED_USERNS, clean, isolation=mode)
     assert res.passed, res.stderr_tail
-    out = eval(res.stdout_tail.strip())  # noqa: S307 - our own program's repr
+    out = eval(res.stdout_tail.strip())  # our own program's repr
     assert out[:4] == [(-1, errno.EPERM)] * 4  # no namespace at all, even for a program that runs as root
     assert out[4] != 0  # unshare(1) fails too
     assert out[5:] == [0, 3]
@@ -929,7 +934,7 @@ def test_host_tmp_is_never_visible_whatever_tmpdir_says(host_dir: Path, iso: iso
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip().endswith("True"), r.stdout  # the program passed
-        seen_marker, seen_other, listing, tmpdir_is_cwd = eval(r.stdout.strip().rsplit(" ", 1)[0])  # noqa: S307
+        seen_marker, seen_other, listing, tmpdir_is_cwd = eval(r.stdout.strip().rsplit(" ", 1)[0])
         assert not seen_marker and not seen_other and tmpdir_is_cwd
         assert not any(name.startswith("ida-marker-") for name in listing)
     finally:
@@ -938,13 +943,20 @@ def test_host_tmp_is_never_visible_whatever_tmpdir_says(host_dir: Path, iso: iso
 
 
 JAVA_MAIN = (
-    'public class Main { public static void main(String[] a) throws Exception {'
+    "public class Main { public static void main(String[] a) throws Exception {"
     ' System.out.println("hi " + java.io.File.createTempFile("ida", ".t").getParent()); } }'
 )
 TOOLCHAINS = {
     "java": (["javac", "Main.java"], ["java", "-Xmx256m", "-cp", ".", "Main"]),
-    "node": (None, ["node", "-e", "const os=require('os'); require('fs').writeFileSync(os.tmpdir()+'/a', 'x'); "
-                    "console.log('hi', require('crypto').randomBytes(2).length)"]),
+    "node": (
+        None,
+        [
+            "node",
+            "-e",
+            "const os=require('os'); require('fs').writeFileSync(os.tmpdir()+'/a', 'x'); "
+            "console.log('hi', require('crypto').randomBytes(2).length)",
+        ],
+    ),
 }
 
 
@@ -1076,7 +1088,7 @@ def test_a_non_root_runner_gets_the_same_sandbox_through_a_user_namespace() -> N
     if r.returncode != 0 and "no sandbox isolation level" in r.stderr:
         pytest.skip(f"no isolation for an unprivileged user here: {r.stderr[-300:]}")
     assert r.returncode == 0, r.stderr[-2000:]
-    out = eval(r.stdout.strip().splitlines()[-1])  # noqa: S307 - our own program's repr
+    out = eval(r.stdout.strip().splitlines()[-1])  # our own program's repr
     if out[1] != "namespaces":
         pytest.skip(f"user namespaces unavailable to an unprivileged user here ({out[1]})")
     assert out[:4] == [65534, "namespaces", "capdrop", True]
@@ -1112,7 +1124,9 @@ def test_bootstrap_imports_stay_cheap_for_an_interpreted_job(monkeypatch):
     monkeypatch.setattr(sb, "_interpreter_args", lambda limits: [*plain(limits), "-X", "importtime"])
     res = sb.run_program(job, isolation=isolation.probe_isolation())
     assert res.passed, res
-    imported = {line.rpartition("|")[2].strip() for line in res.stderr_tail.splitlines() if line.startswith("import time:")}
+    imported = {
+        line.rpartition("|")[2].strip() for line in res.stderr_tail.splitlines() if line.startswith("import time:")
+    }
     assert "os" in imported  # the report is there
     assert not imported & {"json", "re", "enum", "signal", "subprocess"}, sorted(imported)
 
@@ -1130,9 +1144,13 @@ def sh_job(script: str) -> sb.ProgramJob:
     return sb.ProgramJob(files=(("a.sh", textwrap.dedent(script) + "cat\n"),), run=("/bin/sh", "a.sh"))
 
 
-def test_jobs_share_a_warm_server_per_slot_yet_each_gets_its_own_pids_mounts_and_tmp(clean: str, iso: isolation.Isolation) -> None:
+def test_jobs_share_a_warm_server_per_slot_yet_each_gets_its_own_pids_mounts_and_tmp(
+    clean: str, iso: isolation.Isolation
+) -> None:
     needs_job_server(iso)
-    job = sh_job("echo $$ $(readlink /proc/self/ns/net) $(readlink /proc/self/ns/mnt) $(ls /tmp)\ntouch /tmp/left-over\n")
+    job = sh_job(
+        "echo $$ $(readlink /proc/self/ns/net) $(readlink /proc/self/ns/mnt) $(ls /tmp)\ntouch /tmp/left-over\n"
+    )
     runs = [sb.run_program(job, FAST, tmp_root=clean, slot=slot, isolation=iso) for slot in (0, 0, 1)]
     assert all(r.passed for r in runs), runs
     servers = {slot: s.proc.pid for (pid, slot), s in sb._JobServer._servers.items() if pid == os.getpid()}
@@ -1150,7 +1168,9 @@ def test_jobs_share_a_warm_server_per_slot_yet_each_gets_its_own_pids_mounts_and
 
 
 @pytest.mark.parametrize("served", [True, False], ids=["served", "bootstrap-per-program"])
-def test_a_job_cannot_reach_its_pid_1_which_shares_its_uid(clean: str, iso: isolation.Isolation, served: bool, monkeypatch) -> None:
+def test_a_job_cannot_reach_its_pid_1_which_shares_its_uid(
+    clean: str, iso: isolation.Isolation, served: bool, monkeypatch
+) -> None:
     """A job's PID 1 runs as the program's uid (it spawns the steps itself): signals from inside
     the namespace must not reach it (not even SIGINT, which Python handles), nor ``ptrace`` or
     its ``/proc`` files; the run must still end with PID 1's report."""
@@ -1178,7 +1198,9 @@ def test_a_job_cannot_reach_its_pid_1_which_shares_its_uid(clean: str, iso: isol
     # a signal may be "sent" (same uid) but is dropped: PID 1 lived to report exit 0
 
 
-def test_a_served_run_that_hits_the_memory_limit_says_so_and_the_next_does_not(clean: str, iso: isolation.Isolation) -> None:
+def test_a_served_run_that_hits_the_memory_limit_says_so_and_the_next_does_not(
+    clean: str, iso: isolation.Isolation
+) -> None:
     needs_job_server(iso)
     if cgroup_support().memory_parent is None:
         pytest.skip("no writable memory cgroup here")
@@ -1186,7 +1208,10 @@ def test_a_served_run_that_hits_the_memory_limit_says_so_and_the_next_does_not(c
     if python is None:
         pytest.skip("no python3 on the sandbox's PATH")
     # four children under RLIMIT_AS (512 MiB) each, together over the tree's 512 MiB
-    bomb = sh_job(f"for i in 1 2 3 4; do {python} -c 'import time; b = bytearray(200 << 20); b[::4096] = bytes(len(range(0, 200 << 20, 4096))); time.sleep(1)' & done; wait\n")
+    bomb = sh_job(
+        f"for i in 1 2 3 4; do {python} -c 'import time; b = bytearray(200 << 20); "
+        "b[::4096] = bytes(len(range(0, 200 << 20, 4096))); time.sleep(1)' & done; wait\n"
+    )
     limits = sb.SandboxLimits(timeout=20.0, memory_bytes=512 << 20)
     first = sb.run_program(bomb, limits, tmp_root=clean, isolation=iso)
     assert first.oom_killed, first
@@ -1218,7 +1243,9 @@ sandbox.run_program(job, sandbox.SandboxLimits(timeout=120.0), isolation=isolati
 def test_a_killed_runner_takes_its_served_programs_and_servers_with_it(marker: str, iso: isolation.Isolation) -> None:
     needs_job_server(iso)
     script = f"sleep 300 {marker} &\nwhile :; do :; done\n"
-    runner = subprocess.Popen([sys.executable, "-c", RUNNER_JOB.format(pkg_dir=str(Path(sb.__file__).parent), script=script)])
+    runner = subprocess.Popen(
+        [sys.executable, "-c", RUNNER_JOB.format(pkg_dir=str(Path(sb.__file__).parent), script=script)]
+    )
     try:
         sleeper = f"300\0{marker}"  # the sleep's argv (the runner's, and its forks before they exec, have "300 ")
         deadline = time.monotonic() + 30

@@ -35,10 +35,19 @@ def _trained(tok, recipe="nvfp4"):
 
 
 def _save(root, step, model, opt, tok, keep=2, **kw):
-    return ckpt.save_checkpoint(root, step, tensors=export_state(model), model_config=model.config,
-                                generation_config=model.generation_config, tokenizer=tok,
-                                optimizer_state=opt.state_dict(), trainer_state={"step": step, "rng": ckpt.rng_state()},
-                                metadata={"producer": "test"}, keep=keep, **kw)
+    return ckpt.save_checkpoint(
+        root,
+        step,
+        tensors=export_state(model),
+        model_config=model.config,
+        generation_config=model.generation_config,
+        tokenizer=tok,
+        optimizer_state=opt.state_dict(),
+        trainer_state={"step": step, "rng": ckpt.rng_state()},
+        metadata={"producer": "test"},
+        keep=keep,
+        **kw,
+    )
 
 
 def _as_bytes(v):
@@ -53,8 +62,14 @@ def test_round_trip_is_byte_exact_and_loadable_by_ida_eval(tok, tmp_path):
     model, opt = _trained(tok)
     path = _save(tmp_path / "ck", 2, model, opt, tok)
     assert path.name == "ckpt-000002"
-    for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "optimizer.pt",
-                 "trainer_state.json"):
+    for name in (
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "optimizer.pt",
+        "trainer_state.json",
+    ):
         assert (path / name).is_file(), name
     loaded = ckpt.load_checkpoint(path)
     want = export_state(model)
@@ -84,12 +99,17 @@ def test_round_trip_is_byte_exact_and_loadable_by_ida_eval(tok, tmp_path):
     # config.json names our quantization method; from_pretrained loads the directory directly
     import json
 
-    import mxfp8_codec.hf
     from transformers import AutoModelForCausalLM
 
     qc = json.loads((path / "config.json").read_text())["quantization_config"]
-    assert qc == {"quant_method": "mxfp8_codec", "weights_dtype": "MXFP8_E4M3_UE8M0_K32", "format_version": "1",
-                  "orientation": "in_out", "norm_convention": "zero_centered", "scale_rule": "rceil"}
+    assert qc == {
+        "quant_method": "mxfp8_codec",
+        "weights_dtype": "MXFP8_E4M3_UE8M0_K32",
+        "format_version": "1",
+        "orientation": "in_out",
+        "norm_convention": "zero_centered",
+        "scale_rule": "rceil",
+    }
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     for name, mod in masters.items():
         assert torch.equal(hf.get_submodule(name).decode_weight(), mod.dequantized_weight(torch.float32)), name
@@ -130,11 +150,18 @@ def test_pruning_keeps_only_the_runs_own_checkpoints(tok, tmp_path):
     root = tmp_path / "ck"
 
     def save(step, run_id):
-        return ckpt.save_checkpoint(root, step, tensors=export_state(model), model_config=model.config,
-                                    generation_config=model.generation_config, tokenizer=tok,
-                                    optimizer_state=opt.state_dict(),
-                                    trainer_state={"step": step, "rng": ckpt.rng_state(), "run_id": run_id},
-                                    metadata={"producer": "test"}, keep=2)
+        return ckpt.save_checkpoint(
+            root,
+            step,
+            tensors=export_state(model),
+            model_config=model.config,
+            generation_config=model.generation_config,
+            tokenizer=tok,
+            optimizer_state=opt.state_dict(),
+            trainer_state={"step": step, "rng": ckpt.rng_state(), "run_id": run_id},
+            metadata={"producer": "test"},
+            keep=2,
+        )
 
     for step in (5, 6):
         save(step, "old")
@@ -173,15 +200,15 @@ def test_export_renames_header_only_with_sha256_proof(tok, tmp_path):
 
     model, opt = _trained(tok)
     path = _save(tmp_path / "ck", 2, model, opt, tok)
-    manifest = ckpt.export_checkpoint(path, tmp_path / "export",
-                                      rename=ckpt.parse_prefix_mapping("model.=backbone."))
+    manifest = ckpt.export_checkpoint(path, tmp_path / "export", rename=ckpt.parse_prefix_mapping("model.=backbone."))
     out = tmp_path / "export"
     assert json.loads((out / "export_manifest.json").read_text()) == manifest
     assert (out / "config.json").is_file() and (out / "tokenizer.json").is_file()
     with open_mxfp8(path / "model.safetensors") as src, open_mxfp8(out / "model.safetensors") as dst:
         src_names, dst_names = src.keys(), dst.keys()
-        assert sorted(dst_names) == sorted(n.replace("model.", "backbone.", 1) if n.startswith("model.") else n
-                                           for n in src_names)
+        assert sorted(dst_names) == sorted(
+            n.replace("model.", "backbone.", 1) if n.startswith("model.") else n for n in src_names
+        )
         for entry in manifest["tensors"]:
             old, new = entry["old"], entry["new"]
             if old.endswith(".scale"):

@@ -28,9 +28,28 @@ def test_no_arguments_is_the_demo():
 
 
 def test_friendly_flags_and_dotted_overrides():
-    cfg = parse_args(["--pipeline-stages", "2", "--parallel.microbatches", "4", "--eval-every", "5", "--resume",
-                      "--writeback", "rne", "--out", "runs/x", "--train.steps", "20", "--optim.lr=1e-4",
-                      "--precision.keep_bf16", "model.layers.0.*, model.layers.1.*", "--optim.warmup_steps", "-0"])
+    cfg = parse_args(
+        [
+            "--pipeline-stages",
+            "2",
+            "--parallel.microbatches",
+            "4",
+            "--eval-every",
+            "5",
+            "--resume",
+            "--writeback",
+            "rne",
+            "--out",
+            "runs/x",
+            "--train.steps",
+            "20",
+            "--optim.lr=1e-4",
+            "--precision.keep_bf16",
+            "model.layers.0.*, model.layers.1.*",
+            "--optim.warmup_steps",
+            "-0",
+        ]
+    )
     assert cfg.parallel == ParallelConfig(pipeline_stages=2, microbatches=4)
     assert cfg.eval.every == 5 and cfg.checkpoint.resume and cfg.out == "runs/x"
     assert cfg.precision.writeback == "rne" and cfg.train.steps == 20 and cfg.optim.lr == 1e-4
@@ -45,8 +64,20 @@ def test_recipe_flag_switches_optimizer_defaults_but_not_explicit_ones():
 
 
 def test_toml_round_trip(tmp_path):
-    cfg = parse_args(["--recipe", "bf16", "--train.steps", "7", "--precision.keep_bf16", "a.*",
-                      "--data.packing", "true", "--out", str(tmp_path / "run")])
+    cfg = parse_args(
+        [
+            "--recipe",
+            "bf16",
+            "--train.steps",
+            "7",
+            "--precision.keep_bf16",
+            "a.*",
+            "--data.packing",
+            "true",
+            "--out",
+            str(tmp_path / "run"),
+        ]
+    )
     path = tmp_path / "run.toml"
     path.write_text(to_toml(cfg))
     assert parse_args(["--config", str(path)]) == cfg
@@ -55,26 +86,29 @@ def test_toml_round_trip(tmp_path):
     assert parse_args(["--config", str(path), "--train.steps", "9"]).train.steps == 9
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--train.steps", "0"], "train.steps"),
-    (["--train.steps", "many"], "train.steps"),
-    (["--optim.lr", "-1"], "optim.lr"),
-    (["--optim.betas", "0.9"], "optim.betas"),
-    (["--bogus.key", "1"], "unknown section 'bogus'"),
-    (["--train.stepz", "1"], "unknown setting train.stepz"),
-    (["--recipe", "fp8"], "precision.recipe"),
-    (["--writeback", "nearest"], "precision.writeback"),
-    (["--optim.name", "adamw"], "nvfp4 recipe updates its MXFP8 master with Lion"),
-    (["--pipeline-stages", "2"], "needs at least 2 micro-batches"),
-    (["--pipeline-stages", "2", "--microbatches", "2", "--data-parallel", "fsdp"], "cannot be combined"),
-    (["--train.global_batch_size", "6", "--microbatches", "4"], "multiple of parallel.microbatches"),
-    (["--model.hidden_size", "72", "--model.num_heads", "4"], "multiple of 16"),
-    (["--data.format", "chat"], "--data FILE.jsonl"),
-    (["--preset", "qwen3-4b"], "model.base"),
-    (["--preset", "nope"], "unknown"),
-    (["--steps"], "needs a value"),
-    (["positional"], "unknown argument"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--train.steps", "0"], "train.steps"),
+        (["--train.steps", "many"], "train.steps"),
+        (["--optim.lr", "-1"], "optim.lr"),
+        (["--optim.betas", "0.9"], "optim.betas"),
+        (["--bogus.key", "1"], "unknown section 'bogus'"),
+        (["--train.stepz", "1"], "unknown setting train.stepz"),
+        (["--recipe", "fp8"], "precision.recipe"),
+        (["--writeback", "nearest"], "precision.writeback"),
+        (["--optim.name", "adamw"], "nvfp4 recipe updates its MXFP8 master with Lion"),
+        (["--pipeline-stages", "2"], "needs at least 2 micro-batches"),
+        (["--pipeline-stages", "2", "--microbatches", "2", "--data-parallel", "fsdp"], "cannot be combined"),
+        (["--train.global_batch_size", "6", "--microbatches", "4"], "multiple of parallel.microbatches"),
+        (["--model.hidden_size", "72", "--model.num_heads", "4"], "multiple of 16"),
+        (["--data.format", "chat"], "--data FILE.jsonl"),
+        (["--preset", "qwen3-4b"], "model.base"),
+        (["--preset", "nope"], "unknown"),
+        (["--steps"], "needs a value"),
+        (["positional"], "unknown argument"),
+    ],
+)
 def test_bad_settings_raise_actionable_errors(argv, needle):
     with pytest.raises(ValueError, match=None) as info:
         parse_args(argv)

@@ -32,7 +32,7 @@ def _write(tmp_path, name, records):
 
 
 def _targets(tok, ex):
-    return tok.decode([i for i, s in zip(ex.input_ids, ex.supervised) if s])
+    return tok.decode([i for i, s in zip(ex.input_ids, ex.supervised, strict=True) if s])
 
 
 def test_plain_supervises_everything_and_appends_eos(tok, tmp_path):
@@ -44,8 +44,11 @@ def test_plain_supervises_everything_and_appends_eos(tok, tmp_path):
 
 
 def test_alpaca_template_and_completion_only(tok, tmp_path):
-    p = _write(tmp_path, "a.jsonl", [{"instruction": "Add.", "input": "2 3", "output": "5"},
-                                     {"instruction": "Say hi.", "output": "hi"}])
+    p = _write(
+        tmp_path,
+        "a.jsonl",
+        [{"instruction": "Add.", "input": "2 3", "output": "5"}, {"instruction": "Say hi.", "output": "hi"}],
+    )
     (a, b), _ = load_examples(DataConfig(path=str(p), format="alpaca"), tok, path=p)
     assert tok.decode(a.input_ids) == "### Instruction:\nAdd.\n\n### Input:\n2 3\n\n### Response:\n5<|endoftext|>"
     assert _targets(tok, a) == "5<|endoftext|>"
@@ -53,16 +56,20 @@ def test_alpaca_template_and_completion_only(tok, tmp_path):
 
 
 def test_chat_one_example_per_assistant_turn_with_think_free_history(tok, tmp_path):
-    conv = {"messages": [{"role": "system", "content": "be brief"},
-                         {"role": "user", "content": "2+3?"},
-                         {"role": "assistant", "content": "<think>\nadd them\n</think>\n\n5"},
-                         {"role": "user", "content": "and +4?"},
-                         {"role": "assistant", "content": "<think>5+4</think>\n\n9"}]}
+    conv = {
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "2+3?"},
+            {"role": "assistant", "content": "<think>\nadd them\n</think>\n\n5"},
+            {"role": "user", "content": "and +4?"},
+            {"role": "assistant", "content": "<think>5+4</think>\n\n9"},
+        ]
+    }
     p = _write(tmp_path, "c.jsonl", [conv])
     (first, second), _ = load_examples(DataConfig(path=str(p), format="chat"), tok, path=p)
     assert _targets(tok, first) == "<think>\nadd them\n</think>\n\n5<|im_end|>"
     assert _targets(tok, second) == "<think>5+4</think>\n\n9<|im_end|>"
-    history = tok.decode([i for i, s in zip(second.input_ids, second.supervised) if not s])
+    history = tok.decode([i for i, s in zip(second.input_ids, second.supervised, strict=True) if not s])
     assert "add them" not in history and "<|im_start|>assistant\n5<|im_end|>" in history
     assert history.endswith("<|im_start|>assistant\n")
     assert end_of_turn_marker(tok) == "<|im_end|>"
@@ -74,19 +81,25 @@ def test_strip_think():
     assert strip_think("no think") == "no think"
 
 
-@pytest.mark.parametrize("fmt, line, needle", [
-    ("plain", "{not json", "not valid JSON"),
-    ("plain", json.dumps({"txt": "x"}), '{"text": string}'),
-    ("plain", json.dumps([1, 2]), "expected a JSON object"),
-    ("alpaca", json.dumps({"instruction": "x"}), '"output"'),
-    ("alpaca", json.dumps({"instruction": "x", "output": ""}), "nothing to train on"),
-    ("chat", json.dumps({"messages": [{"role": "user", "content": "hi"}]}), "no assistant message"),
-    ("chat", json.dumps({"messages": [{"role": "robot", "content": "hi"}]}), "role 'robot'"),
-    ("chat", json.dumps({"messages": [{"role": "user"}]}), "content"),
-])
+@pytest.mark.parametrize(
+    "fmt, line, needle",
+    [
+        ("plain", "{not json", "not valid JSON"),
+        ("plain", json.dumps({"txt": "x"}), '{"text": string}'),
+        ("plain", json.dumps([1, 2]), "expected a JSON object"),
+        ("alpaca", json.dumps({"instruction": "x"}), '"output"'),
+        ("alpaca", json.dumps({"instruction": "x", "output": ""}), "nothing to train on"),
+        ("chat", json.dumps({"messages": [{"role": "user", "content": "hi"}]}), "no assistant message"),
+        ("chat", json.dumps({"messages": [{"role": "robot", "content": "hi"}]}), "role 'robot'"),
+        ("chat", json.dumps({"messages": [{"role": "user"}]}), "content"),
+    ],
+)
 def test_bad_lines_name_file_and_line(tok, tmp_path, fmt, line, needle):
-    good = {"plain": {"text": "ok"}, "alpaca": {"instruction": "i", "output": "o"},
-            "chat": {"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}}[fmt]
+    good = {
+        "plain": {"text": "ok"},
+        "alpaca": {"instruction": "i", "output": "o"},
+        "chat": {"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]},
+    }[fmt]
     p = _write(tmp_path, "bad.jsonl", [good, "", line])
     with pytest.raises(DataError) as info:
         load_examples(DataConfig(path=str(p), format=fmt), tok, path=p)
@@ -103,8 +116,11 @@ def test_missing_and_empty_files(tok, tmp_path):
 
 def test_truncation_and_dropping(tok, tmp_path):
     long_prompt = "word " * 80
-    p = _write(tmp_path, "a.jsonl", [{"instruction": long_prompt, "output": "x"},
-                                     {"instruction": "short", "output": "y " * 40}])
+    p = _write(
+        tmp_path,
+        "a.jsonl",
+        [{"instruction": long_prompt, "output": "x"}, {"instruction": "short", "output": "y " * 40}],
+    )
     exs, stats = load_examples(DataConfig(path=str(p), format="alpaca", max_len=40), tok, path=p)
     assert stats.num_dropped == 1 and stats.num_truncated == 2 and len(exs) == 1
     assert len(exs[0].input_ids) == 40 and exs[0].supervised[-1]
@@ -121,24 +137,28 @@ def test_labels_are_preshifted_and_padding_ignored():
 
 def test_packing_has_no_cross_contamination(tok):
     """Logits of documents packed into one row equal the logits of each document alone."""
-    model = build_demo_model(ModelConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2), tok,
-                             seed=0).eval()
+    model = build_demo_model(
+        ModelConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2), tok, seed=0
+    ).eval()
     texts = corpus_texts()[:3]
-    exs = [Example(tuple(tok(t)["input_ids"]), (True,) * len(tok(t)["input_ids"]), f"t{i}") for i, t in enumerate(texts)]
+    exs = [
+        Example(tuple(tok(t)["input_ids"]), (True,) * len(tok(t)["input_ids"]), f"t{i}") for i, t in enumerate(texts)
+    ]
     rows = pack_examples(exs, max_len=10_000)
     assert len(rows) == 1 and len(rows[0]) == 3
     length = sum(len(e.input_ids) for e in exs) + 3
     mb = collate(rows, pad_id=0, length=length, packed=True)
     assert mb["attention_mask"].shape == (1, 1, length, length)
     with torch.no_grad():
-        packed = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
-                       position_ids=mb["position_ids"]).logits[0]
+        packed = model(
+            input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"]
+        ).logits[0]
         t = 0
         for ex in exs:
             alone = model(input_ids=torch.tensor([ex.input_ids])).logits[0]
             n = len(ex.input_ids)
-            torch.testing.assert_close(packed[t:t + n], alone, rtol=1e-4, atol=1e-4)
-            assert mb["position_ids"][0, t:t + n].tolist() == list(range(n))
+            torch.testing.assert_close(packed[t : t + n], alone, rtol=1e-4, atol=1e-4)
+            assert mb["position_ids"][0, t : t + n].tolist() == list(range(n))
             t += n
     # a label never points across a document boundary
     labels = mb["labels"][0]
@@ -146,8 +166,10 @@ def test_packing_has_no_cross_contamination(tok):
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(st.lists(st.tuples(st.integers(1, 50), st.booleans()), min_size=1, max_size=12), min_size=1,
-                max_size=6), st.booleans())
+@given(
+    st.lists(st.lists(st.tuples(st.integers(1, 50), st.booleans()), min_size=1, max_size=12), min_size=1, max_size=6),
+    st.booleans(),
+)
 def test_collate_labels_property(docs, packed):
     exs = [Example(tuple(t for t, _ in d), tuple(s for _, s in d), f"d{i}") for i, d in enumerate(docs)]
     rows = pack_examples(exs, 20) if packed else [(e,) for e in exs]
@@ -175,7 +197,10 @@ def test_batcher_is_deterministic_resumable_and_counts_global_tokens():
     for want in steps[3:]:
         got = c.next_step()
         assert got.sources == want.sources
-        assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(got.microbatches, want.microbatches))
+        assert all(
+            torch.equal(x["input_ids"], y["input_ids"])
+            for x, y in zip(got.microbatches, want.microbatches, strict=True)
+        )
     with pytest.raises(ValueError, match="same data"):
         StepBatcher(rows[:5], global_batch_size=4, microbatches=2, seed=3, pad_id=0).load_state_dict(b.state_dict())
     # data-parallel ranks split the global batch and agree on the token count
@@ -190,8 +215,9 @@ def test_batcher_is_deterministic_resumable_and_counts_global_tokens():
 def test_build_batcher_packs_when_asked(tok, tmp_path):
     p = _write(tmp_path, "p.jsonl", [{"text": t} for t in corpus_texts()[:12]])
     exs, _ = load_examples(DataConfig(path=str(p), max_len=256), tok, path=p)
-    b = build_batcher(DataConfig(path=str(p), max_len=256, packing=True), exs, global_batch_size=2, microbatches=1,
-                      seed=0, pad_id=0)
+    b = build_batcher(
+        DataConfig(path=str(p), max_len=256, packing=True), exs, global_batch_size=2, microbatches=1, seed=0, pad_id=0
+    )
     assert len(b.rows) < len(exs)
     mb = b.next_step().microbatches[0]
     assert mb["attention_mask"].dim() == 4 and mb["input_ids"].shape[1] <= 256
@@ -200,18 +226,29 @@ def test_build_batcher_packs_when_asked(tok, tmp_path):
 # --------------------------------------------------------------------------------------------------
 # Bad bytes and hostile lines: one DataError naming file:line (issue 11 items 7 and 9)
 
-@pytest.mark.parametrize("fmt, raw, needle", [
-    ("plain", b'{"text": "caf\xff"}', "invalid UTF-8 (byte 0xff at byte column 14)"),
-    ("plain", b'{"text": "\\ud800 x"}', 'field "text" holds a lone surrogate (\\ud800 at character 1)'),
-    ("alpaca", b'{"instruction": "i", "output": "ok \\udfff"}', 'field "output" holds a lone surrogate'),
-    ("chat", b'{"messages": [{"role": "user", "content": "\\ud83d"}, {"role": "assistant", "content": "a"}]}',
-     'message 0 "content" holds a lone surrogate'),
-    ("plain", b'{"text": "x", "meta": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
-    ("plain", b'{"text": "unterminated', "not valid JSON (Unterminated string starting at column 10)"),
-], ids=["invalid-utf8", "surrogate-plain", "surrogate-alpaca", "surrogate-chat", "deep-nesting", "unterminated"])
+
+@pytest.mark.parametrize(
+    "fmt, raw, needle",
+    [
+        ("plain", b'{"text": "caf\xff"}', "invalid UTF-8 (byte 0xff at byte column 14)"),
+        ("plain", b'{"text": "\\ud800 x"}', 'field "text" holds a lone surrogate (\\ud800 at character 1)'),
+        ("alpaca", b'{"instruction": "i", "output": "ok \\udfff"}', 'field "output" holds a lone surrogate'),
+        (
+            "chat",
+            b'{"messages": [{"role": "user", "content": "\\ud83d"}, {"role": "assistant", "content": "a"}]}',
+            'message 0 "content" holds a lone surrogate',
+        ),
+        ("plain", b'{"text": "x", "meta": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+        ("plain", b'{"text": "unterminated', "not valid JSON (Unterminated string starting at column 10)"),
+    ],
+    ids=["invalid-utf8", "surrogate-plain", "surrogate-alpaca", "surrogate-chat", "deep-nesting", "unterminated"],
+)
 def test_bad_bytes_name_file_and_line(tok, tmp_path, fmt, raw, needle):
-    good = {"plain": {"text": "ok"}, "alpaca": {"instruction": "i", "output": "o"},
-            "chat": {"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}}[fmt]
+    good = {
+        "plain": {"text": "ok"},
+        "alpaca": {"instruction": "i", "output": "o"},
+        "chat": {"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]},
+    }[fmt]
     p = tmp_path / "bad.jsonl"
     p.write_bytes(json.dumps(good).encode() + b"\n" + raw)  # the bad line last, no newline (a torn tail)
     with pytest.raises(DataError) as info:
@@ -226,8 +263,10 @@ def test_cli_data_errors_are_one_line_with_exit_code_2(tmp_path, capsys):
     failures), invalid UTF-8 in a bare codec message without file or line."""
     from ida_trainer.__main__ import main
 
-    for name, raw in (("nested.jsonl", b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
-                      ("bytes.jsonl", b'{"text": "ok"}\n{"text": "\xc3\x28"}')):
+    for name, raw in (
+        ("nested.jsonl", b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+        ("bytes.jsonl", b'{"text": "ok"}\n{"text": "\xc3\x28"}'),
+    ):
         p = tmp_path / name
         p.write_bytes(raw + b"\n")
         rc = main(["--data", str(p), "--out", str(tmp_path / ("run-" + name)), "--train.progress", "false"])
@@ -237,6 +276,7 @@ def test_cli_data_errors_are_one_line_with_exit_code_2(tmp_path, capsys):
 
 # --------------------------------------------------------------------------------------------------
 # Tokenisation bounded by max_len (issue 11 item 5)
+
 
 def _real_tokenizers():
     """The demo's byte-level BPE plus two other real tokenizer families trained on the same corpus: a
@@ -255,8 +295,9 @@ def _real_tokenizers():
     uni = Tokenizer(models.Unigram())
     uni.normalizer = normalizers.NFKC()
     uni.pre_tokenizer = pre_tokenizers.Metaspace()
-    uni.train_from_iterator(texts, trainers.UnigramTrainer(vocab_size=800, special_tokens=["<unk>"],
-                                                           unk_token="<unk>", show_progress=False))
+    uni.train_from_iterator(
+        texts, trainers.UnigramTrainer(vocab_size=800, special_tokens=["<unk>"], unk_token="<unk>", show_progress=False)
+    )
     out["nfkc-unigram"] = PreTrainedTokenizerFast(tokenizer_object=uni, unk_token="<unk>")
     return out
 
@@ -274,14 +315,24 @@ def _tokenizers():
 def _hard_text():
     """Code, prose with combining marks and wide characters, and long runs (one huge 'word')."""
     parts = list(corpus_texts()[:20])
-    parts += ["e\u0301t\u00e9 \ufb01 \u2460 \uff21 ", "\u4e2d\u6587 \U0001f600 " * 20, "a" * 3000, " " * 700,
-              "\t\t\n" * 300, "x=1;" * 500, "==" * 900]
+    parts += [
+        "e\u0301t\u00e9 \ufb01 \u2460 \uff21 ",
+        "\u4e2d\u6587 \U0001f600 " * 20,
+        "a" * 3000,
+        " " * 700,
+        "\t\t\n" * 300,
+        "x=1;" * 500,
+        "==" * 900,
+    ]
     return "".join(parts * 2)
 
 
 @settings(max_examples=40, deadline=None)
-@given(name=st.sampled_from(["demo-bytelevel-bpe", "metaspace-bpe-nosplit", "nfkc-unigram"]),
-       start=st.integers(0, 60_000), limit=st.integers(1, 400))
+@given(
+    name=st.sampled_from(["demo-bytelevel-bpe", "metaspace-bpe-nosplit", "nfkc-unigram"]),
+    start=st.integers(0, 60_000),
+    limit=st.integers(1, 400),
+)
 def test_bounded_tokenisation_equals_full_tokenisation(name, start, limit):
     from ida_trainer.data import encode_prefix
 
@@ -305,11 +356,20 @@ def test_bounded_examples_equal_the_unbounded_path(tok, tmp_path, fmt, max_len):
         if fmt == "plain":
             recs.append({"text": body})
         elif fmt == "alpaca":
-            recs.append({"instruction": body if i % 2 else "write it", "input": "ctx" * i, "output": long if i else body})
+            recs.append(
+                {"instruction": body if i % 2 else "write it", "input": "ctx" * i, "output": long if i else body}
+            )
         else:
-            recs.append({"messages": [{"role": "user", "content": body},
-                                      {"role": "assistant", "content": "<think>r</think>" + long[:3000 * i + 10]},
-                                      {"role": "user", "content": "again"}, {"role": "assistant", "content": body}]})
+            recs.append(
+                {
+                    "messages": [
+                        {"role": "user", "content": body},
+                        {"role": "assistant", "content": "<think>r</think>" + long[: 3000 * i + 10]},
+                        {"role": "user", "content": "again"},
+                        {"role": "assistant", "content": body},
+                    ]
+                }
+            )
     p = _write(tmp_path, "d.jsonl", recs)
     cfg = DataConfig(path=str(p), format=fmt, max_len=max_len)
     got, stats = load_examples(cfg, tok, path=p)

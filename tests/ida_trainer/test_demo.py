@@ -68,15 +68,36 @@ def test_demo_model_is_a_nemotron_and_seeded():
     a, b = build_demo_model(cfg, tok, seed=3), build_demo_model(cfg, tok, seed=3)
     assert type(a).__name__ == "NemotronForCausalLM" and a.config.hidden_act == "relu2"
     assert a.config.vocab_size >= len(tok) and a.config.vocab_size % 64 == 0
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
 
 
 @pytest.mark.slow
 def test_demo_pipeline_end_to_end(tmp_path, capsys):
     out = tmp_path / "demo"
-    rc = main(["--out", str(out), "--steps", "4", "--eval-every", "2", "--eval.num_problems", "3",
-               "--eval.max_new_tokens", "24", "--train.global_batch_size", "2", "--model.hidden_size", "32",
-               "--model.intermediate_size", "64", "--model.num_heads", "2", "--train.progress", "false"])
+    rc = main(
+        [
+            "--out",
+            str(out),
+            "--steps",
+            "4",
+            "--eval-every",
+            "2",
+            "--eval.num_problems",
+            "3",
+            "--eval.max_new_tokens",
+            "24",
+            "--train.global_batch_size",
+            "2",
+            "--model.hidden_size",
+            "32",
+            "--model.intermediate_size",
+            "64",
+            "--model.num_heads",
+            "2",
+            "--train.progress",
+            "false",
+        ]
+    )
     assert rc == 0
     captured = capsys.readouterr()
     text = captured.out

@@ -30,9 +30,20 @@ CLIP = 0.25  # below the tiny model's gradient norms: every step is clipped
 def tiny_model(recipe: str, *, checkpointing: bool = False) -> torch.nn.Module:
     from transformers import NemotronConfig, NemotronForCausalLM
 
-    cfg = NemotronConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
-                         tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    cfg = NemotronConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(0)
     m = NemotronForCausalLM(cfg).train()
     if checkpointing:
@@ -59,8 +70,14 @@ def step_data(step: int, n: int = MICROBATCHES, b: int = 2, t: int = 16) -> tupl
         mask[1, -4:] = 0  # padding
         labels[1, -5:] = -100
         ids[1, -4:] = 0
-        mbs.append({"input_ids": ids, "labels": labels, "attention_mask": mask,
-                    "position_ids": torch.arange(t).expand(b, t).clone()})
+        mbs.append(
+            {
+                "input_ids": ids,
+                "labels": labels,
+                "attention_mask": mask,
+                "position_ids": torch.arange(t).expand(b, t).clone(),
+            }
+        )
     return mbs, sum(int((mb["labels"] != -100).sum()) for mb in mbs)
 
 
@@ -120,13 +137,15 @@ def _spawn_two(worker: Any, *args: Any) -> None:
         except mp.ProcessExitedException as exc:
             if attempt == 2 or exc.signal_name is None:
                 raise
-            warnings.warn(f"rank {exc.error_index} died by {exc.signal_name}; running both ranks once more",
-                          stacklevel=2)
+            warnings.warn(
+                f"rank {exc.error_index} died by {exc.signal_name}; running both ranks once more", stacklevel=2
+            )
 
 
 def _init(rank: int, world: int, port: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
+    )
     torch.set_num_threads(1)  # two processes share the cores; also fixes the reduction split
 
 
@@ -137,8 +156,9 @@ def pipeline_worker(rank: int, port: int, recipe: str, out: str) -> None:
     try:
         m = tiny_model(recipe, checkpointing=True)  # recomputation must not change a bit
         engine = PipelineEngine(m, parallel, info)
-        assert {n.split(".")[2] for n, _ in engine.stage_module.named_parameters() if ".layers." in n} == \
-            {str(i) for i in split_layers(2, 2)[rank]}
+        assert {n.split(".")[2] for n, _ in engine.stage_module.named_parameters() if ".layers." in n} == {
+            str(i) for i in split_layers(2, 2)[rank]
+        }
         prec = PrecisionConfig(recipe=recipe)
         opt = build_optimizer(engine.stage_module, optim_cfg(recipe), prec)
         losses = []
@@ -248,8 +268,9 @@ def test_pipeline_1f1b_equals_single_process_bit_for_bit(recipe: str, tmp_path: 
         assert torch.equal(got["state"][k], ref[k]), k
     # one checkpoint file with global names, byte-identical to the single-process run's
     write_mxfp8_safetensors(tmp_path / "single.safetensors", ref_state, metadata={"run": "x"})
-    digest = [hashlib.sha256((tmp_path / f).read_bytes()).hexdigest()
-              for f in ("pipeline.safetensors", "single.safetensors")]
+    digest = [
+        hashlib.sha256((tmp_path / f).read_bytes()).hexdigest() for f in ("pipeline.safetensors", "single.safetensors")
+    ]
     assert digest[0] == digest[1]
 
 
@@ -288,8 +309,11 @@ def test_pipeline_engine_rejects_bad_setups() -> None:
     with pytest.raises(ValueError, match="2 stages configured but the process group has 1 ranks"):
         PipelineEngine(m, ParallelConfig(pipeline_stages=2, microbatches=2), DistInfo())
     with pytest.raises(ValueError, match="needs a transformers causal LM"):
-        PipelineEngine(torch.nn.Linear(2, 2), ParallelConfig(pipeline_stages=2, microbatches=2),
-                       DistInfo(world_size=2, pipeline_stages=2))
+        PipelineEngine(
+            torch.nn.Linear(2, 2),
+            ParallelConfig(pipeline_stages=2, microbatches=2),
+            DistInfo(world_size=2, pipeline_stages=2),
+        )
 
 
 @settings(max_examples=40, deadline=None)

@@ -59,7 +59,7 @@ def documented_blocks() -> dict[str, str]:
     assert m, "docs/trainer.md lost its <!-- check:demo-reference --> block"
     parts = re.split(r"^# cpu: (.+)\n", m.group(1), flags=re.MULTILINE)
     assert parts[0] == "" and len(parts) > 1, "each reference block starts with a '# cpu: KIND' line"
-    return {kind: block.rstrip("\n") + "\n" for kind, block in zip(parts[1::2], parts[2::2])}
+    return {kind: block.rstrip("\n") + "\n" for kind, block in zip(parts[1::2], parts[2::2], strict=True)}
 
 
 def test_demo_duration_is_quoted_the_same_everywhere() -> None:
@@ -68,22 +68,32 @@ def test_demo_duration_is_quoted_the_same_everywhere() -> None:
 
     assert DEMO_DURATION in usage()
     for doc in (REPO / "README.md", TRAINER_MD):
-        assert DEMO_DURATION in doc.read_text(encoding="utf-8"), f"{doc.name} does not say the demo takes {DEMO_DURATION}"
+        assert DEMO_DURATION in doc.read_text(encoding="utf-8"), (
+            f"{doc.name} does not say the demo takes {DEMO_DURATION}"
+        )
 
 
 @pytest.mark.slow
 def test_reference_figures_come_from_a_real_demo_run(tmp_path: Path) -> None:
     """The full default demo (300 steps, final eval of 48 problems): its figures are the documented ones."""
     out = tmp_path / "demo"
-    res = subprocess.run([sys.executable, "-m", "ida_trainer", "--out", str(out), "--train.progress", "false"],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=3600, check=False,
-                         env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    res = subprocess.run(
+        [sys.executable, "-m", "ida_trainer", "--out", str(out), "--train.progress", "false"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=3600,
+        check=False,
+        env={**__import__("os").environ, "PYTHONPATH": str(REPO)},
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     report = json.loads((out / "report.json").read_text())
     blocks, kind = documented_blocks(), cpu_kind()
     if kind not in blocks:
-        pytest.skip(f"docs/trainer.md has no reference figures for this CPU kind; add:\n# cpu: {kind}\n"
-                    + reference_block(report))
+        pytest.skip(
+            f"docs/trainer.md has no reference figures for this CPU kind; add:\n# cpu: {kind}\n"
+            + reference_block(report)
+        )
     assert reference_block(report) == blocks[kind]
 
 

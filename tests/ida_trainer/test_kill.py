@@ -23,19 +23,48 @@ from ida_trainer.checkpoint import latest_checkpoint, list_checkpoints, load_che
 from ida_trainer.logs import read_mllog, read_train_log
 
 STEPS = 6
-ARGS = ["--model.hidden_size", "32", "--model.intermediate_size", "64", "--model.num_heads", "2",
-        "--train.global_batch_size", "2", "--steps", str(STEPS), "--checkpoint.every", "2", "--checkpoint.keep", "3",
-        "--eval.final", "false", "--checkpoint.export", "false", "--train.progress", "false"]
+ARGS = [
+    "--model.hidden_size",
+    "32",
+    "--model.intermediate_size",
+    "64",
+    "--model.num_heads",
+    "2",
+    "--train.global_batch_size",
+    "2",
+    "--steps",
+    str(STEPS),
+    "--checkpoint.every",
+    "2",
+    "--checkpoint.keep",
+    "3",
+    "--eval.final",
+    "false",
+    "--checkpoint.export",
+    "false",
+    "--train.progress",
+    "false",
+]
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
 
 
 def _train(out: Path, *extra: str, kill_at: str = "") -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               OMP_NUM_THREADS="1", IDA_KILL_AT=kill_at)  # one thread everywhere: the same float sums
-    return subprocess.run([sys.executable, "-m", "ida_trainer", "--out", str(out), *ARGS, *extra], env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        OMP_NUM_THREADS="1",
+        IDA_KILL_AT=kill_at,
+    )  # one thread everywhere: the same float sums
+    return subprocess.run(
+        [sys.executable, "-m", "ida_trainer", "--out", str(out), *ARGS, *extra],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
 
 
 def _records(out: Path) -> list[tuple[int, float, float, float]]:
@@ -54,11 +83,14 @@ def reference(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("kill_at, last_complete", [
-    ("checkpoint.files_written:2", 2),  # mid-save of ckpt-4: everything written, not yet renamed
-    ("checkpoint.renamed:2", 4),  # ckpt-4 in place, older ones not yet pruned
-    ("train_log.torn_record:5", 4),  # half of step 5's record on disk
-])
+@pytest.mark.parametrize(
+    "kill_at, last_complete",
+    [
+        ("checkpoint.files_written:2", 2),  # mid-save of ckpt-4: everything written, not yet renamed
+        ("checkpoint.renamed:2", 4),  # ckpt-4 in place, older ones not yet pruned
+        ("train_log.torn_record:5", 4),  # half of step 5's record on disk
+    ],
+)
 def test_killed_then_resumed_equals_the_unkilled_run(reference, tmp_path, kill_at, last_complete):
     out = tmp_path / "run"
     killed = _train(out, kill_at=kill_at)
@@ -74,8 +106,9 @@ def test_killed_then_resumed_equals_the_unkilled_run(reference, tmp_path, kill_a
     assert f"resumed from {newest}" in resumed.stdout
     assert _records(out) == _records(reference)
     last = f"ckpt-{STEPS:06d}"
-    assert _sha(out / "checkpoints" / last / "model.safetensors") == _sha(reference / "checkpoints" / last /
-                                                                          "model.safetensors")
+    assert _sha(out / "checkpoints" / last / "model.safetensors") == _sha(
+        reference / "checkpoints" / last / "model.safetensors"
+    )
     assert [s for s, _ in list_checkpoints(out / "checkpoints")] == [2, 4, 6]
     losses = [r["metadata"]["step_num"] for r in read_mllog(out / "mlperf_log.txt") if r["key"] == "train_loss"]
     assert losses == list(range(1, STEPS + 1))

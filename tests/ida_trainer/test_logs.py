@@ -19,8 +19,17 @@ from ida_trainer.logs import (
 
 
 def _rec(step, loss=1.0):
-    return {"step": step, "loss": loss, "grad_norm": 0.5, "lr": 1e-3, "tokens_per_s": 100.0, "mem_gib": 0.1,
-            "step_time_s": 0.01, "valid_tokens": 10, "samples": step * 4}
+    return {
+        "step": step,
+        "loss": loss,
+        "grad_norm": 0.5,
+        "lr": 1e-3,
+        "tokens_per_s": 100.0,
+        "mem_gib": 0.1,
+        "step_time_s": 0.01,
+        "valid_tokens": 10,
+        "samples": step * 4,
+    }
 
 
 def test_mllog_line_format(tmp_path):
@@ -31,14 +40,14 @@ def test_mllog_line_format(tmp_path):
     ml.end("run_stop", None, {"status": "success"})
     lines = p.read_text().splitlines()
     assert all(line.startswith(MLLOG_PREFIX) for line in lines)
-    first = json.loads(lines[0][len(MLLOG_PREFIX):])
+    first = json.loads(lines[0][len(MLLOG_PREFIX) :])
     assert list(first) == ["namespace", "time_ms", "event_type", "key", "value", "metadata"]
     assert first["metadata"]["file"] == "test_logs.py" and isinstance(first["metadata"]["lineno"], int)
     recs = read_mllog(p)
     assert [r["event_type"] for r in recs] == ["POINT_IN_TIME", "INTERVAL_START", "INTERVAL_END"]
     assert recs[2]["metadata"]["status"] == "success"
     # same separators as json.dumps defaults (what mlperf_logging emits)
-    assert lines[0][len(MLLOG_PREFIX):] == json.dumps(first)
+    assert lines[0][len(MLLOG_PREFIX) :] == json.dumps(first)
 
 
 def test_step_records_console_and_resume_truncation(tmp_path, capsys):

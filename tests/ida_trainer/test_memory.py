@@ -10,14 +10,26 @@ from ida_trainer.config import OptimConfig, PrecisionConfig
 from ida_trainer.memory import GIB, ActivationSpec, main, minitron_4b_config, stage_memory
 from ida_trainer.precision import apply_recipe, build_optimizer, count_parameters
 
-TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, tie_word_embeddings=False)
+TINY = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    tie_word_embeddings=False,
+)
 
 
 @pytest.fixture(scope="module")
 def nvfp4_4b() -> list:
-    return stage_memory(minitron_4b_config(), PrecisionConfig(recipe="nvfp4"), stages=2,
-                        activations=ActivationSpec(tokens_per_microbatch=1024, checkpointing=True))
+    return stage_memory(
+        minitron_4b_config(),
+        PrecisionConfig(recipe="nvfp4"),
+        stages=2,
+        activations=ActivationSpec(tokens_per_microbatch=1024, checkpointing=True),
+    )
 
 
 def test_minitron_4b_nvfp4_fits_two_16gb_stages(nvfp4_4b: list) -> None:
@@ -47,8 +59,9 @@ def test_bf16_recipe_does_not_fit_and_keep_bf16_costs_memory() -> None:
     bf16 = stage_memory(minitron_4b_config(), PrecisionConfig(recipe="bf16"), stages=2)
     assert all(s.total_bytes > 32 * GIB for s in bf16)  # 18 B/param: why the original run needed NVFP4 + MXFP8
     base = stage_memory(minitron_4b_config(), PrecisionConfig(recipe="nvfp4"), stages=2)
-    kept = stage_memory(minitron_4b_config(), PrecisionConfig(recipe="nvfp4", keep_bf16=("model.layers.31.*",)),
-                        stages=2)
+    kept = stage_memory(
+        minitron_4b_config(), PrecisionConfig(recipe="nvfp4", keep_bf16=("model.layers.31.*",)), stages=2
+    )
     assert kept[0].total_bytes == base[0].total_bytes and kept[1].total_bytes > base[1].total_bytes
 
 
@@ -67,8 +80,12 @@ def test_meta_count_matches_real_tensors_after_a_step(recipe: str) -> None:
     weights = sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in anchors)
     weights += sum(b.numel() * b.element_size() for b in model.buffers())
     grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters())
-    state = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
-                if isinstance(t, torch.Tensor) and t.dim() > 0)
+    state = sum(
+        t.numel() * t.element_size()
+        for s in opt.state.values()
+        for t in s.values()
+        if isinstance(t, torch.Tensor) and t.dim() > 0
+    )
     est = stage_memory(NemotronConfig(**TINY), prec, stages=1)[0]
     autocast_copies = 0 if recipe == "nvfp4" else 2 * sum(p.numel() for p in model.parameters() if p.dim() >= 2)
     assert est.weights_bytes == weights + autocast_copies
@@ -90,8 +107,12 @@ def test_the_minitron_4b_preset_as_configured_fits_two_16gb_stages() -> None:
     cfg = parse_args(["--preset", "minitron-4b", "--base", "/models/minitron-4b", "--data", "/data/sft.jsonl"])
     assert cfg.parallel.pipeline_stages == 2 and cfg.model.activation_checkpointing
     tokens = cfg.train.global_batch_size // cfg.parallel.microbatches * cfg.data.max_len
-    report = stage_memory(minitron_4b_config(), cfg.precision, stages=cfg.parallel.pipeline_stages,
-                          activations=ActivationSpec(tokens_per_microbatch=tokens, checkpointing=True))
+    report = stage_memory(
+        minitron_4b_config(),
+        cfg.precision,
+        stages=cfg.parallel.pipeline_stages,
+        activations=ActivationSpec(tokens_per_microbatch=tokens, checkpointing=True),
+    )
     for s in report:
         assert s.total_bytes < 16 * GIB, s.row()
     # the last stage only fits because lm_head + loss run in token chunks (whole logits: 27 GiB)

@@ -60,7 +60,7 @@ def assert_bf16_rounding_of(got: torch.Tensor, exact: torch.Tensor) -> None:
     half_ulp = torch.exp2(torch.floor(torch.log2(exact.abs().clamp_min(2**-100))) - 8)
     err = (got.float() - exact).abs()
     assert (err <= half_ulp).all()
-    tie = ((exact.to(torch.bfloat16).float() - exact).abs() == half_ulp)
+    tie = (exact.to(torch.bfloat16).float() - exact).abs() == half_ulp
     assert torch.equal(got[~tie], exact.to(torch.bfloat16)[~tie])
 
 
@@ -107,8 +107,10 @@ def test_forward_and_backward_match_dequantize_then_matmul_oracle() -> None:
     dx_ref = deq(nvfp4_cuda.quantize_nvfp4(gy)).double() @ deq(wq).double()
     xt = torch.nn.functional.pad(x.t(), (0, 8)).contiguous()
     gt = torch.nn.functional.pad(gy.t(), (0, 8)).contiguous()
-    dw_ref = (deq(nvfp4_cuda.quantize_nvfp4(xt, hadamard=True)).double()
-              @ deq(nvfp4_cuda.quantize_nvfp4(gt, hadamard=True)).double().t())
+    dw_ref = (
+        deq(nvfp4_cuda.quantize_nvfp4(xt, hadamard=True)).double()
+        @ deq(nvfp4_cuda.quantize_nvfp4(gt, hadamard=True)).double().t()
+    )
     for got, ref in ((y, y_ref), (xin.grad, dx_ref), (layer.weight.grad, dw_ref)):
         # the only differences: float32 accumulation order, one BF16 rounding of the result
         tol = ref.abs() * 2**-8 + 1e-5 * ref.abs().max()
@@ -120,8 +122,7 @@ def test_forward_and_dgrad_see_the_same_quantized_weight() -> None:
     w = torch.randn(48, 64, generator=torch.Generator().manual_seed(4)) * 0.02
     layer = nvfp4_layer(w)
     wq_n = nvfp4_cuda.quantize_nvfp4_from_mxfp8(layer.weight_payload, layer.weight_scales, block_2d=True)
-    wq = nvfp4_cuda.quantize_nvfp4_from_mxfp8(layer.weight_payload, layer.weight_scales, block_2d=True,
-                                              transpose=True)
+    wq = nvfp4_cuda.quantize_nvfp4_from_mxfp8(layer.weight_payload, layer.weight_scales, block_2d=True, transpose=True)
     a = nvfp4_cuda.dequantize_nvfp4(wq_n.t())
     assert torch.equal(a, nvfp4_cuda.dequantize_nvfp4(wq))
     assert torch.equal(nvfp4_cuda.dequantize_nvfp4(wq_n).t(), a)
@@ -132,7 +133,7 @@ def test_hadamard_changes_wgrad_only_by_quantization_noise() -> None:
     x = torch.randn(64, 32, generator=g).to(torch.bfloat16)
     gy = torch.randn(64, 32, generator=g).to(torch.bfloat16)
     w = torch.randn(32, 32, generator=g) * 0.1
-    exact = (x.double().t() @ gy.double())
+    exact = x.double().t() @ gy.double()
     errs = {}
     for had in (False, True):
         layer = nvfp4_layer(w, hadamard_wgrad=had, stochastic_grad=False)
@@ -295,8 +296,11 @@ def _snapshot(m: nn.Module) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("recipe,writeback", [("nvfp4", "stochastic"), ("nvfp4", "compensated"), ("bf16", "")])
 def test_resume_from_export_state_and_optimizer_state_is_bit_exact(recipe: str, writeback: str) -> None:
     prec = PrecisionConfig(recipe=recipe, writeback=writeback or "stochastic", keep_bf16=("nothing",))
-    optim = OptimConfig(name="lion", lr=1e-3, weight_decay=0.1) if recipe == "nvfp4" else OptimConfig(
-        name="adamw", lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    optim = (
+        OptimConfig(name="lion", lr=1e-3, weight_decay=0.1)
+        if recipe == "nvfp4"
+        else OptimConfig(name="adamw", lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    )
 
     def fresh(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
         torch.manual_seed(seed)
@@ -306,8 +310,10 @@ def test_resume_from_export_state_and_optimizer_state_is_bit_exact(recipe: str, 
 
     m1, o1 = fresh(0)
     _train(m1, o1, range(3))
-    saved_model = {k: (MXFP8Tensor(v.payload.clone(), v.scales.clone()) if isinstance(v, MXFP8Tensor) else v.clone())
-                   for k, v in export_state(m1).items()}
+    saved_model = {
+        k: (MXFP8Tensor(v.payload.clone(), v.scales.clone()) if isinstance(v, MXFP8Tensor) else v.clone())
+        for k, v in export_state(m1).items()
+    }
     saved_opt = copy.deepcopy(o1.state_dict())  # state_dict() aliases live tensors (torch.save would copy)
     tail1 = _train(m1, o1, range(3, 6))
 
@@ -375,8 +381,9 @@ def test_nvfp4_modules_lists_replaced_layers() -> None:
     assert [n for n, _ in nvfp4_modules(m)] == ["q_proj"]
 
 
-@pytest.mark.parametrize("module", ["ida_trainer.precision", "ida_trainer.nvfp4_linear", "ida_trainer.memory",
-                                    "ida_trainer.distributed"])
+@pytest.mark.parametrize(
+    "module", ["ida_trainer.precision", "ida_trainer.nvfp4_linear", "ida_trainer.memory", "ida_trainer.distributed"]
+)
 def test_docstring_examples_run(module: str) -> None:
     import doctest
     import importlib

@@ -24,9 +24,28 @@ from ida_trainer.logs import read_train_log
 from ida_trainer.trainer import run
 
 STEPS = 10
-ARGS = ["--model.hidden_size", "32", "--model.intermediate_size", "64", "--model.num_heads", "2",
-        "--train.global_batch_size", "2", "--steps", str(STEPS), "--checkpoint.every", "2", "--checkpoint.keep", "3",
-        "--eval.final", "false", "--checkpoint.export", "false", "--train.progress", "false"]
+ARGS = [
+    "--model.hidden_size",
+    "32",
+    "--model.intermediate_size",
+    "64",
+    "--model.num_heads",
+    "2",
+    "--train.global_batch_size",
+    "2",
+    "--steps",
+    str(STEPS),
+    "--checkpoint.every",
+    "2",
+    "--checkpoint.keep",
+    "3",
+    "--eval.final",
+    "false",
+    "--checkpoint.export",
+    "false",
+    "--train.progress",
+    "false",
+]
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -61,8 +80,9 @@ def test_sigkill_then_resume_reproduces_the_loss_curve(tmp_path):
     assert done_before_kill and max(done_before_kill) < STEPS
     _, err = ref.communicate(timeout=300)
     assert ref.returncode == 0, err
-    resumed = subprocess.run(_cmd(killed, "--resume"), env=_env(), capture_output=True, text=True, timeout=300,
-                             check=False)
+    resumed = subprocess.run(
+        _cmd(killed, "--resume"), env=_env(), capture_output=True, text=True, timeout=300, check=False
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from" in resumed.stdout
     assert _steps(killed) == _steps(full)  # every step's loss, grad norm and lr, exactly
@@ -77,10 +97,30 @@ def test_sigkill_then_resume_reproduces_the_loss_curve(tmp_path):
 
 def test_bf16_recipe_resume_is_exact_in_process(tmp_path):
     """The bf16 recipe's FP32 masters travel in the optimizer state: resuming from step 2 of 4 is exact."""
-    common = ["--recipe", "bf16", "--model.hidden_size", "32", "--model.intermediate_size", "64",
-              "--model.num_heads", "2", "--train.global_batch_size", "2", "--steps", "4", "--checkpoint.keep", "5",
-              "--eval.final", "false", "--checkpoint.export", "false", "--train.progress", "false",
-              "--checkpoint.every", "2"]
+    common = [
+        "--recipe",
+        "bf16",
+        "--model.hidden_size",
+        "32",
+        "--model.intermediate_size",
+        "64",
+        "--model.num_heads",
+        "2",
+        "--train.global_batch_size",
+        "2",
+        "--steps",
+        "4",
+        "--checkpoint.keep",
+        "5",
+        "--eval.final",
+        "false",
+        "--checkpoint.export",
+        "false",
+        "--train.progress",
+        "false",
+        "--checkpoint.every",
+        "2",
+    ]
     run(parse_args([*common, "--out", str(tmp_path / "a")]))
     # a copy of the run that "died" after its step-2 checkpoint: later checkpoint gone, log runs on to step 4
     shutil.copytree(tmp_path / "a", tmp_path / "b")

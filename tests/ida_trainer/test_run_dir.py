@@ -19,9 +19,26 @@ from ida_trainer.cli import parse_args
 from ida_trainer.logs import read_train_log
 from ida_trainer.trainer import run
 
-TINY = ["--model.hidden_size", "32", "--model.intermediate_size", "64", "--model.num_heads", "2",
-        "--train.global_batch_size", "2", "--checkpoint.every", "1", "--checkpoint.keep", "2",
-        "--eval.final", "false", "--checkpoint.export", "false", "--train.progress", "false"]
+TINY = [
+    "--model.hidden_size",
+    "32",
+    "--model.intermediate_size",
+    "64",
+    "--model.num_heads",
+    "2",
+    "--train.global_batch_size",
+    "2",
+    "--checkpoint.every",
+    "1",
+    "--checkpoint.keep",
+    "2",
+    "--eval.final",
+    "false",
+    "--checkpoint.export",
+    "false",
+    "--train.progress",
+    "false",
+]
 
 
 def _run(out, steps, *extra):

@@ -55,8 +55,9 @@ def test_chat_markers_with_identical_rows_are_found_and_fixed(tok, tmp_path):
         for w in (model.get_input_embeddings().weight, model.get_output_embeddings().weight):
             w[start] = w[end] = w[-1]
     p = tmp_path / "chat.jsonl"
-    p.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
-                                          {"role": "assistant", "content": "hello"}]}) + "\n")
+    p.write_text(
+        json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}) + "\n"
+    )
     exs, _ = load_examples(DataConfig(path=str(p), format="chat"), tok, path=p)
     used = {i for e in exs for i in e.input_ids}
     report = fix_untrained_tokens(model, tok, used, seed=0)

@@ -48,8 +48,14 @@ def _run(tok, examples, microbatches, *, checkpointing=False):
     if checkpointing:
         enable_activation_checkpointing(model)
         assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
-    batcher = StepBatcher([(e,) for e in examples], global_batch_size=4, microbatches=microbatches, seed=0,
-                          pad_id=tok.eos_token_id, shuffle=False)
+    batcher = StepBatcher(
+        [(e,) for e in examples],
+        global_batch_size=4,
+        microbatches=microbatches,
+        seed=0,
+        pad_id=tok.eos_token_id,
+        shuffle=False,
+    )
     step = batcher.next_step()
     loss = LocalEngine(model).forward_backward(step.microbatches, step.global_valid_tokens)
     return loss, _grads(model), step
@@ -66,8 +72,15 @@ def test_four_microbatches_of_one_equal_one_of_four(tok, examples):
     # the naive alternative (mean of per-micro-batch means) is measurably different on this data
     model = build_demo_model(TINY, tok, seed=0)
     with torch.no_grad():
-        means = [float(causal_lm_loss_sum(model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"]).logits,
-                                          mb["labels"]) / (mb["labels"] != -100).sum()) for mb in step4.microbatches]
+        means = [
+            float(
+                causal_lm_loss_sum(
+                    model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"]).logits, mb["labels"]
+                )
+                / (mb["labels"] != -100).sum()
+            )
+            for mb in step4.microbatches
+        ]
     assert abs(sum(means) / 4 - loss1) > 1e-3
 
 
@@ -134,9 +147,28 @@ def test_grad_norm_is_reported_before_clipping():
 
 
 def test_nan_loss_fails_fast_naming_step_and_batch(tmp_path):
-    cfg = parse_args(["--recipe", "bf16", "--out", str(tmp_path / "run"), "--train.global_batch_size", "2",
-                      "--model.hidden_size", "32", "--model.intermediate_size", "64", "--model.num_heads", "2",
-                      "--train.progress", "false", "--eval.final", "false", "--checkpoint.export", "false"])
+    cfg = parse_args(
+        [
+            "--recipe",
+            "bf16",
+            "--out",
+            str(tmp_path / "run"),
+            "--train.global_batch_size",
+            "2",
+            "--model.hidden_size",
+            "32",
+            "--model.intermediate_size",
+            "64",
+            "--model.num_heads",
+            "2",
+            "--train.progress",
+            "false",
+            "--eval.final",
+            "false",
+            "--checkpoint.export",
+            "false",
+        ]
+    )
     trainer = Trainer(cfg)
     try:
         trainer.setup()
@@ -182,16 +214,42 @@ def test_fine_tune_a_base_directory_with_chat_data_and_broken_marker_rows(tok, t
     model.to(torch.bfloat16).save_pretrained(base)
     tok.save_pretrained(base)
     data = tmp_path / "chat.jsonl"
-    data.write_text("".join(_json.dumps({"messages": [{"role": "user", "content": f"square {i}"},
-                                                       {"role": "assistant", "content": f"<think>x</think>\n{i * i}"}]})
-                            + "\n" for i in range(6)))
-    common = ["--data", str(data), "--data.format", "chat", "--steps", "2", "--train.global_batch_size", "2",
-              "--train.progress", "false", "--eval.final", "false"]
+    data.write_text(
+        "".join(
+            _json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": f"square {i}"},
+                        {"role": "assistant", "content": f"<think>x</think>\n{i * i}"},
+                    ]
+                }
+            )
+            + "\n"
+            for i in range(6)
+        )
+    )
+    common = [
+        "--data",
+        str(data),
+        "--data.format",
+        "chat",
+        "--steps",
+        "2",
+        "--train.global_batch_size",
+        "2",
+        "--train.progress",
+        "false",
+        "--eval.final",
+        "false",
+    ]
     report = run(parse_args([*common, "--base", str(base), "--out", str(tmp_path / "r1")]))
     assert sorted(report["untrained_tokens"]["reinitialised"]) == sorted([start, end])
     gen = _json.loads((tmp_path / "r1" / "export" / "generation_config.json").read_text())
     assert gen["eos_token_id"][0] == end
     # the exported MXFP8 directory is a valid base for the next run
-    report2 = run(parse_args([*common, "--base", str(tmp_path / "r1" / "export"), "--out", str(tmp_path / "r2"),
-                              "--recipe", "bf16"]))
+    report2 = run(
+        parse_args(
+            [*common, "--base", str(tmp_path / "r1" / "export"), "--out", str(tmp_path / "r2"), "--recipe", "bf16"]
+        )
+    )
     assert report2["untrained_tokens"]["reinitialised"] == [] and math.isfinite(report2["final_loss"])

@@ -91,7 +91,9 @@ def test_rename_map_and_prefix(ckpt: Path, tmp_path: Path, capsys: pytest.Captur
     with open_mxfp8(out2) as r:
         assert sorted(r.keys()) == ["b.norm.weight", "b.q_proj.weight"]
     assert main(["rename", str(out2), str(tmp_path / "r3.safetensors"), "--map", str(map_file)]) == 0
-    assert main(["rename", str(out2), str(tmp_path / "r4.safetensors"), "--map", '{"zz": "y"}']) == 2  # bad input: status 2
+    assert (
+        main(["rename", str(out2), str(tmp_path / "r4.safetensors"), "--map", '{"zz": "y"}']) == 2
+    )  # bad input: status 2
     assert "'zz': not in the file" in capsys.readouterr().err
     assert main(["rename", str(out2), str(tmp_path / "r5.safetensors"), "--prefix", "novalue"]) == 2
 
@@ -202,17 +204,26 @@ def test_quantize_export_dequantize_name_an_unwritable_destination(
     from safetensors.numpy import save_file
 
     w = np.arange(64 * 32, dtype=np.float32).reshape(64, 32) / 1000
-    save_file({"model.layers.0.mlp.up_proj.weight": w.astype(ml_dtypes.bfloat16)}, str(hf / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        {"model.layers.0.mlp.up_proj.weight": w.astype(ml_dtypes.bfloat16)},
+        str(hf / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     (hf / "config.json").write_text(json.dumps({"model_type": "llama"}))
     assert main(["quantize", str(hf), str(tmp_path / "mx"), "--orientation", "out_in"]) == 0
     (tmp_path / "file").write_text("x")
     dst = tmp_path / "file" / "out" if blocked == "under-a-file" else Path("/proc/ida-no/out")
-    why = f"{tmp_path / 'file'} is a file, not a directory" if blocked == "under-a-file" else (
-        "cannot create a directory in /proc")
+    why = (
+        f"{tmp_path / 'file'} is a file, not a directory"
+        if blocked == "under-a-file"
+        else ("cannot create a directory in /proc")
+    )
     capsys.readouterr()
-    for argv in (["quantize", str(hf)], ["export", "--format", "compressed-tensors", str(tmp_path / "mx")],
-                 ["dequantize", str(tmp_path / "mx")]):
+    for argv in (
+        ["quantize", str(hf)],
+        ["export", "--format", "compressed-tensors", str(tmp_path / "mx")],
+        ["dequantize", str(tmp_path / "mx")],
+    ):
         assert main([*argv, str(dst)]) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith(f"mxfp8_codec: error: {dst}: {why}") and ".tmp" not in err, (argv, err)
@@ -250,7 +261,9 @@ def test_dequantize_folded_norms_follow_the_architecture(tmp_path: Path, capsys:
         np.testing.assert_array_equal(r.get("m.norm.weight"), stored)  # Llama's RMSNorm multiplies by w
     assert main(["dequantize", str(src), str(tmp_path / "gemma.safetensors"), "--model-type", "gemma"]) == 0
     with open_mxfp8(tmp_path / "gemma.safetensors") as r:
-        np.testing.assert_array_equal(r.get("m.norm.weight"), (stored - 1).astype(ml_dtypes.bfloat16).astype(np.float32))
+        np.testing.assert_array_equal(
+            r.get("m.norm.weight"), (stored - 1).astype(ml_dtypes.bfloat16).astype(np.float32)
+        )
     capsys.readouterr()
     assert main(["dequantize", str(src), str(tmp_path / "x.safetensors")]) == 2  # bad input
     err = capsys.readouterr().err

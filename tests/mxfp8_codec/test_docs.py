@@ -132,8 +132,18 @@ def test_readme_codec_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 
 @pytest.mark.parametrize(
-    "module", ["mxfp8_codec", "mxfp8_codec.header", "mxfp8_codec.reader", "mxfp8_codec.writer", "mxfp8_codec.rename", "mxfp8_codec.cli",
-     "mxfp8_codec.checkpoint", "mxfp8_codec.layout", "mxfp8_codec.torch_io"]
+    "module",
+    [
+        "mxfp8_codec",
+        "mxfp8_codec.header",
+        "mxfp8_codec.reader",
+        "mxfp8_codec.writer",
+        "mxfp8_codec.rename",
+        "mxfp8_codec.cli",
+        "mxfp8_codec.checkpoint",
+        "mxfp8_codec.layout",
+        "mxfp8_codec.torch_io",
+    ],
 )
 def test_docstring_examples(module: str) -> None:
     import importlib

@@ -14,8 +14,8 @@ import torch
 
 pytest.importorskip("compressed_tensors")
 
-from ida_eval import load_model  # noqa: E402
-from mxfp8_codec import (  # noqa: E402
+from ida_eval import load_model
+from mxfp8_codec import (
     MXFP8Tensor,
     decode_mxfp8,
     encode_mxfp8,
@@ -23,9 +23,9 @@ from mxfp8_codec import (  # noqa: E402
     open_mxfp8,
     write_mxfp8_safetensors,
 )
-from mxfp8_codec.cli import main  # noqa: E402
-from mxfp8_codec.export import compressed_tensors_config, export_compressed_tensors  # noqa: E402
-from tests.ida_eval.support import SMALL_PROBLEMS, native_state_dict, tiny_model, train_tokenizer  # noqa: E402
+from mxfp8_codec.cli import main
+from mxfp8_codec.export import compressed_tensors_config, export_compressed_tensors
+from tests.ida_eval.support import SMALL_PROBLEMS, native_state_dict, tiny_model, train_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +47,9 @@ def _checkpoint(model, tok, d: Path, orientation: str, *, folded: bool = False, 
         sd = {n: (t.t().contiguous() if is_projection_weight(n) else t) for n, t in sd.items()}
     if edit is not None:
         sd = edit(sd)
-    write_mxfp8_safetensors(d / "model.safetensors", sd, orientation=orientation,
-                            norm_convention="folded" if folded else "zero_centered")
+    write_mxfp8_safetensors(
+        d / "model.safetensors", sd, orientation=orientation, norm_convention="folded" if folded else "zero_centered"
+    )
     return d
 
 
@@ -171,7 +172,8 @@ def test_refusals_are_one_line_and_leave_nothing(tok, tmp_path, capsys):
     with open_mxfp8(f) as r:
         tensors = {n: r.get_raw(n) for n in r.keys()}
     tensors["model.layers.0.self_attn.k_proj.weight"] = decode_mxfp8(
-        tensors["model.layers.0.self_attn.k_proj.weight"].payload, tensors["model.layers.0.self_attn.k_proj.weight"].scales
+        tensors["model.layers.0.self_attn.k_proj.weight"].payload,
+        tensors["model.layers.0.self_attn.k_proj.weight"].scales,
     )
     f.unlink()
     write_mxfp8_safetensors(f, tensors, quantize=None, orientation="out_in")

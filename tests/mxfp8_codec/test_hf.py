@@ -60,10 +60,13 @@ def _save(model, tok, d: Path, *, orientation: str = "in_out", folded: bool = Fa
         d.mkdir(parents=True)
         model.config.save_pretrained(d)
         tok.save_pretrained(d)
-        sd = {n: (t.t().contiguous() if is_projection_weight(n) else t)
-              for n, t in native_state_dict(model, folded=folded).items()}
-        write_mxfp8_safetensors(d / "model.safetensors", sd, orientation="out_in",
-                                norm_convention="folded" if folded else "zero_centered")
+        sd = {
+            n: (t.t().contiguous() if is_projection_weight(n) else t)
+            for n, t in native_state_dict(model, folded=folded).items()
+        }
+        write_mxfp8_safetensors(
+            d / "model.safetensors", sd, orientation="out_in", norm_convention="folded" if folded else "zero_centered"
+        )
     if with_config:
         cfg = json.loads((d / "config.json").read_text())
         cfg["quantization_config"] = mxhf.quantization_config_dict(
@@ -83,8 +86,9 @@ def _projection_weights(model) -> dict[str, torch.Tensor]:
     return out
 
 
-CASES = [(a, o, f) for a in ARCHS for o in ("in_out", "out_in") for f in (False, True)
-         if not f or a in ("nemotron", "llama")]
+CASES = [
+    (a, o, f) for a in ARCHS for o in ("in_out", "out_in") for f in (False, True) if not f or a in ("nemotron", "llama")
+]
 
 
 @pytest.mark.parametrize("arch,orientation,folded", CASES)
@@ -134,7 +138,6 @@ def test_plain_config_needs_mxfp8config(tok, ids, tmp_path):
     assert got.config.quantization_config.to_dict()["quant_method"] == "mxfp8_codec"
 
 
-
 def _set_quantization_config(d: Path, value) -> None:
     cfg = json.loads((d / "config.json").read_text())
     if value is _ABSENT:
@@ -161,12 +164,16 @@ def test_no_quantization_config_still_loads_through_the_quantizer(config_says, s
     named = save_mxfp8_checkpoint(model, tok, tmp_path / "named", shards=shards)
     bare = tmp_path / "bare"
     shutil.copytree(named, bare)
-    _set_quantization_config(named, mxhf.quantization_config_dict(orientation="in_out", norm_convention="zero_centered"))
+    _set_quantization_config(
+        named, mxhf.quantization_config_dict(orientation="in_out", norm_convention="zero_centered")
+    )
     _set_quantization_config(bare, _ABSENT if config_says == "absent" else None)
     want = _logits(_from_pretrained(named), ids)
     first = "model.safetensors" if shards == 1 else "model-00001-of-00002.safetensors"
     for load in (_from_pretrained, LlamaForCausalLM.from_pretrained):
-        with pytest.warns(UserWarning, match=rf"{first}: an MXFP8 checkpoint whose config.json has no quantization_config"):
+        with pytest.warns(
+            UserWarning, match=rf"{first}: an MXFP8 checkpoint whose config.json has no quantization_config"
+        ):
             got = load(bare)
         assert isinstance(got.model.layers[0].self_attn.q_proj, mxhf.MXFP8Linear)
         assert torch.equal(_logits(got, ids), want)
@@ -174,7 +181,6 @@ def test_no_quantization_config_still_loads_through_the_quantizer(config_says, s
     deq = _from_pretrained(bare, quantization_config=mxhf.MXFP8Config(dequantize=True))  # an explicit choice holds
     assert type(deq.model.layers[0].self_attn.q_proj) is torch.nn.Linear
     assert torch.equal(_logits(deq, ids), want)
-
 
 
 def test_the_from_pretrained_hooks_are_installed_once():
@@ -196,11 +202,16 @@ def test_mxfp8_files_under_another_quant_method_are_refused(tok, tmp_path):
     from mxfp8_codec.export import compressed_tensors_config
 
     d = _save(tiny_model("llama", len(tok)), tok, tmp_path / "c", with_config=False)
-    for qc, method in ((compressed_tensors_config(), "compressed-tensors"),
-                       ({"quant_method": "mxfp8-codec"}, "mxfp8-codec")):
+    for qc, method in (
+        (compressed_tensors_config(), "compressed-tensors"),
+        ({"quant_method": "mxfp8-codec"}, "mxfp8-codec"),
+    ):
         _set_quantization_config(d, qc)
-        with pytest.raises(mxhf.MXFP8LoadError, match=rf"model.safetensors: an MXFP8 checkpoint \(MXFP8_E4M3_UE8M0_K32\) "
-                           rf"but the quantization_config says quant_method='{method}'"):
+        with pytest.raises(
+            mxhf.MXFP8LoadError,
+            match=rf"model.safetensors: an MXFP8 checkpoint \(MXFP8_E4M3_UE8M0_K32\) "
+            rf"but the quantization_config says quant_method='{method}'",
+        ):
             _from_pretrained(d)
 
 
@@ -222,6 +233,7 @@ def test_plain_checkpoints_load_as_before_and_the_check_reads_headers_only(tok, 
     assert f.stat().st_size > 64 << 20
     io = Path("/proc/self/io")
     if io.exists():
+
         def rchar() -> int:
             return int(next(line.split()[1] for line in io.read_text().splitlines() if line.startswith("rchar")))
 
@@ -231,13 +243,25 @@ def test_plain_checkpoints_load_as_before_and_the_check_reads_headers_only(tok, 
     from safetensors.torch import save_file
 
     bare = tmp_path / "pair.safetensors"
-    save_file({"a.weight": torch.zeros(2, 32, dtype=torch.float8_e4m3fn),
-               "a.weight.scale": torch.zeros(2, 1, dtype=torch.uint8)}, bare)
+    save_file(
+        {
+            "a.weight": torch.zeros(2, 32, dtype=torch.float8_e4m3fn),
+            "a.weight.scale": torch.zeros(2, 1, dtype=torch.uint8),
+        },
+        bare,
+    )
     assert sniff_mxfp8(bare) and not sniff_mxfp8(tmp_path / "missing.safetensors")
 
 
-@pytest.mark.parametrize("kw", [dict(dtype=torch.float32), dict(device_map="cpu"), dict(device_map="auto"),
-                                dict(low_cpu_mem_usage=True, dtype=torch.bfloat16)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(dtype=torch.float32),
+        dict(device_map="cpu"),
+        dict(device_map="auto"),
+        dict(low_cpu_mem_usage=True, dtype=torch.bfloat16),
+    ],
+)
 def test_loading_options(kw, tok, ids, tmp_path):
     model = tiny_model("nemotron", len(tok))
     d = _save(model, tok, tmp_path / "c")
@@ -245,7 +269,6 @@ def test_loading_options(kw, tok, ids, tmp_path):
     got = _from_pretrained(d, **kw)
     assert got.model.embed_tokens.weight.dtype == kw.get("dtype", torch.bfloat16)
     assert torch.equal(_logits(got, ids), _logits(ref, ids))
-
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float64])
@@ -275,8 +298,9 @@ def _tensor_sha256(path: Path) -> dict[str, str]:
         return out
 
 
-@pytest.mark.parametrize("arch,orientation,folded", [("nemotron", "in_out", True), ("qwen3", "out_in", False),
-                                                     ("llama", "in_out", False)])
+@pytest.mark.parametrize(
+    "arch,orientation,folded", [("nemotron", "in_out", True), ("qwen3", "out_in", False), ("llama", "in_out", False)]
+)
 def test_save_pretrained_writes_identical_bytes(arch, orientation, folded, tok, ids, tmp_path):
     model = tiny_model(arch, len(tok), tie=arch == "qwen3")
     d = _save(model, tok, tmp_path / "src", orientation=orientation, folded=folded)
@@ -290,7 +314,6 @@ def test_save_pretrained_writes_identical_bytes(arch, orientation, folded, tok, 
     assert cfg["quantization_config"]["orientation"] == orientation
     again = _from_pretrained(tmp_path / "out")
     assert torch.equal(_logits(again, ids), _logits(got, ids))
-
 
 
 def test_save_pretrained_of_a_float32_load_keeps_the_stored_dtype(tok, ids, tmp_path):
@@ -410,8 +433,11 @@ def test_bad_checkpoints_fail_with_one_message(tok, tmp_path):
     bad = tmp_path / "orient"
     shutil.copytree(d, bad)
     _edit_config(bad, orientation="out_in")
-    with pytest.raises(mxhf.MXFP8LoadError, match=r"model.safetensors: tensor 'model.layers.0.*_proj.weight': file "
-                       r"metadata says orientation='in_out' but config.json quantization_config says orientation='out_in'"):
+    with pytest.raises(
+        mxhf.MXFP8LoadError,
+        match=r"model.safetensors: tensor 'model.layers.0.*_proj.weight': file "
+        r"metadata says orientation='in_out' but config.json quantization_config says orientation='out_in'",
+    ):
         _from_pretrained(bad)
     # a scale missing: the codec names the file and the tensor
     from safetensors.torch import load_file, save_file
@@ -432,15 +458,17 @@ def test_bad_checkpoints_fail_with_one_message(tok, tmp_path):
     cfg = json.loads((wrong / "config.json").read_text())
     cfg["intermediate_size"] = 96
     (wrong / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(mxhf.MXFP8LoadError, match=r"model.safetensors: tensor 'model.layers.0.mlp.(up|down)_proj.weight' "
-                       r"has shape \[\d+, \d+\] but NemotronForCausalLM needs \[\d+, \d+\] \(orientation=in_out\)"):
+    with pytest.raises(
+        mxhf.MXFP8LoadError,
+        match=r"model.safetensors: tensor 'model.layers.0.mlp.(up|down)_proj.weight' "
+        r"has shape \[\d+, \d+\] but NemotronForCausalLM needs \[\d+, \d+\] \(orientation=in_out\)",
+    ):
         _from_pretrained(wrong)
     # a plain checkpoint with MXFP8Config
     plain = tmp_path / "plain"
     model.save_pretrained(plain)
     with pytest.raises(mxhf.MXFP8LoadError, match="not an MXFP8 checkpoint"):
         _from_pretrained(plain, quantization_config=mxhf.MXFP8Config())
-
 
 
 UP = "model.layers.1.mlp.up_proj.weight"
@@ -466,18 +494,30 @@ def _nan_at_3_1(scale: torch.Tensor) -> torch.Tensor:
 
 
 BROKEN = {  # issue 23 item 7: how each checkpoint is broken, and what the one line must say
-    "missing scale": (lambda d: _edit_scale(d, lambda s: None),
-                      rf"model.safetensors: tensor '{UP}': F8_E4M3 payload without its scale entry"),
-    "scale shape": (lambda d: _edit_scale(d, lambda s: s[:, :1].contiguous()),
-                    rf"model.safetensors: tensor '{UP}.scale': scale shape \[\d+, 1\] does not match"),
-    "scale dtype": (lambda d: _edit_scale(d, lambda s: s.to(torch.int16)),
-                    rf"model.safetensors: tensor '{UP}.scale': scale dtype must be one of \['U8', 'F8_E8M0'\], got I16"),
-    "truncated file": (lambda d: os.truncate(d / "model.safetensors", (d / "model.safetensors").stat().st_size - 100),
-                       r"model.safetensors: tensor '.*': data_offsets end \d+ beyond the data section"),
-    "missing shard": (lambda d: os.unlink(d / "model-00002-of-00002.safetensors"),
-                      r"model-00002-of-00002.safetensors: cannot read file: No such file or directory"),
-    "NaN scale byte": (lambda d: _edit_scale(d, _nan_at_3_1),
-                       rf"model.safetensors: tensor '{UP}.scale': NaN scale byte 0xFF at index \(3, 1\)"),
+    "missing scale": (
+        lambda d: _edit_scale(d, lambda s: None),
+        rf"model.safetensors: tensor '{UP}': F8_E4M3 payload without its scale entry",
+    ),
+    "scale shape": (
+        lambda d: _edit_scale(d, lambda s: s[:, :1].contiguous()),
+        rf"model.safetensors: tensor '{UP}.scale': scale shape \[\d+, 1\] does not match",
+    ),
+    "scale dtype": (
+        lambda d: _edit_scale(d, lambda s: s.to(torch.int16)),
+        rf"model.safetensors: tensor '{UP}.scale': scale dtype must be one of \['U8', 'F8_E8M0'\], got I16",
+    ),
+    "truncated file": (
+        lambda d: os.truncate(d / "model.safetensors", (d / "model.safetensors").stat().st_size - 100),
+        r"model.safetensors: tensor '.*': data_offsets end \d+ beyond the data section",
+    ),
+    "missing shard": (
+        lambda d: os.unlink(d / "model-00002-of-00002.safetensors"),
+        r"model-00002-of-00002.safetensors: cannot read file: No such file or directory",
+    ),
+    "NaN scale byte": (
+        lambda d: _edit_scale(d, _nan_at_3_1),
+        rf"model.safetensors: tensor '{UP}.scale': NaN scale byte 0xFF at index \(3, 1\)",
+    ),
 }
 
 
@@ -491,9 +531,13 @@ def test_broken_checkpoints_raise_the_documented_mxfp8loaderror(case, named, tok
     silently. Each is now MXFP8LoadError, one line naming the file and the tensor, whether config.json
     names the method or has no quantization_config, resident or dequantized."""
     break_it, message = BROKEN[case]
-    d = save_mxfp8_checkpoint(tiny_model("llama", len(tok)), tok, tmp_path / "c", shards=2 if case == "missing shard" else 1)
+    d = save_mxfp8_checkpoint(
+        tiny_model("llama", len(tok)), tok, tmp_path / "c", shards=2 if case == "missing shard" else 1
+    )
     if named:
-        _set_quantization_config(d, mxhf.quantization_config_dict(orientation="in_out", norm_convention="zero_centered"))
+        _set_quantization_config(
+            d, mxhf.quantization_config_dict(orientation="in_out", norm_convention="zero_centered")
+        )
     break_it(d)
     for kw in ({}, {"quantization_config": mxhf.MXFP8Config(dequantize=True)}):
         with pytest.raises(mxhf.MXFP8LoadError, match=message) as info:
@@ -594,9 +638,17 @@ def test_without_the_quantizer_transformers_only_warns(tok, tmp_path):
         assert "REFUSED" in proc.stdout and "metadata" in proc.stdout, proc.stdout
 
 
-@pytest.mark.parametrize(("key", "value"), [("dequantize", "no"), ("dequantize", 1), ("orientation", ["in_out"]),
-                                            ("norm_convention", 3), ("scale_rule", {"rule": "rceil"}),
-                                            ("weights_dtype", 5)])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("dequantize", "no"),
+        ("dequantize", 1),
+        ("orientation", ["in_out"]),
+        ("norm_convention", 3),
+        ("scale_rule", {"rule": "rceil"}),
+        ("weights_dtype", 5),
+    ],
+)
 def test_wrongly_typed_config_fields_are_one_value_error_naming_the_key(key, value):
     """Issue 23 item 6: ``"dequantize": "no"`` was taken as True; every field's type is checked up front."""
     with pytest.raises(ValueError, match=rf"MXFP8Config: {key} must be"):

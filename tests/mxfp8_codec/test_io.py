@@ -196,7 +196,6 @@ def test_writer_rejects_bad_input(tmp_path: Path, tensors: dict, kwargs: dict, m
     assert not list(tmp_path.iterdir())
 
 
-
 def test_a_header_over_the_limit_is_refused_naming_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """(dequantize of a legal 100 MB header grows it past the limit: the writer refuses before writing.)"""
     import mxfp8_codec.header
@@ -206,6 +205,7 @@ def test_a_header_over_the_limit_is_refused_naming_the_file(tmp_path: Path, monk
     with pytest.raises(MXFP8Error, match=rf"^{out}: header would be \d+ bytes, over the 256-byte limit$"):
         write_mxfp8_safetensors(out, {f"t{i}": np.zeros(0, np.float32) for i in range(10)})
     assert not list(tmp_path.iterdir())
+
 
 def test_original_users_snippet_with_a_transformers_model(tmp_path: Path) -> None:
     """decoded = read_mxfp8_safetensors(...); arr.T.copy() on projections; load_state_dict(strict=True)."""

@@ -63,7 +63,9 @@ def test_to_and_from_transformers_are_inverse() -> None:
         assert stored.shape == ((4, 8) if lay.orientation == "in_out" else (8, 4))
         np.testing.assert_array_equal(lay.to_transformers("m.o_proj.weight", stored), w)
         np.testing.assert_array_equal(lay.from_transformers("m.norm.weight", g), g + 1)
-        np.testing.assert_array_equal(lay.to_transformers("m.norm.weight", lay.from_transformers("m.norm.weight", g)), (g + 1) - 1)
+        np.testing.assert_array_equal(
+            lay.to_transformers("m.norm.weight", lay.from_transformers("m.norm.weight", g)), (g + 1) - 1
+        )
         np.testing.assert_array_equal(lay.to_transformers("m.norm.bias", g), g)  # biases never fold
     t = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)
     assert torch.equal(CheckpointLayout().to_transformers("x.up_proj.weight", t), t.t())
@@ -81,7 +83,9 @@ def test_folded_norm_rule_per_architecture() -> None:
     assert CheckpointLayout("out_in", "folded", "llama").is_transformers_layout
     assert not CheckpointLayout("out_in", "folded", "nemotron").is_transformers_layout
     # an unknown architecture with folded norms is refused (no guess); zero_centered needs no type
-    with pytest.raises(MXFP8Error, match=r"ckpt: norm_convention=folded, but model_type 'mamba' is not in the norm table"):
+    with pytest.raises(
+        MXFP8Error, match=r"ckpt: norm_convention=folded, but model_type 'mamba' is not in the norm table"
+    ):
         CheckpointLayout("in_out", "folded", "mamba", source="ckpt")
     with pytest.raises(MXFP8Error, match="model type is unknown"):
         CheckpointLayout("in_out", "folded")
@@ -103,10 +107,23 @@ def _tiny_config(model_type: str):
     from transformers import AutoConfig
 
     return AutoConfig.for_model(
-        model_type, vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=16, max_position_embeddings=64, num_experts=2, num_local_experts=2,
-        num_experts_per_tok=1, moe_intermediate_size=32, shared_expert_intermediate_size=32,
-        bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        model_type,
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=64,
+        num_experts=2,
+        num_local_experts=2,
+        num_experts_per_tok=1,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
     )
 
 
@@ -129,4 +146,6 @@ def test_norm_table_matches_the_modules(model_type: str) -> None:
             module.weight.zero_()
             out = module(x)
         adds = bool(out.abs().max() > 0)
-        assert norm_adds_one(name, 1, model_type) is adds, f"{model_type}: {name} ({type(module).__name__}) adds 1: {adds}"
+        assert norm_adds_one(name, 1, model_type) is adds, (
+            f"{model_type}: {name} ({type(module).__name__}) adds 1: {adds}"
+        )

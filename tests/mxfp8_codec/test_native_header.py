@@ -115,7 +115,11 @@ def _native_sources() -> list[Path]:
 @pytest.mark.parametrize(("pattern", "what"), FORBIDDEN_C)
 def test_no_second_copy_in_c_or_cuda(pattern: str, what: str) -> None:
     for path in _native_sources():
-        hits = [ln for ln in path.read_text().splitlines() if re.search(pattern, ln) and not ln.lstrip().startswith(("/*", "*", "//"))]
+        hits = [
+            ln
+            for ln in path.read_text().splitlines()
+            if re.search(pattern, ln) and not ln.lstrip().startswith(("/*", "*", "//"))
+        ]
         assert not hits, f"{path.relative_to(ROOT)} spells the {what} itself: {hits[:2]}"
 
 

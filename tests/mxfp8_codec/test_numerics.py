@@ -76,7 +76,8 @@ def test_decode_every_code_and_scale_against_fraction_oracle(kind: str) -> None:
     bits = decoded.view(np.uint32 if kind == "f32" else np.uint16)
     np_bits = decode_mxfp8_numpy(payload, scales, dtype=dtype).view(bits.dtype)
     t = decode_mxfp8_torch(
-        torch.from_numpy(payload), torch.from_numpy(scales),
+        torch.from_numpy(payload),
+        torch.from_numpy(scales),
         dtype=torch.float32 if kind == "f32" else torch.bfloat16,
     )
     t_bits = t.view(torch.int32 if kind == "f32" else torch.int16).numpy().view(bits.dtype)
@@ -119,9 +120,7 @@ POS_BF16 = np.arange(1, 0x7F80, dtype=np.uint16).view(ml_dtypes.bfloat16)  # 32 
 @pytest.mark.parametrize("rule", [ScaleRule.RCEIL, ScaleRule.FLOOR])
 def test_scale_rule_every_positive_bfloat16_amax(rule: ScaleRule) -> None:
     oracle = rceil_exponent if rule is ScaleRule.RCEIL else floor_exponent
-    expected = np.array(
-        [oracle(Fraction(float(v))) + 127 for v in POS_BF16.astype(np.float64)], np.uint8
-    )
+    expected = np.array([oracle(Fraction(float(v))) + 127 for v in POS_BF16.astype(np.float64)], np.uint8)
     # each amax alone in a block, and leading a full block of smaller values of both signs
     lone = POS_BF16.reshape(-1, 1)
     full = np.concatenate([lone, -(lone.astype(np.float32) * np.float32(0.5)).astype(ml_dtypes.bfloat16)] * 16, axis=1)
@@ -131,7 +130,7 @@ def test_scale_rule_every_positive_bfloat16_amax(rule: ScaleRule) -> None:
     _, st = encode_mxfp8_torch(torch.from_numpy(lone.astype(np.float32)), scale_rule=rule)
     assert np.array_equal(st.numpy()[:, 0], expected)
     # the scalar helper agrees too (spot check: every 97th value)
-    for v, e in zip(POS_BF16[::97].astype(np.float64), expected[::97]):
+    for v, e in zip(POS_BF16[::97].astype(np.float64), expected[::97], strict=True):
         assert scale_exponent(float(v), rule) + 127 == e
 
 
@@ -207,8 +206,11 @@ def test_zero_and_negative_zero_blocks(dtype: type) -> None:
     assert (q[0] == 0).all() and (q[1] == 0x80).all() and (s == 0).all()
     d = decode_mxfp8(q, s)
     assert (d == 0).all() and np.signbit(d[1]).all() and not np.signbit(d[0]).any()
-    qt, st = encode_mxfp8(torch.from_numpy(x.view(np.uint16 if dtype != np.float32 else np.uint32)).view(
-        {np.float32: torch.float32, np.float16: torch.float16}.get(dtype, torch.bfloat16)))
+    qt, st = encode_mxfp8(
+        torch.from_numpy(x.view(np.uint16 if dtype != np.float32 else np.uint32)).view(
+            {np.float32: torch.float32, np.float16: torch.float16}.get(dtype, torch.bfloat16)
+        )
+    )
     assert np.array_equal(qt.numpy(), q) and np.array_equal(st.numpy(), s)
 
 
@@ -217,7 +219,7 @@ def test_tiny_blocks_are_encoded_exactly_with_scale_two_to_minus_127() -> None:
     x = np.array([2.0**-120, -3 * 2.0**-125, 1e-40, -1e-45, 2.0**-130 * 1.0625] + [0.0] * 27, np.float32)
     q, s = encode_mxfp8(x)
     assert s.tolist() == [0]
-    for xi, qi in zip(x.tolist(), q.tolist()):
+    for xi, qi in zip(x.tolist(), q.tolist(), strict=True):
         ref = round_fraction(Fraction(xi) * Fraction(2) ** 127, (4, -6, 8))  # E4M3 as a float format
         assert e4m3_fraction(qi) == ref, (xi, qi)
     assert decode_mxfp8(q, s)[0] == 2.0**-120  # exact round trip (torchao: 2^-121 or 0)
@@ -383,7 +385,10 @@ def test_cuda_tensors_stay_on_device_with_identical_bits() -> None:
         assert qc.device.type == "cuda" and sc.device.type == "cuda"
         assert torch.equal(qc.cpu(), ref_q) and torch.equal(sc.cpu(), ref_s)
     tq, ts = torch.from_numpy(q).cuda(), torch.from_numpy(s).cuda()
-    for tdtype, dtype, ibits in ((torch.float32, np.float32, torch.int32), (torch.bfloat16, ml_dtypes.bfloat16, torch.int16)):
+    for tdtype, dtype, ibits in (
+        (torch.float32, np.float32, torch.int32),
+        (torch.bfloat16, ml_dtypes.bfloat16, torch.int16),
+    ):
         d = decode_mxfp8(tq, ts, dtype=tdtype)
         assert d.device.type == "cuda"
         ref = decode_mxfp8(q, s, dtype=dtype)

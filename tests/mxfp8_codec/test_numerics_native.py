@@ -30,9 +30,7 @@ from mxfp8_codec.numerics import (
 
 REPO = Path(__file__).resolve().parents[2]
 KERNEL = _native.get_kernel()
-needs_native = pytest.mark.skipif(
-    KERNEL is None, reason=f"native kernel unavailable: {_native.kernel_info()}"
-)
+needs_native = pytest.mark.skipif(KERNEL is None, reason=f"native kernel unavailable: {_native.kernel_info()}")
 
 
 def _special_values() -> np.ndarray:
@@ -138,7 +136,12 @@ def _run_probe(env: dict[str, str]) -> dict[str, str]:
     # the caller's MXFP8_CODEC_NATIVE (e.g. =0 for a fallback run of the suite) must not leak in
     full_env = {**{k: v for k, v in os.environ.items() if k != _native.ENV_SWITCH}, **env}
     out = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
         check=False,
     )
     assert out.returncode == 0, out.stderr

@@ -108,12 +108,10 @@ def test_oracle_rounding_matches_numpy_float32() -> None:
     import numpy as np
 
     rng = np.random.default_rng(1)
-    xs = np.concatenate(
-        [rng.standard_normal(300) * 10.0 ** rng.integers(-45, 39, 300), [3.4028235677973366e38, 1e-45]]
-    )
+    xs = np.concatenate([rng.standard_normal(300) * 10.0 ** rng.integers(-45, 39, 300), [3.4028235677973366e38, 1e-45]])
     with np.errstate(over="ignore"):
         f32 = xs.astype(np.float32)
-    for x, r in zip(xs, f32):
+    for x, r in zip(xs, f32, strict=True):
         got = round_fraction(Fraction(float(x)), F32)
         assert (got == float(r)) if math.isinf(r) else got == Fraction(float(r))
 

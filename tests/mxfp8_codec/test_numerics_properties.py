@@ -155,7 +155,10 @@ def test_decode_paths_bit_identical_on_arbitrary_bytes(data: st.DataObject, shap
     s = rng.integers(0, 256, s_shape).astype(np.uint8)
     if data.draw(st.booleans()):  # mostly realistic scale bytes, sometimes extremes
         s = np.clip(s, 100, 140).astype(np.uint8)
-    for dtype, tdtype, view in ((np.float32, torch.float32, np.uint32), (ml_dtypes.bfloat16, torch.bfloat16, np.uint16)):
+    for dtype, tdtype, view in (
+        (np.float32, torch.float32, np.uint32),
+        (ml_dtypes.bfloat16, torch.bfloat16, np.uint16),
+    ):
         ref = decode_mxfp8_numpy(p, s, dtype=dtype).view(view)
         pub = decode_mxfp8(p, s, dtype=dtype).view(view)
         tp, ts = torch.from_numpy(p), torch.from_numpy(s)

@@ -26,8 +26,20 @@ needs_native = pytest.mark.skipif(KERNEL is None, reason=f"native kernel unavail
 DTYPES = ((np.float32, np.uint32, torch.float32), (ml_dtypes.bfloat16, np.uint16, torch.bfloat16))
 # shapes around the 32 x 32 tile: exact tiles, partial row tiles, partial (and tiny) blocks; the
 # last two cross the native kernel's 256 x 256 tile groups in both directions (partial groups)
-SHAPES = [(1, 1), (1, 40), (40, 1), (31, 33), (32, 32), (33, 31), (64, 96), (100, 45), (257, 65), (70, 200),
-          (300, 530), (512, 512)]
+SHAPES = [
+    (1, 1),
+    (1, 40),
+    (40, 1),
+    (31, 33),
+    (32, 32),
+    (33, 31),
+    (64, 96),
+    (100, 45),
+    (257, 65),
+    (70, 200),
+    (300, 530),
+    (512, 512),
+]
 
 
 def _case(shape: tuple[int, int], seed: int, *, realistic: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -202,8 +214,9 @@ def test_aligned_and_unaligned_outputs(misalign: int) -> None:
 @pytest.mark.parametrize("shape", [(31, 33), (257, 65), (300, 530), (512, 512)])
 @pytest.mark.parametrize("transpose", [False, True])
 @pytest.mark.parametrize("parts", [1, 2, 3, 7])
-def test_split_decode_equals_one_call(shape: tuple[int, int], transpose: bool, parts: int,
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_split_decode_equals_one_call(
+    shape: tuple[int, int], transpose: bool, parts: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """decode_mxfp8_split: disjoint pieces on a thread pool give the bits of one decode, for numpy
     arrays and CPU torch tensors, both layouts, every dtype; uneven and block-aligned splits."""
     from concurrent.futures import ThreadPoolExecutor
@@ -220,8 +233,9 @@ def test_split_decode_equals_one_call(shape: tuple[int, int], transpose: bool, p
             numerics.decode_mxfp8_split(q, s, got, pool=pool, parts=parts, transpose=transpose, name="w")
             np.testing.assert_array_equal(got.view(bits), want)
             got_t = torch.full(out_shape, 7.0, dtype=torch_dtype)
-            numerics.decode_mxfp8_split(torch.from_numpy(q), torch.from_numpy(s), got_t, pool=pool, parts=parts,
-                                        transpose=transpose, name="w")
+            numerics.decode_mxfp8_split(
+                torch.from_numpy(q), torch.from_numpy(s), got_t, pool=pool, parts=parts, transpose=transpose, name="w"
+            )
             np.testing.assert_array_equal(cpu_tensor_view(got_t).view(bits), want)
 
 
@@ -244,9 +258,14 @@ def test_team_decode_equals_one_call(threads: int) -> None:
             decode_mxfp8(q, s, dtype=np_dtype, out=got, team=(runtime, threads))
             np.testing.assert_array_equal(got.view(bits), want, err_msg=str(shape))
             got_t = torch.full(shape, 7.0, dtype=torch_dtype)
-            decode_mxfp8(torch.from_numpy(q), torch.from_numpy(s), dtype=torch_dtype, out=got_t, team=(runtime, threads))
-            np.testing.assert_array_equal(got_t.view(torch.int16 if bits == np.uint16 else torch.int32).numpy().view(bits),
-                                          want, err_msg=str(shape))
+            decode_mxfp8(
+                torch.from_numpy(q), torch.from_numpy(s), dtype=torch_dtype, out=got_t, team=(runtime, threads)
+            )
+            np.testing.assert_array_equal(
+                got_t.view(torch.int16 if bits == np.uint16 else torch.int32).numpy().view(bits),
+                want,
+                err_msg=str(shape),
+            )
 
 
 def test_forwards_find_torchs_openmp_runtime() -> None:

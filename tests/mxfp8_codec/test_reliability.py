@@ -136,9 +136,7 @@ def test_existing_outputs_are_replaced_only_with_overwrite(tmp_path: Path, capsy
 # -- item 3 and 11: kills ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "kill_at", ["writer.tensor_written:2", "copy_file.partial", "atomic_directory.complete"]
-)
+@pytest.mark.parametrize("kill_at", ["writer.tensor_written:2", "copy_file.partial", "atomic_directory.complete"])
 def test_killed_quantize_leaves_no_damaged_file_and_the_next_run_sweeps(tmp_path: Path, kill_at: str) -> None:
     """A SIGKILL at a named phase (ida_common.killpoint), into a fresh OUT_DIR and over an existing one."""
     hf, mx = _hf_dir(tmp_path / "hf"), tmp_path / "mx"
@@ -203,9 +201,13 @@ def test_deeply_nested_shard_index_is_one_line(tmp_path: Path, capsys: pytest.Ca
 def test_dequantize_warns_naming_each_tensor_with_nan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = tmp_path / "nan.safetensors"
     scales = np.array([[127, 255], [127, 127]], np.uint8)  # one NaN block of 32 values
-    write_mxfp8_safetensors(src, {"a.q_proj.weight": MXFP8Tensor(np.full((2, 64), 0x38, np.uint8), scales),
-                                  "b.q_proj.weight": MXFP8Tensor(np.full((2, 32), 0x38, np.uint8),
-                                                                 np.full((2, 1), 127, np.uint8))})
+    write_mxfp8_safetensors(
+        src,
+        {
+            "a.q_proj.weight": MXFP8Tensor(np.full((2, 64), 0x38, np.uint8), scales),
+            "b.q_proj.weight": MXFP8Tensor(np.full((2, 32), 0x38, np.uint8), np.full((2, 1), 127, np.uint8)),
+        },
+    )
     assert main(["dequantize", str(src), str(tmp_path / "out.safetensors")]) == 0
     err = capsys.readouterr().err
     assert "mxfp8_codec: warning: tensor a.q_proj.weight: 32 of 128 values are NaN/Inf" in err
@@ -215,8 +217,11 @@ def test_dequantize_warns_naming_each_tensor_with_nan(tmp_path: Path, capsys: py
 def test_inspect_escapes_control_characters_in_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "ctl.safetensors"
     hostile = "x\x1b[2J\nforged line\r"
-    write_safetensors(path, {hostile: np.zeros(2, np.float32), "ünïcode.name": np.zeros(2, np.float32)},
-                      metadata={"note\x07": "bell\x1b"})
+    write_safetensors(
+        path,
+        {hostile: np.zeros(2, np.float32), "ünïcode.name": np.zeros(2, np.float32)},
+        metadata={"note\x07": "bell\x1b"},
+    )
     assert main(["inspect", str(path)]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\r" not in out and "\x07" not in out
@@ -235,7 +240,9 @@ def test_a_shard_or_side_file_linked_outside_the_checkpoint_is_refused(
     d = tmp_path / "ckpt"
     d.mkdir()
     (d / "model-00001-of-00001.safetensors").symlink_to(outside / "model-00001-of-00001.safetensors")
-    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "model-00001-of-00001.safetensors"}}))
+    (d / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"x": "model-00001-of-00001.safetensors"}})
+    )
     for cmd in ("verify", "inspect"):
         assert main([cmd, str(d), *(["--allow-plain"] if cmd == "verify" else [])]) in (1, 2)
         assert "outside the checkpoint directory" in _one_error_line(capsys.readouterr().err)
@@ -265,8 +272,11 @@ def test_lone_surrogate_names_are_one_line_in_every_command(tmp_path: Path, caps
     header = raw[8 : 8 + n].replace(b'"n"', b'"\\udc80"')
     bad = tmp_path / "s.safetensors"
     bad.write_bytes(len(header).to_bytes(8, "little") + header + raw[8 + n :])
-    for args in (["inspect", str(bad)], ["verify", str(bad), "--allow-plain"],
-                 ["dequantize", str(bad), str(tmp_path / "o.safetensors")],
-                 ["rename", str(bad), str(tmp_path / "r.safetensors"), "--prefix", "a=b"]):
+    for args in (
+        ["inspect", str(bad)],
+        ["verify", str(bad), "--allow-plain"],
+        ["dequantize", str(bad), str(tmp_path / "o.safetensors")],
+        ["rename", str(bad), str(tmp_path / "r.safetensors"), "--prefix", "a=b"],
+    ):
         assert main(args) in (1, 2), args
         assert "lone surrogate" in _one_error_line(capsys.readouterr().err), args

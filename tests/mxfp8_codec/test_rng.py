@@ -45,7 +45,12 @@ def test_words_match_the_written_spec(i: int, seed: int, step: int, tensor_id: i
 # on exactly this stream, so any change to a constant, the key schedule or the counter must fail here.
 GOLDEN_KEYS = {(0, 0, 0): (0xD659134B, 0xF9DBF4CE), (12345, 678, 9): (0xA78E2DBF, 0x9E3434F3)}
 GOLDEN_WORDS_000 = [0x65D76CFB, 0xE642B72C, 0xD5B6E40B, 0x00DAAE63]  # indices 0..3, key (0, 0, 0)
-GOLDEN_WORDS_HIGH = {0: 0x3618EFC0, 1: 0xDC846F2D, 2**32 + 5: 0xFFACF290, 2**40 + 123: 0x2609430E}  # key (12345, 678, 9)
+GOLDEN_WORDS_HIGH = {
+    0: 0x3618EFC0,
+    1: 0xDC846F2D,
+    2**32 + 5: 0xFFACF290,
+    2**40 + 123: 0x2609430E,
+}  # key (12345, 678, 9)
 
 
 def test_golden_values_are_stable() -> None:

@@ -84,6 +84,8 @@ def test_save_file_load_file_round_trip(orientation: str, tmp_path: Path) -> Non
     assert torch.equal(back["ids"], sd["ids"])
     bf = load_file(tmp_path, dtype=torch.bfloat16, model_type="nemotron")  # a directory works too
     assert bf["model.layers.0.self_attn.o_proj.weight"].dtype == torch.bfloat16
-    assert torch.equal(bf["model.layers.0.self_attn.o_proj.weight"], back["model.layers.0.self_attn.o_proj.weight"].to(torch.bfloat16))
+    assert torch.equal(
+        bf["model.layers.0.self_attn.o_proj.weight"], back["model.layers.0.self_attn.o_proj.weight"].to(torch.bfloat16)
+    )
     with pytest.raises(MXFP8Error, match="model type is unknown"):
         load_file(p)  # folded, no config.json, no model_type: refused, not guessed

@@ -95,7 +95,10 @@ CORPUS: dict[str, tuple[bytes, str]] = {
     "data not fully covered": (_file(_header(), DATA + b"\x00" * 16), "not fully covered"),
     "end before begin": (_with(lambda h: h["n"].update(data_offsets=[10, 2])), "end 2 < begin 10"),
     "wrong size for shape": (_with(lambda h: h["n"].update(shape=[65])), "size mismatch"),
-    "overflowing shape": (_with(lambda h: h["n"].update(shape=[2**40, 2**40, 2**40])), "size mismatch|too big for numpy"),
+    "overflowing shape": (
+        _with(lambda h: h["n"].update(shape=[2**40, 2**40, 2**40])),
+        "size mismatch|too big for numpy",
+    ),
     "unknown dtype": (_with(lambda h: h["w"].update(dtype="F8_E4M3FN")), "unknown or unsupported dtype 'F8_E4M3FN'"),
     "sub-byte dtype": (_with(lambda h: h["w"].update(dtype="F4")), "unsupported dtype 'F4'"),
     "negative dim": (_with(lambda h: h["n"].update(shape=[-64])), "non-negative"),

@@ -28,8 +28,15 @@ HAS_NVCC = shutil.which("nvcc") is not None or bool(os.environ.get("NVFP4_CUDA_N
 def test_header_parses_with_cffi_and_declares_every_entry_point() -> None:
     ffi = cuda_ops.make_ffi()
     names = cuda_ops.header_functions()
-    assert {"nvfp4_quantize", "nvfp4_decode_bf16", "nvfp4_gemm_bf16", "nvfp4_gemm_native", "nvfp4_lion_step_mxfp8",
-            "nvfp4_last_error", "nvfp4_query"} <= set(names)
+    assert {
+        "nvfp4_quantize",
+        "nvfp4_decode_bf16",
+        "nvfp4_gemm_bf16",
+        "nvfp4_gemm_native",
+        "nvfp4_lion_step_mxfp8",
+        "nvfp4_last_error",
+        "nvfp4_query",
+    } <= set(names)
     assert ffi.typeof("int(*)(uintptr_t, int, uintptr_t, int64_t, int64_t, int, int, uintptr_t, uintptr_t)")
     api_src = (build.CSRC / "nvfp4_api.cu").read_text()
     for n in names:  # every declaration has a definition in the extern "C" block
@@ -66,8 +73,15 @@ def test_cache_dir_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
 
 
 def test_one_switch_syntax(monkeypatch: pytest.MonkeyPatch) -> None:
-    for value, on in (("0", False), ("off", False), ("No", False), ("false", False), ("1", True), ("on", True),
-                      ("", True)):
+    for value, on in (
+        ("0", False),
+        ("off", False),
+        ("No", False),
+        ("false", False),
+        ("1", True),
+        ("on", True),
+        ("", True),
+    ):
         for var in (cpu_native.ENV_SWITCH, _native.ENV_SWITCH):
             monkeypatch.setenv(var, value)
             assert native_build.switch_enabled(var) is on, (var, value)
@@ -97,8 +111,9 @@ def test_cffi_declarations_are_parsed_once_per_machine(tmp_path: Path) -> None:
     env = {**os.environ, "IDA_CACHE_DIR": str(tmp_path / "cache")}
 
     def run(environ: dict[str, str]) -> str:
-        res = subprocess.run([sys.executable, "-c", _PARSED_HERE], env=environ, capture_output=True, text=True,
-                             timeout=120, check=False)
+        res = subprocess.run(
+            [sys.executable, "-c", _PARSED_HERE], env=environ, capture_output=True, text=True, timeout=120, check=False
+        )
         assert res.returncode == 0, res.stderr
         return res.stdout.strip()
 
@@ -123,8 +138,15 @@ def test_version_comes_from_package_metadata() -> None:
 def test_nonexistent_nvcc_is_refused_not_replaced(tmp_path: Path) -> None:
     """NVFP4_CUDA_NVCC naming nothing: one error line naming it, even though another nvcc is on PATH."""
     env = {**os.environ, "NVFP4_CUDA_NVCC": "/nonexistent/nvcc", "IDA_CACHE_DIR": str(tmp_path)}
-    res = subprocess.run([sys.executable, "-m", "nvfp4_cuda", "build"], capture_output=True, text=True, env=env,
-                         check=False, cwd=Path(__file__).resolve().parents[2], timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "nvfp4_cuda", "build"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=120,
+    )
     assert res.returncode == 3 and res.stdout == ""
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1, res.stderr
@@ -134,8 +156,14 @@ def test_nonexistent_nvcc_is_refused_not_replaced(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(nvidia_driver() is not None, reason="an NVIDIA driver is installed here")
 def test_info_without_driver_says_no_nvidia_driver() -> None:
-    res = subprocess.run([sys.executable, "-m", "nvfp4_cuda", "info"], capture_output=True, text=True, check=False,
-                         cwd=Path(__file__).resolve().parents[2], timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "nvfp4_cuda", "info"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     assert "driver: no NVIDIA driver" in res.stdout and "reason: no NVIDIA driver" in res.stdout
     assert "InsufficientDriver" not in res.stdout and "insufficient" not in res.stdout
@@ -156,18 +184,32 @@ def test_missing_nvcc_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path
     with pytest.raises(build.BuildError, match="nvcc not found"):
         build.build()
     env = {"PATH": str(tmp_path), "IDA_CACHE_DIR": str(tmp_path / "cache"), "HOME": str(tmp_path)}
-    res = subprocess.run([sys.executable, "-m", "nvfp4_cuda", "build"], capture_output=True, text=True, env=env, check=False,
-                         cwd=Path(__file__).resolve().parents[2], timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "nvfp4_cuda", "build"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=120,
+    )
     assert res.returncode == 3 and res.stderr.startswith("nvfp4_cuda: error: ") and "nvcc not found" in res.stderr
     assert res.stdout == "" and len(res.stderr.strip().splitlines()) == 1
 
 
 def test_cli_info_reports_backend() -> None:
-    res = subprocess.run([sys.executable, "-m", "nvfp4_cuda", "info", "--json"], capture_output=True, text=True, check=False,
-                         cwd=Path(__file__).resolve().parents[2], timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "nvfp4_cuda", "info", "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
-    assert '"backend"' in res.stdout and ("cpu-native" in res.stdout or "cpu-reference" in res.stdout
-                                          or "cuda" in res.stdout)
+    assert '"backend"' in res.stdout and (
+        "cpu-native" in res.stdout or "cpu-reference" in res.stdout or "cuda" in res.stdout
+    )
 
 
 @pytest.mark.slow
@@ -213,7 +255,7 @@ def test_docs_quick_start_runs() -> None:
     text = (Path(__file__).resolve().parents[2] / "docs" / "nvfp4.md").read_text()
     code = text.split("```python\n", 1)[1].split("```", 1)[0]
     ns: dict[str, object] = {}
-    exec(compile(code, "docs/nvfp4.md", "exec"), ns)  # noqa: S102 - our own documentation
+    exec(compile(code, "docs/nvfp4.md", "exec"), ns)  # our own documentation
     assert ns["y"].shape == (512, 2048) and ns["gw"].shape == (2048, 1024)
     assert ns["qw_next"].shape == (2048, 1024) and ns["qw_next"].block_2d
 

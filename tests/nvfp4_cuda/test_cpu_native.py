@@ -39,10 +39,12 @@ def test_quantize_matches_reference(block_2d: bool, rounding: str, hadamard: boo
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.integers(1, 48), st.integers(1, 5), st.floats(-120, 120), st.booleans(), st.booleans(),
-       st.integers(0, 2**31 - 1))
-def test_property_quantize_dequantize_gemm(rows: int, blocks: int, log_scale: float, block_2d: bool, sr: bool,
-                                           seed: int) -> None:
+@given(
+    st.integers(1, 48), st.integers(1, 5), st.floats(-120, 120), st.booleans(), st.booleans(), st.integers(0, 2**31 - 1)
+)
+def test_property_quantize_dequantize_gemm(
+    rows: int, blocks: int, log_scale: float, block_2d: bool, sr: bool, seed: int
+) -> None:
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn(rows, 16 * blocks, generator=g).double() * 2.0**log_scale).float()
     rounding = "stochastic" if sr else "rne"
@@ -50,8 +52,9 @@ def test_property_quantize_dequantize_gemm(rows: int, blocks: int, log_scale: fl
     _same(q, R.quantize_nvfp4(x, block_2d=block_2d, rounding=rounding, seed=seed))
     assert torch.equal(nvfp4_cuda.dequantize_nvfp4(q), R.dequantize_nvfp4(q))
     w = nvfp4_cuda.quantize_nvfp4(torch.randn(8, 16 * blocks, generator=g))
-    assert torch.equal(nvfp4_cuda.nvfp4_matmul(q, w, out_dtype=torch.float32),
-                       R.nvfp4_matmul(q, w, out_dtype=torch.float32))
+    assert torch.equal(
+        nvfp4_cuda.nvfp4_matmul(q, w, out_dtype=torch.float32), R.nvfp4_matmul(q, w, out_dtype=torch.float32)
+    )
 
 
 def test_hadamard_and_from_mxfp8_match_reference() -> None:

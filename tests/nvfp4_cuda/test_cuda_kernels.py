@@ -16,14 +16,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: GPU kernel tests skipped")]
-
 import mxfp8_codec
 import nvfp4_cuda
 from nvfp4_cuda import cuda_ops
 from nvfp4_cuda import formats as F
 from nvfp4_cuda import reference as R
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: GPU kernel tests skipped"),
+]
 
 GEMM_RTOL = 1e-5  # relative to max |ref|: float32 accumulation-order differences only
 
@@ -58,13 +60,24 @@ def test_quantize_vector_and_elementwise_loads_agree_with_reference(offset: int)
     xg = flat[offset:].view(300, 4096)
     xg.copy_(x.cuda())
     assert (xg.data_ptr() % 16 == 0) == (offset == 0)
-    for kw in ({"rounding": "rne"}, {"rounding": "stochastic", "seed": 1, "step": 2, "tensor_id": 3},
-               {"block_2d": True}, {"hadamard": True}):
+    for kw in (
+        {"rounding": "rne"},
+        {"rounding": "stochastic", "seed": 1, "step": 2, "tensor_id": 3},
+        {"block_2d": True},
+        {"hadamard": True},
+    ):
         _same(nvfp4_cuda.quantize_nvfp4(xg, **kw), R.quantize_nvfp4(x, **kw))
 
 
-@pytest.mark.parametrize("kw", [{}, {"rounding": "stochastic", "seed": 4, "step": 5, "tensor_id": 6},
-                                {"block_2d": True}, {"hadamard": True, "rounding": "stochastic", "seed": 1}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"rounding": "stochastic", "seed": 4, "step": 5, "tensor_id": 6},
+        {"block_2d": True},
+        {"hadamard": True, "rounding": "stochastic", "seed": 1},
+    ],
+)
 def test_quantize_decoded_equals_quantize_then_decode(kw: dict) -> None:
     """The one-pass operand (BF16 values, no codes) has the bits of quantize_nvfp4 followed by decode_scaled."""
     x = _data(130, 4096, 12).to(torch.bfloat16)
@@ -103,8 +116,9 @@ def test_gemm_decoded_takes_transposed_views_without_changing_bits() -> None:
         for dt in (torch.float32, torch.bfloat16):
             y = nvfp4_cuda.gemm_decoded(da, db, ag.tensor_scale, wg.tensor_scale, out_dtype=dt)
             assert torch.equal(y.cpu(), ref.to(dt))
-    yt = nvfp4_cuda.gemm_decoded(da.t().contiguous().t(), dw.t(), ag.tensor_scale, wg.tensor_scale,
-                                 out_dtype=torch.float32)  # A given as a transposed view too
+    yt = nvfp4_cuda.gemm_decoded(
+        da.t().contiguous().t(), dw.t(), ag.tensor_scale, wg.tensor_scale, out_dtype=torch.float32
+    )  # A given as a transposed view too
     assert torch.equal(yt.cpu(), ref)
 
 
@@ -148,12 +162,15 @@ def test_mxfp8_encode_decode_bit_exact(rounding: str) -> None:
     gp, gs = mxfp8_codec.encode_mxfp8(x.cuda(), rounding=rounding, seed=1, step=2, tensor_id=3)  # torch on GPU
     assert gp.is_cuda and torch.equal(gp.cpu(), cp) and torch.equal(gs.cpu(), cs)
     for dt in (torch.float32, torch.bfloat16):
-        assert torch.equal(cuda_ops.decode_mxfp8_cuda(p, s, dtype=dt).cpu(), mxfp8_codec.decode_mxfp8_torch(rp, rs, dtype=dt))
+        assert torch.equal(
+            cuda_ops.decode_mxfp8_cuda(p, s, dtype=dt).cpu(), mxfp8_codec.decode_mxfp8_torch(rp, rs, dtype=dt)
+        )
 
 
 @pytest.mark.parametrize("writeback", ["stochastic", "rne", "compensated"])
-@pytest.mark.parametrize(("shape", "grad_dtype"), [((48, 96), torch.float32), ((64, 256), torch.bfloat16),
-                                                   ((33, 100), torch.bfloat16)])  # (33, 100): element-wise path
+@pytest.mark.parametrize(
+    ("shape", "grad_dtype"), [((48, 96), torch.float32), ((64, 256), torch.bfloat16), ((33, 100), torch.bfloat16)]
+)  # (33, 100): element-wise path
 def test_lion_bit_exact_over_steps(writeback: str, shape: tuple[int, int], grad_dtype: torch.dtype) -> None:
     w = 0.02 * torch.randn(*shape)
     p, s = mxfp8_codec.encode_mxfp8_torch(w)
@@ -172,8 +189,9 @@ def test_lion_bit_exact_over_steps(writeback: str, shape: tuple[int, int], grad_
 
 
 @pytest.mark.parametrize("writeback", ["stochastic", "rne"])
-@pytest.mark.parametrize(("n", "grad_dtype", "offset"), [(4096 * 33, torch.bfloat16, 0), (1001, torch.float32, 0),
-                                                         (4099, torch.bfloat16, 1)])  # 1: element-wise path
+@pytest.mark.parametrize(
+    ("n", "grad_dtype", "offset"), [(4096 * 33, torch.bfloat16, 0), (1001, torch.float32, 0), (4099, torch.bfloat16, 1)]
+)  # 1: element-wise path
 def test_lion_bf16_bit_exact_over_steps(writeback: str, n: int, grad_dtype: torch.dtype, offset: int) -> None:
     from nvfp4_cuda import reference_master
 

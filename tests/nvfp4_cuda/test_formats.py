@@ -33,11 +33,31 @@ def test_e2m1_table_matches_ml_dtypes() -> None:
 
 
 @pytest.mark.parametrize("encode", [F.e2m1_encode, F.e2m1_encode_grid], ids=["fast", "grid"])
-@pytest.mark.parametrize(("value", "code"), [
-    (0.0, 0), (-0.0, 8), (0.25, 0), (0.2500001, 1), (0.75, 2), (0.7499999, 1), (1.25, 2), (1.75, 4), (2.5, 4),
-    (3.5, 6), (5.0, 6), (5.0000005, 7), (6.0, 7), (7.0, 7), (1e30, 7), (-0.1, 8), (-0.25, 8), (-6.5, 15),
-    (-3.0, 13), (1.5, 3),
-])
+@pytest.mark.parametrize(
+    ("value", "code"),
+    [
+        (0.0, 0),
+        (-0.0, 8),
+        (0.25, 0),
+        (0.2500001, 1),
+        (0.75, 2),
+        (0.7499999, 1),
+        (1.25, 2),
+        (1.75, 4),
+        (2.5, 4),
+        (3.5, 6),
+        (5.0, 6),
+        (5.0000005, 7),
+        (6.0, 7),
+        (7.0, 7),
+        (1e30, 7),
+        (-0.1, 8),
+        (-0.25, 8),
+        (-6.5, 15),
+        (-3.0, 13),
+        (1.5, 3),
+    ],
+)
 def test_e2m1_rne_ties_saturation_negative_zero(encode, value: float, code: int) -> None:
     assert int(encode(torch.tensor([value], dtype=torch.float32))[0]) == code
 
@@ -97,7 +117,7 @@ def test_every_e2m1_times_e4m3_product_is_exact_in_bf16() -> None:
 
 def test_pow2_and_e8m0_decode_exhaustive() -> None:
     e = torch.arange(-149, 128)
-    assert torch.equal(F.pow2_f32(e).double(), torch.tensor([2.0**int(k) for k in e], dtype=torch.float64))
+    assert torch.equal(F.pow2_f32(e).double(), torch.tensor([2.0 ** int(k) for k in e], dtype=torch.float64))
     s = torch.arange(256).to(torch.uint8)
     dec = F.e8m0_decode(s)
     ml = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
@@ -105,8 +125,7 @@ def test_pow2_and_e8m0_decode_exhaustive() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.floats(-100, 100, width=32), min_size=1, max_size=64),
-       st.integers(0, 2**24 - 1))
+@given(st.lists(st.floats(-100, 100, width=32), min_size=1, max_size=64), st.integers(0, 2**24 - 1))
 def test_e2m1_rounding_lands_on_a_neighbour(values: list[float], r: int) -> None:
     """RNE picks a nearest grid point; stochastic rounding picks one of the two bracketing grid points."""
     v = torch.tensor(values, dtype=torch.float32)

@@ -25,7 +25,7 @@ def te_qgemm_oracle(a: nvfp4_cuda.NVFP4Tensor, b: nvfp4_cuda.NVFP4Tensor) -> np.
     sb = F.e4m3_decode(b.block_scales).double().numpy()
     y = np.zeros((a.shape[0], b.shape[0]))
     for k in range(a.shape[1] // 16):
-        blk = qa[:, 16 * k:16 * k + 16] @ qb[:, 16 * k:16 * k + 16].T
+        blk = qa[:, 16 * k : 16 * k + 16] @ qb[:, 16 * k : 16 * k + 16].T
         y += np.outer(sa[:, k], sb[:, k]) * blk
     alpha = np.float32(a.tensor_scale.item()) * np.float32(b.tensor_scale.item())
     return y * float(alpha)

@@ -178,8 +178,9 @@ def _run_lion(writeback: str, shape=(512, 64), steps: int = STEPS):
     grad = torch.ones(*shape)
     p0, s0 = p.clone(), s.clone()
     for step in range(steps):
-        nvfp4_cuda.lion_step_mxfp8_(p, s, grad, mom, lr=LR, writeback=writeback, compensation=comp, seed=11,
-                                    step=step, tensor_id=4)
+        nvfp4_cuda.lion_step_mxfp8_(
+            p, s, grad, mom, lr=LR, writeback=writeback, compensation=comp, seed=11, step=step, tensor_id=4
+        )
     return p0, s0, p, s, w0, comp
 
 
@@ -228,10 +229,9 @@ def test_sr_bf16_exact_values_unchanged_and_neighbours() -> None:
     nvfp4_cuda.stochastic_round_to_bf16_(dst, exact, seed=1, step=2, tensor_id=3)
     assert torch.equal(dst.float(), exact)
     x = torch.randn(5000) * 1e3
-    nvfp4_cuda.stochastic_round_to_bf16_(dst := torch.empty(5000, dtype=torch.bfloat16), x, seed=1, step=2,
-                                         tensor_id=3)
+    nvfp4_cuda.stochastic_round_to_bf16_(dst := torch.empty(5000, dtype=torch.bfloat16), x, seed=1, step=2, tensor_id=3)
     bits = x.view(torch.int32).long() & 0xFFFFFFFF
-    down = ((bits & ~0xFFFF) >> 16)  # truncation toward zero, as bf16 bits
+    down = (bits & ~0xFFFF) >> 16  # truncation toward zero, as bf16 bits
     up = down + 1  # next bf16 magnitude away from zero
     got = dst.view(torch.int16).long() & 0xFFFF
     assert bool(((got == down) | (got == up)).all())
@@ -273,8 +273,10 @@ def test_lion_bf16_api_equals_reference(writeback: str) -> None:
     assert not torch.equal(p, p0)  # the weights moved
 
 
-@pytest.mark.parametrize("module", ["nvfp4_cuda", "nvfp4_cuda.api", "nvfp4_cuda.reference",
-                                    "nvfp4_cuda.reference_master", "nvfp4_cuda.tensor"])
+@pytest.mark.parametrize(
+    "module",
+    ["nvfp4_cuda", "nvfp4_cuda.api", "nvfp4_cuda.reference", "nvfp4_cuda.reference_master", "nvfp4_cuda.tensor"],
+)
 def test_docstring_examples_run(module: str) -> None:
     """The public functions' examples (decode_scaled, gemm_decoded, quantize_decoded, lion_step_bf16_, ...) run."""
     import doctest

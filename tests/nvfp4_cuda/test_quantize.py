@@ -39,7 +39,7 @@ def oracle_quantize(x: np.ndarray, block_2d: bool) -> tuple[np.ndarray, np.ndarr
     bam = np.abs(x).reshape(r, c // 16, 16).max(axis=2)
     if block_2d:
         for t in range(0, r, 16):
-            bam[t:t + 16] = bam[t:t + 16].max(axis=0, keepdims=True)
+            bam[t : t + 16] = bam[t : t + 16].max(axis=0, keepdims=True)
     sf_f = np.minimum(bam * np.float32(s_enc * np.float32(1.0 / 6.0)), np.float32(448.0)).astype(np.float32)
     sf = sf_f.astype(ml_dtypes.float8_e4m3fn)
     with np.errstate(divide="ignore", over="ignore"):
@@ -64,8 +64,10 @@ DISTRIBUTIONS = {
     "tiny": lambda g: torch.randn(48, 96, generator=g) * 1e-30,
     "huge": lambda g: torch.randn(48, 96, generator=g) * 1e30,
     "fp32_subnormal": lambda g: torch.randn(48, 96, generator=g) * 1e-41,
-    "with_zero_blocks": lambda g: torch.randn(48, 96, generator=g) * (torch.rand(48, 6, 1, generator=g) > 0.3)
-    .float().expand(48, 6, 16).reshape(48, 96),
+    "with_zero_blocks": lambda g: (
+        torch.randn(48, 96, generator=g)
+        * (torch.rand(48, 6, 1, generator=g) > 0.3).float().expand(48, 6, 16).reshape(48, 96)
+    ),
     "integers": lambda g: torch.randint(-8, 9, (48, 96), generator=g).float(),
 }
 
@@ -206,9 +208,14 @@ def test_stochastic_rounding_unbiased(value: float) -> None:
     assert set(torch.unique(vals).tolist()) <= {target - target % u, target - target % u + u}
 
 
-@pytest.mark.parametrize(("bad", "match"), [
-    (torch.randn(16), "2-D"), (torch.randn(4, 24), "multiple of 16"), (torch.ones(2, 16, dtype=torch.int32), "floating"),
-])
+@pytest.mark.parametrize(
+    ("bad", "match"),
+    [
+        (torch.randn(16), "2-D"),
+        (torch.randn(4, 24), "multiple of 16"),
+        (torch.ones(2, 16, dtype=torch.int32), "floating"),
+    ],
+)
 def test_bad_input_errors(bad: torch.Tensor, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         nvfp4_cuda.quantize_nvfp4(bad)
