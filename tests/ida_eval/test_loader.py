@@ -115,7 +115,7 @@ def test_float32_and_device_map(tok, ids, tmp_path):
     assert f32.model.embed_tokens.weight.dtype == torch.float32
     assert torch.equal(_logits(f32, ids), _logits(mxfp8_reference(model, torch.float32), ids))
     auto, _ = load_model(ckpt, device_map="auto")
-    assert set(map(str, auto.hf_device_map.values())) == {"cpu"}
+    assert {p.device.type for p in auto.parameters()} == {"cpu"}  # no GPU here: "auto" places all on the CPU
     plain, _ = load_model(ckpt)
     assert torch.equal(_logits(auto, ids), _logits(plain, ids))
 
@@ -196,7 +196,8 @@ def test_wrong_orientation_is_a_clear_error(tok, tmp_path):
     bad = _rewrite(ckpt, tmp_path / "bad", lambda t, m: (t, {**m, "orientation": "out_in"}))
     with pytest.raises(
         CheckpointLoadError,
-        match=r"_proj.weight'.*shape \((128, 64|64, 128)\) after loading \(orientation=out_in\) does not match",
+        match=r"model.safetensors: tensor '.*_proj.weight' has shape \[\d+, \d+\] but NemotronForCausalLM needs "
+        r"\[\d+, \d+\] \(orientation=out_in\)",
     ):
         load_model(bad)
     # a file whose metadata the codec rejects: the codec's error (a ValueError naming the file) surfaces
@@ -243,16 +244,13 @@ def test_gpu_device_map_decodes_on_device_bit_identically(tok, ids, tmp_path):
 def test_split_decode_over_threads_is_bit_identical(dtype, tok, tmp_path, monkeypatch):
     """Every MXFP8 tensor decoded in parts on several threads (SPLIT_MIN_VALUES=1) gives the same
     parameters as the reference decode(encode(w)); each parameter is contiguous, owns its storage."""
-    import ida_eval.loader as loader
     import mxfp8_codec.numerics as numerics
 
     model = tiny_model("nemotron", len(tok), hidden=96)
     ckpt = save_mxfp8_checkpoint(model, tok, tmp_path / "m")
-    for module, threshold in ((loader, 1), (numerics, 1)):
-        monkeypatch.setattr(module, "SPLIT_MIN_VALUES", threshold)
+    monkeypatch.setattr(numerics, "SPLIT_MIN_VALUES", 1)
     split, _ = load_model(ckpt, dtype=dtype)
-    for module in (loader, numerics):
-        monkeypatch.setattr(module, "SPLIT_MIN_VALUES", 1 << 62)
+    monkeypatch.setattr(numerics, "SPLIT_MIN_VALUES", 1 << 62)
     whole, _ = load_model(ckpt, dtype=dtype)
     ref = mxfp8_reference(model).to(dtype).state_dict()
     bits = torch.int16 if dtype == torch.bfloat16 else torch.int32

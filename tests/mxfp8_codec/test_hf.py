@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 import mxfp8_codec.hf as mxhf
 from ida_eval import load_model
-from mxfp8_codec import decode_mxfp8, is_projection_weight, open_mxfp8, write_mxfp8_safetensors
+from mxfp8_codec import decode_mxfp8, hf_modules, is_projection_weight, open_mxfp8, write_mxfp8_safetensors
 from mxfp8_codec.header import sniff_mxfp8
 from tests.ida_eval.support import (
     ARCHS,
@@ -568,10 +568,10 @@ def test_forward_uses_shared_scratch_but_not_under_autograd(tok, tmp_path):
     ids = torch.tensor([[1, 2, 3]])
     with torch.no_grad():
         got(ids)
-    before = dict(mxhf.SCRATCH._buffers)
+    before = dict(hf_modules.SCRATCH._buffers)
     with torch.no_grad():
         got(ids)
-    assert all(mxhf.SCRATCH._buffers[k] is v for k, v in before.items())  # reused, not reallocated
+    assert all(hf_modules.SCRATCH._buffers[k] is v for k, v in before.items())  # reused, not reallocated
     x = torch.randn(2, 64, requires_grad=True)
     q = got.model.layers[0].self_attn.q_proj
     y = q(x.to(torch.bfloat16))
@@ -592,7 +592,7 @@ def test_forwards_in_several_threads_use_their_own_scratch(tok, ids, tmp_path):
     barrier, ptrs = threading.Barrier(2), []
 
     def grab() -> None:
-        buf = mxhf.SCRATCH.get((8, 8), torch.float32, torch.device("cpu"))
+        buf = hf_modules.SCRATCH.get((8, 8), torch.float32, torch.device("cpu"))
         barrier.wait()  # both threads hold their buffer now
         ptrs.append(buf.data_ptr())
 

@@ -245,7 +245,7 @@ def test_team_decode_equals_one_call(threads: int) -> None:
     """decode_mxfp8(team=(torch's OpenMP runtime, threads)): the rows split over an OpenMP team give
     the bits of one decode, every dtype and shape (fewer rows than threads, partial blocks), numpy
     and torch; a team wider than the machine too."""
-    from mxfp8_codec.hf import _torch_openmp_runtime
+    from mxfp8_codec.hf_modules import _torch_openmp_runtime
 
     runtime = _torch_openmp_runtime()
     if runtime is None:
@@ -271,7 +271,7 @@ def test_team_decode_equals_one_call(threads: int) -> None:
 def test_forwards_find_torchs_openmp_runtime() -> None:
     """Where torch runs on OpenMP and /proc exists, mxfp8_codec.hf finds the runtime library torch
     loaded (so a forward's decode runs on torch's threads, not on one)."""
-    from mxfp8_codec.hf import _torch_openmp_runtime
+    from mxfp8_codec.hf_modules import _torch_openmp_runtime
 
     if "parallel backend: OpenMP" not in torch.__config__.parallel_info() or not Path("/proc/self/maps").exists():
         pytest.skip("torch's parallel backend is not OpenMP here, or no /proc")

@@ -1,0 +1,359 @@
+"""The torch modules of the transformers integration: an MXFP8-resident ``nn.Linear`` and an embedding
+that reads its rows from the checkpoint file, with the decodes they run at each forward.
+
+:class:`MXFP8Linear` keeps a projection's E4M3 payload and UE8M0 scale bytes exactly as the file stores
+them and decodes the weight at each forward, in the file's layout (no transpose pass), into one scratch
+buffer shared by all projections on that device and dtype (:data:`SCRATCH`, one per thread): on the CPU
+the codec's native C kernel on torch's own OpenMP team (:func:`decode_cpu`), on other devices torch ops
+(:func:`decode_into`). :class:`FileRowsEmbedding` answers inference lookups with ``os.preadv`` of the
+needed rows. Both are installed by :class:`mxfp8_codec.hf.MXFP8HfQuantizer` through
+:mod:`mxfp8_codec.hf_load`; nothing here imports transformers.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mxfp8_codec.errors import MXFP8Error
+from mxfp8_codec.numerics import decode_mxfp8, decode_mxfp8_split
+
+__all__ = [
+    "KERNEL_DTYPES",
+    "SCRATCH",
+    "FileRows",
+    "FileRowsEmbedding",
+    "MXFP8Linear",
+    "decode_cpu",
+    "decode_into",
+    "kernel_dtype",
+    "mxfp8_modules",
+    "prepare_cpu_decode",
+]
+
+KERNEL_DTYPES = (torch.bfloat16, torch.float32)  # what the decode kernels write; other dtypes go through float32
+
+
+def kernel_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a weight of ``dtype`` is decoded in: itself when a kernel writes it (bf16, f32),
+    else float32, rounded once into ``dtype`` afterwards (float32 holds every decoded value exactly)."""
+    return dtype if dtype in KERNEL_DTYPES else torch.float32
+
+
+def decode_into(payload: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, *, transpose: bool) -> torch.Tensor:
+    """Decode MXFP8 ``payload`` (uint8 ``[R, C]``) into ``out`` with torch ops, no allocation of
+    ``out``'s size: ``out`` is ``[R, C]`` (or ``[C, R]`` with ``transpose``), bfloat16 or float32.
+
+    ``e4m3 -> out dtype`` is exact; the per-block factor ``2^(s - 127)`` comes from the UE8M0 byte
+    as ``float8_e8m0fnu`` (byte 255 -> NaN, byte 0 -> 2^-127, both representable in bf16/f32), and
+    the product is rounded once (torch multiplies bf16 in float32 and rounds): the codec's rule,
+    bit for bit (tests compare with ``decode_mxfp8`` over every code and scale byte). Used on
+    non-CPU devices; partial blocks (``C % 32 != 0``) go through the codec.
+    """
+    rows, cols = payload.shape
+    if cols % 32 or out.dtype not in KERNEL_DTYPES:
+        decode_mxfp8(payload, scales, dtype=out.dtype, out=out, transpose=transpose)
+        return out
+    factor = scales.view(torch.float8_e8m0fnu).to(out.dtype).unsqueeze(-1)  # [R, C/32, 1]: 1/32 of the size
+    if not transpose:
+        view = out.view(rows, cols // 32, 32)
+        view.copy_(payload.view(torch.float8_e4m3fn).view(rows, cols // 32, 32))
+        view.mul_(factor)
+        return out
+    view = out.t().view(rows, cols // 32, 32)  # out is [C, R]: its transpose is a strided [R, C] view
+    view.copy_(payload.view(torch.float8_e4m3fn).view(rows, cols // 32, 32))
+    view.mul_(factor)
+    return out
+
+
+_pool_lock = threading.Lock()
+_pool: Any = None
+
+
+def _threads() -> Any:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _pool = ThreadPoolExecutor(max_workers=max(1, torch.get_num_threads() - 1), thread_name_prefix="mxfp8-hf")
+        return _pool
+
+
+@functools.cache
+def _torch_openmp_runtime() -> str | None:
+    """The path of the OpenMP runtime torch's intra-op threads belong to, or None.
+
+    Found among the libraries this process has mapped (``/proc/self/maps``): a ``libgomp``,
+    ``libomp`` or ``libiomp5`` inside torch's installation (``torch/lib``, ``torch.libs``), else
+    the only one loaded; None when torch's parallel backend is not OpenMP, or where that cannot
+    be told (no /proc, several runtimes)."""
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        return None
+    try:
+        with open("/proc/self/maps") as f:
+            fields = [line.split(maxsplit=5) for line in f]
+    except OSError:
+        return None
+    paths = {f[5].strip() for f in fields if len(f) == 6}
+    runtimes = sorted(p for p in paths if re.match(r"lib(gomp|omp|iomp5)\b", Path(p).name))
+    home = Path(torch.__file__).resolve().parent  # torch/ (torch/lib) and its sibling torch.libs
+    own = [
+        p for p in runtimes if any(Path(p).resolve().is_relative_to(d) for d in (home, home.with_name("torch.libs")))
+    ]
+    found = own or runtimes
+    return found[0] if len(found) == 1 else None
+
+
+def decode_cpu(
+    payload: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, transpose: bool, name: str, *, split: bool = False
+) -> None:
+    """The codec's C kernel into ``out`` (same bits however it is split).
+
+    A forward's decode (``transpose=False``) runs on torch's own OpenMP thread team
+    (``decode_mxfp8(team=...)``), ``torch.get_num_threads()`` wide. A decode on threads of our own
+    made forwards slower, not faster: torch's OpenMP threads keep spinning after a GEMM and a
+    competing thread fought them (64-token forwards ~1.5x, greedy tokens ~1.7x slower than one
+    thread); on torch's team there is nothing to fight (benchmarks/bench_hf.py). With ``split``
+    (loading, transposing decodes) the pieces go to a thread pool, when no GEMM is running."""
+    if not split:  # the forward's path: no pool, no lock
+        runtime = _torch_openmp_runtime()
+        team = (runtime, torch.get_num_threads()) if runtime and torch.get_num_threads() > 1 else None
+        decode_mxfp8(payload, scales, dtype=out.dtype, out=out, transpose=transpose, name=name, team=team)
+        return
+    decode_mxfp8_split(
+        payload, scales, out, pool=_threads(), parts=min(torch.get_num_threads(), 8), transpose=transpose, name=name
+    )
+
+
+def prepare_cpu_decode(dtype: torch.dtype) -> None:
+    """Do at load what the first CPU forward would otherwise do once: load (or build) the native
+    kernel, its decode table and the OpenMP runtime, with one tiny decode through the forward's
+    path. Inside a forward the same work took ~0.2 s rather than ~0.05 s (torch's OpenMP threads
+    spin beside it). ``dtype`` is the model's: every dtype :class:`MXFP8Linear` takes (float16 and
+    float64 decode through float32, :func:`kernel_dtype`)."""
+    block = torch.zeros((2, 32), dtype=torch.uint8)
+    out = torch.empty((2, 32), dtype=kernel_dtype(dtype))
+    decode_cpu(block, torch.full((2, 1), 127, dtype=torch.uint8), out, False, "warm-up")
+
+
+class _Scratch:
+    """One decode buffer per (thread, device, dtype), grown to the largest weight: every
+    MXFP8Linear on that device decodes into it (a forward runs one layer at a time). Per thread,
+    so that forwards of the same model in several threads never share a buffer."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    @property
+    def _buffers(self) -> dict[tuple[str, torch.dtype], torch.Tensor]:
+        buffers = getattr(self._local, "buffers", None)
+        if buffers is None:
+            buffers = self._local.buffers = {}
+        return buffers
+
+    def get(self, shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        key = (str(device), dtype)
+        n = shape[0] * shape[1]
+        buf = self._buffers.get(key)
+        if buf is None or buf.numel() < n:
+            buf = torch.empty(n, dtype=dtype, device=device)
+            self._buffers[key] = buf
+        return buf[:n].view(shape)
+
+    def clear(self) -> None:
+        """Free this thread's buffers."""
+        self._buffers.clear()
+
+
+SCRATCH = _Scratch()
+
+
+class MXFP8Linear(nn.Module):
+    """A projection whose weight stays MXFP8 in memory and is decoded at each forward.
+
+    Buffers (not in ``state_dict``: ``save_pretrained`` goes through the quantizer):
+    ``payload`` (uint8 E4M3 codes) and ``scales`` (uint8 UE8M0 bytes), both exactly as stored in
+    the file -- ``[in, out]`` / ``[in, ceil(out / 32)]`` for ``orientation="in_out"``, ``[out, in]``
+    / ``[out, ceil(in / 32)]`` for ``"out_in"``. ``bias`` is an ordinary parameter.
+
+    Attributes:
+        in_features, out_features: as ``nn.Linear``.
+        orientation: the file's layout of ``payload``.
+        dtype: the decoded weight's dtype (the model dtype).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        bias: nn.Parameter | None,
+        orientation: str,
+        dtype: torch.dtype,
+        name: str = "",
+    ) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.orientation = orientation
+        self.dtype = dtype
+        self.name = name
+        self.bias = bias
+        self.register_buffer("payload", None, persistent=False)
+        self.register_buffer("scales", None, persistent=False)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+            f"orientation={self.orientation}, dtype={self.dtype}"
+        )
+
+    @property
+    def stored_shape(self) -> tuple[int, int]:
+        return (
+            (self.in_features, self.out_features)
+            if self.orientation == "in_out"
+            else (self.out_features, self.in_features)
+        )
+
+    def decode_weight(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The weight as ``nn.Linear`` holds it: ``[out, in]``, contiguous, ``self.dtype``; into
+        ``out`` when given (else a new tensor)."""
+        if out is None:
+            out = torch.empty((self.out_features, self.in_features), dtype=self.dtype, device=self._payload().device)
+        return self._decode(out, transpose=self.orientation == "in_out")
+
+    def decode_stored(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The weight decoded in the file's layout (``stored_shape``, contiguous, ``self.dtype``):
+        ``[in, out]`` for ``in_out``, i.e. the transpose of :meth:`decode_weight`, the same values.
+        No transpose pass: what each forward decodes (into ``out``, else a new tensor)."""
+        if out is None:
+            out = torch.empty(self.stored_shape, dtype=self.dtype, device=self._payload().device)
+        return self._decode(out, transpose=False)
+
+    def _payload(self) -> torch.Tensor:
+        if self.payload is None or self.scales is None:
+            raise MXFP8Error(f"{self.name}: MXFP8 weight not loaded")
+        return self.payload
+
+    def _decode(self, out: torch.Tensor, *, transpose: bool) -> torch.Tensor:
+        if out.dtype not in KERNEL_DTYPES:
+            tmp = torch.empty(out.shape, dtype=kernel_dtype(out.dtype), device=out.device)
+            return out.copy_(self._decode(tmp, transpose=transpose))  # exact in float32: rounded once here
+        payload = self._payload()
+        if payload.device.type == "cpu":
+            decode_cpu(payload, self.scales, out, transpose, self.name)
+        else:
+            decode_into(payload, self.scales, out, transpose=transpose)
+        return out
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """A decoded copy (``[out, in]``, model dtype) -- for inspection; the module keeps MXFP8."""
+        return self.decode_weight()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Decode in the file's layout and hand F.linear the [out, in] view of it: for in_out files
+        # a transposed view, which BLAS takes as it is (no transpose pass over the weight).
+        if torch.is_grad_enabled() and x.requires_grad:  # autograd keeps the weight: no shared scratch
+            stored = self.decode_stored()
+        else:
+            stored = self.decode_stored(SCRATCH.get(self.stored_shape, self.dtype, self._payload().device))
+        w = stored.t() if self.orientation == "in_out" else stored
+        return F.linear(x, w.to(x.dtype) if w.dtype != x.dtype else w, self.bias)
+
+
+class FileRows:
+    """Positional reads of one stored 2-D tensor's rows from its checkpoint file.
+
+    Holds its own descriptor of the file as it was opened at load, so a checkpoint replaced on
+    disk (our writers and ``save_pretrained`` replace files) is still read as loaded. A copy
+    (``copy.deepcopy``, pickling) has no descriptor: the module it belongs to then looks rows up
+    in its weight as ``nn.Embedding`` does.
+    """
+
+    def __init__(self, path: str, name: str, offset: int, row_bytes: int) -> None:
+        self.path, self.name, self.offset, self.row_bytes = path, name, offset, row_bytes
+        self.fd: int | None = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+    def read(self, rows: list[int], out: np.ndarray) -> None:
+        """Read ``rows`` into ``out`` (uint8 ``[len(rows), row_bytes]``)."""
+        assert self.fd is not None
+        for i, row in enumerate(rows):
+            got = os.preadv(self.fd, [out[i]], self.offset + row * self.row_bytes)
+            if got != self.row_bytes:
+                raise MXFP8Error(
+                    f"{self.path}: tensor {self.name!r}: row {row} is cut short ({got} of {self.row_bytes} bytes; "
+                    "was the file truncated or rewritten in place while the model was loaded?)"
+                )
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "fd": None}
+
+    def __del__(self) -> None:
+        if getattr(self, "fd", None) is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class FileRowsEmbedding(nn.Embedding):
+    """``nn.Embedding`` whose inference lookups read the looked-up rows from the checkpoint file.
+
+    transformers keeps a bf16 embedding as a view of the mapped file. A lookup then maps, on
+    kernels with large page-cache folios (Linux >= 6.18 on ext4, as measured), the whole folio
+    around each row -- up to 2 MiB per token: 64 tokens made ~65 MiB of a 94 MiB table resident.
+    Reading each needed row with ``os.preadv`` instead adds only the rows to the process; the
+    table stays in the page cache, as the rest of a mapped checkpoint does before it is touched.
+    The rows are the stored bytes, so the output equals ``F.embedding``'s bit for bit.
+
+    The weight parameter is unchanged (``state_dict``, ``save_pretrained`` and autograd see it).
+    A lookup falls back to ``nn.Embedding.forward`` -- the weight as it is now -- whenever the
+    file may not hold it: the parameter was replaced or moved (``.to``, ``.data =``), changed in
+    place through autograd's view of it (its version counter moved), or gradients are wanted, or
+    ``max_norm`` is set, or the indices are not on the CPU or out of range (``nn.Embedding``'s
+    error), or not integers. Only :class:`mxfp8_codec.hf.MXFP8HfQuantizer` installs it (:func:`mxfp8_codec.hf_load.read_rows_from_file`).
+    """
+
+    _rows: FileRows | None = None
+    _weight_key: tuple[int, int, torch.dtype, tuple[int, ...]] | None = None
+
+    def _weight_state(self) -> tuple[int, int, torch.dtype, tuple[int, ...]]:
+        w = self.weight
+        return (w.data_ptr(), w._version, w.dtype, tuple(w.shape))
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        rows = self._rows
+        if (
+            rows is None
+            or rows.fd is None
+            or self.max_norm is not None
+            or input.device.type != "cpu"
+            or (torch.is_grad_enabled() and self.weight.requires_grad)
+            or self._weight_state() != self._weight_key
+            or input.numel() == 0
+            or input.dtype not in (torch.int64, torch.int32)
+        ):
+            return super().forward(input)
+        flat = input.reshape(-1)
+        if int(flat.min()) < 0 or int(flat.max()) >= self.num_embeddings:
+            return super().forward(input)  # nn.Embedding's own IndexError
+        unique, inverse = torch.unique(flat, return_inverse=True)
+        table = torch.empty((unique.numel(), self.embedding_dim), dtype=self.weight.dtype)
+        rows.read(unique.tolist(), table.view(torch.uint8).numpy())
+        return table[inverse].view(*input.shape, self.embedding_dim)
+
+
+def mxfp8_modules(model: nn.Module) -> Iterable[tuple[str, MXFP8Linear]]:
+    """``(name, module)`` of every MXFP8-resident projection in ``model``."""
+    return ((n, m) for n, m in model.named_modules() if isinstance(m, MXFP8Linear))
