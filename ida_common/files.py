@@ -72,6 +72,7 @@ __all__ = [
     "lock_temporary",
     "nearest_existing",
     "sweep_stale",
+    "temp_owner",
     "temp_pattern",
 ]
 
@@ -171,9 +172,18 @@ def check_output(
 # temporaries: names, locks, the sweep
 
 
+_TEMP_TAIL = r"\.[a-z0-9_]{8}\.tmp"  # mkstemp's 8 characters, then .tmp
+
+
 def temp_pattern(name: str) -> re.Pattern[str]:
-    """The names of the temporaries written for ``name``: ``.NAME.XXXXXXXX.tmp`` (mkstemp's 8 characters)."""
-    return re.compile(rf"\.{re.escape(name)}\.[a-z0-9_]{{8}}\.tmp")
+    """The names of the temporaries written for ``name``: ``.NAME.XXXXXXXX.tmp``."""
+    return re.compile(rf"\.{re.escape(name)}{_TEMP_TAIL}")
+
+
+def temp_owner(entry: str) -> str | None:
+    """The ``NAME`` whose temporary ``entry`` is (``.NAME.XXXXXXXX.tmp``), else None."""
+    m = re.fullmatch(rf"\.(.+?){_TEMP_TAIL}", entry)
+    return m.group(1) if m else None
 
 
 def lock_temporary(fd: int) -> bool:

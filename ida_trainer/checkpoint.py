@@ -11,14 +11,16 @@ Layout of ``<out>/checkpoints/ckpt-000120/``:
   safetensors file cannot hold bit-exactly, e.g. the bf16 recipe's FP32 masters).
 - ``trainer_state.json``: step, data cursor, RNG states (torch CPU/CUDA, python), config digest.
 
-Atomicity: everything is written into ``ckpt-000120.tmp/``, every file and the directory are fsynced,
-then the directory is renamed to ``ckpt-000120`` (``os.replace``; the parent is fsynced too). A crash at
-any point leaves either the previous complete checkpoints untouched plus a ``.tmp`` directory (removed
-on the next start) or the new complete checkpoint: resume only ever sees complete checkpoints, because
-only a complete directory carries the final name. After a successful save all but the newest
+Atomicity: the directory is written by :func:`ida_common.files.atomic_directory` (the one place the
+project makes durable directories): into a hidden, locked ``.ckpt-000120.XXXXXXXX.tmp/``, every file
+and the directory fsynced, then moved to ``ckpt-000120`` (a re-save of the same step: an atomic
+exchange with the old one). A crash at any point leaves either the previous complete checkpoints
+untouched plus a temporary (swept on the next start, :func:`remove_partial`) or the new complete
+checkpoint: resume only ever sees complete checkpoints, because only a complete directory carries the
+final name. After a successful save all but the newest
 ``keep`` checkpoints *of the same run* are deleted: every checkpoint records its run's id
 (``trainer_state.json`` ``run_id``), and a checkpoint of another run is never pruned or resumed.
-Kill points (:mod:`ida_common.killpoint`): ``checkpoint.files_written`` (before the rename) and
+Kill points (:mod:`ida_common.killpoint`): ``checkpoint.files_written`` (before the move) and
 ``checkpoint.renamed`` (before pruning).
 
 Export (:func:`export_checkpoint`): the publishable directory is produced with the codec's header-only
@@ -42,26 +44,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from ida_common.files import atomic_directory, atomic_write_text, fsync_dir, fsync_tree
+from ida_common.files import atomic_directory, atomic_write_text, sweep_stale, temp_owner
 from ida_common.killpoint import kill_point
 
 CKPT_PREFIX = "ckpt-"
-TMP_SUFFIX = ".tmp"
-OLD_SUFFIX = ".old" + TMP_SUFFIX  # a complete checkpoint being replaced by a re-save of its step
+TMP_SUFFIX = ".tmp"  # every temporary (ours: ida_common.files.temp_pattern) and those of older versions
+OLD_SUFFIX = ".old" + TMP_SUFFIX  # older versions: a complete checkpoint being replaced by a re-save of its step
 MODEL_FILE = "model.safetensors"
 OPTIM_FILE = "optimizer.pt"
 STATE_FILE = "trainer_state.json"
 MANIFEST_FILE = "export_manifest.json"
-_COPY_FILES = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "vocab.json",
-    "merges.txt",
-)
 
 
 def checkpoint_name(step: int) -> str:
@@ -110,10 +102,12 @@ def latest_checkpoint(root: str | Path) -> Path | None:
 
 
 def remove_partial(root: str | Path) -> list[Path]:
-    """Delete ``*.tmp`` checkpoint directories left by a crash; returns what was removed.
+    """Delete the temporaries a crash left under ``root``; returns what was removed.
 
-    A ``ckpt-N.old.tmp`` whose ``ckpt-N`` is missing is a complete checkpoint caught between the two
-    renames of a re-save: it is moved back to its name instead.
+    Temporaries of :func:`save_checkpoint` (``.ckpt-N.XXXXXXXX.tmp``) are swept only when their writer
+    is gone (:func:`ida_common.files.sweep_stale`). Directories of older versions of this module,
+    ``ckpt-N.tmp``, are removed; their ``ckpt-N.old.tmp`` whose ``ckpt-N`` is missing is a complete
+    checkpoint caught between the two renames of a re-save and is moved back to its name instead.
     """
     root = Path(root)
     if not root.is_dir():
@@ -125,7 +119,10 @@ def remove_partial(root: str | Path) -> list[Path]:
     removed = [p for p in root.glob(f"{CKPT_PREFIX}*{TMP_SUFFIX}") if p.is_dir()]
     for p in removed:
         shutil.rmtree(p)
-    return removed
+    owners = {temp_owner(p.name) for p in root.iterdir()}
+    for name in sorted(n for n in owners if n is not None and n.startswith(CKPT_PREFIX)):
+        removed += sweep_stale(root, name)
+    return sorted(removed)
 
 
 def rng_state() -> dict[str, Any]:
@@ -200,45 +197,30 @@ def save_checkpoint(
     Example:
         >>> # save_checkpoint(run / "checkpoints", 100, tensors=export_state(model), ...)  # doctest: +SKIP
     """
+    from ida_trainer.precision import EXPORT_LAYOUT
     from mxfp8_codec import write_mxfp8_safetensors
     from mxfp8_codec.hf_config import write_config_json
 
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / checkpoint_name(step)
-    tmp = root / (checkpoint_name(step) + TMP_SUFFIX)
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    from ida_trainer.precision import EXPORT_LAYOUT
-
-    write_mxfp8_safetensors(
-        tmp / MODEL_FILE,
-        tensors,
-        metadata=dict(metadata),
-        progress=False,
-        orientation=EXPORT_LAYOUT.orientation,
-        norm_convention=EXPORT_LAYOUT.norm_convention,
-    )
-    # config.json names our quantization method (orientation, norm convention from the file's metadata)
-    write_config_json(tmp, tmp / MODEL_FILE, config=json.loads(model_config.to_json_string(use_diff=False)))
-    atomic_write_text(tmp / "generation_config.json", generation_config.to_json_string(use_diff=True))
-    tokenizer.save_pretrained(tmp)
-    torch.save(dict(optimizer_state), tmp / OPTIM_FILE)
-    atomic_write_text(tmp / STATE_FILE, json.dumps(dict(trainer_state), indent=1, sort_keys=True) + "\n")
-    fsync_tree(tmp)
-    if before_rename is not None:
-        before_rename(tmp)
-    kill_point("checkpoint.files_written")
-    old = root / (checkpoint_name(step) + OLD_SUFFIX)
-    if final.exists():  # re-saving a step (e.g. resumed at the final step): replace the old directory
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(final, old)  # a kill from here to the next rename: remove_partial moves it back
-    os.replace(tmp, final)
-    fsync_dir(root)
-    if old.exists():
-        shutil.rmtree(old)
+    with atomic_directory(final, overwrite=True) as tmp:  # a re-save of a step replaces it atomically
+        write_mxfp8_safetensors(
+            tmp / MODEL_FILE,
+            tensors,
+            metadata=dict(metadata),
+            progress=False,
+            orientation=EXPORT_LAYOUT.orientation,
+            norm_convention=EXPORT_LAYOUT.norm_convention,
+        )
+        # config.json names our quantization method (orientation, norm convention from the file's metadata)
+        write_config_json(tmp, tmp / MODEL_FILE, config=json.loads(model_config.to_json_string(use_diff=False)))
+        atomic_write_text(tmp / "generation_config.json", generation_config.to_json_string(use_diff=True))
+        tokenizer.save_pretrained(tmp)
+        torch.save(dict(optimizer_state), tmp / OPTIM_FILE)
+        atomic_write_text(tmp / STATE_FILE, json.dumps(dict(trainer_state), indent=1, sort_keys=True) + "\n")
+        if before_rename is not None:
+            before_rename(tmp)
+        kill_point("checkpoint.files_written")
     kill_point("checkpoint.renamed")
     run_id = trainer_state.get("run_id")
     for _, path in list_checkpoints(root, run_id=run_id)[:-keep]:
@@ -327,13 +309,12 @@ def export_checkpoint(
         mxfp8_codec.MXFP8Error: a tensor's bytes differ after the rename.
     """
     from mxfp8_codec import rename_tensors
+    from mxfp8_codec.checkpoint import copy_side_files
 
     ckpt_dir, export_dir = Path(ckpt_dir), Path(export_dir)
     with atomic_directory(export_dir, overwrite=True) as tmp:  # complete under its name, or the old one
         report = rename_tensors(ckpt_dir / MODEL_FILE, tmp / MODEL_FILE, rename or (lambda n: n))
-        for name in _COPY_FILES:
-            if (ckpt_dir / name).is_file():
-                shutil.copy2(ckpt_dir / name, tmp / name)
+        copy_side_files(ckpt_dir, tmp)  # the codec's side-file policy: no weights, no training state
         manifest = {
             "source": str(ckpt_dir),
             "data_sha256": report.data_sha256,

@@ -1,7 +1,8 @@
 """Whole checkpoints: quantize a transformers checkpoint directory to MXFP8, dequantize one back.
 
 The library behind ``python -m mxfp8_codec quantize`` / ``dequantize`` (:mod:`mxfp8_codec.cli` parses
-and prints; this module does the work) and the side-file policy :mod:`mxfp8_codec.export` shares:
+and prints; this module does the work) and the side-file policy every writer of a checkpoint directory
+shares (:mod:`mxfp8_codec.export`, the trainer's export):
 
 * :func:`quantize_checkpoint`: a transformers BF16/F32 checkpoint directory (one file or sharded) ->
   one MXFP8 ``model.safetensors``. 2-D projection weights
@@ -11,7 +12,8 @@ and prints; this module does the work) and the side-file policy :mod:`mxfp8_code
   layout (projections transposed back, folded norms unfolded where the architecture's norms add 1:
   :class:`~mxfp8_codec.layout.CheckpointLayout`), loadable by ``from_pretrained``.
 * :func:`copy_side_files`: config, tokenizer and generation files go along with the weights; weight
-  files (:data:`WEIGHT_SUFFIXES`) and the shard index do not.
+  files (:data:`WEIGHT_SUFFIXES`: optimizer states too), the shard index and training state
+  (:data:`TRAINING_STATE_FILES`) do not.
 * :class:`CheckpointTensors`: the name -> array view over all shards that both directions stream
   through, one tensor in memory at a time.
 
@@ -41,6 +43,7 @@ from mxfp8_codec.writer import write_mxfp8_safetensors, write_safetensors
 
 __all__ = [
     "CheckpointTensors",
+    "TRAINING_STATE_FILES",
     "WEIGHT_SUFFIXES",
     "copy_side_files",
     "dequantize_checkpoint",
@@ -49,6 +52,7 @@ __all__ = [
 ]
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".gguf", ".ckpt")  # not copied
+TRAINING_STATE_FILES = ("trainer_state.json",)  # ida_trainer's and transformers' Trainer's: not a model file
 
 
 def printable(text: str) -> str:
@@ -107,12 +111,13 @@ class CheckpointTensors(Mapping[str, np.ndarray]):
 
 
 def copy_side_files(src: Path, dst: Path) -> list[str]:
-    """Copy config/tokenizer/generation files, each atomically (temp + fsync + rename): a kill
-    mid-copy never leaves a truncated file under its final name. A file that links outside ``src``
+    """Copy config/tokenizer/generation files (every file but weights, the shard index and training
+    state), each atomically (temp + fsync + rename): a kill mid-copy never leaves a truncated file
+    under its final name; returns the names copied. A file that links outside ``src``
     is refused (it would be copied without anyone noticing where it came from)."""
     copied = []
     for f in sorted(src.iterdir()):
-        if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and f.name != INDEX_FILE:
+        if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and f.name not in (INDEX_FILE, *TRAINING_STATE_FILES):
             check_inside_checkpoint(src, f)
             copy_file_atomic(f, dst / f.name)
             copied.append(f.name)
