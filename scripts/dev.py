@@ -5,7 +5,8 @@ pycodestyle, isort, bugbear, blind except; configured in pyproject.toml) and ``r
 
 Each creates (first time) or reuses the project's virtual environment ``.venv`` beside this checkout,
 installs what is missing, then runs the demo (``python -m ida_trainer``) or the tests
-(``python -m pytest -q``) with it. Extra arguments go to that command
+(``python -m pytest -q -n auto --dist loadfile``: pytest-xdist, one worker per CPU, each test file on one
+worker so its module fixtures are built once) with it. Extra arguments go to that command
 (``python3 scripts/dev.py test -k cli``). ``setup`` only prepares the environment.
 
 Environment set-up, in order:
@@ -43,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 STAMP = ".ida-setup"
 COMMANDS = {
     "demo": ["-m", "ida_trainer"],
-    "test": ["-m", "pytest", "-q"],
+    "test": ["-m", "pytest", "-q", "-n", "auto", "--dist", "loadfile"],  # one worker per CPU, a file per worker
     "setup": None,
     "lint": None,
 }
@@ -167,7 +168,7 @@ def _main(run: Run) -> int:
         print(
             __doc__.split("\n\n")[0] + "\n\nusage: python3 scripts/dev.py {demo,test,lint,setup} [ARGS...]\n"
             "  demo   create/reuse .venv, then python -m ida_trainer ARGS (the demo: see README.md)\n"
-            "  test   create/reuse .venv, then python -m pytest -q ARGS\n"
+            "  test   create/reuse .venv, then python -m pytest -q -n auto --dist loadfile ARGS\n"
             "  lint   create/reuse .venv, then ruff check . and ruff format --check . (as CI does)\n"
             "  setup  only create/update .venv\n"
             "  env: IDA_PYTHON (use this interpreter as is), IDA_VENV (venv dir), IDA_TORCH_INDEX (torch index)"

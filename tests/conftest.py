@@ -55,6 +55,25 @@ def mbxp_problems_file() -> Path:
     return d / "mbpp_release_v1.jsonl"
 
 
+@pytest.fixture(scope="module")
+def tok():
+    """A small BPE tokenizer trained on ``tests.ida_eval.support.SMALL_PROBLEMS`` (once per test module);
+    tests/ida_trainer overrides it with the demo's tokenizer."""
+    from tests.ida_eval.support import SMALL_PROBLEMS, train_tokenizer
+
+    return train_tokenizer([p["prompt"] + p["canonical_solution"] for p in SMALL_PROBLEMS] * 2, vocab_size=300)
+
+
+@pytest.fixture(scope="module")
+def ids(tok):
+    """Two prompts of ``SMALL_PROBLEMS`` as a ``[2, 40]`` batch of token ids."""
+    import torch
+
+    from tests.ida_eval.support import SMALL_PROBLEMS
+
+    return torch.tensor([tok(p["prompt"])["input_ids"][:40] for p in SMALL_PROBLEMS[:2]])
+
+
 def processes_with(marker: str) -> list[int]:
     """PIDs of this machine's processes whose command line contains ``marker`` (sandbox tests look
     for what a program left running)."""

@@ -71,6 +71,7 @@ def test_no_canonical_solution_is_degenerate(mbxp_problems_file):
     n=st.integers(WORD_REPEAT_MIN, 40),
     head=st.sampled_from(["", "  x = 1\n  ", "\treturn "]),
 )
+@pytest.mark.slow
 def test_any_repeated_word_run_is_degenerate(word, n, head):
     assert is_degenerate(head + " ".join([word] * n)) is True
 

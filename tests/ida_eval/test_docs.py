@@ -21,7 +21,7 @@ import importlib
 import io
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -30,8 +30,7 @@ import pytest
 from ida_eval import analysis, execute, generate
 from ida_eval.isolation import ISOLATION_LEVELS
 from tests.conftest import REPO_ROOT, mbxp_dir
-from tests.ida_eval.support import SMALL_PROBLEMS
-from tests.ida_eval.test_execute import KNOWN_FAILURES
+from tests.ida_eval.support import KNOWN_FAILURES, SMALL_PROBLEMS, capture_parser
 
 EVAL_MD = REPO_ROOT / "docs" / "eval.md"
 MAX_LINE = 110
@@ -118,29 +117,6 @@ def blocks_or_fail(name: str) -> list[str]:
 # ------------------------------------------------------------------ the CLIs' parsers
 
 
-class _Captured(Exception):
-    def __init__(self, parser: argparse.ArgumentParser) -> None:
-        super().__init__()
-        self.parser = parser
-
-
-def _capture_parser(main: Callable[[list[str]], int]) -> argparse.ArgumentParser:
-    """The parser ``main`` builds: its ``parse_args`` is intercepted, so nothing else runs."""
-
-    def intercept(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
-        raise _Captured(self)
-
-    original = argparse.ArgumentParser.parse_args
-    argparse.ArgumentParser.parse_args = intercept  # type: ignore[method-assign]
-    try:
-        main(["--debug"])  # --debug: the CLI wrapper lets the interception through
-    except _Captured as c:
-        return c.parser
-    finally:
-        argparse.ArgumentParser.parse_args = original  # type: ignore[method-assign]
-    raise AssertionError(f"{main.__module__}.main did not parse its arguments with argparse")
-
-
 @pytest.fixture(scope="module")
 def options() -> Options:
     """``{module: {"--flag": action}}`` of both CLIs (``--help`` and ``--debug``, common to every command and
@@ -149,7 +125,7 @@ def options() -> Options:
 
     out = {}
     for module, main in (("ida_eval.mbxp", mbxp.main), ("ida_eval.execute", execute.main)):
-        parser = _capture_parser(main)
+        parser = capture_parser(main)
         out[module] = {
             opt: action
             for action in parser._actions

@@ -18,6 +18,7 @@ import pytest
 from ida_eval import execute as ex
 from ida_eval.failures import ResultKind, legacy_kind, with_kind
 from ida_eval.problems import ProblemsError, find_problems_file, load_problems
+from tests.ida_eval.support import KNOWN_FAILURES
 
 FAST = ex.ExecutionConfig(timeout=3.0, workers=2, memory_bytes=1 << 30)
 
@@ -355,6 +356,7 @@ def _cli(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_without_reexecuting(tmp_path: Path) -> None:
     n = 12
     problems = [
@@ -583,8 +585,6 @@ def test_largest_time_limit_is_one_the_sandbox_can_run() -> None:
 
 
 # ------------------------------------------------------------------ the MBXP anchor
-
-KNOWN_FAILURES = {f"MBPP/{i}" for i in (56, 349, 899, 967, 367, 927, 601, 160, 596, 341, 642, 607, 631, 64, 966)}
 
 
 @pytest.mark.slow

@@ -11,14 +11,9 @@ from hypothesis import strategies as st
 
 from ida_eval import STOP_STRINGS, DecodingConfig, generate_completions, truncate_completion
 from ida_eval.generate import cut_at_stop
-from tests.ida_eval.support import ARCHS, SMALL_PROBLEMS, read_problems, tiny_model, train_tokenizer
+from tests.ida_eval.support import ARCHS, SMALL_PROBLEMS, read_problems, tiny_model
 
 PROMPT = '\n\ndef f(x):\n\t"""\n\tDoc.\n\t"""\n'
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return train_tokenizer([p["prompt"] + p["canonical_solution"] for p in SMALL_PROBLEMS] * 2, vocab_size=300)
 
 
 def test_cut_and_parse_fallback():

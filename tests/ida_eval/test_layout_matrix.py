@@ -15,15 +15,10 @@ import torch
 from ida_eval import load_model
 from mxfp8_codec import is_projection_weight, load_file, read_mxfp8_safetensors, save_file
 from mxfp8_codec.cli import main as codec_main
-from tests.ida_eval.support import SMALL_PROBLEMS, tiny_model, train_tokenizer
+from tests.ida_eval.support import tiny_model
 
 ARCHS = ("nemotron", "llama", "qwen3", "gemma")
 ADDS_ONE = {"nemotron": True, "gemma": True, "llama": False, "qwen3": False}  # run-time norm gain 1 + w?
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return train_tokenizer([p["prompt"] + p["canonical_solution"] for p in SMALL_PROBLEMS] * 2, vocab_size=300)
 
 
 def _model(arch: str, vocab: int):

@@ -11,27 +11,11 @@ import torch
 from ida_eval import CheckpointLoadError, describe_checkpoint, load_model
 from tests.ida_eval.support import (
     ARCHS,
-    SMALL_PROBLEMS,
+    logits_of,
     mxfp8_reference,
     save_mxfp8_checkpoint,
     tiny_model,
-    train_tokenizer,
 )
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return train_tokenizer([p["prompt"] + p["canonical_solution"] for p in SMALL_PROBLEMS] * 2, vocab_size=300)
-
-
-@pytest.fixture(scope="module")
-def ids(tok):
-    return torch.tensor([tok(p["prompt"])["input_ids"][:40] for p in SMALL_PROBLEMS[:2]])
-
-
-def _logits(model, ids):
-    with torch.no_grad():
-        return model(ids).logits
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -40,11 +24,11 @@ def test_mxfp8_load_is_bit_identical_to_direct_decode(arch, tok, ids, tmp_path):
     ckpt = save_mxfp8_checkpoint(model, tok, tmp_path / arch)
     loaded, ltok = load_model(ckpt)
     ref = mxfp8_reference(model)
-    got, want = _logits(loaded, ids), _logits(ref, ids)
+    got, want = logits_of(loaded, ids), logits_of(ref, ids)
     assert got.dtype == torch.bfloat16
     assert torch.equal(got, want), f"{arch}: max |diff| {(got.float() - want.float()).abs().max()}"
     # and close to the original float32 model (MXFP8 + bf16 rounding only)
-    orig = _logits(model, ids)
+    orig = logits_of(model, ids)
     rel = (got.float() - orig).norm() / orig.norm()
     assert rel < 0.08, f"{arch}: relative logit error {rel:.4f}"
     # rotary buffers real and float32, equal to a normally built model's
@@ -78,7 +62,7 @@ def test_folded_norms_are_unfolded(arch, tok, ids, tmp_path):
                     p.copy_((1.0 + p).to(torch.bfloat16).float() - 1.0)
         assert not torch.equal(same.model.norm.weight, model.model.norm.weight)
     a, _ = load_model(save_mxfp8_checkpoint(same, tok, tmp_path / "zc"))
-    assert torch.equal(_logits(a, ids), _logits(b, ids))
+    assert torch.equal(logits_of(a, ids), logits_of(b, ids))
     from mxfp8_codec import open_mxfp8
 
     with open_mxfp8(tmp_path / "folded" / "model.safetensors") as r:
@@ -91,7 +75,7 @@ def test_sharded_equals_single(tok, ids, tmp_path):
     model = tiny_model("nemotron", len(tok))
     a, _ = load_model(save_mxfp8_checkpoint(model, tok, tmp_path / "one"))
     b, _ = load_model(save_mxfp8_checkpoint(model, tok, tmp_path / "three", shards=3))
-    assert torch.equal(_logits(a, ids), _logits(b, ids))
+    assert torch.equal(logits_of(a, ids), logits_of(b, ids))
 
 
 @pytest.mark.parametrize("arch", ["nemotron", "qwen3"])
@@ -103,7 +87,7 @@ def test_plain_bf16_checkpoint_matches_from_pretrained(arch, tok, ids, tmp_path)
     tok.save_pretrained(tmp_path / "hf")
     ours, _ = load_model(tmp_path / "hf")
     theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.bfloat16).eval()
-    assert torch.equal(_logits(ours, ids), _logits(theirs, ids))
+    assert torch.equal(logits_of(ours, ids), logits_of(theirs, ids))
     info = describe_checkpoint(tmp_path / "hf")
     assert info["format"] == "plain" and len(info["files"][0]["sha256"]) == 64
 
@@ -113,11 +97,11 @@ def test_float32_and_device_map(tok, ids, tmp_path):
     ckpt = save_mxfp8_checkpoint(model, tok, tmp_path / "c")
     f32, _ = load_model(ckpt, dtype=torch.float32)
     assert f32.model.embed_tokens.weight.dtype == torch.float32
-    assert torch.equal(_logits(f32, ids), _logits(mxfp8_reference(model, torch.float32), ids))
+    assert torch.equal(logits_of(f32, ids), logits_of(mxfp8_reference(model, torch.float32), ids))
     auto, _ = load_model(ckpt, device_map="auto")
     assert {p.device.type for p in auto.parameters()} == {"cpu"}  # no GPU here: "auto" places all on the CPU
     plain, _ = load_model(ckpt)
-    assert torch.equal(_logits(auto, ids), _logits(plain, ids))
+    assert torch.equal(logits_of(auto, ids), logits_of(plain, ids))
 
 
 def _rewrite(src: Path, dst: Path, edit) -> Path:
@@ -166,14 +150,14 @@ def test_stored_copies_of_tied_weights_must_equal_their_source(tok, ids, tmp_pat
     different one is refused instead of being dropped silently; the same for a quantized copy."""
     model = tiny_model("qwen3", len(tok), tie=True)
     ckpt = save_mxfp8_checkpoint(model, tok, tmp_path / "q")
-    want = _logits(load_model(ckpt)[0], ids)
+    want = logits_of(load_model(ckpt)[0], ids)
 
     def copy_embedding(t, m):
         return {**t, "lm_head.weight": t["model.embed_tokens.weight"]}, m
 
     loaded, _ = load_model(_rewrite(ckpt, tmp_path / "same", copy_embedding))
     assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
-    assert torch.equal(_logits(loaded, ids), want)
+    assert torch.equal(logits_of(loaded, ids), want)
 
     def different_copy(t, m):
         return {**t, "lm_head.weight": t["model.embed_tokens.weight"] * 2}, m
@@ -283,6 +267,7 @@ print(json.dumps({"added": (kib("VmHWM") - base) * 1024,
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs /proc/self/clear_refs (Linux)")
+@pytest.mark.slow
 def test_load_adds_little_more_than_the_bf16_model_to_peak_rss(tok, tmp_path):
     """Issue target: loading adds at most 1.15x the BF16 model's bytes to the peak RSS (no decoded
     temporaries, and file pages are unmapped as tensors are decoded: the MXFP8 file is ~0.52 bytes
@@ -323,7 +308,7 @@ def test_mxfp8_resident_weights_equal_decoded_ones(arch, tok, ids, tmp_path):
     assert len(q) == len([n for n in dict(plain.named_modules()) if n.endswith("_proj")]) > 0
     for name in q:
         assert torch.equal(modules[name].decode_weight(), plain.get_submodule(name).weight), name
-    assert torch.equal(_logits(resident, ids), _logits(plain, ids))
+    assert torch.equal(logits_of(resident, ids), logits_of(plain, ids))
     assert rtok("def f():")["input_ids"] == tok("def f():")["input_ids"]
     with pytest.raises(CheckpointLoadError, match="weights='int4'"):
         load_model(ckpt, weights="int4")

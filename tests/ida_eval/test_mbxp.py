@@ -264,7 +264,7 @@ def test_language_all_scores_each_language_and_writes_the_table(setup, tmp_path,
     pinned), the model loaded once, languages.json + the table; --compare walks the languages."""
     from ida_eval.languages import LANGUAGES, missing_tools
     from tests.ida_eval.support import save_mxfp8_checkpoint
-    from tests.ida_eval.test_languages import TOYS, toy_problem
+    from tests.ida_eval.toys import TOYS, toy_problem
 
     if missing_tools(LANGUAGES["javascript"]):
         pytest.skip("javascript toolchain missing")

@@ -203,6 +203,7 @@ def test_nonce_is_invisible_to_the_program(clean: str, monkeypatch: pytest.Monke
     ],
     ids=["python-loop", "sum-range", "regex-backtracking", "bignum"],
 )
+@pytest.mark.slow
 def test_infinite_loops_time_out(src: str, clean: str) -> None:
     limits = sb.SandboxLimits(timeout=2.0, memory_bytes=1 << 30)
     t0 = time.monotonic()

@@ -22,6 +22,8 @@ from ida_trainer.engine import LocalEngine, grad_norm_and_clip
 from ida_trainer.precision import apply_recipe, build_optimizer, export_state
 from mxfp8_codec import MXFP8Tensor, write_mxfp8_safetensors
 
+pytestmark = pytest.mark.slow  # torch.distributed process groups (gloo) per test
+
 STEPS = 2
 MICROBATCHES = 4
 CLIP = 0.25  # below the tiny model's gradient norms: every step is clipped

@@ -25,17 +25,7 @@ from mxfp8_codec import (
 )
 from mxfp8_codec.cli import main
 from mxfp8_codec.export import compressed_tensors_config, export_compressed_tensors
-from tests.ida_eval.support import SMALL_PROBLEMS, native_state_dict, tiny_model, train_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return train_tokenizer([p["prompt"] + p["canonical_solution"] for p in SMALL_PROBLEMS] * 2, vocab_size=300)
-
-
-@pytest.fixture(scope="module")
-def ids(tok):
-    return torch.tensor([tok(p["prompt"])["input_ids"][:40] for p in SMALL_PROBLEMS[:2]])
+from tests.ida_eval.support import native_state_dict, tiny_model
 
 
 def _checkpoint(model, tok, d: Path, orientation: str, *, folded: bool = False, edit=None) -> Path:

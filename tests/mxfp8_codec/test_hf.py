@@ -23,27 +23,11 @@ from mxfp8_codec import decode_mxfp8, hf_modules, is_projection_weight, open_mxf
 from mxfp8_codec.header import sniff_mxfp8
 from tests.ida_eval.support import (
     ARCHS,
-    SMALL_PROBLEMS,
+    logits_of,
     native_state_dict,
     save_mxfp8_checkpoint,
     tiny_model,
-    train_tokenizer,
 )
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return train_tokenizer([p["prompt"] + p["canonical_solution"] for p in SMALL_PROBLEMS] * 2, vocab_size=300)
-
-
-@pytest.fixture(scope="module")
-def ids(tok):
-    return torch.tensor([tok(p["prompt"])["input_ids"][:40] for p in SMALL_PROBLEMS[:2]])
-
-
-def _logits(model, ids):
-    with torch.no_grad():
-        return model(ids).logits
 
 
 def _from_pretrained(d, **kw):
@@ -114,17 +98,17 @@ def test_from_pretrained_equals_load_model(arch, orientation, folded, tok, ids, 
     for name, p in ref.named_parameters():
         if name.rpartition(".")[0] not in ref_w or name.endswith("bias"):
             assert torch.equal(got_params[name], p), name
-    assert torch.equal(_logits(got, ids), _logits(ref, ids))
+    assert torch.equal(logits_of(got, ids), logits_of(ref, ids))
     gen = dict(max_new_tokens=12, do_sample=False, pad_token_id=tok.eos_token_id)
     assert torch.equal(got.generate(ids, **gen), ref.generate(ids, **gen))
     deq = _from_pretrained(d, quantization_config=mxhf.MXFP8Config(dequantize=True))
     assert type(deq.model.layers[0].self_attn.q_proj) is torch.nn.Linear
     assert type(deq.get_input_embeddings()) is torch.nn.Embedding
-    assert torch.equal(_logits(deq, ids), _logits(ref, ids))
+    assert torch.equal(logits_of(deq, ids), logits_of(ref, ids))
     if arch == "llama" and orientation == "in_out" and not folded:  # a dequantized model saves as plain bf16
         deq.save_pretrained(tmp_path / "plain")
         assert "quantization_config" not in json.loads((tmp_path / "plain" / "config.json").read_text())
-        assert torch.equal(_logits(_from_pretrained(tmp_path / "plain"), ids), _logits(ref, ids))
+        assert torch.equal(logits_of(_from_pretrained(tmp_path / "plain"), ids), logits_of(ref, ids))
 
 
 def test_plain_config_needs_mxfp8config(tok, ids, tmp_path):
@@ -134,7 +118,7 @@ def test_plain_config_needs_mxfp8config(tok, ids, tmp_path):
     d = _save(model, tok, tmp_path / "seed", with_config=False)
     got = _from_pretrained(d, quantization_config=mxhf.MXFP8Config())
     ref, _ = load_model(d)
-    assert torch.equal(_logits(got, ids), _logits(ref, ids))
+    assert torch.equal(logits_of(got, ids), logits_of(ref, ids))
     assert got.config.quantization_config.to_dict()["quant_method"] == "mxfp8_codec"
 
 
@@ -168,7 +152,7 @@ def test_no_quantization_config_still_loads_through_the_quantizer(config_says, s
         named, mxhf.quantization_config_dict(orientation="in_out", norm_convention="zero_centered")
     )
     _set_quantization_config(bare, _ABSENT if config_says == "absent" else None)
-    want = _logits(_from_pretrained(named), ids)
+    want = logits_of(_from_pretrained(named), ids)
     first = "model.safetensors" if shards == 1 else "model-00001-of-00002.safetensors"
     for load in (_from_pretrained, LlamaForCausalLM.from_pretrained):
         with pytest.warns(
@@ -176,11 +160,11 @@ def test_no_quantization_config_still_loads_through_the_quantizer(config_says, s
         ):
             got = load(bare)
         assert isinstance(got.model.layers[0].self_attn.q_proj, mxhf.MXFP8Linear)
-        assert torch.equal(_logits(got, ids), want)
+        assert torch.equal(logits_of(got, ids), want)
         assert got.config.quantization_config.quant_method == mxhf.QUANT_METHOD  # save_pretrained names it
     deq = _from_pretrained(bare, quantization_config=mxhf.MXFP8Config(dequantize=True))  # an explicit choice holds
     assert type(deq.model.layers[0].self_attn.q_proj) is torch.nn.Linear
-    assert torch.equal(_logits(deq, ids), want)
+    assert torch.equal(logits_of(deq, ids), want)
 
 
 def test_the_from_pretrained_hooks_are_installed_once():
@@ -268,7 +252,7 @@ def test_loading_options(kw, tok, ids, tmp_path):
     ref, _ = load_model(d, dtype=kw.get("dtype", torch.bfloat16))
     got = _from_pretrained(d, **kw)
     assert got.model.embed_tokens.weight.dtype == kw.get("dtype", torch.bfloat16)
-    assert torch.equal(_logits(got, ids), _logits(ref, ids))
+    assert torch.equal(logits_of(got, ids), logits_of(ref, ids))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float64])
@@ -285,7 +269,7 @@ def test_every_dtype_mxfp8linear_decodes_loads(dtype, tok, ids, tmp_path):
     ref, _ = load_model(d, dtype=dtype)
     ref_w, got_w = _projection_weights(ref), _projection_weights(got)
     assert ref_w.keys() == got_w.keys() and all(torch.equal(got_w[n], ref_w[n]) for n in ref_w)
-    assert torch.equal(_logits(got, ids), _logits(ref, ids))
+    assert torch.equal(logits_of(got, ids), logits_of(ref, ids))
 
 
 def _tensor_sha256(path: Path) -> dict[str, str]:
@@ -313,7 +297,7 @@ def test_save_pretrained_writes_identical_bytes(arch, orientation, folded, tok, 
     cfg = json.loads((tmp_path / "out" / "config.json").read_text())
     assert cfg["quantization_config"]["orientation"] == orientation
     again = _from_pretrained(tmp_path / "out")
-    assert torch.equal(_logits(again, ids), _logits(got, ids))
+    assert torch.equal(logits_of(again, ids), logits_of(got, ids))
 
 
 def test_save_pretrained_of_a_float32_load_keeps_the_stored_dtype(tok, ids, tmp_path):
@@ -360,7 +344,7 @@ def test_resident_weights_map_the_file_copy_on_write(tok, ids, tmp_path):
     want = _tensor_sha256(f)
     file_bytes = f.read_bytes()
     got = _from_pretrained(d)
-    logits = _logits(got, ids)
+    logits = logits_of(got, ids)
     ranges = _mapped_ranges(f)
     for _, m in mxhf.mxfp8_modules(got):
         for t in (m.payload, m.scales):
@@ -372,7 +356,7 @@ def test_resident_weights_map_the_file_copy_on_write(tok, ids, tmp_path):
     q.payload[0, 0] = code
     got.save_pretrained(d)
     assert _tensor_sha256(f) == want
-    assert torch.equal(_logits(got, ids), logits)
+    assert torch.equal(logits_of(got, ids), logits)
 
 
 def _present_pages(t: torch.Tensor) -> int:
@@ -588,7 +572,7 @@ def test_forwards_in_several_threads_use_their_own_scratch(tok, ids, tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
     got = _from_pretrained(_save(tiny_model("llama", len(tok), hidden=96), tok, tmp_path / "c"))
-    want = _logits(got, ids)
+    want = logits_of(got, ids)
     barrier, ptrs = threading.Barrier(2), []
 
     def grab() -> None:
@@ -603,12 +587,13 @@ def test_forwards_in_several_threads_use_their_own_scratch(tok, ids, tmp_path):
         t.join()
     assert len(ptrs) == 2 and ptrs[0] != ptrs[1]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda _: [_logits(got, ids) for _ in range(5)], range(4)))
+        results = list(pool.map(lambda _: [logits_of(got, ids) for _ in range(5)], range(4)))
     for run in results:
         for logits in run:
             assert torch.equal(logits, want)
 
 
+@pytest.mark.slow
 def test_without_the_quantizer_transformers_only_warns(tok, tmp_path):
     """What docs/format.md section 15 says about a transformers without mxfp8_codec.hf, checked on the
     installed one: 5.x names our method in an "Unknown quantization type" warning and loads the raw

@@ -223,6 +223,7 @@ int main(void) {
 """
 
 
+@pytest.mark.slow
 def test_e4m3_grid_code_on_the_bits_equals_the_float_grid_formula(tmp_path: Path) -> None:
     """mx_e4m3_grid_code (integer rounding of the mantissa) == the documented float formula, RNE and SR.
 

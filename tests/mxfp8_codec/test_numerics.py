@@ -66,6 +66,7 @@ def _check_against_oracle(decoded: np.ndarray, fmt: tuple[int, int, int]) -> Non
 
 
 @pytest.mark.parametrize("kind", ["f32", "bf16"])
+@pytest.mark.slow
 def test_decode_every_code_and_scale_against_fraction_oracle(kind: str) -> None:
     payload, scales = _all_pairs()
     dtype = np.float32 if kind == "f32" else ml_dtypes.bfloat16

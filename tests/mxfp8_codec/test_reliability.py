@@ -24,6 +24,8 @@ import pytest
 from mxfp8_codec import MXFP8Tensor, write_mxfp8_safetensors, write_safetensors
 from mxfp8_codec.cli import main
 
+pytestmark = pytest.mark.slow  # each case kills a real quantize process
+
 REPO = Path(__file__).resolve().parents[2]
 SIDE_BYTES = 3 << 20  # a 3 MiB tokenizer.json: far bigger than the model file
 

@@ -104,6 +104,7 @@ print("parsed here" if "pycparser" in sys.modules else "imported")
 """
 
 
+@pytest.mark.slow
 def test_cffi_declarations_are_parsed_once_per_machine(tmp_path: Path) -> None:
     """The first process parses the kernel's declarations and saves cffi's out-of-line module in the
     cache; later processes import it (no pycparser). A damaged module is regenerated; an unwritable
