@@ -35,7 +35,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 # The longest test files, longest first (a demo run, real compilers, the MBXP anchors). pytest-xdist's
 # ``--dist loadfile`` hands files to workers in collection order: started first, they no longer finish
-# last on one worker while the other idles (5:07 -> see docs/cli.md "Set-up and durations").
+# last on one worker while the other idles (docs/cli.md, "Set-up and durations").
 LONGEST_FIRST = (
     "tests/ida_trainer/test_docs_trainer.py",
     "tests/ida_eval/test_languages.py",
