@@ -32,10 +32,10 @@ from typing import Any
 import torch
 
 from mxfp8_codec import WEIGHTS_DTYPE, MXFP8Error, checkpoint_files, open_mxfp8
+from mxfp8_codec.hf_load import listed_names
 from mxfp8_codec.layout import file_norm_convention, file_orientation
 
 HASH_CHUNK = 8 << 20  # 8 MiB read size for sha256
-MAX_LISTED_KEYS = 20  # key names shown in a missing/unexpected error
 
 
 WEIGHTS_CHOICES: tuple[str, ...] = ("bf16", "mxfp8")  # load_model(weights=...): decoded once / MXFP8-resident
@@ -137,11 +137,6 @@ def _weight_files(checkpoint_dir: Path) -> list[WeightFile]:
     return [inspect_weight_file(f) for f in files]
 
 
-def _list(keys: list[str]) -> str:
-    shown = ", ".join(keys[:MAX_LISTED_KEYS])
-    return shown + (f", ... ({len(keys) - MAX_LISTED_KEYS} more)" if len(keys) > MAX_LISTED_KEYS else "")
-
-
 @contextmanager
 def _progress_bars(show: bool) -> Any:
     """transformers' loading progress bars on (``show``) or off for one call, restored after."""
@@ -224,7 +219,7 @@ def load_model(
     except MXFP8Error as e:
         raise CheckpointLoadError(str(e)) from None
     problems = [
-        f"{what} {len(keys)}: {_list(sorted(str(k) for k in keys))}"
+        f"{what} {len(keys)}: {listed_names(sorted(str(k) for k in keys))}"
         for what, keys in (
             ("missing", info.get("missing_keys") or ()),
             ("unexpected", info.get("unexpected_keys") or ()),

@@ -61,6 +61,7 @@ __all__ = [
     "as_load_error",
     "dequantize_modules",
     "ignore_patterns",
+    "listed_names",
     "load_projections",
     "plan_load",
     "replace_projections",
@@ -125,7 +126,8 @@ def tied_keys(model: Any) -> dict[str, str]:
     return {str(k): emb for k in tied}
 
 
-def _listed(keys: Sequence[str]) -> str:
+def listed_names(keys: Sequence[str]) -> str:
+    """``a, b, c`` -- at most :data:`MAX_LISTED_KEYS` names, then ``... (N more)`` (load errors list keys)."""
     shown = ", ".join(keys[:MAX_LISTED_KEYS])
     return shown + (f", ... ({len(keys) - MAX_LISTED_KEYS} more)" if len(keys) > MAX_LISTED_KEYS else "")
 
@@ -223,10 +225,10 @@ def plan_load(model: Any, files: Sequence[str], qc: Any) -> LoadPlan:
             plan.unfold.append(name)
     unexpected = sorted(set(plan.stored) - persistent - non_persistent - set(tied))
     if missing or unexpected:
-        parts = [f"missing {len(missing)}: {_listed(sorted(missing))}"] if missing else []
+        parts = [f"missing {len(missing)}: {listed_names(sorted(missing))}"] if missing else []
         if unexpected:
             named = [f"{n} ({Path(plan.stored[n].path).name})" for n in unexpected]
-            parts.append(f"unexpected {len(unexpected)}: {_listed(named)}")
+            parts.append(f"unexpected {len(unexpected)}: {listed_names(named)}")
         where = files[0] if len(files) == 1 else Path(files[0]).parent
         raise MXFP8LoadError(
             f"{where}: the checkpoint does not match {type(model).__name__} ({'; '.join(parts)}); "
