@@ -43,6 +43,14 @@ from typing import Any
 
 # the one vocabulary (ida_eval.failures); FAILURE_CLASSES in precedence order
 from ida_eval.failures import FAILURE_CLASSES, FailureClass, ResultKind, record_kind
+from ida_eval.stats import (
+    BOOTSTRAP_RESAMPLES,
+    bootstrap_interval,
+    mean_pass_at_k,
+    paired_comparison,
+    pass_at_k,
+    wilson_interval,
+)
 
 REPEAT_UNIT_MAX_CHARS = 20  # longest repeated unit looked for ("foo(", "x = 1\n", ...)
 REPEAT_UNIT_MIN_COPIES = 10  # consecutive copies of the unit
@@ -237,20 +245,69 @@ def degenerate_report(samples: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 def failure_counts(
     results: Iterable[Mapping[str, Any]],
     prompts: Mapping[str, str],
-    raws: Mapping[str, str] | None = None,
-) -> tuple[dict[str, int], dict[str, str]]:
-    """Classify every result; returns ``(counts per class incl. "passed", task_id -> class)``."""
+    raws: Mapping[tuple[str, int], str] | None = None,
+) -> tuple[dict[str, int], dict[str, str | list[str]]]:
+    """Classify every result; returns ``(counts per class incl. "passed", task_id -> class)``.
+
+    ``raws`` maps ``(task_id, completion_id)`` to the generation before truncation. With one sample
+    per task a task's entry is its class; with several it is the list of its samples' classes in
+    ``completion_id`` order (:func:`task_classes` reads both).
+    """
     counts = {k: 0 for k in (FailureClass.PASSED.value, *FAILURE_CLASSES)}
-    per_task: dict[str, str] = {}
+    per_task: dict[str, list[tuple[int, str]]] = {}
     for r in results:
-        tid = str(r["task_id"])
-        cls = classify_failure(r, prompts.get(tid), (raws or {}).get(tid))
+        tid, cid = str(r["task_id"]), int(r.get("completion_id", 0))
+        cls = classify_failure(r, prompts.get(tid), (raws or {}).get((tid, cid)))
         counts[cls] += 1
-        per_task[tid] = cls
-    return counts, per_task
+        per_task.setdefault(tid, []).append((cid, cls))
+    several = any(len(v) > 1 for v in per_task.values())
+    return counts, {t: [c for _, c in sorted(v)] if several else v[0][1] for t, v in per_task.items()}
 
 
-def ceiling_report(per_task: Mapping[str, str]) -> dict[str, Any]:
+def task_classes(entry: str | Sequence[str]) -> list[str]:
+    """A ``per_task`` entry of a summary as the list of its samples' classes."""
+    return [entry] if isinstance(entry, str) else list(entry)
+
+
+def task_counts(results: Iterable[Mapping[str, Any]]) -> dict[str, tuple[int, int]]:
+    """task_id -> (samples, passed samples), in first-seen order."""
+    per_task: dict[str, list[int]] = {}
+    for r in results:
+        c = per_task.setdefault(str(r["task_id"]), [0, 0])
+        c[0] += 1
+        c[1] += bool(r["passed"])
+    return {t: (n, c) for t, (n, c) in per_task.items()}
+
+
+def score_results(results: Sequence[Mapping[str, Any]], ks: Sequence[int]) -> dict[str, Any]:
+    """pass@k for each k (:func:`ida_eval.stats.mean_pass_at_k`, mxeval's numbers) with a 95 % interval:
+    Wilson's for pass@1 with one sample per task, a percentile bootstrap over tasks otherwise.
+
+    Example:
+        >>> rs = [{"task_id": "a", "passed": True}, {"task_id": "b", "passed": False}]
+        >>> score_results(rs, [1])["pass@k"]
+        {'pass@1': 0.5}
+    """
+    counts = task_counts(results)
+    out: dict[str, Any] = {"pass@k": {}, "intervals": {}, "interval_method": {}}
+    if not counts:
+        return out
+    for k in ks:
+        name = f"pass@{k}"
+        out["pass@k"][name] = mean_pass_at_k(counts, k)
+        if k == 1 and all(n == 1 for n, _ in counts.values()):
+            lo, hi = wilson_interval(sum(c for _, c in counts.values()), len(counts))
+            out["interval_method"][name] = "wilson 95 %"
+        else:
+            lo, hi = bootstrap_interval([pass_at_k(n, c, k) for n, c in counts.values()], resamples=BOOTSTRAP_RESAMPLES)
+            out["interval_method"][name] = (
+                f"percentile bootstrap over tasks, 95 %, {BOOTSTRAP_RESAMPLES} resamples, seed 0"
+            )
+        out["intervals"][name] = [lo, hi]
+    return out
+
+
+def ceiling_report(per_task: Mapping[str, str | Sequence[str]]) -> dict[str, Any]:
     """pass@1 next to the achievable ceiling: the raw score stays the headline (comparable with
     mxeval); this adds the score over tasks that can be passed at all.
 
@@ -259,12 +316,13 @@ def ceiling_report(per_task: Mapping[str, str]) -> dict[str, Any]:
         1.0
     """
     unpassable = sorted((t for t in per_task if t in UNPASSABLE_TASKS), key=_task_key)
-    rest = [c for t, c in per_task.items() if t not in UNPASSABLE_TASKS]
+    rest = [task_classes(c) for t, c in per_task.items() if t not in UNPASSABLE_TASKS]
+    rate = sum(cs.count(FailureClass.PASSED.value) / len(cs) for cs in rest) / len(rest) if rest else 0.0
     return {
         "unpassable_tasks_in_run": unpassable,
         "version_dependent_tasks_in_run": sorted((t for t in per_task if t in VERSION_DEPENDENT_TASKS), key=_task_key),
         "max_pass@1": (len(per_task) - len(unpassable)) / len(per_task) if per_task else 0.0,
-        "pass@1_excluding_unpassable": sum(c == FailureClass.PASSED for c in rest) / len(rest) if rest else 0.0,
+        "pass@1_excluding_unpassable": rate,
     }
 
 
@@ -289,34 +347,97 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
 
 
 def compare_runs(dir_a: str | Path, dir_b: str | Path) -> dict[str, Any]:
-    """Compare two runs: pass@1, per-class counts and the tasks whose outcome flipped.
+    """Compare two runs of the same tasks: pass rates with their intervals, the paired difference and
+    whether it is real, per-class counts and their shifts, and the tasks whose outcome flipped.
+
+    With one sample per task in both runs the paired test is McNemar's exact test on the tasks that
+    flipped (:func:`ida_eval.stats.paired_comparison`); with several, the difference of the per-task
+    pass@1 gets a percentile bootstrap interval over tasks (``p_value`` is None).
 
     Returns:
-        ``{"a": {...}, "b": {...}, "gained": [...], "lost": [...], "changed_class": {...},
-        "only_in_a": [...], "only_in_b": [...]}`` where *gained* passed in B but not in A.
+        ``{"a": {...}, "b": {...}, "paired": {...}, "class_shift": {...}, "gained": [...], "lost": [...],
+        "changed_class": {...}, "only_in_a": [...], "only_in_b": [...]}`` where *gained* passed in B but
+        not in A (with several samples: its pass@1 rose).
     """
     sa, sb = load_run(dir_a), load_run(dir_b)
-    ta, tb = sa["per_task"], sb["per_task"]
+    ta = {t: task_classes(c) for t, c in sa["per_task"].items()}
+    tb = {t: task_classes(c) for t, c in sb["per_task"].items()}
     common = sorted(set(ta) & set(tb), key=_task_key)
-    gained = [t for t in common if tb[t] == "passed" and ta[t] != "passed"]
-    lost = [t for t in common if ta[t] == "passed" and tb[t] != "passed"]
-    changed = {t: [ta[t], tb[t]] for t in common if ta[t] != tb[t]}
-    side = lambda s, d: {  # noqa: E731
-        "dir": str(d),
-        "pass@1": s["pass@1"],
-        "n": s.get("n_tasks", len(s["per_task"])),
-        "counts": s.get("counts", {}),
-        "degenerate": s.get("degenerate", {}).get("count", 0),
-    }
+    rate_a = {t: ta[t].count(FailureClass.PASSED.value) / len(ta[t]) for t in common}
+    rate_b = {t: tb[t].count(FailureClass.PASSED.value) / len(tb[t]) for t in common}
+    gained = [t for t in common if rate_b[t] > rate_a[t]]
+    lost = [t for t in common if rate_a[t] > rate_b[t]]
+    changed = {t: [sa["per_task"][t], sb["per_task"][t]] for t in common if ta[t] != tb[t]}
+    paired: dict[str, Any] = {"n": len(common)}
+    if common and all(len(ta[t]) == 1 == len(tb[t]) for t in common):
+        pc = paired_comparison({t: rate_a[t] == 1 for t in common}, {t: rate_b[t] == 1 for t in common})
+        paired.update(
+            difference=pc["difference"],
+            p_value=pc["p_value"],
+            test="McNemar exact, two-sided",
+            a_only=pc["a_only"],
+            b_only=pc["b_only"],
+        )
+    elif common:
+        diffs = [rate_b[t] - rate_a[t] for t in common]
+        lo, hi = bootstrap_interval(diffs, resamples=BOOTSTRAP_RESAMPLES)
+        paired.update(
+            difference=sum(diffs) / len(diffs),
+            interval=[lo, hi],
+            p_value=None,
+            test=f"percentile bootstrap over tasks of the pass@1 difference, 95 %, {BOOTSTRAP_RESAMPLES} resamples",
+        )
+
+    def side(s: Mapping[str, Any], d: str | Path) -> dict[str, Any]:
+        return {
+            "dir": str(d),
+            "pass@1": s["pass@1"],
+            "interval": s.get("intervals", {}).get("pass@1"),
+            "pass@k": s.get("pass@k", {"pass@1": s["pass@1"]}),
+            "intervals": s.get("intervals", {}),
+            "n": s.get("n_tasks", len(s["per_task"])),
+            "samples_per_task": s.get("samples_per_task", 1),
+            "counts": s.get("counts", {}),
+            "degenerate": s.get("degenerate", {}).get("count", 0),
+        }
+
+    a, b = side(sa, dir_a), side(sb, dir_b)
     return {
-        "a": side(sa, dir_a),
-        "b": side(sb, dir_b),
+        "a": a,
+        "b": b,
+        "paired": paired,
+        "class_shift": {
+            c: b["counts"].get(c, 0) - a["counts"].get(c, 0) for c in (FailureClass.PASSED.value, *FAILURE_CLASSES)
+        },
         "gained": gained,
         "lost": lost,
         "changed_class": changed,
         "only_in_a": sorted(set(ta) - set(tb), key=_task_key),
         "only_in_b": sorted(set(tb) - set(ta), key=_task_key),
     }
+
+
+def significance_line(paired: Mapping[str, Any], alpha: float = 0.05) -> str:
+    """One line that says whether B's difference from A is real, from :func:`compare_runs`' ``paired``.
+
+    Example:
+        >>> significance_line({"n": 10, "difference": 0.3, "p_value": 0.03, "test": "McNemar exact, two-sided"})
+        'B - A = +0.3000 on 10 tasks, McNemar exact, two-sided p = 0.03: a real difference at the 0.05 level'
+    """
+    if not paired.get("n"):
+        return "no task in common: nothing to compare"
+    head = f"B - A = {paired['difference']:+.4f} on {paired['n']} tasks, "
+    if paired.get("p_value") is not None:
+        p = paired["p_value"]
+        real = "a real difference" if p < alpha else "not distinguishable from chance"
+        return head + f"{paired['test']} p = {p:.3g}: {real} at the {alpha:g} level"
+    lo, hi = paired["interval"]
+    real = "a real difference" if lo > 0 or hi < 0 else "the interval includes 0: not distinguishable from chance"
+    return head + f"95 % interval [{lo:+.4f}, {hi:+.4f}]: {real}"
+
+
+def _interval(iv: Sequence[float]) -> str:
+    return f"[{iv[0]:.3f}, {iv[1]:.3f}]"
 
 
 def _task_key(task_id: str) -> tuple[str, int, str]:
@@ -329,6 +450,10 @@ def format_comparison(cmp: Mapping[str, Any], *, max_tasks: int = 40) -> str:
     a, b = cmp["a"], cmp["b"]
     rows = [("", "A", "B"), ("tasks", str(a["n"]), str(b["n"]))]
     rows.append(("pass@1", f"{a['pass@1']:.4f}", f"{b['pass@1']:.4f}"))
+    if a.get("interval") and b.get("interval"):
+        rows.append(("95 % interval", _interval(a["interval"]), _interval(b["interval"])))
+    for name in sorted(set(a.get("pass@k", {})) & set(b.get("pass@k", {})) - {"pass@1"}, key=lambda x: int(x[5:])):
+        rows.append((name, f"{a['pass@k'][name]:.4f}", f"{b['pass@k'][name]:.4f}"))
     for cls in (FailureClass.PASSED.value, *FAILURE_CLASSES):
         rows.append((cls, str(a["counts"].get(cls, 0)), str(b["counts"].get(cls, 0))))
     rows.append(("degenerate outputs", str(a["degenerate"]), str(b["degenerate"])))
@@ -341,6 +466,8 @@ def format_comparison(cmp: Mapping[str, Any], *, max_tasks: int = 40) -> str:
         shown = ", ".join(ids[:max_tasks]) + (f", ... (+{len(ids) - max_tasks})" if len(ids) > max_tasks else "")
         lines.append(f"{title} ({len(ids)}): {shown}")
 
+    if cmp.get("paired"):
+        lines.append(significance_line(cmp["paired"]))
     listing("passed in B only (gained)", cmp["gained"])
     listing("passed in A only (lost)", cmp["lost"])
     moved = [f"{t} {c[0]}->{c[1]}" for t, c in cmp["changed_class"].items()]

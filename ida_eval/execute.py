@@ -49,6 +49,7 @@ from tqdm import tqdm
 from ida_common.cli import ArgumentParser, CannotRunHere, Run, check_output_file, run_main
 from ida_common.files import atomic_write_text
 from ida_common.jsonl import dumps_utf8, iter_jsonl, repair_torn_tail
+from ida_eval.analysis import task_counts
 from ida_eval.failures import EXCEPTION_LINE, ResultKind, Verdict, record_kind, result_class, with_kind
 from ida_eval.isolation import ISOLATION_LEVELS, isolation_description, probe_isolation
 from ida_eval.languages import LANGUAGES, Language, LanguageError, assemble, environment, language_of, missing_tools
@@ -63,6 +64,7 @@ from ida_eval.sandbox_types import (
     SandboxResult,
     check_seconds,
 )
+from ida_eval.stats import mean_pass_at_k
 
 __all__ = [
     "ExecutionConfig",
@@ -308,8 +310,9 @@ def _check_sample(obj: Mapping[str, Any], problems: Mapping[str, Any], where: st
         raise ResultsFileError(f"{where}: unknown task_id {obj['task_id']!r} (not in the problems file)")
 
 
-def _read_results(path: Path) -> dict[tuple[str, int], tuple[int, dict[str, Any]]]:
-    """Existing records of a results file, keyed by (task_id, completion_id) -> (line, record)."""
+def read_results(path: Path) -> dict[tuple[str, int], tuple[int, dict[str, Any]]]:
+    """Existing records of a results file, keyed by (task_id, completion_id) -> (line, record); an
+    absent file has none."""
     done: dict[tuple[str, int], tuple[int, dict[str, Any]]] = {}
     data = repair_torn_tail(path)
     for lineno, where, rec in iter_jsonl(data.splitlines(), path, ResultsFileError, what="results line"):
@@ -492,18 +495,27 @@ def execute_samples(
 
     items: list[dict[str, Any]] = []
     per_task: Counter[str] = Counter()
+    seen: set[tuple[str, int]] = set()
     for i, s in enumerate(samples):
         _check_sample(s, problems, f"sample {i}")
         rec = dict(s)
-        rec["completion_id"] = per_task[s["task_id"]]
-        per_task[s["task_id"]] += 1
+        cid = s.get("completion_id")  # a sample's own number, else the next of its task (mxeval's order)
+        if cid is None:
+            cid = per_task[s["task_id"]]
+        elif not isinstance(cid, int) or isinstance(cid, bool) or cid < 0:
+            raise ResultsFileError(f"sample {i}: 'completion_id' must be a non-negative int, got {cid!r}")
+        if (s["task_id"], cid) in seen:
+            raise ResultsFileError(f"sample {i}: {s['task_id']} sample {cid} appears twice among the samples")
+        seen.add((s["task_id"], cid))
+        per_task[s["task_id"]] = max(per_task[s["task_id"]], cid + 1)
+        rec["completion_id"] = cid
         items.append(rec)
 
     results: list[dict[str, Any] | None] = [None] * len(items)
     todo: list[int] = []
     path = Path(out_path) if out_path is not None else None
     if path is not None:
-        done = _read_results(path)
+        done = read_results(path)
         wanted = {(r["task_id"], r["completion_id"]): i for i, r in enumerate(items)}
         for key, (lineno, rec) in done.items():
             i = wanted.get(key)
@@ -582,15 +594,10 @@ def execute_samples(
 
 
 def pass_at_1(results: Sequence[Mapping[str, Any]]) -> float:
-    """Unbiased pass@1: mean over tasks of (passed samples / samples)."""
-    per_task: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for r in results:
-        c = per_task[r["task_id"]]
-        c[0] += bool(r["passed"])
-        c[1] += 1
-    if not per_task:
-        return 0.0
-    return sum(c / n for c, n in per_task.values()) / len(per_task)
+    """Unbiased pass@1 over tasks (:func:`ida_eval.stats.mean_pass_at_k` with k = 1: the mean of
+    passed samples / samples, the number mxeval reports); 0.0 without results."""
+    counts = task_counts(results)
+    return mean_pass_at_k(counts, 1) if counts else 0.0
 
 
 def summarize(results: Sequence[Mapping[str, Any]], problems: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Batched greedy generation for MBXP, with stop strings and parse-aware truncation.
+"""Batched generation for MBXP (greedy, or sampled per task), with stop strings and parse-aware truncation.
 
 What a score means depends on exactly how completions were produced, so every rule here is explicit
 and recorded in ``summary.json`` (:meth:`DecodingConfig.describe`):
@@ -10,6 +10,13 @@ and recorded in ``summary.json`` (:meth:`DecodingConfig.describe`):
   ``generate`` fills every unset field from ``model.generation_config`` — a checkpoint's
   ``generation_config.json`` could otherwise inject sampling or a repetition penalty that would hide
   the repetition collapse this harness exists to expose.
+* **Sampling** (``temperature > 0``, :data:`SAMPLING_RULE`): ``samples_per_task`` completions per
+  task, numbered ``completion_id`` 0..N-1. Each row draws its token from its own stream of uniforms,
+  a hash of ``(seed, task_id, completion_id, step)`` (:func:`sample_uniform`), after temperature and
+  nucleus (top-p) filtering in float32 (:class:`PerRowSampler`): a sample depends on the seed, the
+  task and its number, never on the batch size, its batch-mates or the number of processes. The
+  draw is made by a logits processor that leaves one finite logit, so ``generate`` itself runs
+  greedy and transformers' global random state is never used.
 * **Batching**: prompts are sorted by token length (longest first, so an out-of-memory shows up in
   the first batch) and left-padded with an attention mask. With left padding every row's last prompt
   token sits at the same position, and position ids come from the mask, so a row's greedy tokens do
@@ -27,6 +34,8 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import hashlib
+import math
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -45,6 +54,12 @@ Other languages' sets are in :data:`ida_eval.languages.LANGUAGES` (``stop_sequen
 DEFAULT_BATCH_SIZE = 8  # prompts per generate() call
 DEFAULT_MAX_NEW_TOKENS = 256  # canonical MBXP solutions: median 117 chars, max 1231 chars
 
+SAMPLING_RULE = (
+    "per row: logits / temperature in float32, softmax, keep the most probable tokens (stable sort, "
+    "descending) until their cumulative probability reaches top_p, then the first kept token whose "
+    "cumulative probability exceeds u * (kept total), u = sample_uniform(seed, task_id, completion_id, step)"
+)
+
 TRUNCATION_RULE = (
     "cut at the first stop string; if prompt+completion does not ast.parse, keep the longest "
     "non-empty line prefix that does; if none does, keep the cut text"
@@ -56,14 +71,22 @@ class DecodingConfig:
     """How completions are generated (frozen: it is recorded with the results).
 
     Attributes:
-        batch_size: prompts per ``generate`` call (>= 1).
-        max_new_tokens: generation budget per prompt (>= 1).
+        batch_size: rows per ``generate`` call (>= 1).
+        max_new_tokens: generation budget per completion (>= 1).
         stop_strings: strings that end a completion (besides end-of-sequence).
+        samples_per_task: completions per task (>= 1; more than one needs sampling).
+        temperature: 0 for greedy (the default), > 0 to sample (:data:`SAMPLING_RULE`).
+        top_p: nucleus filter of sampling, in (0, 1]; 1 keeps every token.
+        seed: the sampling seed (a task's samples depend on it, the task id and their number only).
     """
 
     batch_size: int = DEFAULT_BATCH_SIZE
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     stop_strings: tuple[str, ...] = field(default=STOP_STRINGS)
+    samples_per_task: int = 1
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
@@ -72,14 +95,43 @@ class DecodingConfig:
             raise ValueError(f"DecodingConfig.max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
         if any(not isinstance(s, str) or not s for s in self.stop_strings):
             raise ValueError(f"DecodingConfig.stop_strings must be non-empty strings, got {self.stop_strings!r}")
+        if not _is_int(self.samples_per_task) or self.samples_per_task < 1:
+            raise ValueError(f"samples per task must be an integer >= 1, got {self.samples_per_task!r}")
+        if not _is_int(self.seed) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"the sampling seed must be an integer in [0, 2^63), got {self.seed!r}")
+        if (
+            not isinstance(self.temperature, (int, float))
+            or not math.isfinite(self.temperature)
+            or self.temperature < 0
+        ):
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not self.sampling:
+            if self.samples_per_task > 1:
+                raise ValueError(
+                    f"{self.samples_per_task} samples per task need a temperature > 0: greedy decoding gives "
+                    "the same completion every time"
+                )
+            if self.top_p != 1:
+                raise ValueError(f"top_p {self.top_p} needs a temperature > 0 (greedy decoding does not sample)")
+
+    @property
+    def sampling(self) -> bool:
+        """True when completions are sampled (``temperature > 0``), False for greedy."""
+        return self.temperature > 0
 
     def describe(self) -> dict[str, Any]:
-        """The settings as a JSON-ready dict, including the fixed greedy rules."""
+        """The settings as a JSON-ready dict, including the fixed rules (greedy runs: the same dict as
+        before sampling existed, so their run directories resume unchanged)."""
         d = asdict(self)
         d["stop_strings"] = list(self.stop_strings)
+        sampling = {k: d.pop(k) for k in ("samples_per_task", "temperature", "top_p", "seed")}
+        if self.sampling:
+            d.update(sampling, strategy="sample", do_sample=True, sampling=SAMPLING_RULE)
+        else:
+            d.update(strategy="greedy", do_sample=False)
         d.update(
-            strategy="greedy",
-            do_sample=False,
             num_beams=1,
             repetition_penalty=1.0,
             prompt="raw MBXP prompt, zero-shot, no chat template, whitespace untouched",
@@ -87,6 +139,69 @@ class DecodingConfig:
             truncation=TRUNCATION_RULE,
         )
         return d
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def sample_uniform(seed: int, task_id: str, completion_id: int, step: int) -> float:
+    """The uniform in [0, 1) that picks token ``step`` of sample ``completion_id`` of ``task_id``.
+
+    A hash (BLAKE2b, 53 bits) of the four values: no state, the same on every device and process.
+
+    Example:
+        >>> u = sample_uniform(0, "MBPP/2", 3, 0)
+        >>> 0.0 <= u < 1.0 and u == sample_uniform(0, "MBPP/2", 3, 0) != sample_uniform(1, "MBPP/2", 3, 0)
+        True
+    """
+    key = f"{seed}\0{task_id}\0{completion_id}\0{step}".encode("utf-8", "surrogatepass")
+    word = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
+    return (word >> 11) / float(1 << 53)
+
+
+class PerRowSampler:
+    """A logits processor that samples one token per row (:data:`SAMPLING_RULE`) and returns scores
+    with only that token finite, so greedy ``generate`` picks it.
+
+    Args:
+        rows: ``(task_id, completion_id)`` of each batch row.
+        prompt_len: the padded prompt length (the step is the number of tokens generated so far).
+        temperature, top_p, seed: as in :class:`DecodingConfig`.
+    """
+
+    def __init__(
+        self, rows: Sequence[tuple[str, int]], prompt_len: int, temperature: float, top_p: float, seed: int
+    ) -> None:
+        self.rows, self.prompt_len = list(rows), prompt_len
+        self.temperature, self.top_p, self.seed = float(temperature), float(top_p), seed
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        step = input_ids.shape[1] - self.prompt_len
+        u = torch.tensor(
+            [sample_uniform(self.seed, t, j, step) for t, j in self.rows], dtype=torch.float64, device=scores.device
+        )
+        chosen = sample_tokens(scores, u, self.temperature, self.top_p)
+        out = torch.full_like(scores, -math.inf)
+        out.scatter_(1, chosen[:, None], 0.0)
+        return out
+
+
+def sample_tokens(scores: torch.Tensor, u: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """Token index per row of ``scores`` [B, V] for uniforms ``u`` [B] (:data:`SAMPLING_RULE`)."""
+    probs = torch.softmax(scores.float() / temperature, dim=-1)
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    cum = torch.cumsum(sorted_p.double(), dim=-1)
+    kept = (cum - sorted_p) < top_p  # the tokens before this one had not yet reached top_p
+    kept[:, 0] = True
+    kept_p = torch.where(kept, sorted_p.double(), 0.0)
+    cdf = torch.cumsum(kept_p, dim=-1)
+    target = u.to(cdf.dtype)[:, None] * cdf[:, -1:]
+    idx = torch.searchsorted(cdf, target, right=True).clamp_(max=probs.shape[1] - 1)
+    # never land on a filtered token (a rounding at the kept total's edge): step back to the last kept one
+    last_kept = kept.sum(dim=-1, keepdim=True) - 1
+    idx = torch.minimum(idx, last_kept)
+    return order.gather(1, idx).squeeze(1)
 
 
 @dataclass(frozen=True)
@@ -99,6 +214,7 @@ class Generation:
         raw: the decoded text before truncation (kept for degenerate-output analysis).
         n_tokens: generated tokens (up to and including the stopping token; padding excluded).
         stop_reason: ``"eos"``, ``"stop_string"`` or ``"length"``.
+        completion_id: the sample's number within its task (0 for greedy).
     """
 
     task_id: str
@@ -106,6 +222,7 @@ class Generation:
     raw: str
     n_tokens: int
     stop_reason: str
+    completion_id: int = 0
 
 
 def _parses(source: str) -> bool:
@@ -225,35 +342,44 @@ def generate_completions(
     *,
     progress: bool = True,
     on_batch: Callable[[list[Generation]], None] | None = None,
+    completion_ids: Mapping[str, Sequence[int]] | None = None,
 ) -> list[Generation]:
-    """Generate one greedy completion per prompt, in length-sorted left-padded batches.
+    """Generate completions (greedy, or sampled) in length-sorted left-padded batches.
 
     Args:
         model: a transformers causal LM (eval mode is set here).
         tokenizer: its tokenizer; needs a pad or an eos token.
         prompts: task_id -> raw prompt text.
         config: decoding settings.
-        progress: show a tqdm bar (prompts done).
+        progress: show a tqdm bar (completions done, generated tokens/s, ETA).
         on_batch: called with each finished batch's generations (the harness appends them to
             ``samples.jsonl`` so an interrupted run resumes).
+        completion_ids: per task, which samples to generate (default ``range(config.samples_per_task)``;
+            a resumed run asks only for the missing ones). Sample ``j`` of a task is the same whichever
+            others are generated with it.
 
     Returns:
-        Generations in the order of ``prompts``.
+        Generations in the order of ``prompts``, each task's by ``completion_id``.
 
     Example:
         >>> gens = generate_completions(model, tok, {"MBPP/2": prompt}, DecodingConfig(batch_size=4))  # doctest: +SKIP
         >>> gens[0].completion  # doctest: +SKIP
     """
-    from transformers import GenerationConfig
+    from transformers import GenerationConfig, LogitsProcessorList
 
-    if not prompts:
+    units = [
+        (t, j)
+        for t in prompts
+        for j in (completion_ids[t] if completion_ids is not None else range(config.samples_per_task))
+    ]
+    if not units:
         return []
     eos = _eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else None)
     if pad_id is None:
         raise ValueError("generate_completions: the tokenizer has neither a pad token nor an eos token")
     gen_config = GenerationConfig(
-        do_sample=False,
+        do_sample=False,  # sampling is PerRowSampler's: generate itself stays greedy
         num_beams=1,
         max_new_tokens=config.max_new_tokens,
         repetition_penalty=1.0,
@@ -261,36 +387,47 @@ def generate_completions(
         eos_token_id=eos or None,
         stop_strings=list(config.stop_strings) or None,
     )
-    encoded = {tid: tokenizer(text)["input_ids"] for tid, text in prompts.items()}
-    order = sorted(encoded, key=lambda t: -len(encoded[t]))
+    encoded = {tid: tokenizer(prompts[tid])["input_ids"] for tid in {t for t, _ in units}}
+    order = sorted(units, key=lambda u: -len(encoded[u[0]]))  # stable: a task's samples stay together
     device = _input_device(model)
     model.eval()
-    out: dict[str, Generation] = {}
-    bar = tqdm(total=len(order), desc="generate", unit="task", disable=not progress)
+    out: dict[tuple[str, int], Generation] = {}
+    unit = "task" if not config.sampling else "sample"
+    bar = tqdm(total=len(order), desc="generate", unit=unit, disable=not progress)
+    t0, n_tokens = time.perf_counter(), 0
     try:
         with _pristine_generation_defaults(model), _left_padding(tokenizer, pad_id), torch.inference_mode():
             for start in range(0, len(order), config.batch_size):
-                ids = order[start : start + config.batch_size]
-                batch = tokenizer([prompts[t] for t in ids], return_tensors="pt", padding=True)
+                rows = order[start : start + config.batch_size]
+                batch = tokenizer([prompts[t] for t, _ in rows], return_tensors="pt", padding=True)
                 batch = {k: v.to(device) for k, v in batch.items()}
-                seqs = model.generate(**batch, generation_config=gen_config, tokenizer=tokenizer)
-                new = seqs[:, batch["input_ids"].shape[1] :].tolist()
-                done: list[Generation] = []
-                for tid, row in zip(ids, new, strict=True):
-                    done.append(_finish_row(tokenizer, tid, prompts[tid], encoded[tid], row, eos, pad_id, config))
+                prompt_len = batch["input_ids"].shape[1]
+                extra: dict[str, Any] = {}
+                if config.sampling:
+                    sampler = PerRowSampler(rows, prompt_len, config.temperature, config.top_p, config.seed)
+                    extra["logits_processor"] = LogitsProcessorList([sampler])
+                seqs = model.generate(**batch, generation_config=gen_config, tokenizer=tokenizer, **extra)
+                new = seqs[:, prompt_len:].tolist()
+                done = [
+                    _finish_row(tokenizer, t, j, prompts[t], encoded[t], row, eos, pad_id, config)
+                    for (t, j), row in zip(rows, new, strict=True)
+                ]
                 for g in done:
-                    out[g.task_id] = g
+                    out[(g.task_id, g.completion_id)] = g
                 if on_batch is not None:
                     on_batch(done)
-                bar.update(len(ids))
+                n_tokens += sum(g.n_tokens for g in done)
+                bar.set_postfix_str(f"{n_tokens / max(time.perf_counter() - t0, 1e-9):.1f} tok/s", refresh=False)
+                bar.update(len(rows))
     finally:
         bar.close()
-    return [out[t] for t in prompts]
+    return [out[u] for u in units]
 
 
 def _finish_row(
     tokenizer: Any,
     task_id: str,
+    completion_id: int,
     prompt: str,
     prompt_ids: list[int],
     row: list[int],
@@ -316,7 +453,14 @@ def _finish_row(
             n -= 1
         stop_reason = "stop_string"
     completion = truncate_completion(prompt, raw, config.stop_strings)
-    return Generation(task_id=task_id, completion=completion, raw=raw, n_tokens=n, stop_reason=stop_reason)
+    return Generation(
+        task_id=task_id,
+        completion=completion,
+        raw=raw,
+        n_tokens=n,
+        stop_reason=stop_reason,
+        completion_id=completion_id,
+    )
 
 
 def tokens_per_second(generations: Sequence[Generation], seconds: float) -> float:

@@ -50,15 +50,20 @@ from ida_eval.analysis import (
     degenerate_report,
     failure_counts,
     format_comparison,
+    load_run,
+    score_results,
+    task_classes,
 )
 from ida_eval.execute import (
     ExecutionConfig,
     SandboxError,
     execute_samples,
+    read_results,
     sandbox_unavailable,
     seconds_arg,
     summarize,
 )
+from ida_eval.figures import plot_runs
 from ida_eval.generate import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_NEW_TOKENS,
@@ -70,12 +75,18 @@ from ida_eval.generate import (
 from ida_eval.languages import LANGUAGES, language_of
 from ida_eval.loader import check_checkpoint_dir, describe_checkpoint, load_model
 from ida_eval.problems import find_problems_file, language_files, load_problems
+from ida_eval.stats import mean_pass_at_k
 
 SAMPLES_FILE = "samples.jsonl"
 RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.json"
 RUN_FILE = "run.json"
 LANGUAGES_FILE = "languages.json"  # the table over languages of a --language all run
+COMPARISON_FILE = "comparison.json"  # --compare ... --out DIR
+COMPARISON_FIGURE_FILE = "comparison.png"
+FIGURE_FILE = "summary.png"  # pass rates with intervals and failure classes, drawn from summary.json
+LANGUAGES_FIGURE_FILE = "languages.png"  # the same over the languages of languages.json
+DEFAULT_PASS_AT = (1, 10, 100)  # the k reported by default, where there are at least k samples per task
 
 
 class RunDirError(ValueError):
@@ -90,26 +101,41 @@ def _write_json_atomic(path: Path, obj: Any) -> None:
     atomic_write_text(path, dumps_utf8(obj, indent=2) + "\n")
 
 
-def read_samples(path: Path) -> dict[str, dict[str, Any]]:
-    """Read ``samples.jsonl`` (task_id -> record) after :func:`~ida_common.jsonl.repair_torn_tail`.
+def read_samples(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
+    """Read ``samples.jsonl`` ((task_id, completion_id) -> record) after
+    :func:`~ida_common.jsonl.repair_torn_tail`. A greedy record has no ``completion_id`` (it is 0).
 
     Raises:
-        RunDirError: a malformed complete line, naming the file and line.
+        RunDirError: a malformed complete line, or a (task, sample) pair written twice, naming the file
+            and line.
     """
     data = repair_torn_tail(path)
-    out: dict[str, dict[str, Any]] = {}
-    for _, where, rec in iter_jsonl(data.splitlines(), path, RunDirError):
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    lines: dict[tuple[str, int], int] = {}
+    for lineno, where, rec in iter_jsonl(data.splitlines(), path, RunDirError):
         if not isinstance(rec.get("task_id"), str) or not isinstance(rec.get("completion"), str):
             raise RunDirError(f"{where}: a sample needs string 'task_id' and 'completion'")
-        out[rec["task_id"]] = rec
+        cid = rec.get("completion_id", 0)
+        if not isinstance(cid, int) or isinstance(cid, bool) or cid < 0:
+            raise RunDirError(f"{where}: 'completion_id' must be a non-negative integer, got {cid!r}")
+        key = (rec["task_id"], cid)
+        if key in out:
+            raise RunDirError(
+                f"{where}: {key[0]} sample {cid} is already on line {lines[key]}; a samples file holds each "
+                "(task, sample) once"
+            )
+        out[key], lines[key] = rec, lineno
     return out
 
 
-def _append_samples(path: Path, gens: Sequence[Generation]) -> None:
+def _append_samples(path: Path, gens: Sequence[Generation], *, numbered: bool) -> None:
+    """Append generations (one write + fsync); ``numbered`` records carry their ``completion_id``
+    (sampling runs; a greedy run's records stay as mxeval's)."""
     lines = "".join(
         dumps_utf8(
             {
                 "task_id": g.task_id,
+                **({"completion_id": g.completion_id} if numbered else {}),
                 "completion": g.completion,
                 "raw": g.raw,
                 "n_tokens": g.n_tokens,
@@ -180,6 +206,45 @@ def stop_strings_for(problems: Mapping[str, Mapping[str, Any]]) -> tuple[str, ..
     return LANGUAGES[langs.pop()].stop_sequences if langs else STOP_STRINGS
 
 
+def pass_at_ks(pass_at: Sequence[int] | None, samples_per_task: int) -> list[int]:
+    """The k of pass@k to report: ``pass_at`` checked against the samples per task, or by default those
+    of :data:`DEFAULT_PASS_AT` there are enough samples for.
+
+    Example:
+        >>> pass_at_ks(None, 20), pass_at_ks([10, 1], 10)
+        ([1, 10], [1, 10])
+    """
+    if pass_at is None:
+        return [k for k in DEFAULT_PASS_AT if k <= samples_per_task]
+    ks = sorted(set(pass_at))
+    bad = [k for k in ks if not isinstance(k, int) or isinstance(k, bool) or k < 1]
+    if bad or not ks:
+        raise ValueError(f"pass@k: k must be integers >= 1, got {list(pass_at)!r}")
+    if ks[-1] > samples_per_task:
+        raise ValueError(
+            f"pass@{ks[-1]} needs at least {ks[-1]} samples per task, the run has {samples_per_task} "
+            "(raise --samples-per-task or lower --pass-at)"
+        )
+    return ks
+
+
+def figure_data(summary: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """What :func:`ida_eval.figures.plot_runs` draws for one run: per language its pass@1, the 95 %
+    interval and the classes of its samples, all read from ``summary`` (summary.json)."""
+    langs = list(summary.get("languages") or {}) or ["python"]
+    return {
+        "name": name,
+        "languages": {
+            lang: {
+                "rate": summary["pass@1"],
+                "interval": summary["intervals"]["pass@1"],
+                "classes": dict(summary["counts"]),
+            }
+            for lang in langs[:1]  # one language per run directory (stop_strings_for)
+        },
+    }
+
+
 def select_problems(problems: Mapping[str, Mapping[str, Any]] | str | Path, limit: int | None) -> dict[str, Any]:
     """Problems as a dict in file order, the first ``limit`` of them when given."""
     if isinstance(problems, (str, Path)):
@@ -203,6 +268,11 @@ def evaluate_model(
     progress: bool = True,
     checkpoint_info: Mapping[str, Any] | None = None,
     stop_strings: Sequence[str] | None = None,
+    samples_per_task: int = 1,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    pass_at: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """Generate, execute and score MBXP problems with an in-memory model (the trainer's entry point).
 
@@ -211,8 +281,8 @@ def evaluate_model(
         tokenizer: its tokenizer.
         problems: ``{task_id: problem}`` or a problems JSONL path.
         out_dir: run directory (created; an existing run with the same settings is resumed).
-        batch_size: prompts per generate call.
-        max_new_tokens: generation budget per task.
+        batch_size: rows per generate call.
+        max_new_tokens: generation budget per completion.
         limit: evaluate only the first ``limit`` problems.
         exec_config: executor limits/workers (default ``ExecutionConfig()``).
         progress: tqdm bars for generation and execution.
@@ -221,6 +291,10 @@ def evaluate_model(
         stop_strings: generation stop strings (recorded; default: the problems' language's,
             :data:`ida_eval.languages.LANGUAGES` ``stop_sequences``, Python's being
             :data:`~ida_eval.generate.STOP_STRINGS`).
+        samples_per_task, temperature, top_p, seed: sampling (:class:`~ida_eval.generate.DecodingConfig`;
+            the default is one greedy completion per task).
+        pass_at: the k of pass@k to report (default: 1, and 10 and 100 where there are that many
+            samples per task); each k <= ``samples_per_task``.
 
     Returns:
         The summary dict also written to ``out_dir/summary.json``.
@@ -233,55 +307,83 @@ def evaluate_model(
     chosen = select_problems(problems, limit)
     if stop_strings is None:
         stop_strings = stop_strings_for(chosen)
-    decoding = DecodingConfig(batch_size=batch_size, max_new_tokens=max_new_tokens, stop_strings=tuple(stop_strings))
+    decoding = DecodingConfig(
+        batch_size=batch_size,
+        max_new_tokens=max_new_tokens,
+        stop_strings=tuple(stop_strings),
+        samples_per_task=samples_per_task,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+    )
+    ks = pass_at_ks(pass_at, decoding.samples_per_task)
     out = Path(out_dir)
     run = _run_record(decoding, checkpoint_info)
     unpinned = _check_run_file(out, run)
 
     samples_path = out / SAMPLES_FILE
     have = read_samples(samples_path)
-    todo = {t: p["prompt"] for t, p in chosen.items() if t not in have}
-    if len(todo) < len(chosen):
+    n = decoding.samples_per_task
+    missing = {t: [j for j in range(n) if (t, j) not in have] for t in chosen}
+    todo = {t: p["prompt"] for t, p in chosen.items() if missing[t]}
+    wanted, left = len(chosen) * n, sum(len(m) for m in missing.values())
+    if left < wanted:
         print(
-            f"resumed: {len(chosen) - len(todo)} of {len(chosen)} already done (generation, {samples_path})",
+            f"resumed: {wanted - left} of {wanted} already done (generation, {samples_path})",
             file=sys.stderr,
             flush=True,
         )
     if todo and model is None:
-        raise ValueError(f"{out}: {len(todo)} tasks still need generating but no model was given")
+        raise ValueError(f"{out}: {left} completions still need generating but no model was given")
     if unpinned:  # the inputs are valid and work starts: only now is the directory this run's
         _pin_run(out, run)
 
     gen_seconds, new_tokens = 0.0, 0
     if todo:
+        how = (
+            "greedy"
+            if not decoding.sampling
+            else f"{n} samples per task, temperature {decoding.temperature}, top-p {decoding.top_p}, seed {decoding.seed}"
+        )
         _phase(
-            f"generate: {len(todo)} problems, {decoding.batch_size} at a time, up to {decoding.max_new_tokens} "
-            "new tokens each (greedy)"
+            f"generate: {f'{left} samples of ' if decoding.sampling else ''}{len(todo)} problems, "
+            f"{decoding.batch_size} at a time, up to "
+            f"{decoding.max_new_tokens} new tokens each ({how})"
         )
         t0 = time.perf_counter()
         gens = generate_completions(
-            model, tokenizer, todo, decoding, progress=progress, on_batch=lambda b: _append_samples(samples_path, b)
+            model,
+            tokenizer,
+            todo,
+            decoding,
+            progress=progress,
+            on_batch=lambda b: _append_samples(samples_path, b, numbered=decoding.sampling),
+            completion_ids={t: missing[t] for t in todo},
         )
         gen_seconds = time.perf_counter() - t0
         new_tokens = sum(g.n_tokens for g in gens)
         have = read_samples(samples_path)
-    samples = [have[t] for t in chosen]
+    samples = [{"completion_id": j, **have[(t, j)]} for t in chosen for j in range(n)]
 
     t0 = time.perf_counter()
     config = exec_config if exec_config is not None else ExecutionConfig()
+    before = read_results(out / RESULTS_FILE)
+    executed = sum((s["task_id"], s["completion_id"]) not in before for s in samples)
     _phase(f"execute: {len(samples)} programs in the sandbox, {config.workers} at a time -> {out / RESULTS_FILE}")
     results = execute_samples(chosen, samples, out_path=out / RESULTS_FILE, config=config, progress=progress)
     exec_seconds = time.perf_counter() - t0
 
     # the independent ast.parse check is for Python prompts only
     prompts = {t: p["prompt"] for t, p in chosen.items() if language_of(p) == "python"}
-    raws = {s["task_id"]: s["raw"] for s in samples if isinstance(s.get("raw"), str)}
+    raws = {(s["task_id"], s["completion_id"]): s["raw"] for s in samples if isinstance(s.get("raw"), str)}
     counts, per_task = failure_counts(results, prompts, raws)
     exec_summary = summarize(results, chosen)
     summary: dict[str, Any] = {
         "pass@1": exec_summary["pass@1"],
+        **score_results(results, ks),
         "languages": exec_summary["languages"],
         "n_tasks": len(chosen),
+        "samples_per_task": n,
         "passed": counts["passed"],
         "counts": counts,
         "degenerate": degenerate_report(samples),
@@ -291,8 +393,11 @@ def evaluate_model(
             "execution_s": round(exec_seconds, 3),
             "total_s": round(time.perf_counter() - t_start, 3),
             "generated_tasks": len(todo),
+            "generated_samples": left if todo else 0,
             "generated_tokens": new_tokens,
             "tokens_per_s": round(new_tokens / gen_seconds, 2) if gen_seconds > 0 else None,
+            "executed_programs": executed,
+            "programs_per_s": round(executed / exec_seconds, 2) if executed and exec_seconds > 0 else None,
         },
         "isolation": exec_summary["isolation"],
         "executor": {
@@ -309,6 +414,8 @@ def evaluate_model(
         "per_task": per_task,
     }
     _write_json_atomic(out / SUMMARY_FILE, summary)
+    if results:  # nothing ran, nothing to draw
+        plot_runs([figure_data(summary, out.name)], out / FIGURE_FILE)
     return summary
 
 
@@ -385,6 +492,11 @@ def evaluate_checkpoint(
     exec_config: ExecutionConfig | None = None,
     progress: bool = True,
     weights: str = "bf16",
+    samples_per_task: int = 1,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    pass_at: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """Load a checkpoint directory (MXFP8 or plain) and run :func:`evaluate_model` on it.
 
@@ -405,8 +517,20 @@ def evaluate_checkpoint(
         checkpoint_dir, info, dtype, _device_map_for(device, device_map), progress, weights
     )
 
+    sampling = dict(samples_per_task=samples_per_task, temperature=temperature, top_p=top_p, seed=seed)
+    pass_at_ks(pass_at, samples_per_task)  # bad --pass-at before any load
     return _evaluate_loaded(
-        problems, Path(out_dir), info, model_and_tokenizer, batch_size, max_new_tokens, limit, exec_config, progress
+        problems,
+        Path(out_dir),
+        info,
+        model_and_tokenizer,
+        batch_size,
+        max_new_tokens,
+        limit,
+        exec_config,
+        progress,
+        sampling,
+        pass_at,
     )
 
 
@@ -420,16 +544,18 @@ def _evaluate_loaded(
     limit: int | None,
     exec_config: ExecutionConfig | None,
     progress: bool,
+    sampling: Mapping[str, Any],
+    pass_at: Sequence[int] | None,
 ) -> dict[str, Any]:
     """:func:`evaluate_model` with the model loaded (by ``model_and_tokenizer()``) only when some
-    task still needs generating, and a run with other settings refused before that load."""
+    sample still needs generating, and a run with other settings refused before that load."""
     decoding = DecodingConfig(
-        batch_size=batch_size, max_new_tokens=max_new_tokens, stop_strings=stop_strings_for(problems)
+        batch_size=batch_size, max_new_tokens=max_new_tokens, stop_strings=stop_strings_for(problems), **sampling
     )
     _check_run_file(out_dir, _run_record(decoding, info))  # refuse a different run before a long load
     have = read_samples(out_dir / SAMPLES_FILE)
     model = tokenizer = None
-    if any(t not in have for t in problems):
+    if any((t, j) not in have for t in problems for j in range(decoding.samples_per_task)):
         model, tokenizer = model_and_tokenizer()
     return evaluate_model(
         model,
@@ -442,6 +568,8 @@ def _evaluate_loaded(
         exec_config=exec_config,
         progress=progress,
         checkpoint_info=info,
+        pass_at=pass_at,
+        **sampling,
     )
 
 
@@ -460,6 +588,11 @@ def evaluate_checkpoint_languages(
     progress: bool = True,
     on_language: Any = None,
     weights: str = "bf16",
+    samples_per_task: int = 1,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    pass_at: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """Score a checkpoint on several languages' problems files in turn (the model loaded once).
 
@@ -475,12 +608,25 @@ def evaluate_checkpoint_languages(
         checkpoint_dir, info, dtype, _device_map_for(device, device_map), progress, weights
     )
 
+    sampling = dict(samples_per_task=samples_per_task, temperature=temperature, top_p=top_p, seed=seed)
+    ks = pass_at_ks(pass_at, samples_per_task)
     out = Path(out_dir)
     table: dict[str, Any] = {}
+    per_task_counts: dict[str, dict[str, tuple[int, int]]] = {}
     for lang, path in files.items():
         problems = select_problems(load_problems(path), limit)
         summary = _evaluate_loaded(
-            problems, out / lang, info, model_and_tokenizer, batch_size, max_new_tokens, limit, exec_config, progress
+            problems,
+            out / lang,
+            info,
+            model_and_tokenizer,
+            batch_size,
+            max_new_tokens,
+            limit,
+            exec_config,
+            progress,
+            sampling,
+            pass_at,
         )
         lang_row = summary["languages"].get(lang, {})
         table[lang] = {
@@ -489,14 +635,39 @@ def evaluate_checkpoint_languages(
             "passed": summary["passed"],
             "toolchain_missing": lang_row.get("toolchain_missing", 0),
             "pass@1_runnable": summary["executor"].get("pass@1_runnable", summary["pass@1"]),
+            "pass@k": summary["pass@k"],
+            "intervals": summary["intervals"],
             "counts": summary["counts"],
             "problems_file": str(path),
         }
+        per_task_counts[lang] = {t: (len(cs), cs.count("passed")) for t, cs in _classes(summary).items()}
         if on_language is not None:
             on_language(lang, summary)
-    result = {"languages": table, "checkpoint": dict(info) if info else None}
+    pooled = {(lang, t): c for lang, counts in per_task_counts.items() for t, c in counts.items()}
+    overall = {f"pass@{k}": mean_pass_at_k(pooled, k) for k in ks} if pooled else {}
+    result = {
+        "languages": table,
+        "overall": {"pass@k": overall, "n_tasks": len(pooled), "languages": len(table)},
+        "checkpoint": dict(info) if info else None,
+    }
     _write_json_atomic(out / LANGUAGES_FILE, result)
+    plot_runs([languages_figure_data(result, out.name)], out / LANGUAGES_FIGURE_FILE)
     return result
+
+
+def _classes(summary: Mapping[str, Any]) -> dict[str, list[str]]:
+    return {t: task_classes(c) for t, c in summary["per_task"].items()}
+
+
+def languages_figure_data(table: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """:func:`figure_data` for a ``--language all`` run, read from ``languages.json``."""
+    return {
+        "name": name,
+        "languages": {
+            lang: {"rate": r["pass@1"], "interval": r["intervals"]["pass@1"], "classes": dict(r["counts"])}
+            for lang, r in table["languages"].items()
+        },
+    }
 
 
 def format_language_table(table: Mapping[str, Mapping[str, Any]]) -> str:
@@ -509,6 +680,77 @@ def format_language_table(table: Mapping[str, Mapping[str, Any]]) -> str:
             f"{r['pass@1_runnable']:.4f}           {r['toolchain_missing']}"
         )
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# comparing runs
+
+
+def _run_languages(run_dir: Path) -> dict[str, Path]:
+    """language -> run directory: the per-language directories of a ``--language all`` run, or the
+    directory itself (its summary's language)."""
+    table = run_dir / LANGUAGES_FILE
+    if table.is_file():
+        langs = json.loads(table.read_text())["languages"]
+        return {lang: run_dir / lang for lang in langs if (run_dir / lang / SUMMARY_FILE).is_file()}
+    langs = list(load_run(run_dir).get("languages") or {}) or ["python"]
+    return {langs[0]: run_dir}
+
+
+def compare_dirs(dirs: Sequence[Path]) -> dict[str, Any]:
+    """Compare finished runs with the first, per language they all have (:func:`compare_runs` each).
+
+    Returns the JSON written to ``comparison.json``: ``{"baseline", "runs", "languages": {language:
+    {"runs": [pass rates, intervals, class counts of each run], "comparisons": [compare_runs(first,
+    other) for each other run]}}}``.
+
+    Raises:
+        ValueError: a directory that is not a finished run, or runs without a language in common.
+    """
+    per_run = [_run_languages(d) for d in dirs]
+    common = [lang for lang in per_run[0] if all(lang in r for r in per_run[1:])]
+    if not common:
+        raise ValueError(
+            "--compare: the runs have no language in common ("
+            + "; ".join(f"{d}: {', '.join(r) or 'none'}" for d, r in zip(dirs, per_run, strict=True))
+            + ")"
+        )
+    languages: dict[str, Any] = {}
+    for lang in common:
+        comparisons = [compare_runs(per_run[0][lang], r[lang]) for r in per_run[1:]]
+        runs = [comparisons[0]["a"]] + [c["b"] for c in comparisons]
+        languages[lang] = {"runs": runs, "comparisons": comparisons}
+    return {"baseline": str(dirs[0]), "runs": [str(d) for d in dirs], "languages": languages}
+
+
+def format_compare_dirs(result: Mapping[str, Any]) -> str:
+    """The text of :func:`compare_dirs`: per language, each run against the baseline."""
+    blocks = []
+    for lang, entry in result["languages"].items():
+        for cmp in entry["comparisons"]:
+            blocks.append(f"=== {lang}\n{format_comparison(cmp)}")
+    return "\n".join(blocks)
+
+
+def comparison_figure_data(result: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """What the comparison figure draws, read from :func:`compare_dirs`' result (comparison.json)."""
+    names = [Path(d).name or d for d in result["runs"]]
+    if len(set(names)) < len(names):
+        names = list(result["runs"])
+    return [
+        {
+            "name": name,
+            "languages": {
+                lang: {
+                    "rate": e["runs"][i]["pass@1"],
+                    "interval": e["runs"][i]["interval"],
+                    "classes": e["runs"][i]["counts"],
+                }
+                for lang, e in result["languages"].items()
+            },
+        }
+        for i, name in enumerate(names)
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -576,21 +818,82 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="bf16: weights decoded once (default); mxfp8: projections stay MXFP8 in memory and are "
         "decoded at each forward (same logits, about half the weight memory); summary.json records it",
     )
+    ap.add_argument(
+        "--samples-per-task",
+        type=int,
+        default=1,
+        metavar="N",
+        help="completions per task (default 1; more than one needs --temperature)",
+    )
+    ap.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sampling temperature (default 0: greedy); a task's samples depend only on --seed, the task and "
+        "their number",
+    )
+    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold in (0, 1] (default 1)")
+    ap.add_argument("--seed", type=int, help="sampling seed (default 0; needs --temperature)")
+    ap.add_argument(
+        "--pass-at",
+        type=_k_list,
+        metavar="K,K,...",
+        help="the k of pass@k, each <= --samples-per-task (default: 1, and 10, 100 where there are that many "
+        "samples; mxeval's unbiased estimator)",
+    )
     ap.add_argument("--workers", type=int, help="programs executed at once (default: nproc)")
     ap.add_argument("--timeout", type=seconds_arg, help="seconds per program (executor default when omitted)")
-    ap.add_argument("--compare", nargs=2, metavar=("DIR_A", "DIR_B"), help="print two finished runs side by side")
+    ap.add_argument(
+        "--compare",
+        nargs="+",
+        metavar="DIR",
+        help="compare finished runs with the first (pass rates with 95 %% intervals, McNemar's exact test, "
+        "flipped tasks, class shifts); with --out, also comparison.json and comparison.png there",
+    )
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = ap.parse_args(argv)
     if args.compare is None and not args.checkpoint:
-        ap.error("give --checkpoint DIR (or --compare DIR_A DIR_B)")
+        ap.error("give --checkpoint DIR (or --compare DIR_A DIR_B ...)")
+    if args.compare is not None and len(args.compare) < 2:
+        ap.error("--compare needs at least two run directories")
+    if args.seed is not None and args.temperature == 0:
+        ap.error("--seed needs --temperature > 0 (greedy decoding does not sample)")
+    try:
+        DecodingConfig(
+            samples_per_task=args.samples_per_task,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            seed=args.seed or 0,
+        )
+        pass_at_ks(args.pass_at, args.samples_per_task)
+    except ValueError as e:
+        ap.error(str(e))
     if args.language and args.problems:
         ap.error("give --problems FILE or --language LANG, not both")
     return args
 
 
+def _k_list(text: str) -> list[int]:
+    """argparse type of --pass-at: comma-separated integers >= 1."""
+    try:
+        ks = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
+    if not ks or min(ks) < 1:
+        raise argparse.ArgumentTypeError(f"each k must be an integer >= 1: {text!r}")
+    return ks
+
+
 def _print_summary(s: Mapping[str, Any], out: Path) -> None:
     c = s["counts"]
-    print(f"pass@1 = {s['pass@1']:.4f}  ({s['passed']}/{s['n_tasks']} tasks)  -> {out / SUMMARY_FILE}")
+    n = s.get("samples_per_task", 1)
+    lo, hi = s["intervals"].get("pass@1", (0.0, 1.0))
+    what = f"{s['passed']}/{s['n_tasks']} tasks" if n == 1 else f"{s['passed']}/{s['n_tasks'] * n} samples"
+    print(f"pass@1 = {s['pass@1']:.4f} [95 % {lo:.4f}, {hi:.4f}]  ({what})  -> {out / SUMMARY_FILE}")
+    for name, value in s["pass@k"].items():
+        if name != "pass@1":
+            lo, hi = s["intervals"][name]
+            print(f"{name} = {value:.4f} [95 % {lo:.4f}, {hi:.4f}]")
     print("classes: " + ", ".join(f"{k}: {v}" for k, v in c.items()))
     d = s["degenerate"]
     print(
@@ -599,7 +902,8 @@ def _print_summary(s: Mapping[str, Any], out: Path) -> None:
     )
     t = s["timings"]
     print(
-        f"generation {t['generation_s']} s ({t['tokens_per_s']} tokens/s), execution {t['execution_s']} s; "
+        f"generation {t['generation_s']} s ({t['tokens_per_s']} tokens/s), execution {t['execution_s']} s "
+        f"({t['programs_per_s']} programs/s); "
         f"isolation: {', '.join(s['isolation']) or 'none (nothing ran)'}"
     )
 
@@ -616,18 +920,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(run: Run) -> int:
     args = _parse_args(run.argv)
     if args.compare:
-        a, b = (Path(d) for d in args.compare)
-        if (a / LANGUAGES_FILE).is_file() and (b / LANGUAGES_FILE).is_file():  # two --language all runs
-            common = [
-                lang
-                for lang in json.loads((a / LANGUAGES_FILE).read_text())["languages"]
-                if (a / lang / SUMMARY_FILE).is_file() and (b / lang / SUMMARY_FILE).is_file()
-            ]
-            for lang in common:
-                print(f"=== {lang}")
-                print(format_comparison(compare_runs(a / lang, b / lang)))
-            return 0
-        print(format_comparison(compare_runs(a, b)))
+        result = compare_dirs([Path(d) for d in args.compare])
+        print(format_compare_dirs(result))
+        if args.out:
+            out = Path(args.out)
+            check_output_dir(out, "--out")
+            out.mkdir(parents=True, exist_ok=True)
+            _write_json_atomic(out / COMPARISON_FILE, result)
+            plot_runs(comparison_figure_data(result), out / COMPARISON_FIGURE_FILE)
+            print(f"-> {out / COMPARISON_FILE}, {out / COMPARISON_FIGURE_FILE}")
         return 0
     out = Path(args.out) if args.out else Path(f"mbxp-{Path(args.checkpoint).resolve().name}")
     run.kept = f"finished samples and results are kept in {out}: rerun the same command (same --out) to resume"
@@ -636,6 +937,13 @@ def _main(run: Run) -> int:
         cfg["workers"] = args.workers
     if args.timeout is not None:
         cfg["timeout"] = args.timeout
+    sampling = dict(
+        samples_per_task=args.samples_per_task,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed or 0,
+        pass_at=args.pass_at,
+    )
     common = dict(
         out_dir=out,
         batch_size=args.batch_size,
@@ -647,6 +955,7 @@ def _main(run: Run) -> int:
         weights=args.weights,
         exec_config=ExecutionConfig(**cfg),
         progress=not args.no_progress,
+        **sampling,
     )
     if args.language:
         files = language_files(args.benchmark, args.data_dir)
@@ -666,20 +975,7 @@ def _main(run: Run) -> int:
         print(f"-> {out / LANGUAGES_FILE}")
         return 0
     try:
-        summary = evaluate_checkpoint(
-            args.checkpoint,
-            problems_path=args.problems,
-            out_dir=out,
-            batch_size=args.batch_size,
-            max_new_tokens=args.max_new_tokens,
-            limit=args.limit,
-            device=args.device,
-            device_map=args.device_map,
-            dtype=getattr(torch, args.dtype),
-            weights=args.weights,
-            exec_config=ExecutionConfig(**cfg),
-            progress=not args.no_progress,
-        )
+        summary = evaluate_checkpoint(args.checkpoint, problems_path=args.problems, **common)
     except SandboxError as e:
         raise sandbox_unavailable(e) from None
     _print_summary(summary, out)

@@ -45,7 +45,7 @@ def test_run_files_resume_and_pinning(setup, tmp_path):
     on_disk = json.loads((out / "summary.json").read_text())
     assert on_disk["per_task"] == s["per_task"]
     samples = read_samples(out / "samples.jsonl")
-    assert sorted(samples) == ids and all(
+    assert sorted(samples) == [(t, 0) for t in ids] and all(
         {"completion", "raw", "n_tokens", "stop_reason"} <= set(v) for v in samples.values()
     )
     assert len((out / "results.jsonl").read_text().splitlines()) == 3
@@ -90,7 +90,7 @@ def test_an_old_run_directory_resumes_and_compares_the_same(tmp_path, monkeypatc
         "T/5": " the" * 12,
     }  # passed, syntax, NameError, assertion, degenerate
 
-    def fixed(model, tokenizer, prompts, config, *, progress=True, on_batch=None):
+    def fixed(model, tokenizer, prompts, config, *, progress=True, on_batch=None, completion_ids=None):
         gens = [Generation(t, texts[t], texts[t], 3, "eos") for t in prompts]
         if on_batch is not None:
             on_batch(gens)

