@@ -74,6 +74,7 @@ from ida_eval.generate import (
 )
 from ida_eval.languages import LANGUAGES, language_of
 from ida_eval.loader import check_checkpoint_dir, describe_checkpoint, load_model
+from ida_eval.parallel import Ranks, cuda_device_for, current_ranks, shard_name, shard_paths
 from ida_eval.problems import find_problems_file, language_files, load_problems
 from ida_eval.stats import mean_pass_at_k
 
@@ -129,10 +130,11 @@ def read_samples(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
 
 
 def _append_samples(path: Path, gens: Sequence[Generation], *, numbered: bool) -> None:
-    """Append generations (one write + fsync); ``numbered`` records carry their ``completion_id``
-    (sampling runs; a greedy run's records stay as mxeval's)."""
-    lines = "".join(
-        dumps_utf8(
+    """Append generations; ``numbered`` records carry their ``completion_id`` (sampling runs; a greedy
+    run's records stay as mxeval's)."""
+    _write_samples(
+        path,
+        [
             {
                 "task_id": g.task_id,
                 **({"completion_id": g.completion_id} if numbered else {}),
@@ -141,14 +143,56 @@ def _append_samples(path: Path, gens: Sequence[Generation], *, numbered: bool) -
                 "n_tokens": g.n_tokens,
                 "stop_reason": g.stop_reason,
             }
-        )
-        + "\n"
-        for g in gens
+            for g in gens
+        ],
     )
+
+
+def _write_samples(path: Path, records: Sequence[Mapping[str, Any]]) -> None:
+    """Append sample records as they are (one write + fsync)."""
     with open(path, "a", encoding="utf-8") as f:
-        f.write(lines)
+        f.write("".join(dumps_utf8(r) + "\n" for r in records))
         f.flush()
         os.fsync(f.fileno())
+
+
+def merge_shards(out_dir: Path) -> int:
+    """Move the samples of rank shards (``samples.rank<R>.jsonl``, :mod:`ida_eval.parallel`) into
+    ``samples.jsonl``; returns how many were new. Idempotent: a sample already there is skipped (a
+    kill between the append and the shard's removal repeats nothing), a different text under the same
+    (task, sample) is an error.
+
+    Raises:
+        RunDirError: a malformed shard, or two different samples under one (task, sample).
+    """
+    shards = shard_paths(out_dir)
+    if not shards:
+        return 0
+    main_path = out_dir / SAMPLES_FILE
+    have = read_samples(main_path)
+    new: dict[tuple[str, int], dict[str, Any]] = {}
+    for shard in shards:
+        for key, rec in read_samples(shard).items():
+            old = have.get(key) or new.get(key)
+            if old is None:
+                new[key] = rec
+            elif old["completion"] != rec["completion"]:
+                raise RunDirError(
+                    f"{shard}: {key[0]} sample {key[1]} differs from the one already kept; use a fresh --out directory"
+                )
+    if new:
+        _write_samples(main_path, list(new.values()))
+    for shard in shards:
+        shard.unlink()
+    return len(new)
+
+
+def _samples_done(out_dir: Path) -> set[tuple[str, int]]:
+    """The (task, sample) pairs already generated: in ``samples.jsonl`` or a rank's shard."""
+    done = set(read_samples(out_dir / SAMPLES_FILE))
+    for shard in shard_paths(out_dir) if out_dir.is_dir() else []:
+        done |= set(read_samples(shard))
+    return done
 
 
 def _check_run_file(out_dir: Path, run: dict[str, Any]) -> bool:
@@ -320,6 +364,11 @@ def evaluate_model(
     out = Path(out_dir)
     run = _run_record(decoding, checkpoint_info)
     unpinned = _check_run_file(out, run)
+    ranks = current_ranks()
+    progress = progress and ranks.is_main  # one set of bars: rank 0's share stands for all
+    if ranks.is_main and out.is_dir():
+        merge_shards(out)  # what ranks of an interrupted run generated
+    ranks.barrier()
 
     samples_path = out / SAMPLES_FILE
     have = read_samples(samples_path)
@@ -327,7 +376,7 @@ def evaluate_model(
     missing = {t: [j for j in range(n) if (t, j) not in have] for t in chosen}
     todo = {t: p["prompt"] for t, p in chosen.items() if missing[t]}
     wanted, left = len(chosen) * n, sum(len(m) for m in missing.values())
-    if left < wanted:
+    if left < wanted and ranks.is_main:
         print(
             f"resumed: {wanted - left} of {wanted} already done (generation, {samples_path})",
             file=sys.stderr,
@@ -335,33 +384,57 @@ def evaluate_model(
         )
     if todo and model is None:
         raise ValueError(f"{out}: {left} completions still need generating but no model was given")
-    if unpinned:  # the inputs are valid and work starts: only now is the directory this run's
+    if unpinned and ranks.is_main:  # the inputs are valid and work starts: only now is the directory this run's
         _pin_run(out, run)
+    ranks.barrier()
+    shard_path = samples_path if ranks.world_size == 1 else out / shard_name(ranks.rank)
+    mine = _share(todo, missing, ranks) if ranks.world_size > 1 else {t: missing[t] for t in todo}
 
     gen_seconds, new_tokens = 0.0, 0
-    if todo:
+    if mine:
         how = (
             "greedy"
             if not decoding.sampling
             else f"{n} samples per task, temperature {decoding.temperature}, top-p {decoding.top_p}, seed {decoding.seed}"
         )
+        what = f"{left} samples of {len(todo)} problems" if decoding.sampling else f"{len(todo)} problems"
+        if ranks.world_size > 1:
+            what = f"{sum(len(v) for v in mine.values())} of {what} (rank {ranks.rank} of {ranks.world_size})"
         _phase(
-            f"generate: {f'{left} samples of ' if decoding.sampling else ''}{len(todo)} problems, "
-            f"{decoding.batch_size} at a time, up to "
-            f"{decoding.max_new_tokens} new tokens each ({how})"
+            f"generate: {what}, {decoding.batch_size} at a time, up to {decoding.max_new_tokens} new tokens "
+            f"each ({how})"
         )
         t0 = time.perf_counter()
         gens = generate_completions(
             model,
             tokenizer,
-            todo,
+            {t: todo[t] for t in mine},
             decoding,
             progress=progress,
-            on_batch=lambda b: _append_samples(samples_path, b, numbered=decoding.sampling),
-            completion_ids={t: missing[t] for t in todo},
+            on_batch=lambda b: _append_samples(shard_path, b, numbered=decoding.sampling),
+            completion_ids=mine,
         )
         gen_seconds = time.perf_counter() - t0
         new_tokens = sum(g.n_tokens for g in gens)
+    per_rank = ranks.gather(
+        {
+            "rank": ranks.rank,
+            "device": _model_info(model)["device"] if model is not None else None,
+            "samples": sum(len(v) for v in mine.values()),
+            "tokens": new_tokens,
+            "seconds": round(gen_seconds, 3),
+            "tokens_per_s": round(new_tokens / gen_seconds, 2) if gen_seconds > 0 else None,
+        }
+    )
+    if ranks.world_size > 1:
+        ranks.barrier()  # every shard complete
+        if not ranks.is_main:
+            ranks.barrier()  # rank 0 merges, executes and writes the summary
+            return json.loads((out / SUMMARY_FILE).read_text())
+        merge_shards(out)
+        gen_seconds = max(r["seconds"] for r in per_rank)
+        new_tokens = sum(r["tokens"] for r in per_rank)
+    if todo:
         have = read_samples(samples_path)
     samples = [{"completion_id": j, **have[(t, j)]} for t in chosen for j in range(n)]
 
@@ -396,6 +469,7 @@ def evaluate_model(
             "generated_samples": left if todo else 0,
             "generated_tokens": new_tokens,
             "tokens_per_s": round(new_tokens / gen_seconds, 2) if gen_seconds > 0 else None,
+            "ranks": per_rank,
             "executed_programs": executed,
             "programs_per_s": round(executed / exec_seconds, 2) if executed and exec_seconds > 0 else None,
         },
@@ -416,7 +490,19 @@ def evaluate_model(
     _write_json_atomic(out / SUMMARY_FILE, summary)
     if results:  # nothing ran, nothing to draw
         plot_runs([figure_data(summary, out.name)], out / FIGURE_FILE)
+    if ranks.world_size > 1:
+        ranks.barrier()  # the summary is written: the other ranks read it
     return summary
+
+
+def _share(todo: Mapping[str, str], missing: Mapping[str, list[int]], ranks: Ranks) -> dict[str, list[int]]:
+    """This rank's samples: every ``world_size``-th of the missing ones, longest prompt first (by
+    characters; ties in task order), so that each rank gets long and short prompts alike."""
+    units = [(t, j) for t in sorted(todo, key=lambda t: -len(todo[t])) for j in missing[t]]
+    mine: dict[str, list[int]] = {}
+    for t, j in units[ranks.rank :: ranks.world_size]:
+        mine.setdefault(t, []).append(j)
+    return mine
 
 
 def _phase(line: str) -> None:
@@ -469,12 +555,28 @@ def _model_info(model: Any) -> dict[str, Any] | None:
 
 
 def _device_map_for(device: str, device_map: Any) -> Any:
+    """transformers' ``device_map`` for ``--device`` / ``--device-map``; under torchrun each rank takes
+    its own GPU (``cuda:LOCAL_RANK``)."""
+    ranks = current_ranks()
+    if ranks.world_size > 1 and device_map is not None:
+        raise ValueError(
+            f"--device-map {device_map}: under torchrun each of the {ranks.world_size} ranks loads the whole "
+            "model on its own GPU; leave --device-map out (or run one process to split a model over GPUs)"
+        )
     if device_map is not None:
         return device_map
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is available")
+    if device == "cuda" and ranks.world_size > 1:
+        if ranks.env.local_rank >= torch.cuda.device_count():
+            raise ValueError(
+                f"rank {ranks.rank}: LOCAL_RANK {ranks.env.local_rank} but only {torch.cuda.device_count()} "
+                "CUDA devices here; start at most that many processes per node"
+            )
+        torch.cuda.set_device(ranks.env.local_rank)
+        return cuda_device_for(ranks)
     return None if device == "cpu" else device
 
 
@@ -553,7 +655,7 @@ def _evaluate_loaded(
         batch_size=batch_size, max_new_tokens=max_new_tokens, stop_strings=stop_strings_for(problems), **sampling
     )
     _check_run_file(out_dir, _run_record(decoding, info))  # refuse a different run before a long load
-    have = read_samples(out_dir / SAMPLES_FILE)
+    have = _samples_done(out_dir)
     model = tokenizer = None
     if any((t, j) not in have for t in problems for j in range(decoding.samples_per_task)):
         model, tokenizer = model_and_tokenizer()
@@ -650,8 +752,9 @@ def evaluate_checkpoint_languages(
         "overall": {"pass@k": overall, "n_tasks": len(pooled), "languages": len(table)},
         "checkpoint": dict(info) if info else None,
     }
-    _write_json_atomic(out / LANGUAGES_FILE, result)
-    plot_runs([languages_figure_data(result, out.name)], out / LANGUAGES_FIGURE_FILE)
+    if current_ranks().is_main:
+        _write_json_atomic(out / LANGUAGES_FILE, result)
+        plot_runs([languages_figure_data(result, out.name)], out / LANGUAGES_FIGURE_FILE)
     return result
 
 
@@ -965,12 +1068,18 @@ def _main(run: Run) -> int:
                 f"(there: all, {', '.join(files)})"
             )
         chosen = files if args.language == "all" else {args.language: files[args.language]}
+        main_rank = current_ranks().is_main
         try:
             result = evaluate_checkpoint_languages(
-                args.checkpoint, chosen, on_language=lambda lang, s: _print_summary(s, out / lang), **common
+                args.checkpoint,
+                chosen,
+                on_language=lambda lang, s: _print_summary(s, out / lang) if main_rank else None,
+                **common,
             )
         except SandboxError as e:
             raise sandbox_unavailable(e) from None
+        if not main_rank:
+            return 0
         print(format_language_table(result["languages"]))
         print(f"-> {out / LANGUAGES_FILE}")
         return 0
@@ -978,7 +1087,8 @@ def _main(run: Run) -> int:
         summary = evaluate_checkpoint(args.checkpoint, problems_path=args.problems, **common)
     except SandboxError as e:
         raise sandbox_unavailable(e) from None
-    _print_summary(summary, out)
+    if current_ranks().is_main:
+        _print_summary(summary, out)
     return 0
 
 

@@ -52,6 +52,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ida_common.launch import launch_env
 from ida_trainer.precision import PIPELINE_ATTR, PIPELINE_STATES_KEY, export_state, model_recipe
 from mxfp8_codec import MXFP8Tensor
 
@@ -120,9 +121,8 @@ def init_distributed(parallel: ParallelConfig) -> DistInfo:
         >>> init_distributed(ParallelConfig()).world_size
         1
     """
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    env = launch_env()
+    world, rank, local_rank = env.world_size, env.rank, env.local_rank
     wants = parallel.pipeline_stages > 1 or parallel.data_parallel == "fsdp"
     if not wants:
         if world > 1:
@@ -137,7 +137,7 @@ def init_distributed(parallel: ParallelConfig) -> DistInfo:
             f"processes, got WORLD_SIZE={world}: launch with "
             f"torchrun --nproc-per-node {parallel.pipeline_stages} -m ida_trainer ..."
         )
-    if parallel.data_parallel == "fsdp" and "WORLD_SIZE" not in os.environ:
+    if parallel.data_parallel == "fsdp" and not env.launched:
         raise ValueError("--data-parallel fsdp needs torchrun: torchrun --nproc-per-node N -m ida_trainer ...")
     cuda = torch.cuda.is_available()
     backend = os.environ.get(BACKEND_ENV, "nccl" if cuda else "gloo")
