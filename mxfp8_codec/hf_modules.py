@@ -4,10 +4,11 @@ that reads its rows from the checkpoint file, with the decodes they run at each 
 :class:`MXFP8Linear` keeps a projection's E4M3 payload and UE8M0 scale bytes exactly as the file stores
 them and decodes the weight at each forward, in the file's layout (no transpose pass), into one scratch
 buffer shared by all projections on that device and dtype (:data:`SCRATCH`, one per thread): on the CPU
-the codec's native C kernel on torch's own OpenMP team (:func:`decode_cpu`), on other devices torch ops
-(:func:`decode_into`). :class:`FileRowsEmbedding` answers inference lookups with ``os.preadv`` of the
-needed rows. Both are installed by :class:`mxfp8_codec.hf.MXFP8HfQuantizer` through
-:mod:`mxfp8_codec.hf_load`; nothing here imports transformers.
+the codec's native C kernel on torch's own OpenMP team (:func:`decode_cpu`), on CUDA one Triton kernel
+(:mod:`mxfp8_codec.triton_decode`) where Triton is installed, else torch ops (:func:`decode_into`).
+:class:`FileRowsEmbedding` answers inference lookups with ``os.preadv`` of the needed rows. Both are
+installed by :class:`mxfp8_codec.hf.MXFP8HfQuantizer` through :mod:`mxfp8_codec.hf_load`; nothing here
+imports transformers.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.numerics import decode_mxfp8, decode_mxfp8_split
 
 __all__ = [
+    "DECODE_BACKENDS",
     "KERNEL_DTYPES",
     "SCRATCH",
     "FileRows",
@@ -50,20 +52,38 @@ def kernel_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in KERNEL_DTYPES else torch.float32
 
 
-def decode_into(payload: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, *, transpose: bool) -> torch.Tensor:
-    """Decode MXFP8 ``payload`` (uint8 ``[R, C]``) into ``out`` with torch ops, no allocation of
-    ``out``'s size: ``out`` is ``[R, C]`` (or ``[C, R]`` with ``transpose``), bfloat16 or float32.
+DECODE_BACKENDS = ("auto", "triton", "torch")
 
-    ``e4m3 -> out dtype`` is exact; the per-block factor ``2^(s - 127)`` comes from the UE8M0 byte
-    as ``float8_e8m0fnu`` (byte 255 -> NaN, byte 0 -> 2^-127, both representable in bf16/f32), and
-    the product is rounded once (torch multiplies bf16 in float32 and rounds): the codec's rule,
-    bit for bit (tests compare with ``decode_mxfp8`` over every code and scale byte). Used on
-    non-CPU devices; partial blocks (``C % 32 != 0``) go through the codec.
+
+def decode_into(
+    payload: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, *, transpose: bool, backend: str = "auto"
+) -> torch.Tensor:
+    """Decode MXFP8 ``payload`` (uint8 ``[R, C]``) into ``out``, no allocation of ``out``'s size: ``out``
+    is ``[R, C]`` (or ``[C, R]`` with ``transpose``), bfloat16 or float32. The codec's bits either way.
+
+    ``backend``: ``"auto"`` (default) runs one Triton kernel (:mod:`mxfp8_codec.triton_decode`) on
+    CUDA tensors when Triton is importable, else torch ops; ``"triton"`` / ``"torch"`` pick one (on
+    the CPU ``"triton"`` runs only under ``TRITON_INTERPRET=1``: the tests). Partial blocks
+    (``C % 32 != 0``) and other dtypes go through the codec (``decode_mxfp8``) whatever the backend.
+
+    The torch ops: ``e4m3 -> out dtype`` is exact; the per-block factor ``2^(s - 127)`` comes from the
+    UE8M0 byte as ``float8_e8m0fnu`` (byte 255 -> NaN, byte 0 -> 2^-127, both representable in
+    bf16/f32), and the product is rounded once (torch multiplies bf16 in float32 and rounds): the
+    codec's rule, bit for bit (tests compare both backends with ``decode_mxfp8`` over every code and
+    scale byte).
     """
+    if backend not in DECODE_BACKENDS:
+        raise MXFP8Error(f"decode_into: backend must be one of {DECODE_BACKENDS}, got {backend!r}")
+    if payload.dim() != 2:
+        raise MXFP8Error(f"decode_into: payload must be 2-D [R, C], got shape {tuple(payload.shape)}")
     rows, cols = payload.shape
     if cols % 32 or out.dtype not in KERNEL_DTYPES:
         decode_mxfp8(payload, scales, dtype=out.dtype, out=out, transpose=transpose)
         return out
+    if backend == "triton" or (backend == "auto" and payload.device.type == "cuda" and _triton_available()):
+        from mxfp8_codec.triton_decode import decode_mxfp8_triton  # imports triton: only where it runs
+
+        return decode_mxfp8_triton(payload, scales, out, transpose=transpose)
     factor = scales.view(torch.float8_e8m0fnu).to(out.dtype).unsqueeze(-1)  # [R, C/32, 1]: 1/32 of the size
     if not transpose:
         view = out.view(rows, cols // 32, 32)
@@ -74,6 +94,15 @@ def decode_into(payload: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, 
     view.copy_(payload.view(torch.float8_e4m3fn).view(rows, cols // 32, 32))
     view.mul_(factor)
     return out
+
+
+@functools.cache
+def _triton_available() -> bool:
+    """Whether Triton imports here (else CUDA tensors decode with torch ops); asked at the first CUDA
+    decode, so a CPU-only process never imports Triton."""
+    from mxfp8_codec import triton_decode
+
+    return triton_decode.AVAILABLE
 
 
 _pool_lock = threading.Lock()

@@ -4,12 +4,14 @@
 #   1. environment (GPU, driver, torch, nvcc)      4. 20-step nvfp4 training of the demo model on the GPU
 #   2. build libnvfp4_cuda.so (cached)                and on the CPU reference (concurrently), compared:
 #   3. every GPU-marked test (pytest -m gpu)           loss curve and final MXFP8 master bytes
-#   5. the kernel benchmarks (benchmarks/bench_nvfp4_gpu.py: GEMM, quantize, decode, Lion vs baselines)
+#   5. the kernel benchmarks (benchmarks/bench_nvfp4_gpu.py: GEMM, quantize, decode, Lion vs baselines;
+#      benchmarks/bench_mxfp8_gpu.py: the Triton MXFP8 decode vs a copy, MXFP8Linear forward vs bf16)
 #   6. training throughput and memory, nvfp4 vs bf16 recipe (benchmarks/bench_gpu_train.py, 4B shape)
 #
 # Writes REPORT_DIR/report.md (the summary) and one log / JSON / XML file per step beside it.
-# On one H200 with 16 cores it took 169-219 s (three runs, 2026-12-04); each step has its own time limit
-# (listed below), so a 15-minute device lease runs it with room for a rerun; the CUDA build is cached
+# On one H200 with 16 cores it took 169-219 s (three runs, 2026-12-04, before bench_mxfp8_gpu.py: allow
+# ~30 s more, unmeasured); each step has its own time limit (listed below), so a 15-minute device lease
+# runs it with room for a rerun; the CUDA build is cached
 # ($IDA_CACHE_DIR/nvfp4_cuda), so a rerun skips step 2.  The device image has no cffi: carry its wheels.
 #
 # Exit status: 0 all steps passed, or no GPU here (it says "no GPU" and writes a report saying so);
@@ -18,7 +20,7 @@ set -u -o pipefail
 
 usage() { echo "usage: scripts/device_check.sh REPORT_DIR   (writes REPORT_DIR/report.md)" >&2; exit 2; }
 [ $# -eq 1 ] || usage
-case "$1" in -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "$1" in -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="$1"
@@ -30,7 +32,7 @@ cd "$REPO" || exit 2
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 
 # time limits per step (seconds); the build takes ~20 s there, the training benchmark ~2 min
-T_ENV=20 T_BUILD=120 T_TESTS=120 T_TRAIN=75 T_BENCH=90 T_COMPARE=30 T_TRAIN_BENCH=240
+T_ENV=20 T_BUILD=120 T_TESTS=120 T_TRAIN=75 T_BENCH=90 T_BENCH_MXFP8=60 T_COMPARE=30 T_TRAIN_BENCH=240
 STEPS=20
 FAILED=0
 START=$(date +%s)
@@ -157,6 +159,9 @@ if [ $BUILD_OK -eq 0 ]; then
 else
     note "- **bench_nvfp4_gpu**: skipped (no library)"
 fi
+# the MXFP8 decode needs no library of ours: Triton compiles it (the first call of each variant, ~1 s each)
+run bench_mxfp8_gpu "$T_BENCH_MXFP8" "$PY" benchmarks/bench_mxfp8_gpu.py --out-prefix "$OUT/bench_mxfp8_gpu"
+[ -f "$OUT/bench_mxfp8_gpu.md" ] && cat "$OUT/bench_mxfp8_gpu.md" >>"$REPORT"
 
 # ---- 6. training throughput: nvfp4 vs bf16 recipe, Minitron-4B shape --------------------------------------
 if [ $BUILD_OK -eq 0 ]; then

@@ -1,0 +1,254 @@
+"""The Triton decode kernel (mxfp8_codec/triton_decode.py) gives the codec's CPU decode bit for bit.
+
+On the CPU it runs in Triton's interpreter (``TRITON_INTERPRET=1``, CPU tensors), in a child process: the
+variable must be set before the kernel is defined, and this process may have imported the module without
+it. The child (this file run as a script) decodes every case with the kernel and saves the bits; the tests
+here compare them with ``decode_mxfp8`` on the CPU (the native C kernel), for every code byte x every
+scale byte, both output dtypes, both layouts and odd shapes. The ``gpu`` test does the same on CUDA
+through ``decode_into`` (what ``MXFP8Linear`` runs) at 4B-model projection shapes. Skipped, with the
+reason, where Triton is not installed; the argument checks run without it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mxfp8_codec import hf_modules, triton_decode
+from mxfp8_codec.errors import MXFP8Error
+from mxfp8_codec.numerics import decode_mxfp8, encode_mxfp8
+
+needs_triton = pytest.mark.skipif(not triton_decode.AVAILABLE, reason="triton is not installed (pip install triton)")
+DTYPES = {"bf16": (torch.bfloat16, torch.int16), "f32": (torch.float32, torch.int32)}
+
+
+def _every_pair() -> tuple[torch.Tensor, torch.Tensor]:
+    """[256, 256] codes (each row all 256 codes) and [256, 8] scales with scale (r + 37 b) % 256 for row r,
+    block b: every (code, scale byte) pair occurs, and the scale changes along each row."""
+    q = torch.arange(256, dtype=torch.int32).to(torch.uint8).repeat(256, 1)
+    r, b = torch.meshgrid(torch.arange(256), torch.arange(8), indexing="ij")
+    return q, ((r + 37 * b) % 256).to(torch.uint8)
+
+
+def _random(rows: int, cols: int, seed: int) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """Random codes and random scale bytes (NaN codes and the 0x00 / 0xFF scales included)."""
+
+    def make() -> tuple[torch.Tensor, torch.Tensor]:
+        rng = np.random.default_rng(seed)
+        q = rng.integers(0, 256, (rows, cols), dtype=np.uint8)
+        s = rng.integers(0, 256, (rows, cols // 32), dtype=np.uint8)
+        return torch.from_numpy(q), torch.from_numpy(s)
+
+    return make
+
+
+def _encoded() -> tuple[torch.Tensor, torch.Tensor]:
+    """A weight as the trainer writes one: 0.02 x normal values, encoded."""
+    x = 0.02 * torch.from_numpy(np.random.default_rng(7).standard_normal((96, 320)).astype(np.float32))
+    return encode_mxfp8(x)
+
+
+# name -> (payload [R, C], scales [R, C/32]); the tiles are 16 x 256 (64 x 64 transposed): these shapes
+# cover one partial tile, several tiles along both axes, one row, one block, and no rows at all
+CASES: dict[str, Callable[[], tuple[torch.Tensor, torch.Tensor]]] = {
+    "every code x every scale": _every_pair,
+    "1 x 32": _random(1, 32, 1),
+    "3 x 64": _random(3, 64, 2),
+    "17 x 96": _random(17, 96, 3),
+    "65 x 288": _random(65, 288, 4),
+    "130 x 544": _random(130, 544, 5),
+    "encoded 96 x 320": _encoded,
+    "0 x 64": _random(0, 64, 6),
+}
+
+
+def _key(case: str, dtype: str, transpose: bool) -> str:
+    return f"{case}|{dtype}|{'T' if transpose else 'N'}"
+
+
+def interpreter_main(out_path: str) -> int:
+    """The child: decode every case with the kernel (in Triton's interpreter), save the bits to ``out_path``."""
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+    import warnings
+
+    warnings.filterwarnings("ignore", category=RuntimeWarning)  # numpy's overflow/NaN notes from inf * 0
+    found: dict[str, np.ndarray] = {}
+    t0 = time.perf_counter()
+    for case, make in CASES.items():
+        q, s = make()
+        for dname, (dtype, ibits) in DTYPES.items():
+            for transpose in (False, True):
+                shape = (q.shape[1], q.shape[0]) if transpose else tuple(q.shape)
+                out = torch.full(shape, float("nan"), dtype=dtype)
+                if case == "every code x every scale":  # also through decode_into, with float8 views
+                    got = hf_modules.decode_into(
+                        q.view(torch.float8_e4m3fn), s.view(torch.float8_e8m0fnu), out, transpose=transpose,
+                        backend="triton",
+                    )  # fmt: skip
+                else:
+                    got = triton_decode.decode_mxfp8_triton(q, s, out, transpose=transpose)
+                assert got is out
+                found[_key(case, dname, transpose)] = out.view(ibits).numpy()
+    found["seconds"] = np.array(time.perf_counter() - t0)
+    np.savez(out_path, **found)
+    return 0
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
+    """The kernel's bits for every case, from a child process running Triton's interpreter."""
+    out = tmp_path_factory.mktemp("triton") / "bits.npz"
+    repo = str(Path(__file__).resolve().parents[2])
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])),
+    }
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, __file__, str(out)], env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert proc.returncode == 0, f"interpreter child failed:\n{proc.stdout}\n{proc.stderr}"
+    with np.load(out) as f:
+        found = dict(f)
+    print(f"triton interpreter: {float(found['seconds']):.1f} s of decodes, {time.perf_counter() - t0:.1f} s in all")
+    return found
+
+
+@needs_triton
+@pytest.mark.parametrize("transpose", [False, True], ids=["same layout", "transposed"])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("case", list(CASES))
+def test_interpreted_kernel_equals_cpu_decode(
+    interpreted: dict[str, np.ndarray], case: str, dtype: str, transpose: bool
+) -> None:
+    q, s = CASES[case]()
+    tdtype, ibits = DTYPES[dtype]
+    want = decode_mxfp8(q, s, dtype=tdtype, transpose=transpose).view(ibits).numpy()
+    got = interpreted[_key(case, dtype, transpose)]
+    assert got.shape == want.shape
+    bad = np.argwhere(got != want)
+    assert bad.size == 0, (
+        f"{len(bad)} values differ, first at {tuple(bad[0])}: kernel {got[tuple(bad[0])]:#x}, codec {want[tuple(bad[0])]:#x}"
+    )
+
+
+def _good(rows: int = 4, cols: int = 64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (
+        torch.zeros((rows, cols), dtype=torch.uint8),
+        torch.full((rows, cols // 32), 127, dtype=torch.uint8),
+        torch.empty((rows, cols), dtype=torch.bfloat16),
+    )
+
+
+BAD_INPUT = {
+    "payload dtype": (lambda p, s, o: (p.to(torch.int16), s, o), r"uint8.*got torch.int16 and torch.uint8"),
+    "payload rank": (lambda p, s, o: (p.reshape(2, 2, 64), s, o), r"2-D \[R, C\], got shape \(2, 2, 64\)"),
+    "partial block": (lambda p, s, o: (p[:, :48].contiguous(), s, o[:, :48]), r"\(4, 48\) has a partial block"),
+    "scales shape": (lambda p, s, o: (p, s[:, :1], o), r"scales shape \(4, 1\) does not match payload shape \(4, 64\)"),
+    "out dtype": (lambda p, s, o: (p, s, o.half()), r"float32 or bfloat16 of shape \(4, 64\).*torch.float16"),
+    "out shape": (lambda p, s, o: (p, s, o.t()), r"shape \(4, 64\) \(payload \(4, 64\), transpose=False\), got .* \(64, 4\)"),
+    "non-contiguous payload": (
+        lambda p, s, o: (torch.zeros((4, 128), dtype=torch.uint8)[:, ::2], s, o),
+        r"payload must be contiguous, got strides \(128, 2\) for shape \(4, 64\)",
+    ),
+    "non-contiguous out": (
+        lambda p, s, o: (p, s, torch.empty((64, 4), dtype=torch.bfloat16).t()),
+        r"out must be contiguous, got strides \(1, 4\)",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_bad_input_names_the_op_and_the_shapes(case: str) -> None:
+    """Checked before anything runs (also without Triton): one MXFP8Error naming the function and the shapes."""
+    change, message = BAD_INPUT[case]
+    p, s, o = change(*_good())
+    with pytest.raises(MXFP8Error, match=r"^decode_mxfp8_triton: tensor 'w': .*" + message):
+        triton_decode.decode_mxfp8_triton(p, s, o, name="w")
+
+
+def test_without_triton_the_kernel_says_so_and_decode_into_uses_torch_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(triton_decode, "AVAILABLE", False)
+    with pytest.raises(MXFP8Error, match="triton is not installed"):
+        triton_decode.decode_mxfp8_triton(*_good())
+    with pytest.raises(MXFP8Error, match=r"decode_into: backend must be one of .*got 'cuda'"):
+        hf_modules.decode_into(*_good(), transpose=False, backend="cuda")
+    with pytest.raises(MXFP8Error, match=r"decode_into: payload must be 2-D \[R, C\], got shape \(256,\)"):
+        hf_modules.decode_into(torch.zeros(256, dtype=torch.uint8), torch.zeros(8, dtype=torch.uint8), torch.empty(256),
+                               transpose=False)  # fmt: skip
+    q, s = _every_pair()
+    for dtype, ibits in DTYPES.values():  # on the CPU "auto" is the torch ops, whatever is installed
+        want = decode_mxfp8(q, s, dtype=dtype)
+        got = hf_modules.decode_into(q, s, torch.empty(q.shape, dtype=dtype), transpose=False)
+        assert _torch_ops_equal(got, want, ibits)
+
+
+def _torch_ops_equal(got: torch.Tensor, want: torch.Tensor, ibits: torch.dtype) -> bool:
+    """The torch ops' bits, but for NaN: they give NaNs of other bits (0xFFFF in bfloat16), not the
+    codec's canonical 0x7FC0 / 0x7FC00000 (the Triton kernel does)."""
+    nan = want.isnan()
+    return torch.equal(got.isnan(), nan) and torch.equal(got.view(ibits)[~nan], want.view(ibits)[~nan])
+
+
+# 4B-model projections as files store them ([in, out]; and [out, in]): Minitron-4B (hidden 3072, kv 1024,
+# MLP 9216) and Qwen3-4B (hidden 2560, q 4096, kv 1024, MLP 9728)
+GPU_SHAPES = (
+    (3072, 3072),
+    (3072, 1024),
+    (3072, 9216),
+    (9216, 3072),
+    (2560, 4096),
+    (4096, 2560),
+    (2560, 9728),
+    (9728, 2560),
+)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the Triton decode on GPU)")
+@needs_triton
+def test_cuda_decode_into_equals_cpu_decode_bit_for_bit() -> None:
+    """decode_into on CUDA (Triton, what MXFP8Linear runs; and the torch ops) against the CPU decode: every
+    (code, scale) pair, and random codes with weight-like scales at 4B projection shapes, both layouts."""
+    assert hf_modules._triton_available(), "triton is installed but mxfp8_codec.triton_decode cannot use it"
+    rng = np.random.default_rng(11)
+    cases = [_every_pair(), _random(65, 288, 4)()]
+    for rows, cols in GPU_SHAPES:
+        q = torch.from_numpy(rng.integers(0, 256, (rows, cols), dtype=np.uint8))
+        s = torch.from_numpy(rng.integers(105, 135, (rows, cols // 32), dtype=np.uint8))
+        s[:3, :3] = torch.tensor([[0, 255, 254], [1, 127, 133], [6, 7, 246]], dtype=torch.uint8)  # edges too
+        cases.append((q, s))
+    for q, s in cases:
+        qc, sc = q.cuda(), s.cuda()
+        for dtype, ibits in DTYPES.values():
+            for transpose in (False, True):
+                want = decode_mxfp8(q, s, dtype=dtype, transpose=transpose)
+                for backend in ("auto", "triton"):
+                    out = torch.full(want.shape, float("nan"), dtype=dtype, device="cuda")
+                    hf_modules.decode_into(qc, sc, out, transpose=transpose, backend=backend)
+                    n_bad = int((out.cpu().view(ibits) != want.view(ibits)).sum())
+                    assert n_bad == 0, (
+                        f"{tuple(q.shape)} {dtype} transpose={transpose} {backend}: {n_bad} values differ"
+                    )
+                out = torch.empty(want.shape, dtype=dtype, device="cuda")
+                hf_modules.decode_into(qc, sc, out, transpose=transpose, backend="torch")
+                assert _torch_ops_equal(out.cpu(), want, ibits), f"{tuple(q.shape)} {dtype} torch ops"
+    # the module path: MXFP8Linear on CUDA decodes what the CPU decodes
+    q, s = cases[-1]
+    lin = hf_modules.MXFP8Linear(q.shape[0], q.shape[1], bias=None, orientation="in_out", dtype=torch.bfloat16)
+    lin.payload, lin.scales = q.cuda(), s.cuda()
+    want = decode_mxfp8(q, s, dtype=torch.bfloat16, transpose=True)
+    assert torch.equal(lin.decode_weight().cpu().view(torch.int16), want.view(torch.int16))
+
+
+if __name__ == "__main__":
+    sys.exit(interpreter_main(sys.argv[1]))
