@@ -54,6 +54,7 @@ Other languages' sets are in :data:`ida_eval.languages.LANGUAGES` (``stop_sequen
 DEFAULT_BATCH_SIZE = 8  # prompts per generate() call
 DEFAULT_MAX_NEW_TOKENS = 256  # canonical MBXP solutions: median 117 chars, max 1231 chars
 
+CACHES = ("dynamic", "static")  # DecodingConfig.cache
 SAMPLING_RULE = (
     "per row: logits / temperature in float32, softmax, keep the most probable tokens (stable sort, "
     "descending) until their cumulative probability reaches top_p, then the first kept token whose "
@@ -78,6 +79,10 @@ class DecodingConfig:
         temperature: 0 for greedy (the default), > 0 to sample (:data:`SAMPLING_RULE`).
         top_p: nucleus filter of sampling, in (0, 1]; 1 keeps every token.
         seed: the sampling seed (a task's samples depend on it, the task id and their number only).
+        cache: ``"dynamic"`` (transformers' default KV cache) or ``"static"``: a preallocated KV cache,
+            every batch left-padded to the longest prompt of the call so all batches have one shape,
+            which lets transformers compile the decoding step (``torch.compile``, CUDA graphs) on a GPU
+            (:data:`CACHES`).
     """
 
     batch_size: int = DEFAULT_BATCH_SIZE
@@ -87,6 +92,7 @@ class DecodingConfig:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    cache: str = "dynamic"
 
     def __post_init__(self) -> None:
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
@@ -107,6 +113,8 @@ class DecodingConfig:
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.cache not in CACHES:
+            raise ValueError(f"cache must be one of {', '.join(CACHES)}, got {self.cache!r}")
         if not self.sampling:
             if self.samples_per_task > 1:
                 raise ValueError(
@@ -127,6 +135,8 @@ class DecodingConfig:
         d = asdict(self)
         d["stop_strings"] = list(self.stop_strings)
         sampling = {k: d.pop(k) for k in ("samples_per_task", "temperature", "top_p", "seed")}
+        if d["cache"] == "dynamic":  # the default: runs written before the field describe the same
+            del d["cache"]
         if self.sampling:
             d.update(sampling, strategy="sample", do_sample=True, sampling=SAMPLING_RULE)
         else:
@@ -386,9 +396,15 @@ def generate_completions(
         pad_token_id=pad_id,
         eos_token_id=eos or None,
         stop_strings=list(config.stop_strings) or None,
+        **({"cache_implementation": "static"} if config.cache == "static" else {}),
     )
     encoded = {tid: tokenizer(prompts[tid])["input_ids"] for tid in {t for t, _ in units}}
     order = sorted(units, key=lambda u: -len(encoded[u[0]]))  # stable: a task's samples stay together
+    # a static cache: one padded length for every batch, so a compiled decoding step is compiled once
+    longest = max(len(encoded[t]) for t, _ in units)
+    padding: dict[str, Any] = (
+        {"padding": "max_length", "max_length": longest} if config.cache == "static" else {"padding": True}
+    )
     device = _input_device(model)
     model.eval()
     out: dict[tuple[str, int], Generation] = {}
@@ -399,7 +415,7 @@ def generate_completions(
         with _pristine_generation_defaults(model), _left_padding(tokenizer, pad_id), torch.inference_mode():
             for start in range(0, len(order), config.batch_size):
                 rows = order[start : start + config.batch_size]
-                batch = tokenizer([prompts[t] for t, _ in rows], return_tensors="pt", padding=True)
+                batch = tokenizer([prompts[t] for t, _ in rows], return_tensors="pt", **padding)
                 batch = {k: v.to(device) for k, v in batch.items()}
                 prompt_len = batch["input_ids"].shape[1]
                 extra: dict[str, Any] = {}

@@ -65,6 +65,7 @@ from ida_eval.execute import (
 )
 from ida_eval.figures import plot_runs
 from ida_eval.generate import (
+    CACHES,
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_NEW_TOKENS,
     STOP_STRINGS,
@@ -218,10 +219,11 @@ def _check_run_file(out_dir: Path, run: dict[str, Any]) -> bool:
 
 
 def _run_record(decoding: DecodingConfig, checkpoint_info: Mapping[str, Any] | None) -> dict[str, Any]:
-    """What ``run.json`` pins: the decoding settings (but the batch size, which does not change
-    greedy output and may change between resumes) and the checkpoint's file hashes."""
+    """What ``run.json`` pins: the decoding settings (but the batch size and the KV cache, which do not
+    change greedy output in float32 and may change between resumes) and the checkpoint's file hashes."""
     describe = decoding.describe()
     describe.pop("batch_size")
+    describe.pop("cache", None)  # like the batch size, the cache may change between resumes
     return {"decoding": describe, "checkpoint_sha256": _sha_of(checkpoint_info)}
 
 
@@ -317,6 +319,7 @@ def evaluate_model(
     top_p: float = 1.0,
     seed: int = 0,
     pass_at: Sequence[int] | None = None,
+    cache: str = "dynamic",
 ) -> dict[str, Any]:
     """Generate, execute and score MBXP problems with an in-memory model (the trainer's entry point).
 
@@ -337,6 +340,7 @@ def evaluate_model(
             :data:`~ida_eval.generate.STOP_STRINGS`).
         samples_per_task, temperature, top_p, seed: sampling (:class:`~ida_eval.generate.DecodingConfig`;
             the default is one greedy completion per task).
+        cache: the KV cache of generation, ``"dynamic"`` or ``"static"`` (compiled on a GPU).
         pass_at: the k of pass@k to report (default: 1, and 10 and 100 where there are that many
             samples per task); each k <= ``samples_per_task``.
 
@@ -359,6 +363,7 @@ def evaluate_model(
         temperature=temperature,
         top_p=top_p,
         seed=seed,
+        cache=cache,
     )
     ks = pass_at_ks(pass_at, decoding.samples_per_task)
     out = Path(out_dir)
@@ -599,6 +604,7 @@ def evaluate_checkpoint(
     top_p: float = 1.0,
     seed: int = 0,
     pass_at: Sequence[int] | None = None,
+    cache: str = "dynamic",
 ) -> dict[str, Any]:
     """Load a checkpoint directory (MXFP8 or plain) and run :func:`evaluate_model` on it.
 
@@ -619,7 +625,7 @@ def evaluate_checkpoint(
         checkpoint_dir, info, dtype, _device_map_for(device, device_map), progress, weights
     )
 
-    sampling = dict(samples_per_task=samples_per_task, temperature=temperature, top_p=top_p, seed=seed)
+    options = dict(samples_per_task=samples_per_task, temperature=temperature, top_p=top_p, seed=seed, cache=cache)
     pass_at_ks(pass_at, samples_per_task)  # bad --pass-at before any load
     return _evaluate_loaded(
         problems,
@@ -631,7 +637,7 @@ def evaluate_checkpoint(
         limit,
         exec_config,
         progress,
-        sampling,
+        options,
         pass_at,
     )
 
@@ -646,13 +652,13 @@ def _evaluate_loaded(
     limit: int | None,
     exec_config: ExecutionConfig | None,
     progress: bool,
-    sampling: Mapping[str, Any],
+    options: Mapping[str, Any],
     pass_at: Sequence[int] | None,
 ) -> dict[str, Any]:
     """:func:`evaluate_model` with the model loaded (by ``model_and_tokenizer()``) only when some
     sample still needs generating, and a run with other settings refused before that load."""
     decoding = DecodingConfig(
-        batch_size=batch_size, max_new_tokens=max_new_tokens, stop_strings=stop_strings_for(problems), **sampling
+        batch_size=batch_size, max_new_tokens=max_new_tokens, stop_strings=stop_strings_for(problems), **options
     )
     _check_run_file(out_dir, _run_record(decoding, info))  # refuse a different run before a long load
     have = _samples_done(out_dir)
@@ -671,7 +677,7 @@ def _evaluate_loaded(
         progress=progress,
         checkpoint_info=info,
         pass_at=pass_at,
-        **sampling,
+        **options,
     )
 
 
@@ -695,6 +701,7 @@ def evaluate_checkpoint_languages(
     top_p: float = 1.0,
     seed: int = 0,
     pass_at: Sequence[int] | None = None,
+    cache: str = "dynamic",
 ) -> dict[str, Any]:
     """Score a checkpoint on several languages' problems files in turn (the model loaded once).
 
@@ -710,7 +717,7 @@ def evaluate_checkpoint_languages(
         checkpoint_dir, info, dtype, _device_map_for(device, device_map), progress, weights
     )
 
-    sampling = dict(samples_per_task=samples_per_task, temperature=temperature, top_p=top_p, seed=seed)
+    options = dict(samples_per_task=samples_per_task, temperature=temperature, top_p=top_p, seed=seed, cache=cache)
     ks = pass_at_ks(pass_at, samples_per_task)
     out = Path(out_dir)
     table: dict[str, Any] = {}
@@ -727,7 +734,7 @@ def evaluate_checkpoint_languages(
             limit,
             exec_config,
             progress,
-            sampling,
+            options,
             pass_at,
         )
         lang_row = summary["languages"].get(lang, {})
@@ -944,6 +951,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="the k of pass@k, each <= --samples-per-task (default: 1, and 10, 100 where there are that many "
         "samples; mxeval's unbiased estimator)",
     )
+    ap.add_argument(
+        "--cache",
+        choices=CACHES,
+        default="dynamic",
+        help="KV cache of generation: dynamic (default) or static (one shape for every batch; on a GPU "
+        "transformers compiles the decoding step: faster, first batch slower)",
+    )
     ap.add_argument("--workers", type=int, help="programs executed at once (default: nproc)")
     ap.add_argument("--timeout", type=seconds_arg, help="seconds per program (executor default when omitted)")
     ap.add_argument(
@@ -1040,12 +1054,13 @@ def _main(run: Run) -> int:
         cfg["workers"] = args.workers
     if args.timeout is not None:
         cfg["timeout"] = args.timeout
-    sampling = dict(
+    options = dict(
         samples_per_task=args.samples_per_task,
         temperature=args.temperature,
         top_p=args.top_p,
         seed=args.seed or 0,
         pass_at=args.pass_at,
+        cache=args.cache,
     )
     common = dict(
         out_dir=out,
@@ -1058,7 +1073,7 @@ def _main(run: Run) -> int:
         weights=args.weights,
         exec_config=ExecutionConfig(**cfg),
         progress=not args.no_progress,
-        **sampling,
+        **options,
     )
     if args.language:
         files = language_files(args.benchmark, args.data_dir)

@@ -310,6 +310,13 @@ class MXFP8HfQuantizer(HfQuantizer):
     def is_trainable(self) -> bool:
         return bool(self.quantization_config.dequantize)
 
+    @property
+    def is_compileable(self) -> bool:
+        """A dequantized model is plain ``nn.Linear``s: transformers may ``torch.compile`` its forward
+        (static-cache generation on CUDA). MXFP8-resident projections decode into a shared scratch
+        buffer chosen in Python at each call, which a compiled graph would freeze: not compiled."""
+        return bool(self.quantization_config.dequantize)
+
     def get_state_dict_and_metadata(
         self, model: Any, *args: Any, **kwargs: Any
     ) -> tuple[dict[str, torch.Tensor], dict]:

@@ -7,12 +7,13 @@
 #   5. the kernel benchmarks (benchmarks/bench_nvfp4_gpu.py: GEMM, quantize, decode, Lion vs baselines;
 #      benchmarks/bench_mxfp8_gpu.py: the Triton MXFP8 decode vs a copy, MXFP8Linear forward vs bf16)
 #   6. training throughput and memory, nvfp4 vs bf16 recipe (benchmarks/bench_gpu_train.py, 4B shape)
+#   7. MBXP generation tokens/s: dynamic vs static KV cache, bf16 vs MXFP8 (benchmarks/bench_generate.py)
 #
 # Writes REPORT_DIR/report.md (the summary) and one log / JSON / XML file per step beside it.
-# On one H200 with 16 cores it took 169-219 s (three runs, 2026-12-04, before bench_mxfp8_gpu.py: allow
-# ~30 s more, unmeasured); each step has its own time limit (listed below), so a 15-minute device lease
-# runs it with room for a rerun; the CUDA build is cached
-# ($IDA_CACHE_DIR/nvfp4_cuda), so a rerun skips step 2.  The device image has no cffi: carry its wheels.
+# On one H200 with 16 cores it took 169-219 s (three runs, 2026-12-04, before steps 5b and 7: allow ~30 s
+# + ~120 s more, unmeasured); each step has its own time limit (listed below), so a 15-minute device
+# lease runs it once with a little room; the CUDA build is cached ($IDA_CACHE_DIR/nvfp4_cuda), so a
+# rerun skips step 2.  The device image has no cffi: carry its wheels.
 #
 # Exit status: 0 all steps passed, or no GPU here (it says "no GPU" and writes a report saying so);
 # 1 some step failed (report.md says which); 2 bad usage. See docs/nvfp4.md, "Device check".
@@ -20,7 +21,7 @@ set -u -o pipefail
 
 usage() { echo "usage: scripts/device_check.sh REPORT_DIR   (writes REPORT_DIR/report.md)" >&2; exit 2; }
 [ $# -eq 1 ] || usage
-case "$1" in -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "$1" in -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="$1"
@@ -32,7 +33,7 @@ cd "$REPO" || exit 2
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 
 # time limits per step (seconds); the build takes ~20 s there, the training benchmark ~2 min
-T_ENV=20 T_BUILD=120 T_TESTS=120 T_TRAIN=75 T_BENCH=90 T_BENCH_MXFP8=60 T_COMPARE=30 T_TRAIN_BENCH=240
+T_ENV=20 T_BUILD=120 T_TESTS=120 T_TRAIN=75 T_BENCH=90 T_BENCH_MXFP8=60 T_COMPARE=30 T_TRAIN_BENCH=240 T_GEN=150
 STEPS=20
 FAILED=0
 START=$(date +%s)
@@ -170,6 +171,12 @@ if [ $BUILD_OK -eq 0 ]; then
 else
     note "- **bench_gpu_train**: skipped (no library)"
 fi
+
+# ---- 7. MBXP generation throughput: dynamic vs static (compiled) KV cache, bf16 vs MXFP8 weights --------
+# (prompts: .devrun/mbpp_release_v1.jsonl when carried, else synthetic ones of similar length)
+run bench_generate "$T_GEN" "$PY" benchmarks/bench_generate.py --prompts 128 --new-tokens 128 \
+    --problems .devrun/mbpp_release_v1.jsonl --out-prefix "$OUT/bench_generate"
+[ -f "$OUT/bench_generate.md" ] && cat "$OUT/bench_generate.md" >>"$REPORT"
 
 note ""
 note "Total: $(elapsed) s. $([ $FAILED -eq 0 ] && echo 'All steps passed.' || echo 'Some steps FAILED (see above).')"

@@ -112,3 +112,50 @@ def test_decoding_config_validation():
         DecodingConfig(stop_strings=("",))
     d = DecodingConfig().describe()
     assert d["do_sample"] is False and d["stop_strings"] == list(STOP_STRINGS) and "truncation" in d
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_static_cache_gives_the_dynamic_cache_completions(arch, tok):
+    """--cache static (one padded length per call, preallocated cache) changes no completion in float32,
+    greedy or sampled."""
+    model = tiny_model(arch, len(tok), seed=3).float()
+    prompts = {p["task_id"]: p["prompt"] for p in SMALL_PROBLEMS}
+    for kw in ({}, {"temperature": 1.0, "samples_per_task": 2, "seed": 4}):
+        dynamic = generate_completions(model, tok, prompts, DecodingConfig(2, 16, ("\nXYZ",), **kw), progress=False)
+        static = DecodingConfig(3, 16, ("\nXYZ",), cache="static", **kw)
+        got = generate_completions(model, tok, prompts, static, progress=False)
+        assert [(g.raw, g.n_tokens, g.stop_reason) for g in got] == [
+            (g.raw, g.n_tokens, g.stop_reason) for g in dynamic
+        ]
+    with pytest.raises(ValueError, match="cache must be one of"):
+        DecodingConfig(cache="paged")
+    assert "cache" not in DecodingConfig().describe() and DecodingConfig(cache="static").describe()["cache"] == "static"
+
+
+def test_generation_benchmark_runs_on_the_cpu(tmp_path):
+    """benchmarks/bench_generate.py (a device_check step) at toy size: every variant runs, the
+    table and the JSON are written, and no variant changes a completion."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    args = ["--device", "cpu", "--layers", "2", "--hidden", "128", "--vocab", "600", "--prompts", "6"]
+    args += ["--batch-size", "4", "--new-tokens", "8", "--problems", str(tmp_path / "absent.jsonl")]
+    res = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "bench_generate.py"), *args, "--out-prefix", str(tmp_path / "g")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = json.loads((tmp_path / "g.json").read_text())["rows"]
+    assert [(r["weights"], r["cache"]) for r in rows] == [
+        ("bf16", "dynamic"),
+        ("bf16", "static"),
+        ("mxfp8", "dynamic"),
+        ("mxfp8", "static"),
+    ]
+    # on the CPU: the static cache, and MXFP8-resident weights (bit-identical logits), change nothing
+    assert all(r["differing"] == 0 and r["tokens"] == rows[0]["tokens"] for r in rows)
