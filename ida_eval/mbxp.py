@@ -75,7 +75,7 @@ from ida_eval.generate import (
 )
 from ida_eval.languages import LANGUAGES, language_of
 from ida_eval.loader import check_checkpoint_dir, describe_checkpoint, load_model
-from ida_eval.parallel import Ranks, cuda_device_for, current_ranks, shard_name, shard_paths
+from ida_eval.parallel import ONE_PROCESS, Ranks, cuda_device_for, current_ranks, shard_name, shard_paths
 from ida_eval.problems import find_problems_file, language_files, load_problems
 from ida_eval.stats import mean_pass_at_k
 
@@ -320,6 +320,7 @@ def evaluate_model(
     seed: int = 0,
     pass_at: Sequence[int] | None = None,
     cache: str = "dynamic",
+    ranks: Ranks = ONE_PROCESS,
 ) -> dict[str, Any]:
     """Generate, execute and score MBXP problems with an in-memory model (the trainer's entry point).
 
@@ -341,6 +342,9 @@ def evaluate_model(
         samples_per_task, temperature, top_p, seed: sampling (:class:`~ida_eval.generate.DecodingConfig`;
             the default is one greedy completion per task).
         cache: the KV cache of generation, ``"dynamic"`` or ``"static"`` (compiled on a GPU).
+        ranks: the processes sharing this evaluation (:func:`ida_eval.parallel.current_ranks` under
+            torchrun: every rank calls this with the same arguments); default one process, as when a
+            trainer's rank 0 evaluates alone.
         pass_at: the k of pass@k to report (default: 1, and 10 and 100 where there are that many
             samples per task); each k <= ``samples_per_task``.
 
@@ -369,7 +373,6 @@ def evaluate_model(
     out = Path(out_dir)
     run = _run_record(decoding, checkpoint_info)
     unpinned = _check_run_file(out, run)
-    ranks = current_ranks()
     progress = progress and ranks.is_main  # one set of bars: rank 0's share stands for all
     if ranks.is_main and out.is_dir():
         merge_shards(out)  # what ranks of an interrupted run generated
@@ -559,10 +562,9 @@ def _model_info(model: Any) -> dict[str, Any] | None:
     }
 
 
-def _device_map_for(device: str, device_map: Any) -> Any:
+def _device_map_for(device: str, device_map: Any, ranks: Ranks) -> Any:
     """transformers' ``device_map`` for ``--device`` / ``--device-map``; under torchrun each rank takes
     its own GPU (``cuda:LOCAL_RANK``)."""
-    ranks = current_ranks()
     if ranks.world_size > 1 and device_map is not None:
         raise ValueError(
             f"--device-map {device_map}: under torchrun each of the {ranks.world_size} ranks loads the whole "
@@ -605,6 +607,7 @@ def evaluate_checkpoint(
     seed: int = 0,
     pass_at: Sequence[int] | None = None,
     cache: str = "dynamic",
+    ranks: Ranks = ONE_PROCESS,
 ) -> dict[str, Any]:
     """Load a checkpoint directory (MXFP8 or plain) and run :func:`evaluate_model` on it.
 
@@ -622,7 +625,7 @@ def evaluate_checkpoint(
     check_checkpoint_dir(checkpoint_dir, "--checkpoint")
     info = describe_checkpoint(checkpoint_dir)
     model_and_tokenizer = _lazy_model(
-        checkpoint_dir, info, dtype, _device_map_for(device, device_map), progress, weights
+        checkpoint_dir, info, dtype, _device_map_for(device, device_map, ranks), progress, weights
     )
 
     options = dict(samples_per_task=samples_per_task, temperature=temperature, top_p=top_p, seed=seed, cache=cache)
@@ -639,6 +642,7 @@ def evaluate_checkpoint(
         progress,
         options,
         pass_at,
+        ranks,
     )
 
 
@@ -654,6 +658,7 @@ def _evaluate_loaded(
     progress: bool,
     options: Mapping[str, Any],
     pass_at: Sequence[int] | None,
+    ranks: Ranks,
 ) -> dict[str, Any]:
     """:func:`evaluate_model` with the model loaded (by ``model_and_tokenizer()``) only when some
     sample still needs generating, and a run with other settings refused before that load."""
@@ -677,6 +682,7 @@ def _evaluate_loaded(
         progress=progress,
         checkpoint_info=info,
         pass_at=pass_at,
+        ranks=ranks,
         **options,
     )
 
@@ -702,6 +708,7 @@ def evaluate_checkpoint_languages(
     seed: int = 0,
     pass_at: Sequence[int] | None = None,
     cache: str = "dynamic",
+    ranks: Ranks = ONE_PROCESS,
 ) -> dict[str, Any]:
     """Score a checkpoint on several languages' problems files in turn (the model loaded once).
 
@@ -714,7 +721,7 @@ def evaluate_checkpoint_languages(
     check_checkpoint_dir(checkpoint_dir, "--checkpoint")
     info = describe_checkpoint(checkpoint_dir)
     model_and_tokenizer = _lazy_model(
-        checkpoint_dir, info, dtype, _device_map_for(device, device_map), progress, weights
+        checkpoint_dir, info, dtype, _device_map_for(device, device_map, ranks), progress, weights
     )
 
     options = dict(samples_per_task=samples_per_task, temperature=temperature, top_p=top_p, seed=seed, cache=cache)
@@ -736,6 +743,7 @@ def evaluate_checkpoint_languages(
             progress,
             options,
             pass_at,
+            ranks,
         )
         lang_row = summary["languages"].get(lang, {})
         table[lang] = {
@@ -744,6 +752,7 @@ def evaluate_checkpoint_languages(
             "passed": summary["passed"],
             "toolchain_missing": lang_row.get("toolchain_missing", 0),
             "pass@1_runnable": summary["executor"].get("pass@1_runnable", summary["pass@1"]),
+            "samples_per_task": summary["samples_per_task"],
             "pass@k": summary["pass@k"],
             "intervals": summary["intervals"],
             "counts": summary["counts"],
@@ -759,7 +768,7 @@ def evaluate_checkpoint_languages(
         "overall": {"pass@k": overall, "n_tasks": len(pooled), "languages": len(table)},
         "checkpoint": dict(info) if info else None,
     }
-    if current_ranks().is_main:
+    if ranks.is_main:
         _write_json_atomic(out / LANGUAGES_FILE, result)
         plot_runs([languages_figure_data(result, out.name)], out / LANGUAGES_FIGURE_FILE)
     return result
@@ -780,14 +789,28 @@ def languages_figure_data(table: Mapping[str, Any], name: str) -> dict[str, Any]
     }
 
 
-def format_language_table(table: Mapping[str, Mapping[str, Any]]) -> str:
-    """One line per language: pass@1, passed/tasks, runnable pass@1 and toolchain-missing count."""
+def format_language_table(table: Mapping[str, Mapping[str, Any]], overall: Mapping[str, Any] | None = None) -> str:
+    """One line per language: pass@1 with its 95 % interval, passed/tasks (samples, with several per
+    task), every other pass@k, runnable pass@1 and the toolchain-missing count; then the ``overall``
+    pass@k of ``languages.json`` over all tasks when given."""
     w = max([len(k) for k in table] + [8])
-    lines = [f"{'language':<{w}}  pass@1  passed/tasks  runnable pass@1  toolchain missing"]
+    extra = sorted({k for r in table.values() for k in r.get("pass@k", {})} - {"pass@1"}, key=lambda k: int(k[5:]))
+    lines = [
+        f"{'language':<{w}}  pass@1  95 % interval     passed/total  "
+        + "".join(f"{k:>9}" for k in extra)
+        + "  runnable pass@1  toolchain missing"
+    ]
     for lang, r in table.items():
+        lo, hi = r.get("intervals", {}).get("pass@1", (float("nan"), float("nan")))
+        ks = "".join(f"{r.get('pass@k', {}).get(k, float('nan')):>9.4f}" for k in extra)
         lines.append(
-            f"{lang:<{w}}  {r['pass@1']:.4f}  {r['passed']:>6}/{r['n_tasks']:<5}  "
-            f"{r['pass@1_runnable']:.4f}           {r['toolchain_missing']}"
+            f"{lang:<{w}}  {r['pass@1']:.4f}  [{lo:.4f}, {hi:.4f}]  {r['passed']:>6}/{r['n_tasks'] * r.get('samples_per_task', 1):<6}"
+            f"{ks}  {r['pass@1_runnable']:.4f}           {r['toolchain_missing']}"
+        )
+    if overall and overall.get("pass@k"):
+        lines.append(
+            f"overall over {overall['n_tasks']} tasks of {overall['languages']} languages: "
+            + ", ".join(f"{k} {v:.4f}" for k, v in overall["pass@k"].items())
         )
     return "\n".join(lines)
 
@@ -1048,6 +1071,7 @@ def _main(run: Run) -> int:
             print(f"-> {out / COMPARISON_FILE}, {out / COMPARISON_FIGURE_FILE}")
         return 0
     out = Path(args.out) if args.out else Path(f"mbxp-{Path(args.checkpoint).resolve().name}")
+    ranks = current_ranks()  # under torchrun: join the other ranks (each runs this same command)
     run.kept = f"finished samples and results are kept in {out}: rerun the same command (same --out) to resume"
     cfg: dict[str, Any] = {}
     if args.workers is not None:
@@ -1061,6 +1085,7 @@ def _main(run: Run) -> int:
         seed=args.seed or 0,
         pass_at=args.pass_at,
         cache=args.cache,
+        ranks=ranks,
     )
     common = dict(
         out_dir=out,
@@ -1083,7 +1108,7 @@ def _main(run: Run) -> int:
                 f"(there: all, {', '.join(files)})"
             )
         chosen = files if args.language == "all" else {args.language: files[args.language]}
-        main_rank = current_ranks().is_main
+        main_rank = ranks.is_main
         try:
             result = evaluate_checkpoint_languages(
                 args.checkpoint,
@@ -1095,14 +1120,14 @@ def _main(run: Run) -> int:
             raise sandbox_unavailable(e) from None
         if not main_rank:
             return 0
-        print(format_language_table(result["languages"]))
+        print(format_language_table(result["languages"], result.get("overall")))
         print(f"-> {out / LANGUAGES_FILE}")
         return 0
     try:
         summary = evaluate_checkpoint(args.checkpoint, problems_path=args.problems, **common)
     except SandboxError as e:
         raise sandbox_unavailable(e) from None
-    if current_ranks().is_main:
+    if ranks.is_main:
         _print_summary(summary, out)
     return 0
 

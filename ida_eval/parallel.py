@@ -71,8 +71,13 @@ class Ranks:
         return out
 
 
+ONE_PROCESS = Ranks(LaunchEnv())  # the default of the harness's functions: no other rank takes part
+
+
 def current_ranks() -> Ranks:
     """This process's :class:`Ranks`; joins the gloo group on the first call of a multi-process launch.
+    Only the CLI calls it: a library caller (the trainer's periodic eval on its rank 0) evaluates as
+    one process unless it passes ranks explicitly.
 
     Raises:
         ValueError: torchrun's environment variables are malformed.

@@ -163,3 +163,24 @@ def test_a_malformed_launch_environment_is_one_line(env, message, checkpoint, tm
         monkeypatch.setenv(k, v)
     assert main(_args(checkpoint, tmp_path / "o")) == 2
     assert message in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_library_call_on_one_rank_of_a_launch_evaluates_alone(checkpoint, tmp_path, monkeypatch):
+    """The trainer's periodic eval runs on its rank 0 only, inside a torchrun launch: evaluate_checkpoint
+    must not wait for ranks that never call it (data parallel is the CLI's, or an explicit ``ranks``)."""
+    from ida_eval import ExecutionConfig, evaluate_checkpoint
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    s = evaluate_checkpoint(
+        checkpoint / "ckpt",
+        problems_path=checkpoint / "problems.jsonl",
+        out_dir=tmp_path / "o",
+        max_new_tokens=4,
+        limit=2,
+        device="cpu",
+        exec_config=ExecutionConfig(workers=2),
+        progress=False,
+    )
+    assert s["n_tasks"] == 2 and [r["rank"] for r in s["timings"]["ranks"]] == [0]

@@ -232,3 +232,27 @@ def test_compare_three_runs_with_mcnemar_json_and_figure(tmp_path, monkeypatch, 
     # --compare never writes into the runs it reads
     assert not (tmp_path / "base" / "comparison.json").exists()
     assert main(["--compare", dirs[0]]) == 2
+
+
+def test_language_all_sampled_run_reports_pass_at_k_per_language_and_overall(tmp_path, capsys):
+    from tests.ida_eval.support import save_mxfp8_checkpoint, write_problems
+
+    tok = train_tokenizer([p["prompt"] + p["canonical_solution"] for p in SMALL_PROBLEMS] * 2, vocab_size=300)
+    ckpt = save_mxfp8_checkpoint(tiny_model("qwen3", len(tok), seed=1), tok, tmp_path / "ckpt")
+    data = tmp_path / "data"
+    data.mkdir()
+    write_problems(data / "py.jsonl", SMALL_PROBLEMS[:3])
+    (data / "metadata.json").write_text(json.dumps({"python": "py.jsonl"}))
+    out = tmp_path / "run"
+    args = ["--checkpoint", str(ckpt), "--language", "all", "--data-dir", str(data), "--out", str(out)]
+    args += ["--max-new-tokens", "6", "--device", "cpu", "--workers", "2", "--no-progress"]
+    args += ["--temperature", "0.7", "--samples-per-task", "3", "--pass-at", "1,2"]
+    assert main(args) == 0
+    result = json.loads((out / "languages.json").read_text())
+    row = result["languages"]["python"]
+    summary = json.loads((out / "python" / "summary.json").read_text())
+    assert row["pass@k"] == summary["pass@k"] and set(row["pass@k"]) == {"pass@1", "pass@2"}
+    assert result["overall"]["pass@k"] == summary["pass@k"] and result["overall"]["n_tasks"] == 3
+    printed = capsys.readouterr().out
+    assert "pass@2" in printed and "overall over 3 tasks of 1 languages" in printed
+    assert (out / "languages.png").read_bytes()[:4] == b"\x89PNG"
