@@ -1,8 +1,11 @@
 """MBXP evaluation: load MXFP8 checkpoints into transformers, generate, execute in a sandbox, score.
 
 Modules: :mod:`ida_eval.loader` (``load_model``: meta-device build, streamed MXFP8 decode, transpose,
-strict keys), :mod:`ida_eval.generate` (batched greedy generation, stop strings, truncation),
+strict keys), :mod:`ida_eval.generate` (batched greedy or sampled generation, stop strings, truncation),
 :mod:`ida_eval.analysis` (failure classes, degenerate-output detection, run comparison),
+:mod:`ida_eval.stats` (pass@k as mxeval computes it, intervals, McNemar's exact test),
+:mod:`ida_eval.figures` (pass rates and failure classes as a PNG), :mod:`ida_eval.parallel`
+(data-parallel generation under torchrun),
 :mod:`ida_eval.failures` (the one failure vocabulary: the ``ResultKind`` of every record, failure classes),
 :mod:`ida_eval.execute` (the sandboxed executor) and :mod:`ida_eval.mbxp` (the harness and its CLI
 ``python -m ida_eval.mbxp``).
@@ -31,6 +34,7 @@ _LAZY = {
     **dict.fromkeys(["ExecutionConfig", "execute_samples", "isolation_in_force", "load_problems"], "ida_eval.execute"),
     **dict.fromkeys(["CheckpointLoadError", "describe_checkpoint", "load_model"], "ida_eval.loader"),
     **dict.fromkeys(["evaluate_checkpoint", "evaluate_model"], "ida_eval.mbxp"),
+    **dict.fromkeys(["mcnemar_exact", "mean_pass_at_k", "pass_at_k", "wilson_interval"], "ida_eval.stats"),
     "find_problems_file": "ida_eval.problems",
 }
 
@@ -73,5 +77,9 @@ __all__ = [
     "isolation_in_force",
     "load_model",
     "load_problems",
+    "mcnemar_exact",
+    "mean_pass_at_k",
+    "pass_at_k",
     "truncate_completion",
+    "wilson_interval",
 ]
