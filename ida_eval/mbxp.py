@@ -133,7 +133,7 @@ def read_samples(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
 def _append_samples(path: Path, gens: Sequence[Generation], *, numbered: bool) -> None:
     """Append generations; ``numbered`` records carry their ``completion_id`` (sampling runs; a greedy
     run's records stay as mxeval's)."""
-    _write_samples(
+    _append_records(
         path,
         [
             {
@@ -149,7 +149,7 @@ def _append_samples(path: Path, gens: Sequence[Generation], *, numbered: bool) -
     )
 
 
-def _write_samples(path: Path, records: Sequence[Mapping[str, Any]]) -> None:
+def _append_records(path: Path, records: Sequence[Mapping[str, Any]]) -> None:
     """Append sample records as they are (one write + fsync)."""
     with open(path, "a", encoding="utf-8") as f:
         f.write("".join(dumps_utf8(r) + "\n" for r in records))
@@ -182,7 +182,7 @@ def merge_shards(out_dir: Path) -> int:
                     f"{shard}: {key[0]} sample {key[1]} differs from the one already kept; use a fresh --out directory"
                 )
     if new:
-        _write_samples(main_path, list(new.values()))
+        _append_records(main_path, list(new.values()))
     for shard in shards:
         shard.unlink()
     return len(new)
@@ -341,12 +341,12 @@ def evaluate_model(
             :data:`~ida_eval.generate.STOP_STRINGS`).
         samples_per_task, temperature, top_p, seed: sampling (:class:`~ida_eval.generate.DecodingConfig`;
             the default is one greedy completion per task).
+        pass_at: the k of pass@k to report (default: 1, and 10 and 100 where there are that many
+            samples per task); each k <= ``samples_per_task``.
         cache: the KV cache of generation, ``"dynamic"`` or ``"static"`` (compiled on a GPU).
         ranks: the processes sharing this evaluation (:func:`ida_eval.parallel.current_ranks` under
             torchrun: every rank calls this with the same arguments); default one process, as when a
             trainer's rank 0 evaluates alone.
-        pass_at: the k of pass@k to report (default: 1, and 10 and 100 where there are that many
-            samples per task); each k <= ``samples_per_task``.
 
     Returns:
         The summary dict also written to ``out_dir/summary.json``.
