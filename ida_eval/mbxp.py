@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -1072,6 +1073,10 @@ def _main(run: Run) -> int:
         return 0
     out = Path(args.out) if args.out else Path(f"mbxp-{Path(args.checkpoint).resolve().name}")
     ranks = current_ranks()  # under torchrun: join the other ranks (each runs this same command)
+    if ranks.env.launched:
+        # torchrun stops the other ranks with SIGTERM when one dies: stop as on Ctrl-C (the sandboxed
+        # programs are cancelled, one line says what is kept and how to resume) instead of vanishing
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
     run.kept = f"finished samples and results are kept in {out}: rerun the same command (same --out) to resume"
     cfg: dict[str, Any] = {}
     if args.workers is not None:

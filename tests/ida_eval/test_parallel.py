@@ -124,6 +124,8 @@ def test_a_killed_torchrun_resumes_with_another_number_of_processes(checkpoint, 
     os.kill(_rank_pid(proc.pid, 1), signal.SIGKILL)  # rank 1 dies mid-generation; torchrun stops rank 0
     log, _ = proc.communicate(timeout=120)
     assert proc.returncode != 0, log
+    # rank 0, stopped by torchrun's SIGTERM, says in one line what is kept and how to resume
+    assert f"ida_eval.mbxp: interrupted; finished samples and results are kept in {out}" in log
     shards = sorted(out.glob("samples.rank*.jsonl"))
     done = sum(len(read_samples(s)) for s in shards) + len(read_samples(out / "samples.jsonl"))
     assert 0 < done < 36 and not (out / "summary.json").exists()
