@@ -6,6 +6,8 @@ them and decodes the weight at each forward, in the file's layout (no transpose 
 buffer shared by all projections on that device and dtype (:data:`SCRATCH`, one per thread): on the CPU
 the codec's native C kernel on torch's own OpenMP team (:func:`decode_cpu`), on CUDA one Triton kernel
 (:mod:`mxfp8_codec.triton_decode`) where Triton is installed, else torch ops (:func:`decode_into`).
+Under ``torch.compile`` a projection decodes through one registered operator instead
+(:func:`decode_stored_op`, ``mxfp8_codec::decode_stored``), so a compiled forward is one graph.
 :class:`FileRowsEmbedding` answers inference lookups with ``os.preadv`` of the needed rows. Both are
 installed by :class:`mxfp8_codec.hf.MXFP8HfQuantizer` through :mod:`mxfp8_codec.hf_load`; nothing here
 imports transformers.
@@ -208,6 +210,24 @@ class _Scratch:
 SCRATCH = _Scratch()
 
 
+@torch.library.custom_op("mxfp8_codec::decode_stored", mutates_args=())
+def decode_stored_op(payload: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, name: str) -> torch.Tensor:
+    """A weight decoded in its stored layout into a new tensor, as one operator that ``torch.compile``
+    sees whole (:meth:`MXFP8Linear.forward` calls it while compiling): the graph holds no Python of
+    ours, so a compiled decoding step (CUDA graphs) replays the decode kernel with the rest."""
+    out = torch.empty(payload.shape, dtype=kernel_dtype(dtype), device=payload.device)
+    if payload.device.type == "cpu":
+        decode_cpu(payload, scales, out, False, name)
+    else:
+        decode_into(payload, scales, out, transpose=False)
+    return out if out.dtype == dtype else out.to(dtype)  # float16/float64: exact in float32, rounded once
+
+
+@decode_stored_op.register_fake
+def _decode_stored_shape(payload: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, name: str) -> torch.Tensor:
+    return payload.new_empty(payload.shape, dtype=dtype)
+
+
 class MXFP8Linear(nn.Module):
     """A projection whose weight stays MXFP8 in memory and is decoded at each forward.
 
@@ -295,7 +315,9 @@ class MXFP8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Decode in the file's layout and hand F.linear the [out, in] view of it: for in_out files
         # a transposed view, which BLAS takes as it is (no transpose pass over the weight).
-        if torch.is_grad_enabled() and x.requires_grad:  # autograd keeps the weight: no shared scratch
+        if torch.compiler.is_compiling():  # one opaque operator, a fresh output (no shared scratch)
+            stored = decode_stored_op(self._payload(), self.scales, self.dtype, self.name)
+        elif torch.is_grad_enabled() and x.requires_grad:  # autograd keeps the weight: no shared scratch
             stored = self.decode_stored()
         else:
             stored = self.decode_stored(SCRATCH.get(self.stored_shape, self.dtype, self._payload().device))
@@ -351,7 +373,8 @@ class FileRowsEmbedding(nn.Embedding):
     file may not hold it: the parameter was replaced or moved (``.to``, ``.data =``), changed in
     place through autograd's view of it (its version counter moved), or gradients are wanted, or
     ``max_norm`` is set, or the indices are not on the CPU or out of range (``nn.Embedding``'s
-    error), or not integers. Only :class:`mxfp8_codec.hf.MXFP8HfQuantizer` installs it (:func:`mxfp8_codec.hf_load.read_rows_from_file`).
+    error), or not integers, or while ``torch.compile`` traces it. Only
+    :class:`mxfp8_codec.hf.MXFP8HfQuantizer` installs it (:func:`mxfp8_codec.hf_load.read_rows_from_file`).
     """
 
     _rows: FileRows | None = None
@@ -364,7 +387,8 @@ class FileRowsEmbedding(nn.Embedding):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         rows = self._rows
         if (
-            rows is None
+            torch.compiler.is_compiling()  # a compiled graph holds no file reads: the weight, same bits
+            or rows is None
             or rows.fd is None
             or self.max_norm is not None
             or input.device.type != "cpu"

@@ -639,3 +639,37 @@ def test_wrongly_typed_config_fields_are_one_value_error_naming_the_key(key, val
     with pytest.raises(ValueError, match=rf"MXFP8Config: {key} must be"):
         mxhf.MXFP8Config.from_dict({"quant_method": mxhf.QUANT_METHOD, key: value})
     assert mxhf.MXFP8Config.from_dict({"quant_method": mxhf.QUANT_METHOD, "dequantize": True}).dequantize is True
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_compiled_forward_of_resident_weights_is_one_graph_with_the_same_logits(arch, tok, ids, tmp_path):
+    """torch.compile(fullgraph=True) traces MXFP8Linear through the opaque decode operator and
+    FileRowsEmbedding through nn.Embedding: no graph break, logits bit-identical to eager (the
+    ``aot_eager`` backend: the graph torch.compile builds, run without code generation)."""
+    d = save_mxfp8_checkpoint(tiny_model(arch, len(tok), seed=3), tok, tmp_path / "c")
+    model = _from_pretrained(d)
+    assert any(isinstance(m, hf_modules.MXFP8Linear) for m in model.modules())
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    with torch.no_grad():
+        assert torch.equal(compiled(ids).logits, model(ids).logits)
+
+
+def test_static_cache_generation_compiles_resident_weights(tok, ids, tmp_path):
+    """What transformers does on a GPU with a static cache (generate compiles the decoding step),
+    forced on the CPU: the quantizer says the model may be compiled, and greedy tokens are unchanged."""
+    from transformers import CompileConfig, GenerationConfig
+
+    d = save_mxfp8_checkpoint(tiny_model("llama", len(tok), seed=3), tok, tmp_path / "c")
+    model = _from_pretrained(d, dtype=torch.float32)
+    assert model.hf_quantizer.is_compileable
+    kw = dict(do_sample=False, max_new_tokens=8, pad_token_id=tok.eos_token_id)
+    compile_config = CompileConfig(backend="aot_eager", fullgraph=True)
+    compile_config._compile_all_devices = True  # transformers compiles on CUDA only unless told (private flag)
+    plain = GenerationConfig(**kw)
+    static = GenerationConfig(**kw, cache_implementation="static", compile_config=compile_config)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with torch.no_grad():
+        assert torch.equal(model.generate(ids, generation_config=static), model.generate(ids, generation_config=plain))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # the decoding step was compiled
