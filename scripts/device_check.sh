@@ -8,10 +8,11 @@
 #      benchmarks/bench_mxfp8_gpu.py: the Triton MXFP8 decode vs a copy, MXFP8Linear forward vs bf16)
 #   6. training throughput and memory, nvfp4 vs bf16 recipe (benchmarks/bench_gpu_train.py, 4B shape)
 #   7. MBXP generation tokens/s: dynamic vs static KV cache, bf16 vs MXFP8 (benchmarks/bench_generate.py)
+#   8. a sampled MBXP run of step 4's export on the GPU (pass@1/4, tokens/s, programs/s), end to end
 #
 # Writes REPORT_DIR/report.md (the summary) and one log / JSON / XML file per step beside it.
-# On one H200 with 16 cores it took 169-219 s (three runs, 2026-12-04, before steps 5b and 7: allow ~30 s
-# + ~120 s more, unmeasured); each step has its own time limit (listed below), so a 15-minute device
+# On one H200 with 16 cores it took 169-219 s (three runs, 2026-12-04, before steps 5b, 7 and 8: allow
+# ~30 + 120 + 60 s more, unmeasured); each step has its own time limit (listed below), so a 15-minute device
 # lease runs it once with a little room; the CUDA build is cached ($IDA_CACHE_DIR/nvfp4_cuda), so a
 # rerun skips step 2.  The device image has no cffi: carry its wheels.
 #
@@ -21,7 +22,7 @@ set -u -o pipefail
 
 usage() { echo "usage: scripts/device_check.sh REPORT_DIR   (writes REPORT_DIR/report.md)" >&2; exit 2; }
 [ $# -eq 1 ] || usage
-case "$1" in -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "$1" in -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="$1"
@@ -33,7 +34,7 @@ cd "$REPO" || exit 2
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 
 # time limits per step (seconds); the build takes ~20 s there, the training benchmark ~2 min
-T_ENV=20 T_BUILD=120 T_TESTS=120 T_TRAIN=75 T_BENCH=90 T_BENCH_MXFP8=60 T_COMPARE=30 T_TRAIN_BENCH=240 T_GEN=150
+T_ENV=20 T_BUILD=120 T_TESTS=120 T_TRAIN=75 T_BENCH=90 T_BENCH_MXFP8=60 T_COMPARE=30 T_TRAIN_BENCH=240 T_GEN=150 T_MBXP=120
 STEPS=20
 FAILED=0
 START=$(date +%s)
@@ -177,6 +178,17 @@ fi
 run bench_generate "$T_GEN" "$PY" benchmarks/bench_generate.py --prompts 128 --new-tokens 128 \
     --problems .devrun/mbpp_release_v1.jsonl --out-prefix "$OUT/bench_generate"
 [ -f "$OUT/bench_generate.md" ] && cat "$OUT/bench_generate.md" >>"$REPORT"
+
+# ---- 8. a sampled MBXP run on the GPU, end to end (generate, sandboxed execution, pass@k) -----------------
+# of step 4's exported demo model, MXFP8-resident with the static compiled cache (needs the carried prompts)
+if [ -f .devrun/mbpp_release_v1.jsonl ] && [ -f "$OUT/train_gpu/export/config.json" ]; then
+    run mbxp_sampled "$T_MBXP" "$PY" -m ida_eval.mbxp --checkpoint "$OUT/train_gpu/export" \
+        --problems .devrun/mbpp_release_v1.jsonl --limit 64 --samples-per-task 4 --temperature 0.8 --pass-at 1,4 \
+        --batch-size 64 --max-new-tokens 128 --weights mxfp8 --cache static --out "$OUT/mbxp_sampled" --no-progress
+    grep -E "^pass@|^generation" "$OUT/mbxp_sampled.log" | sed 's/^/  - /' >>"$REPORT"
+else
+    note "- **mbxp_sampled**: skipped (no .devrun/mbpp_release_v1.jsonl or no exported demo model)"
+fi
 
 note ""
 note "Total: $(elapsed) s. $([ $FAILED -eq 0 ] && echo 'All steps passed.' || echo 'Some steps FAILED (see above).')"
