@@ -41,6 +41,7 @@ from bench_hf import _build  # this directory is on sys.path
 
 from ida_eval import DecodingConfig, generate_completions, load_model
 from ida_eval.languages import LANGUAGES
+from ida_trainer.demo import train_demo_tokenizer
 
 # (weights, cache, temperature): greedy variants, then sampling's cost (the per-row sampler) on the baseline
 VARIANTS = (
@@ -67,26 +68,6 @@ def _prompts(path: Path, n: int) -> dict[str, str]:
         + '"""\n'
         for i in range(n)
     }
-
-
-def _byte_level_tokenizer(texts: list[str], vocab: int) -> Any:
-    """A byte-level BPE tokenizer trained on the prompts (ids < ``vocab``, eos ``</s>`` = 2, as the
-    model's config says): code text tokenizes as with a real model's tokenizer, and transformers'
-    stop-string matching works on it."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tk = Tokenizer(models.BPE())
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab,
-        special_tokens=["<unk>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tk.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
 
 
 def _run(
@@ -148,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
             vocab=args.vocab, hidden=args.hidden, layers=args.layers, orientation="in_out", forwards=0, new_tokens=0
         )
         info = _build(build, Path(root))
-        _byte_level_tokenizer(list(prompts.values()), args.vocab).save_pretrained(info["mxfp8_dir"])
+        # a byte-level BPE trained on the prompts (the demo's builder): code tokenizes as with a real
+        # model's tokenizer, and transformers' stop-string matching works on it
+        train_demo_tokenizer(list(prompts.values()), vocab_size=args.vocab).save_pretrained(info["mxfp8_dir"])
         rows = [_run(info["mxfp8_dir"], w, c, t, prompts, args) for w, c, t in VARIANTS]
     base = rows[0]
     by = {(r["weights"], r["cache"]): r for r in rows if not r["temperature"]}

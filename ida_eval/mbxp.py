@@ -31,6 +31,7 @@ pass@1 with one greedy sample per task is the fraction of tasks whose program pa
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -629,22 +630,22 @@ def evaluate_checkpoint(
         checkpoint_dir, info, dtype, _device_map_for(device, device_map, ranks), progress, weights
     )
 
-    options = dict(samples_per_task=samples_per_task, temperature=temperature, top_p=top_p, seed=seed, cache=cache)
     pass_at_ks(pass_at, samples_per_task)  # bad --pass-at before any load
-    return _evaluate_loaded(
-        problems,
-        Path(out_dir),
-        info,
-        model_and_tokenizer,
-        batch_size,
-        max_new_tokens,
-        limit,
-        exec_config,
-        progress,
-        options,
-        pass_at,
-        ranks,
+    settings = dict(
+        batch_size=batch_size,
+        max_new_tokens=max_new_tokens,
+        limit=limit,
+        exec_config=exec_config,
+        progress=progress,
+        samples_per_task=samples_per_task,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        pass_at=pass_at,
+        cache=cache,
+        ranks=ranks,
     )
+    return _evaluate_loaded(problems, Path(out_dir), info, model_and_tokenizer, settings)
 
 
 def _evaluate_loaded(
@@ -652,40 +653,23 @@ def _evaluate_loaded(
     out_dir: Path,
     info: Mapping[str, Any],
     model_and_tokenizer: Any,
-    batch_size: int,
-    max_new_tokens: int,
-    limit: int | None,
-    exec_config: ExecutionConfig | None,
-    progress: bool,
-    options: Mapping[str, Any],
-    pass_at: Sequence[int] | None,
-    ranks: Ranks,
+    settings: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """:func:`evaluate_model` with the model loaded (by ``model_and_tokenizer()``) only when some
-    sample still needs generating, and a run with other settings refused before that load."""
+    """:func:`evaluate_model` (with ``settings``, its keyword arguments) with the model loaded (by
+    ``model_and_tokenizer()``) only when some sample still needs generating, and a run with other
+    settings refused before that load."""
     decoding = DecodingConfig(
-        batch_size=batch_size, max_new_tokens=max_new_tokens, stop_strings=stop_strings_for(problems), **options
+        stop_strings=stop_strings_for(problems), **{k: v for k, v in settings.items() if k in _DECODING_FIELDS}
     )
     _check_run_file(out_dir, _run_record(decoding, info))  # refuse a different run before a long load
     have = _samples_done(out_dir)
     model = tokenizer = None
     if any((t, j) not in have for t in problems for j in range(decoding.samples_per_task)):
         model, tokenizer = model_and_tokenizer()
-    return evaluate_model(
-        model,
-        tokenizer,
-        problems,
-        out_dir,
-        batch_size=batch_size,
-        max_new_tokens=max_new_tokens,
-        limit=limit,
-        exec_config=exec_config,
-        progress=progress,
-        checkpoint_info=info,
-        pass_at=pass_at,
-        ranks=ranks,
-        **options,
-    )
+    return evaluate_model(model, tokenizer, problems, out_dir, checkpoint_info=info, **settings)
+
+
+_DECODING_FIELDS = frozenset(f.name for f in dataclasses.fields(DecodingConfig))
 
 
 def evaluate_checkpoint_languages(
@@ -725,27 +709,27 @@ def evaluate_checkpoint_languages(
         checkpoint_dir, info, dtype, _device_map_for(device, device_map, ranks), progress, weights
     )
 
-    options = dict(samples_per_task=samples_per_task, temperature=temperature, top_p=top_p, seed=seed, cache=cache)
     ks = pass_at_ks(pass_at, samples_per_task)
+    settings = dict(
+        batch_size=batch_size,
+        max_new_tokens=max_new_tokens,
+        limit=limit,
+        exec_config=exec_config,
+        progress=progress,
+        samples_per_task=samples_per_task,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        pass_at=pass_at,
+        cache=cache,
+        ranks=ranks,
+    )
     out = Path(out_dir)
     table: dict[str, Any] = {}
     per_task_counts: dict[str, dict[str, tuple[int, int]]] = {}
     for lang, path in files.items():
         problems = select_problems(load_problems(path), limit)
-        summary = _evaluate_loaded(
-            problems,
-            out / lang,
-            info,
-            model_and_tokenizer,
-            batch_size,
-            max_new_tokens,
-            limit,
-            exec_config,
-            progress,
-            options,
-            pass_at,
-            ranks,
-        )
+        summary = _evaluate_loaded(problems, out / lang, info, model_and_tokenizer, settings)
         lang_row = summary["languages"].get(lang, {})
         table[lang] = {
             "pass@1": summary["pass@1"],
