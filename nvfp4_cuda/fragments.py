@@ -154,8 +154,9 @@ def simulate_gemm(a: NVFP4Tensor, b: NVFP4Tensor) -> torch.Tensor:
 
 
 # ---- the emulated backend's decode kernel (csrc/nvfp4_quant.cu, nv_decode_bf16_kernel) -------------------------
-# Flat indexing: thread b reads code bytes 8b .. 8b+7 (one 8-byte load; elements 16b .. 16b+15, low nibble
-# first) and block scale byte b, and writes two 16-byte stores of 8 BF16 pairs at element 16b.  A pair is
+# Flat indexing: half block h (whichever thread takes it: lane l of a warp takes h = base + l + 32k) is code
+# bytes 4h .. 4h+3 (one 4-byte load; elements 8h .. 8h+7, low nibble first) and block scale byte h // 2, and
+# one 16-byte store of 4 BF16 pairs at element 8h.  A pair is
 # tab[byte] (the byte's two E2M1 values as BF16, built from their bits by nv_e2m1_value) times the scale in
 # one bf16x2 multiply (nv_scaled_pair).
 
@@ -188,10 +189,10 @@ def simulate_decode_bf16(q: NVFP4Tensor) -> torch.Tensor:
     table = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float().numpy()
     tab = e2m1_pair_table()
     out = np.full(r * c, 0xFFFF, dtype=np.uint16)  # poison: a slot no thread writes stays NaN
-    for b in range(r * c // 16):  # thread b
-        pairs = tab[code_bytes[8 * b : 8 * b + 8]]
-        sf = float(table[scales[b]])
+    for h in range(r * c // 8):  # half block h
+        pairs = tab[code_bytes[4 * h : 4 * h + 4]]
+        sf = float(table[scales[h // 2]])
         lo, hi = _bf16_mul(pairs & 0xFFFF, sf), _bf16_mul(pairs >> 16, sf)
-        out[16 * b : 16 * b + 16 : 2] = lo
-        out[16 * b + 1 : 16 * b + 16 : 2] = hi
+        out[8 * h : 8 * h + 8 : 2] = lo
+        out[8 * h + 1 : 8 * h + 8 : 2] = hi
     return torch.from_numpy(out.view(np.int16).copy()).view(torch.bfloat16).reshape(r, c)

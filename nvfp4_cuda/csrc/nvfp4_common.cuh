@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -27,20 +28,21 @@ __device__ __forceinline__ uint32_t nv_rand24(uint64_t index, uint32_t key2, uin
 }
 
 // ---- grid rounding (formats.round_to_grid) -------------------------------------------------------------
-__device__ __forceinline__ float nv_round_grid(float t, bool stochastic, uint32_t r24) {
+// NV_HD: also compiled for the host, where tests/nvfp4_cuda/test_device_math.py checks the fast spellings
+// below against these reference spellings over every float32 bit pattern.
+#define NV_HD __host__ __device__ __forceinline__
+
+NV_HD float nv_round_grid(float t, bool stochastic, uint32_t r24) {
   if (!stochastic) return rintf(t);  // half to even
   float fl = floorf(t);
   float frac = (t - fl) * NVFP4_SR_SCALE;
   return fl + (((float)r24 < frac) ? 1.0f : 0.0f);
 }
 
-__device__ __forceinline__ float nv_pow2(int e) {  // exact 2**e for e in [-149, 127]
-  if (e >= -126) return __uint_as_float((uint32_t)(e + 127) << 23);
-  return __uint_as_float(1u << (e + 149));
-}
+NV_HD float nv_pow2(int e) { return mx_pow2f(e); }  // exact 2**e for e in [-149, 127]
 
 // ---- E2M1 (formats.e2m1_encode_grid) ---------------------------------------------------------------------
-__device__ __forceinline__ uint32_t nv_e2m1_encode(float v, bool stochastic, uint32_t r24) {
+NV_HD uint32_t nv_e2m1_encode(float v, bool stochastic, uint32_t r24) {
   float a = fabsf(v);
   int region = (a >= 2.0f ? 1 : 0) + (a >= 4.0f ? 1 : 0);
   float inv_u = a < 2.0f ? 2.0f : (a < 4.0f ? 1.0f : 0.5f);
@@ -50,17 +52,31 @@ __device__ __forceinline__ uint32_t nv_e2m1_encode(float v, bool stochastic, uin
   return (uint32_t)code | (signbit(v) ? 8u : 0u);
 }
 
-
-// The same code for RNE as seven compares (the kernels' hot path; nv_e2m1_encode's grid rounding costs a
-// rint, a min and a division into regions): a magnitude rounds up past each midpoint of the grid
-// 0, 0.5, 1, 1.5, 2, 3, 4, 6, and a tie goes to the even code (up at 0.75, 1.75, 3.5; down at 0.25, 1.25,
-// 2.5, 5); past 6 it saturates at code 7, as does NaN (what nv_e2m1_encode gives NaN).
-__device__ __forceinline__ uint32_t nv_e2m1_encode_rne(float v) {
+// The same code for RNE in about ten instructions (the kernels' hot path; nv_e2m1_encode, or seven
+// compares against the grid's midpoints, cost about twice that).  With E = floor(log2 a) clamped to 0..3
+// (a = |v|), the code is a / 2^(E - 1) rounded to an integer, plus 2E: E = 0, a < 2: round(2a), codes 0..4;
+// E = 1: round(a) + 2, codes 4..6; E = 2: round(a / 2) + 4, codes 6, 7 (8 saturates); E = 3: 8 or more.
+// The division by 2^(E - 1) is exact, and adding 2^23 rounds to an integer half to even in one FADD (the
+// sum's bits minus 2^23's are the integer).  Inf and NaN (fmaxf gives 1.0 for it: E = 0) sum to bits far
+// above 2^23's and saturate at 7, as in nv_e2m1_encode.
+NV_HD uint32_t nv_e2m1_encode_rne(float v) {
   const float a = fabsf(v);
-  uint32_t code = (uint32_t)(a > 0.25f) + (uint32_t)(a >= 0.75f) + (uint32_t)(a > 1.25f) + (uint32_t)(a >= 1.75f) +
-                  (uint32_t)(a > 2.5f) + (uint32_t)(a >= 3.5f) + (uint32_t)(a > 5.0f);
-  code = (a != a) ? 7u : code;
-  return code | (signbit(v) ? 8u : 0u);
+  const uint32_t p = mx_f32_bits(fminf(fmaxf(a, 1.0f), 8.0f)) & 0x7F800000u;  // 2^E
+  const float k = a * mx_bits_f32(0x7F800000u - p) + 8388608.0f;               // a * 2^(1 - E) + 2^23
+  const uint32_t code = mx_f32_bits(k) + (p >> 22) - (0x4B000000u + 254u);    // round(a / 2^(E - 1)) + 2E
+  return (code < 7u ? code : 7u) | ((mx_f32_bits(v) >> 28) & 8u);
+}
+
+// The same code for stochastic rounding, with nv_e2m1_encode_rne's scaling: x = a / 2^(E - 1) is the grid
+// coordinate of the binade (exact), nv_round_grid rounds it, and the code comes from the float's bits
+// instead of a float -> int conversion.  Conversions (F2I, I2F, FRND) issue at 1/8 of the float32 rate on
+// sm_90; this leaves two per element (floorf and the random word's float), nv_e2m1_encode has three.
+NV_HD uint32_t nv_e2m1_encode_sr(float v, uint32_t r24) {
+  const float a = fabsf(v);
+  const uint32_t p = mx_f32_bits(fminf(fmaxf(a, 1.0f), 8.0f)) & 0x7F800000u;  // 2^E
+  const float n = nv_round_grid(a * mx_bits_f32(0x7F800000u - p), true, r24) + 8388608.0f;
+  const uint32_t code = mx_f32_bits(n) + (p >> 22) - (0x4B000000u + 254u);
+  return (code < 7u ? code : 7u) | ((mx_f32_bits(v) >> 28) & 8u);
 }
 
 // ---- E4M3 (formats.e4m3_round / e4m3_bits_from_grid / e4m3_decode) ---------------------------------------
@@ -86,6 +102,24 @@ __device__ __forceinline__ uint32_t nv_e4m3_encode(float v, bool stochastic, uin
 }
 
 __device__ __forceinline__ float nv_e4m3_decode(uint32_t b) { return mx_e4m3_value(b); }
+
+// Two E4M3 bytes (bits 0-7: the first element, 8-15: the second) -> their float32 values, exact: on sm_89 and
+// later one cvt.rn.f16x2.e4m3x2 and two f16 -> f32 conversions (cuda_fp8.h's software path elsewhere and on
+// the host), where nv_e4m3_decode costs about a dozen instructions and two branches per element.  Every
+// E4M3 value is a float16.  A NaN code gives a NaN of unspecified sign and payload (nv_e4m3_decode: the
+// canonical one), so only the Lion step uses it, where any NaN marks the whole block non-finite.
+NV_HD float2 nv_e4m3x2_value(uint32_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(two & 0xFFFFu), __NV_E4M3);
+  return __half22float2(__half2(h));
+}
+
+// E4M3 codes (bits 0-7 and 8-15) of two float32 values, RNE, saturating at +-448: one
+// cvt.rn.satfinite.e4m3x2.f32 on sm_89 and later.  Equal to nv_e4m3_encode(v, false, 0) for every float32
+// but NaN (which gives 0x7F here, 0x7E there; the kernels never encode a NaN: a non-finite block is written
+// as NaN separately).  tests/nvfp4_cuda/test_device_math.py checks both helpers over every input on the host.
+NV_HD uint32_t nv_e4m3x2_encode_rne(float first, float second) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(first, second), __NV_SATFINITE, __NV_E4M3);
+}
 
 // ---- UE8M0 and the MXFP8 RCEIL rule: mxfp8.h's mx_e8m0_value / mx_scale_exp ---------------------------------
 __device__ __forceinline__ float nv_e8m0_decode(uint32_t s) { return mx_e8m0_value(s); }

@@ -91,10 +91,13 @@ __device__ __forceinline__ void nv_load8_f32(const void *p, int dtype, int64_t i
   }
 }
 
+// The write-back (0 stochastic, 1 RNE, 2 RNE + compensation) is a template parameter: straight-line code per mode.
+template <int WRITEBACK>
 __global__ void nv_lion_kernel(uint8_t *payload, uint8_t *scales, const void *grad, int grad_dtype,
                                __nv_bfloat16 *momentum, float *comp, int64_t rows, int64_t cols, float neg_lr,
-                               float decay, float b1, float omb1, float b2, float omb2, int writeback, uint32_t key2,
-                               uint32_t key3, int vec, int full) {
+                               float decay, float b1, float omb1, float b2, float omb2, uint32_t key2, uint32_t key3,
+                               int vec, int full) {
+  constexpr int writeback = WRITEBACK;
   const int64_t nb = (cols + NV_MX - 1) / NV_MX, total = rows * nb;
   const int lane = threadIdx.x & 31, q = lane & (NV_LION_T - 1);
   const int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
@@ -131,9 +134,16 @@ __global__ void nv_lion_kernel(uint8_t *payload, uint8_t *scales, const void *gr
       nv_load8_f32(grad, grad_dtype, base, len, vec, g);
       nv_load8_f32(momentum, 1, base, len, vec, m);
       if (writeback == 2) nv_load8_f32(comp, 0, base, len, vec, cp);
+      float w[NV_LION_E];
+#pragma unroll
+      for (int i = 0; i < NV_LION_E; i += 2) {  // E4M3 pairs: one hardware conversion each on sm_89+
+        const float2 d = nv_e4m3x2_value(code[i] | (code[i + 1] << 8));
+        w[i] = d.x * sdec;
+        w[i + 1] = d.y * sdec;
+      }
 #pragma unroll
       for (int i = 0; i < NV_LION_E; ++i) {
-        float wi = nv_e4m3_decode(code[i]) * sdec;
+        float wi = w[i];  // the master's value
         const float c = (m[i] * b1) + (g[i] * omb1);
         const float upd = c > 0.0f ? neg_lr : (c < 0.0f ? -neg_lr : 0.0f);
         if (writeback == 2) wi = wi + cp[i];
@@ -168,16 +178,26 @@ __global__ void nv_lion_kernel(uint8_t *payload, uint8_t *scales, const void *gr
     const float mul = nv_pow2(-e);
     const bool top = e + MX_E8M0_BIAS == MX_TOP_CLAMP_SCALE_BYTE;
     const bool sr = writeback == 0;
+    float sv[NV_LION_E];
 #pragma unroll
     for (int i = 0; i < NV_LION_E; ++i) {
-      if (bad) {
-        code[i] = MX_E4M3_NAN_MAG;
-        continue;
+      sv[i] = v[i] * mul;
+      if (top) sv[i] = fmaxf(fminf(sv[i], MX_TOP_CLAMP_VALUE), -MX_TOP_CLAMP_VALUE);
+    }
+    if (bad) {
+#pragma unroll
+      for (int i = 0; i < NV_LION_E; ++i) code[i] = MX_E4M3_NAN_MAG;
+    } else if (sr) {
+#pragma unroll
+      for (int i = 0; i < NV_LION_E; ++i)
+        code[i] = nv_e4m3_encode(sv[i], true, nv_rand24((uint64_t)(base + i), key2, key3));
+    } else {  // RNE: the hardware conversion, two at a time (sv is finite here)
+#pragma unroll
+      for (int i = 0; i < NV_LION_E; i += 2) {
+        const uint32_t c2 = nv_e4m3x2_encode_rne(sv[i], sv[i + 1]);
+        code[i] = c2 & 0xFFu;
+        code[i + 1] = c2 >> 8;
       }
-      float sv = v[i] * mul;
-      if (top) sv = fmaxf(fminf(sv, MX_TOP_CLAMP_VALUE), -MX_TOP_CLAMP_VALUE);
-      const uint64_t idx = (uint64_t)(base + i);
-      code[i] = nv_e4m3_encode(sv, sr, sr ? nv_rand24(idx, key2, key3) : 0u);
     }
     const uint32_t sbyte = bad ? (uint32_t)MX_E8M0_NAN : (uint32_t)(e + MX_E8M0_BIAS);
     if (q == 0) scales[b] = (uint8_t)sbyte;
@@ -194,7 +214,11 @@ __global__ void nv_lion_kernel(uint8_t *payload, uint8_t *scales, const void *gr
     if (writeback == 2) {
       const float snew = nv_e8m0_decode(sbyte);
 #pragma unroll
-      for (int i = 0; i < NV_LION_E; ++i) cp[i] = v[i] - nv_e4m3_decode(code[i]) * snew;
+      for (int i = 0; i < NV_LION_E; i += 2) {
+        const float2 d = nv_e4m3x2_value(code[i] | (code[i + 1] << 8));
+        cp[i] = v[i] - d.x * snew;
+        cp[i + 1] = v[i + 1] - d.y * snew;
+      }
       if (vec) {
         *reinterpret_cast<float4 *>(comp + base) = make_float4(cp[0], cp[1], cp[2], cp[3]);
         *reinterpret_cast<float4 *>(comp + base + 4) = make_float4(cp[4], cp[5], cp[6], cp[7]);
@@ -288,9 +312,18 @@ cudaError_t nv_launch_lion(uint8_t *payload, uint8_t *scales, const void *grad, 
   if (blocks == 0) return cudaSuccess;
   const int vec = cols % 8 == 0 && (uintptr_t)payload % 8 == 0 && (uintptr_t)grad % 16 == 0 &&
                   (uintptr_t)mom % 16 == 0 && (writeback != 2 || (uintptr_t)comp % 16 == 0);
-  nv_lion_kernel<<<nv_grid(blocks * NV_LION_T, 256), 256, 0, st>>>(payload, scales, grad, grad_dtype, mom, comp, rows,
-                                                                   cols, neg_lr, decay, b1, omb1, b2, omb2, writeback,
-                                                                   k2, k3, vec, cols % NV_MX == 0);
+  const unsigned int grid = nv_grid(blocks * NV_LION_T, 256);
+  const int full = cols % NV_MX == 0;
+#define NV_LION(WB)                                                                                               \
+  nv_lion_kernel<WB><<<grid, 256, 0, st>>>(payload, scales, grad, grad_dtype, mom, comp, rows, cols, neg_lr, decay, b1, \
+                                           omb1, b2, omb2, k2, k3, vec, full)
+  if (writeback == 0)
+    NV_LION(0);
+  else if (writeback == 1)
+    NV_LION(1);
+  else
+    NV_LION(2);
+#undef NV_LION
   return cudaGetLastError();
 }
 
