@@ -1,0 +1,221 @@
+"""Count the sm_90 SASS instructions of the quantize and Lion kernels' hot paths, on a machine without a GPU.
+
+The quantize kernel and the Lion step on the MXFP8 master are bound by instructions on an H200 (ncu: SM
+64-88 %, DRAM 21-39 %; docs/benchmarks.md), so the instruction count of the path the benchmarks run is
+the number to bring down between device sessions.  This script copies each kernel out of
+``nvfp4_cuda/csrc`` (of the working tree, or of a git revision with ``--rev``), fixes the runtime
+switches the benchmark's inputs take (BF16 row-major input read with 16-byte loads, 1x16 blocks; Lion:
+vector loads, rows a multiple of 32) as template constants, compiles it for sm_90 with the library's nvcc and flags
+(``nvfp4_cuda.build``) and counts the SASS instructions of every variant (NOPs excluded).
+
+Each hot path is straight-line code, so the count is what one thread executes, except the IEEE division's
+slow path (a subroutine the scales' divisions call only for extreme operands), which is counted but rarely
+run.  Per element: quantize threads own 16 elements, Lion threads 8.
+
+Needs nvcc, and cuobjdump + nvdisasm (the test extra installs them: the ``nvidia-cuda-cuobjdump`` and
+``nvidia-cuda-nvdisasm`` wheels, in ``site-packages/nvidia/cu13/bin``, found automatically).  Also the
+ceilings test of tests/nvfp4_cuda/test_device_math.py.  Run::
+
+    python scripts/sass_hot_path.py                 # the working tree
+    python scripts/sass_hot_path.py --rev 4e6ab40   # an earlier revision, to compare
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from nvfp4_cuda import build  # noqa: E402  (the library's nvcc and flags)
+
+CSRC = "nvfp4_cuda/csrc"
+FLAGS = (*(f for f in build.BASE_FLAGS if f not in ("--threads", "2", "-Xcompiler", "-fPIC")), "-cubin", "-arch=sm_90")
+QUANT_PATHS = (  # (name, SR, HADAMARD, DECODED)
+    ("quantize 1x16 RNE", "false", "false", "false"),
+    ("quantize 1x16 RNE, BF16 values out (quantize_decoded)", "false", "false", "true"),
+    ("quantize 1x16 RNE + Hadamard", "false", "true", "false"),
+    ("quantize 1x16 stochastic", "true", "false", "false"),
+    ("quantize 1x16 stochastic + Hadamard", "true", "true", "false"),
+)
+LION_PATHS = (("Lion on MXFP8, stochastic", 0), ("Lion on MXFP8, rne", 1), ("Lion on MXFP8, compensated", 2))
+
+
+def _replace(text: str, old: str, new: str, what: str) -> str:
+    if old not in text:
+        raise SystemExit(
+            f"sass_hot_path: {what} not found in the kernel source; update this script to the new signature"
+        )
+    return text.replace(old, new)
+
+
+def _source(rev: str | None, name: str) -> str:
+    if rev is None:
+        return (ROOT / CSRC / name).read_text()
+    return subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{rev}:{CSRC}/{name}"], capture_output=True, text=True, check=True
+    ).stdout
+
+
+def specialise(rev: str | None) -> tuple[str, dict[str, str]]:
+    """The .cu text with one instantiation per hot path, and {mangled-name prefix: path name}."""
+    quant, master = _source(rev, "nvfp4_quant.cu"), _source(rev, "nvfp4_master.cu")
+    k = quant[
+        quant.index("__device__ __forceinline__ void nv_tensor_scales") : quant.index(
+            "__global__ void nv_dequantize_kernel"
+        )
+    ]
+    names: dict[str, str] = {}
+    if "template <bool SR, bool HADAMARD, bool DECODED>" in k:  # since the kernels became templates
+        k = _replace(
+            k,
+            "template <bool SR, bool HADAMARD, bool DECODED>\n__global__ void nv_quantize_kernel(const void *x, int dtype,",
+            "template <bool SR, bool HADAMARD, bool DECODED, int dtype, int vec, int block_2d>\n"
+            "__global__ void hot_quantize(const void *x, int dtype_,",
+            "the quantize kernel's signature",
+        )
+        k = _replace(k, "int transpose, int vec, int block_2d,", "int transpose, int vec_, int block_2d_,", "its flags")
+        sig = (
+            "(const void *, int, const uint8_t *, int64_t, int64_t, int, int, int, uint32_t, uint32_t, const float *, "
+            "uint8_t *, uint8_t *, float *, __nv_bfloat16 *)"
+        )
+        inst = "".join(
+            f"template __global__ void hot_quantize<{sr}, {had}, {dec}, 1, 1, 0>{sig};\n"
+            for _, sr, had, dec in QUANT_PATHS
+        )
+        tmpl = [
+            f"Lb{int(sr == 'true')}ELb{int(had == 'true')}ELb{int(dec == 'true')}E" for _, sr, had, dec in QUANT_PATHS
+        ]
+    else:  # the kernel branching on runtime flags
+        k = _replace(
+            k,
+            "__global__ void nv_quantize_kernel(const void *x, int dtype, const uint8_t *x_scales, int64_t rows, "
+            "int64_t cols,\n                                   int transpose, int hadamard, int vec, int block_2d, "
+            "int rounding,",
+            "template <int rounding, int hadamard, int DEC, int dtype, int vec, int block_2d>\n"
+            "__global__ void hot_quantize(const void *x, const uint8_t *x_scales, int64_t rows, int64_t cols, "
+            "int transpose,",
+            "the quantize kernel's signature",
+        )
+        k = _replace(k, "if (decoded != nullptr)", "if (DEC)", "the decoded switch")
+        sig = (
+            "(const void *, const uint8_t *, int64_t, int64_t, int, uint32_t, uint32_t, const float *, uint8_t *, "
+            "uint8_t *, float *, __nv_bfloat16 *)"
+        )
+        as_int = {"false": 0, "true": 1}
+        inst = "".join(
+            f"template __global__ void hot_quantize<{as_int[sr]}, {as_int[had]}, {as_int[dec]}, 1, 1, 0>{sig};\n"
+            for _, sr, had, dec in QUANT_PATHS
+        )
+        tmpl = [f"Li{as_int[sr]}ELi{as_int[had]}ELi{as_int[dec]}E" for _, sr, had, dec in QUANT_PATHS]
+    for (name, *_), t in zip(QUANT_PATHS, tmpl, strict=True):
+        names[f"_Z12hot_quantizeI{t}"] = name
+    lion = master[master.index("#define NV_MX ") : master.index("// BF16 bits of float32 x rounded")]
+    lion = lion[: lion.index("// Encode v[0..len)")] + lion[lion.index("// ---- the fused Lion step") :]
+    if "template <int WRITEBACK>" in lion:
+        lion = _replace(
+            lion,
+            "template <int WRITEBACK>\n__global__ void nv_lion_kernel(",
+            "template <int WRITEBACK, int vec, int full>\n__global__ void hot_lion(",
+            "the Lion kernel's signature",
+        )
+    else:
+        lion = _replace(
+            lion,
+            "__global__ void nv_lion_kernel(",
+            "template <int writeback, int vec, int full>\n__global__ void hot_lion(",
+            "the Lion kernel's signature",
+        )
+        lion = _replace(
+            lion, "float omb2, int writeback, uint32_t key2,", "float omb2, uint32_t key2,", "its writeback"
+        )
+    lion = _replace(lion, "int vec, int full) {", "int vec_, int full_) {", "its flags")
+    lsig = (
+        "(uint8_t *, uint8_t *, const void *, int, __nv_bfloat16 *, float *, int64_t, int64_t, float, float, float, "
+        "float, float, float, uint32_t, uint32_t, int, int)"
+    )
+    lion += "".join(f"template __global__ void hot_lion<{wb}, 1, 1>{lsig};\n" for _, wb in LION_PATHS)
+    for name, wb in LION_PATHS:
+        names[f"_Z8hot_lionILi{wb}E"] = name
+    return '#include "nvfp4_common.cuh"\n' + k + inst + lion, names
+
+
+def _tool(name: str) -> str:
+    found = shutil.which(name)
+    if found:
+        return found
+    wheel_bin = Path(sysconfig.get_paths()["purelib"]) / "nvidia" / "cu13" / "bin" / name
+    if wheel_bin.exists():
+        return str(wheel_bin)
+    raise SystemExit(f"sass_hot_path: {name} not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+
+
+def count(rev: str | None) -> dict[str, int]:
+    """{path name: SASS instructions} for the sources at ``rev`` (None: the working tree)."""
+    text, names = specialise(rev)
+    cuobjdump = _tool("cuobjdump")
+    env = dict(os.environ, PATH=f"{Path(_tool('nvdisasm')).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        common = d / "nvfp4_common.cuh"
+        common.write_text(_source(rev, "nvfp4_common.cuh"))
+        (d / "hot.cu").write_text(text)
+        subprocess.run(
+            [
+                _tool("nvcc"),
+                *FLAGS,
+                f"-I{d}",
+                f"-I{ROOT / 'mxfp8_codec'}",
+                str(d / "hot.cu"),
+                "-o",
+                str(d / "hot.cubin"),
+            ],
+            check=True,
+        )
+        sass = subprocess.run(
+            [cuobjdump, "-sass", str(d / "hot.cubin")], capture_output=True, text=True, check=True, env=env
+        )
+    counts: dict[str, int] = {}
+    current = None
+    for line in sass.stdout.splitlines():
+        m = re.search(r"Function : (\S+)", line)
+        if m:
+            current = next((v for k, v in names.items() if m.group(1).startswith(k)), None)
+            if current is not None:
+                counts[current] = 0
+            continue
+        m = re.match(r"\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", line)
+        if current is not None and m and m.group(1) != "NOP":
+            counts[current] += 1
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print a markdown table: instructions per thread and per element, and against ``--rev`` when given."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rev", default=None, help="also count this git revision's kernels, side by side")
+    args = ap.parse_args(argv)
+    now = count(None)
+    before = count(args.rev) if args.rev else {}
+    head = "| hot path (sm_90) | SASS / thread | / element |"
+    print(head + (f" at {args.rev} | ratio |" if before else ""))
+    print("|---|---|---|" + ("---|---|" if before else ""))
+    for name in [q[0] for q in QUANT_PATHS] + [lp[0] for lp in LION_PATHS]:
+        n = now[name]
+        per = 16 if name.startswith("quantize") else 8
+        row = f"| {name} | {n} | {n / per:.0f} |"
+        if before:
+            row += f" {before[name]} | {n / before[name]:.2f}x |"
+        print(row)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
