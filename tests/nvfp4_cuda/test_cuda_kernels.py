@@ -105,6 +105,14 @@ def test_decode_scaled_exact_for_every_code_and_scale() -> None:
     assert torch.equal(got.view(torch.int16).cpu(), ref.to(torch.bfloat16).view(torch.int16))  # -0.0 kept
 
 
+@pytest.mark.parametrize("shape", [(3, 16), (1000, 48), (129, 4096)])
+def test_decode_scaled_every_half_block_written(shape: tuple[int, int]) -> None:
+    """Half-block counts that are not a multiple of a warp's 4 x 32 (the kernel's tail) and several grid strides."""
+    q = nvfp4_cuda.quantize_nvfp4(torch.randn(*shape) * 3)
+    qg = nvfp4_cuda.NVFP4Tensor(q.codes.cuda(), q.block_scales.cuda(), q.tensor_scale.cuda(), q.shape)
+    assert torch.equal(nvfp4_cuda.decode_scaled(qg).float().cpu(), R.decode_scaled(q))
+
+
 def test_gemm_decoded_takes_transposed_views_without_changing_bits() -> None:
     a = R.quantize_nvfp4(_exact_operand(96, 256, 7))
     w = R.quantize_nvfp4(_exact_operand(256, 160, 8), block_2d=True)  # a weight [in=K, out=N]
@@ -169,10 +177,18 @@ def test_mxfp8_encode_decode_bit_exact(rounding: str) -> None:
 
 @pytest.mark.parametrize("writeback", ["stochastic", "rne", "compensated"])
 @pytest.mark.parametrize(
-    ("shape", "grad_dtype"), [((48, 96), torch.float32), ((64, 256), torch.bfloat16), ((33, 100), torch.bfloat16)]
-)  # (33, 100): element-wise path
-def test_lion_bit_exact_over_steps(writeback: str, shape: tuple[int, int], grad_dtype: torch.dtype) -> None:
-    w = 0.02 * torch.randn(*shape)
+    ("shape", "grad_dtype", "spread"),
+    [
+        ((48, 96), torch.float32, 0.0),
+        ((64, 256), torch.bfloat16, 0.0),
+        ((33, 100), torch.bfloat16, 0.0),
+        ((64, 256), torch.bfloat16, 4.0),
+    ],
+)  # (33, 100): element-wise path; spread 4: magnitudes over ~2^20 inside a block (E4M3 subnormals, saturation)
+def test_lion_bit_exact_over_steps(
+    writeback: str, shape: tuple[int, int], grad_dtype: torch.dtype, spread: float
+) -> None:
+    w = 0.02 * torch.randn(*shape) * torch.exp(spread * torch.randn(*shape))
     p, s = mxfp8_codec.encode_mxfp8_torch(w)
     m = torch.zeros(*shape, dtype=torch.bfloat16)
     comp = torch.zeros(*shape) if writeback == "compensated" else None
