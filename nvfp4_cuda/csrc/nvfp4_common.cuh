@@ -68,14 +68,22 @@ NV_HD uint32_t nv_e2m1_encode_rne(float v) {
 }
 
 // The same code for stochastic rounding, with nv_e2m1_encode_rne's scaling: x = a / 2^(E - 1) is the grid
-// coordinate of the binade (exact), nv_round_grid rounds it, and the code comes from the float's bits
-// instead of a float -> int conversion.  Conversions (F2I, I2F, FRND) issue at 1/8 of the float32 rate on
-// sm_90; this leaves two per element (floorf and the random word's float), nv_e2m1_encode has three.
+// coordinate of the binade (exact); floor(x) + 2^23 is one add of 2^23 rounding toward zero on the device
+// (floorf + the add on the host: the same value for 0 <= x < 2^23, and anything larger saturates either
+// way); x rounds up when r24 < frac(x) * 2^24, as in nv_round_grid; the code comes from the float's bits.
+// Conversions (F2I, I2F, FRND) issue at 1/8 of the float32 rate on sm_90: nv_e2m1_encode has three per
+// element, this one the random word's.
 NV_HD uint32_t nv_e2m1_encode_sr(float v, uint32_t r24) {
   const float a = fabsf(v);
   const uint32_t p = mx_f32_bits(fminf(fmaxf(a, 1.0f), 8.0f)) & 0x7F800000u;  // 2^E
-  const float n = nv_round_grid(a * mx_bits_f32(0x7F800000u - p), true, r24) + 8388608.0f;
-  const uint32_t code = mx_f32_bits(n) + (p >> 22) - (0x4B000000u + 254u);
+  const float x = a * mx_bits_f32(0x7F800000u - p);
+#ifdef __CUDA_ARCH__
+  const float fl = __fadd_rz(x, 8388608.0f);  // floor(x) + 2^23
+#else
+  const float fl = floorf(x) + 8388608.0f;
+#endif
+  const uint32_t up = (float)r24 < (x - (fl - 8388608.0f)) * NVFP4_SR_SCALE;
+  const uint32_t code = mx_f32_bits(fl) + up + (p >> 22) - (0x4B000000u + 254u);
   return (code < 7u ? code : 7u) | ((mx_f32_bits(v) >> 28) & 8u);
 }
 
