@@ -59,12 +59,21 @@ NV_HD uint32_t nv_e2m1_encode(float v, bool stochastic, uint32_t r24) {
 // The division by 2^(E - 1) is exact, and adding 2^23 rounds to an integer half to even in one FADD (the
 // sum's bits minus 2^23's are the integer).  Inf and NaN (fmaxf gives 1.0 for it: E = 0) sum to bits far
 // above 2^23's and saturate at 7, as in nv_e2m1_encode.
+NV_HD uint32_t nv_e2m1_binade(float a) {  // float32 bits of 2^E, E = floor(log2 a) clamped to 0..3 (NaN: 0)
+  return mx_f32_bits(fminf(fmaxf(a, 1.0f), 8.0f)) & 0x7F800000u;
+}
+
+// The code of v from n_bits = the float32 bits of n + 2^23 (n: the rounded grid coordinate) and its binade:
+// n + 2E, saturated at 7, with v's sign.
+NV_HD uint32_t nv_e2m1_code(uint32_t n_bits, uint32_t binade, float v) {
+  const uint32_t code = n_bits + (binade >> 22) - (0x4B000000u + 254u);  // (binade >> 22) - 254 = 2E
+  return (code < 7u ? code : 7u) | ((mx_f32_bits(v) >> 28) & 8u);
+}
+
 NV_HD uint32_t nv_e2m1_encode_rne(float v) {
   const float a = fabsf(v);
-  const uint32_t p = mx_f32_bits(fminf(fmaxf(a, 1.0f), 8.0f)) & 0x7F800000u;  // 2^E
-  const float k = a * mx_bits_f32(0x7F800000u - p) + 8388608.0f;               // a * 2^(1 - E) + 2^23
-  const uint32_t code = mx_f32_bits(k) + (p >> 22) - (0x4B000000u + 254u);    // round(a / 2^(E - 1)) + 2E
-  return (code < 7u ? code : 7u) | ((mx_f32_bits(v) >> 28) & 8u);
+  const uint32_t p = nv_e2m1_binade(a);
+  return nv_e2m1_code(mx_f32_bits(a * mx_bits_f32(0x7F800000u - p) + 8388608.0f), p, v);  // a * 2^(1-E) + 2^23
 }
 
 // The same code for stochastic rounding, with nv_e2m1_encode_rne's scaling: x = a / 2^(E - 1) is the grid
@@ -75,16 +84,15 @@ NV_HD uint32_t nv_e2m1_encode_rne(float v) {
 // element, this one the random word's.
 NV_HD uint32_t nv_e2m1_encode_sr(float v, uint32_t r24) {
   const float a = fabsf(v);
-  const uint32_t p = mx_f32_bits(fminf(fmaxf(a, 1.0f), 8.0f)) & 0x7F800000u;  // 2^E
-  const float x = a * mx_bits_f32(0x7F800000u - p);
+  const uint32_t p = nv_e2m1_binade(a);
+  const float x = a * mx_bits_f32(0x7F800000u - p);  // a * 2^(1 - E)
 #ifdef __CUDA_ARCH__
   const float fl = __fadd_rz(x, 8388608.0f);  // floor(x) + 2^23
 #else
   const float fl = floorf(x) + 8388608.0f;
 #endif
   const uint32_t up = (float)r24 < (x - (fl - 8388608.0f)) * NVFP4_SR_SCALE;
-  const uint32_t code = mx_f32_bits(fl) + up + (p >> 22) - (0x4B000000u + 254u);
-  return (code < 7u ? code : 7u) | ((mx_f32_bits(v) >> 28) & 8u);
+  return nv_e2m1_code(mx_f32_bits(fl) + up, p, v);
 }
 
 // ---- E4M3 (formats.e4m3_round / e4m3_bits_from_grid / e4m3_decode) ---------------------------------------
