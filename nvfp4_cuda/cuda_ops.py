@@ -93,8 +93,13 @@ def _lib() -> Any:
     return load_library()[1]
 
 
+# Where the library's "device" pointers live.  "cuda" always in use; the tests' CPU kernel emulator
+# (tests/nvfp4_cuda/kernel_emu.py) sets "cpu" while it runs the kernels on host memory.
+DEVICE_TYPE = "cuda"
+
+
 def _stream(t: torch.Tensor) -> int:
-    return int(torch.cuda.current_stream(t.device).cuda_stream)
+    return int(torch.cuda.current_stream(t.device).cuda_stream) if t.is_cuda else 0
 
 
 def _ptr(t: torch.Tensor | None) -> int:
@@ -102,7 +107,7 @@ def _ptr(t: torch.Tensor | None) -> int:
 
 
 def _need_cuda(t: torch.Tensor, what: str, name: str) -> None:
-    if not t.is_cuda:
+    if t.device.type != DEVICE_TYPE:
         raise ValueError(f"{what}: {name} must be a CUDA tensor, got device {t.device}")
 
 
