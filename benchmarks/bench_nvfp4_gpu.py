@@ -154,7 +154,9 @@ def bandwidth_rows(iters: int, copy_bw: float) -> list[dict[str, object]]:
     amax = torch.empty(1, dtype=torch.float32, device=dev)
     st = torch.cuda.current_stream().cuda_stream
     t = cuda_time(
-        lambda x=x: cuda_ops._call("nvfp4_amax", x.data_ptr(), 1, 0, x.shape[0], x.shape[1], 0, 0, amax.data_ptr(), st),
+        lambda x=x: cuda_ops._call(
+            "nvfp4_amax", x.data_ptr(), 1, 0, x.shape[0], x.shape[1], x.shape[1], 0, 0, amax.data_ptr(), st
+        ),
         iters,
     )
     rows.append(

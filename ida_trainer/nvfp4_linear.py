@@ -54,18 +54,6 @@ def tensor_id(name: str, use: str) -> int:
     return zlib.crc32(f"{name}#{use}".encode()) & TENSOR_ID_MASK
 
 
-def _transpose_padded(a: torch.Tensor) -> torch.Tensor:
-    """``a.T`` as a contiguous [C, R'] tensor, R' = R rounded up to 16 with zero columns (one copy)."""
-    r, c = a.shape
-    rp = -(-r // NVFP4_BLOCK) * NVFP4_BLOCK
-    if rp == r:
-        return a.t().contiguous()
-    out = a.new_empty(c, rp)
-    out[:, :r] = a.t()
-    out[:, r:] = 0
-    return out
-
-
 class NVFP4LinearFunction(torch.autograd.Function):
     """``Y = X W^T`` with all three GEMMs in NVFP4 (float32 accumulation, BF16 results).
 
@@ -154,8 +142,8 @@ class NVFP4LinearFunction(torch.autograd.Function):
                 g_dec, g_scale = nvfp4_cuda.quantize_decoded(gy, **kw)
                 dx = nvfp4_cuda.gemm_decoded(g_dec, w_saved[0], g_scale, w_scale, out_dtype=torch.bfloat16)  # [M, in]
         if ctx.needs_input_grad[1]:
-            xt = _transpose_padded(x2)  # [in, M'] with M' = M rounded up to 16 (zero tokens)
-            gt = _transpose_padded(gy)  # [out, M']
+            # X^T [in, M'] and dY^T [out, M'], M' = M rounded up to 16 (zero tokens): transpose=True quantizes
+            # them from x2 and gy as they are (on CUDA the kernel reads the transpose in place, no copy)
             hadamard = layer.hadamard_wgrad
             gkw = {
                 "rounding": rounding,
@@ -163,14 +151,15 @@ class NVFP4LinearFunction(torch.autograd.Function):
                 "seed": seed,
                 "step": step,
                 "tensor_id": tensor_id(layer.global_name, f"wgrad:{call}"),
+                "transpose": True,
             }
             if ctx.native:
-                xtq = nvfp4_cuda.quantize_nvfp4(xt, rounding="rne", hadamard=hadamard)
-                gtq = nvfp4_cuda.quantize_nvfp4(gt, **gkw)
+                xtq = nvfp4_cuda.quantize_nvfp4(x2, rounding="rne", hadamard=hadamard, transpose=True)
+                gtq = nvfp4_cuda.quantize_nvfp4(gy, **gkw)
                 dw = nvfp4_cuda.nvfp4_matmul(xtq, gtq, out_dtype=torch.bfloat16)  # [in, out]
             else:
-                xt_dec, xt_scale = nvfp4_cuda.quantize_decoded(xt, rounding="rne", hadamard=hadamard)
-                gt_dec, gt_scale = nvfp4_cuda.quantize_decoded(gt, **gkw)
+                xt_dec, xt_scale = nvfp4_cuda.quantize_decoded(x2, rounding="rne", hadamard=hadamard, transpose=True)
+                gt_dec, gt_scale = nvfp4_cuda.quantize_decoded(gy, **gkw)
                 dw = nvfp4_cuda.gemm_decoded(xt_dec, gt_dec, xt_scale, gt_scale, out_dtype=torch.bfloat16)  # [in, out]
         return dx, dw, None, None, None
 

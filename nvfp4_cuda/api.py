@@ -49,8 +49,13 @@ def quantize_nvfp4(
     step: int = 0,
     tensor_id: int = 0,
     hadamard: bool = False,
+    transpose: bool = False,
 ) -> NVFP4Tensor:
     """Quantize x [R, C] to NVFP4 (see :func:`nvfp4_cuda.reference.quantize_nvfp4` for the exact rules).
+
+    ``transpose=True`` quantizes ``x.T`` [C, R'] with R zero-padded to a multiple of 16
+    (:func:`nvfp4_cuda.reference.transpose_padded`): a weight-gradient operand, blocks along the tokens.  On
+    CUDA the kernel reads ``x`` in place; no transposed copy is made.
 
     Example:
         >>> import torch, nvfp4_cuda
@@ -60,17 +65,33 @@ def quantize_nvfp4(
     """
     if _use_cuda(x):
         return _cuda().quantize_nvfp4(
-            x, block_2d=block_2d, rounding=rounding, seed=seed, step=step, tensor_id=tensor_id, hadamard=hadamard
+            x,
+            block_2d=block_2d,
+            rounding=rounding,
+            seed=seed,
+            step=step,
+            tensor_id=tensor_id,
+            hadamard=hadamard,
+            transpose=transpose,
         )
     if x.device.type == "cpu" and cpu_native.available():
-        reference.check_matrix(x, "quantize_nvfp4")
+        reference.check_matrix(x, "quantize_nvfp4", transpose=transpose)
         reference.check_rounding(rounding, "quantize_nvfp4")
+        if transpose:
+            x = reference.transpose_padded(x)
         x32 = cpu_native.hadamard16(x) if hadamard else x.to(torch.float32).contiguous()
         return cpu_native.quantize_nvfp4(
             x32, block_2d=block_2d, rounding=rounding, seed=seed, step=step, tensor_id=tensor_id
         )
     return reference.quantize_nvfp4(
-        x, block_2d=block_2d, rounding=rounding, seed=seed, step=step, tensor_id=tensor_id, hadamard=hadamard
+        x,
+        block_2d=block_2d,
+        rounding=rounding,
+        seed=seed,
+        step=step,
+        tensor_id=tensor_id,
+        hadamard=hadamard,
+        transpose=transpose,
     )
 
 
@@ -174,6 +195,7 @@ def quantize_decoded(
     step: int = 0,
     tensor_id: int = 0,
     hadamard: bool = False,
+    transpose: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(decode_scaled(q), q.tensor_scale)`` for ``q = quantize_nvfp4(x, ...)``: an emulated-GEMM operand.
 
@@ -195,6 +217,7 @@ def quantize_decoded(
         "step": step,
         "tensor_id": tensor_id,
         "hadamard": hadamard,
+        "transpose": transpose,
     }
     if _use_cuda(x):
         return _cuda().quantize_decoded(x, **kw)

@@ -24,7 +24,7 @@ from mxfp8_codec.constants import BLOCK_SIZE
 from mxfp8_codec.rng import stream_keys
 from nvfp4_cuda import build as _build
 from nvfp4_cuda.formats import NVFP4_BLOCK
-from nvfp4_cuda.reference import check_gemm_operands, check_matrix, check_rounding
+from nvfp4_cuda.reference import check_gemm_operands, check_matrix, check_rounding, padded_to_block
 from nvfp4_cuda.reference_master import WRITEBACK_MODES, check_lion_bf16_args, f32_const
 from nvfp4_cuda.tensor import NVFP4Tensor
 
@@ -163,14 +163,22 @@ def quantize_nvfp4(
     step: int = 0,
     tensor_id: int = 0,
     hadamard: bool = False,
+    transpose: bool = False,
 ) -> NVFP4Tensor:
     """CUDA quantizer (same bits as :func:`nvfp4_cuda.reference.quantize_nvfp4`)."""
-    check_matrix(x, "quantize_nvfp4")
+    check_matrix(x, "quantize_nvfp4", transpose=transpose)
     check_rounding(rounding, "quantize_nvfp4")
     xc, dt = _float_input(x)
-    q = _quantize(xc, dt, None, x.shape[0], x.shape[1], False, block_2d, rounding, seed, step, tensor_id, hadamard)
+    q = _quantize(
+        xc, dt, None, *_logical_shape(x, transpose), transpose, block_2d, rounding, seed, step, tensor_id, hadamard
+    )
     assert isinstance(q, NVFP4Tensor)
     return q
+
+
+def _logical_shape(x: torch.Tensor, transpose: bool) -> tuple[int, int]:
+    """[rows, cols] of what is quantized: ``x``, or its transpose with the token axis padded to a block."""
+    return (x.shape[1], padded_to_block(x.shape[0])) if transpose else (x.shape[0], x.shape[1])
 
 
 def _quantize(
@@ -188,8 +196,13 @@ def _quantize(
     hadamard: bool,
     decoded: bool = False,
 ) -> NVFP4Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """The amax pass then the quantize pass; ``decoded``: BF16 values ``e2m1 * e4m3`` instead of codes."""
+    """The amax pass then the quantize pass; ``decoded``: BF16 values ``e2m1 * e4m3`` instead of codes.
+
+    ``transpose``: ``x`` is stored [valid_cols, rows] with valid_cols = x.shape[0] <= cols (the logical
+    columns past it, fewer than 16, are zero padding).
+    """
     dev = x.device
+    valid_cols = x.shape[0] if transpose else cols
     amax = torch.empty(1, dtype=torch.float32, device=dev)
     empty = rows == 0 or cols == 0
     ts = torch.ones((), dtype=torch.float32, device=dev) if empty else torch.empty((), dtype=torch.float32, device=dev)
@@ -202,7 +215,19 @@ def _quantize(
         values = None
     k2, k3 = stream_keys(seed, step, tensor_id)
     st = _stream(x)
-    _call("nvfp4_amax", _ptr(x), dtype_code, _ptr(x_scales), rows, cols, int(transpose), int(hadamard), _ptr(amax), st)
+    _call(
+        "nvfp4_amax",
+        _ptr(x),
+        dtype_code,
+        _ptr(x_scales),
+        rows,
+        cols,
+        valid_cols,
+        int(transpose),
+        int(hadamard),
+        _ptr(amax),
+        st,
+    )
     _call(
         "nvfp4_quantize",
         _ptr(x),
@@ -210,6 +235,7 @@ def _quantize(
         _ptr(x_scales),
         rows,
         cols,
+        valid_cols,
         int(transpose),
         int(hadamard),
         int(block_2d),
@@ -239,13 +265,15 @@ def quantize_decoded(
     step: int = 0,
     tensor_id: int = 0,
     hadamard: bool = False,
+    transpose: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(decode_scaled(q), q.tensor_scale)`` of ``q = quantize_nvfp4(x, ...)`` in one pass, without the codes."""
-    check_matrix(x, "quantize_decoded")
+    check_matrix(x, "quantize_decoded", transpose=transpose)
     check_rounding(rounding, "quantize_decoded")
     xc, dt = _float_input(x)
+    rows, cols = _logical_shape(x, transpose)
     out = _quantize(
-        xc, dt, None, x.shape[0], x.shape[1], False, block_2d, rounding, seed, step, tensor_id, hadamard, decoded=True
+        xc, dt, None, rows, cols, transpose, block_2d, rounding, seed, step, tensor_id, hadamard, decoded=True
     )
     assert isinstance(out, tuple)
     return out

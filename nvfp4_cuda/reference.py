@@ -86,16 +86,36 @@ def _f32(v: float, device: torch.device) -> torch.Tensor:
     return torch.tensor(v, dtype=torch.float32, device=device)
 
 
-def check_matrix(x: torch.Tensor, what: str) -> None:
-    """``x`` must be a floating 2-D tensor [R, C] with C % 16 == 0 (TypeError / ValueError naming ``what``)."""
+def check_matrix(x: torch.Tensor, what: str, *, transpose: bool = False) -> None:
+    """``x`` must be a floating 2-D tensor [R, C] with C % 16 == 0 (TypeError / ValueError naming ``what``).
+
+    ``transpose``: ``x`` is quantized as :func:`transpose_padded` ``(x)``, so any R and C will do.
+    """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{what}: expected a torch.Tensor, got {type(x).__name__}")
     if x.dim() != 2:
         raise ValueError(f"{what}: expected a 2-D tensor [R, C], got shape {list(x.shape)}")
     if not x.is_floating_point():
         raise ValueError(f"{what}: expected a floating tensor, got {x.dtype}")
-    if x.shape[1] % NVFP4_BLOCK:
+    if x.shape[1] % NVFP4_BLOCK and not transpose:
         raise ValueError(f"{what}: last dimension {x.shape[1]} is not a multiple of {NVFP4_BLOCK}")
+
+
+def padded_to_block(n: int) -> int:
+    """``n`` rounded up to a multiple of the 16-element block."""
+    return -(-n // NVFP4_BLOCK) * NVFP4_BLOCK
+
+
+def transpose_padded(x: torch.Tensor) -> torch.Tensor:
+    """``x.T`` [C, R'] contiguous, R' = R rounded up to 16 with zero columns: what ``transpose=True`` quantizes.
+
+    The weight-gradient operands ``X^T`` and ``dY^T`` of a linear layer, blocks along the token axis (zero
+    tokens add nothing to the GEMM's sum).  The CUDA quantizer reads ``x`` in place instead (no copy).
+    """
+    r, c = x.shape
+    out = x.new_zeros(c, padded_to_block(r))
+    out[:, :r] = x.t()
+    return out
 
 
 def check_rounding(rounding: str, what: str) -> None:
@@ -167,6 +187,7 @@ def quantize_nvfp4(
     step: int = 0,
     tensor_id: int = 0,
     hadamard: bool = False,
+    transpose: bool = False,
 ) -> NVFP4Tensor:
     """Quantize a 2-D float tensor [R, C] (C % 16 == 0) to NVFP4, blocks along the last axis.
 
@@ -176,6 +197,7 @@ def quantize_nvfp4(
         rounding: ``"rne"`` or ``"stochastic"`` (counter RNG keyed by seed, step, tensor_id, index).
         seed, step, tensor_id: the stochastic-rounding stream key (ignored for RNE).
         hadamard: apply :func:`hadamard16` along the last axis first (weight-gradient GEMM operands).
+        transpose: quantize :func:`transpose_padded` ``(x)`` [C, R'] (any R and C): blocks along x's first axis.
 
     Returns:
         NVFP4Tensor with codes [R, C/2], block_scales [R, C/16], tensor_scale = S_dec.
@@ -189,8 +211,10 @@ def quantize_nvfp4(
         >>> [round(v, 4) for v in dequantize_nvfp4(q)[0, :4].tolist()]
         [0.0, 1.0, -2.0, 3.0]
     """
-    check_matrix(x, "quantize_nvfp4")
+    check_matrix(x, "quantize_nvfp4", transpose=transpose)
     check_rounding(rounding, "quantize_nvfp4")
+    if transpose:
+        x = transpose_padded(x)
     x32 = hadamard16(x) if hadamard else x.to(torch.float32).contiguous()
     r, c = x32.shape
     bam = _block_amax(x32, block_2d)

@@ -38,12 +38,15 @@ from nvfp4_cuda import build  # noqa: E402  (the library's nvcc and flags)
 
 CSRC = "nvfp4_cuda/csrc"
 FLAGS = (*(f for f in build.BASE_FLAGS if f not in ("--threads", "2", "-Xcompiler", "-fPIC")), "-cubin", "-arch=sm_90")
-QUANT_PATHS = (  # (name, SR, HADAMARD, DECODED)
-    ("quantize 1x16 RNE", "false", "false", "false"),
-    ("quantize 1x16 RNE, BF16 values out (quantize_decoded)", "false", "false", "true"),
-    ("quantize 1x16 RNE + Hadamard", "false", "true", "false"),
-    ("quantize 1x16 stochastic", "true", "false", "false"),
-    ("quantize 1x16 stochastic + Hadamard", "true", "true", "false"),
+QUANT_PATHS = (  # (name, SR, HADAMARD, DECODED, transposed input)
+    ("quantize 1x16 RNE", "false", "false", "false", 0),
+    ("quantize 1x16 RNE, BF16 values out (quantize_decoded)", "false", "false", "true", 0),
+    ("quantize 1x16 RNE + Hadamard", "false", "true", "false", 0),
+    ("quantize 1x16 stochastic", "true", "false", "false", 0),
+    ("quantize 1x16 stochastic + Hadamard", "true", "true", "false", 0),
+    # the trainer's weight-gradient operands: X^T and dY^T read in place, BF16 values out (since the transposed read)
+    ("quantize transposed input, RNE + Hadamard, BF16 values out", "false", "true", "true", 1),
+    ("quantize transposed input, stochastic + Hadamard, BF16 values out", "true", "true", "true", 1),
 )
 LION_PATHS = (("Lion on MXFP8, stochastic", 0), ("Lion on MXFP8, rne", 1), ("Lion on MXFP8, compensated", 2))
 
@@ -73,7 +76,33 @@ def specialise(rev: str | None) -> tuple[str, dict[str, str]]:
         )
     ]
     names: dict[str, str] = {}
-    if "template <bool SR, bool HADAMARD, bool DECODED>" in k:  # since the kernels became templates
+    if "int64_t valid_cols, int transpose," in k:  # since the transposed read: transpose fixed too
+        k = _replace(
+            k,
+            "template <bool SR, bool HADAMARD, bool DECODED>\n__global__ void nv_quantize_kernel(const void *x, int dtype,",
+            "template <bool SR, bool HADAMARD, bool DECODED, int dtype, int vec, int block_2d, int transpose>\n"
+            "__global__ void hot_quantize(const void *x, int dtype_,",
+            "the quantize kernel's signature",
+        )
+        k = _replace(
+            k,
+            "int64_t valid_cols, int transpose, int vec, int block_2d,",
+            "int64_t valid_cols, int transpose_, int vec_, int block_2d_,",
+            "its flags",
+        )
+        sig = (
+            "(const void *, int, const uint8_t *, int64_t, int64_t, int64_t, int, int, int, uint32_t, uint32_t, "
+            "const float *, uint8_t *, uint8_t *, float *, __nv_bfloat16 *)"
+        )
+        inst = "".join(
+            f"template __global__ void hot_quantize<{sr}, {had}, {dec}, 1, {1 - tr}, 0, {tr}>{sig};\n"
+            for _, sr, had, dec, tr in QUANT_PATHS
+        )
+        tmpl = [
+            f"Lb{int(sr == 'true')}ELb{int(had == 'true')}ELb{int(dec == 'true')}ELi1ELi{1 - tr}ELi0ELi{tr}E"
+            for _, sr, had, dec, tr in QUANT_PATHS
+        ]
+    elif "template <bool SR, bool HADAMARD, bool DECODED>" in k:  # since the kernels became templates
         k = _replace(
             k,
             "template <bool SR, bool HADAMARD, bool DECODED>\n__global__ void nv_quantize_kernel(const void *x, int dtype,",
@@ -88,10 +117,13 @@ def specialise(rev: str | None) -> tuple[str, dict[str, str]]:
         )
         inst = "".join(
             f"template __global__ void hot_quantize<{sr}, {had}, {dec}, 1, 1, 0>{sig};\n"
-            for _, sr, had, dec in QUANT_PATHS
+            for _, sr, had, dec, tr in QUANT_PATHS
+            if not tr
         )
         tmpl = [
-            f"Lb{int(sr == 'true')}ELb{int(had == 'true')}ELb{int(dec == 'true')}E" for _, sr, had, dec in QUANT_PATHS
+            f"Lb{int(sr == 'true')}ELb{int(had == 'true')}ELb{int(dec == 'true')}E"
+            for _, sr, had, dec, tr in QUANT_PATHS
+            if not tr
         ]
     else:  # the kernel branching on runtime flags
         k = _replace(
@@ -112,10 +144,12 @@ def specialise(rev: str | None) -> tuple[str, dict[str, str]]:
         as_int = {"false": 0, "true": 1}
         inst = "".join(
             f"template __global__ void hot_quantize<{as_int[sr]}, {as_int[had]}, {as_int[dec]}, 1, 1, 0>{sig};\n"
-            for _, sr, had, dec in QUANT_PATHS
+            for _, sr, had, dec, tr in QUANT_PATHS
+            if not tr
         )
-        tmpl = [f"Li{as_int[sr]}ELi{as_int[had]}ELi{as_int[dec]}E" for _, sr, had, dec in QUANT_PATHS]
-    for (name, *_), t in zip(QUANT_PATHS, tmpl, strict=True):
+        tmpl = [f"Li{as_int[sr]}ELi{as_int[had]}ELi{as_int[dec]}E" for _, sr, had, dec, tr in QUANT_PATHS if not tr]
+    paths = [q for q in QUANT_PATHS if q[4] == 0] if len(tmpl) < len(QUANT_PATHS) else list(QUANT_PATHS)
+    for (name, *_), t in zip(paths, tmpl, strict=True):
         names[f"_Z12hot_quantizeI{t}"] = name
     lion = master[master.index("#define NV_MX ") : master.index("// BF16 bits of float32 x rounded")]
     lion = lion[: lion.index("// Encode v[0..len)")] + lion[lion.index("// ---- the fused Lion step") :]
@@ -212,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         per = 16 if name.startswith("quantize") else 8
         row = f"| {name} | {n} | {n / per:.0f} |"
         if before:
-            row += f" {before[name]} | {n / before[name]:.2f}x |"
+            row += f" {before[name]} | {n / before[name]:.2f}x |" if name in before else " - | - |"
         print(row)
     return 0
 

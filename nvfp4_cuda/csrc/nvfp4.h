@@ -4,7 +4,8 @@
  * synchronises the host; on failure nvfp4_last_error() copies a message.  Device pointers and the
  * CUDA stream are passed as uintptr_t (tensor.data_ptr(), torch.cuda.current_stream().cuda_stream).
  * Matrices are row-major and contiguous.  "Logical" shape [rows, cols]: with transpose = 1 the
- * input is stored as [cols, rows] and its transpose is processed.  The emulated GEMM is two calls:
+ * input is stored as [valid_cols, rows] and its transpose is processed, the logical columns from valid_cols
+ * on (fewer than 16: a token axis padded to a block) reading as zeros; valid_cols = cols otherwise.  The emulated GEMM is two calls:
  * nvfp4_decode_bf16 per operand (exact e2m1 * e4m3 values in BF16), then nvfp4_gemm_bf16 (cuBLASLt, FP32
  * accumulation, alpha = the product of the two tensor scales read on the device); a_trans / b_trans = 1
  * take an operand stored as the transpose ([K, rows]).  nvfp4_gemm_native is the sm_120a FP4 MMA.
@@ -34,10 +35,10 @@ int nvfp4_last_error(char *buf, size_t n);
 const char *nvfp4_status_string(int status);
 int nvfp4_query(int *device_count, int *cc_major, int *cc_minor, int *native_fp4_compiled);
 
-int nvfp4_amax(uintptr_t x, int dtype, uintptr_t x_scales, int64_t rows, int64_t cols, int transpose,
-               int hadamard, uintptr_t amax_out, uintptr_t stream);
-int nvfp4_quantize(uintptr_t x, int dtype, uintptr_t x_scales, int64_t rows, int64_t cols, int transpose,
-                   int hadamard, int block_2d, int rounding, uint32_t key2, uint32_t key3, uintptr_t amax,
+int nvfp4_amax(uintptr_t x, int dtype, uintptr_t x_scales, int64_t rows, int64_t cols, int64_t valid_cols,
+               int transpose, int hadamard, uintptr_t amax_out, uintptr_t stream);
+int nvfp4_quantize(uintptr_t x, int dtype, uintptr_t x_scales, int64_t rows, int64_t cols, int64_t valid_cols,
+                   int transpose, int hadamard, int block_2d, int rounding, uint32_t key2, uint32_t key3, uintptr_t amax,
                    uintptr_t codes, uintptr_t block_scales, uintptr_t tensor_scale, uintptr_t decoded,
                    uintptr_t stream);
 int nvfp4_dequantize(uintptr_t codes, uintptr_t block_scales, uintptr_t tensor_scale, int64_t rows, int64_t cols,

@@ -7,8 +7,9 @@
 
 #include "nvfp4_common.cuh"
 
-cudaError_t nv_launch_amax(const void *, int, const uint8_t *, int64_t, int64_t, int, int, float *, cudaStream_t);
-cudaError_t nv_launch_quantize(const void *, int, const uint8_t *, int64_t, int64_t, int, int, int, int, uint32_t,
+cudaError_t nv_launch_amax(const void *, int, const uint8_t *, int64_t, int64_t, int64_t, int, int, float *,
+                           cudaStream_t);
+cudaError_t nv_launch_quantize(const void *, int, const uint8_t *, int64_t, int64_t, int64_t, int, int, int, int, uint32_t,
                                uint32_t, const float *, uint8_t *, uint8_t *, float *, __nv_bfloat16 *, cudaStream_t);
 cudaError_t nv_launch_dequantize(const uint8_t *, const uint8_t *, const float *, int64_t, int64_t, void *, int,
                                  cudaStream_t);
@@ -32,7 +33,7 @@ cudaError_t nv_launch_lion_bf16(__nv_bfloat16 *, const void *, int, __nv_bfloat1
 #define NVFP4_ERR_INVALID 1
 #define NVFP4_ERR_CUDA 2
 #define NVFP4_ERR_UNSUPPORTED 3
-#define NVFP4_ABI_VERSION 2
+#define NVFP4_ABI_VERSION 3
 
 static thread_local char g_last_error[512] = "";
 
@@ -96,19 +97,27 @@ int nvfp4_query(int *device_count, int *cc_major, int *cc_minor, int *native_fp4
   return nv_cuda_status(e, "nvfp4_query: cudaDeviceGetAttribute");
 }
 
-int nvfp4_amax(uintptr_t x, int dtype, uintptr_t x_scales, int64_t rows, int64_t cols, int transpose, int hadamard,
-               uintptr_t amax_out, uintptr_t stream) {
+// valid_cols: see nvfp4.h (only a transposed input may be padded, by fewer than 16 columns).
+static bool nv_valid_cols_ok(int64_t cols, int64_t valid_cols, int transpose) {
+  return valid_cols == cols || (transpose && valid_cols >= 0 && valid_cols < cols && cols - valid_cols < 16);
+}
+
+int nvfp4_amax(uintptr_t x, int dtype, uintptr_t x_scales, int64_t rows, int64_t cols, int64_t valid_cols,
+               int transpose, int hadamard, uintptr_t amax_out, uintptr_t stream) {
   const bool empty = rows == 0 || cols == 0;  // an empty tensor's data pointer may be null
   NV_REQUIRE((x || empty) && amax_out, "nvfp4_amax: null pointer");
   NV_REQUIRE(dtype >= 0 && dtype <= 2 && (dtype != 2 || x_scales || empty), "nvfp4_amax: bad dtype %d", dtype);
   NV_REQUIRE(rows >= 0 && cols >= 0 && cols % 16 == 0, "nvfp4_amax: cols %lld not a multiple of 16", (long long)cols);
-  return nv_cuda_status(nv_launch_amax(PTR(x), dtype, (const uint8_t *)x_scales, rows, cols, transpose, hadamard,
+  NV_REQUIRE(nv_valid_cols_ok(cols, valid_cols, transpose), "nvfp4_amax: valid_cols %lld with cols %lld, transpose %d",
+             (long long)valid_cols, (long long)cols, transpose);
+  return nv_cuda_status(nv_launch_amax(PTR(x), dtype, (const uint8_t *)x_scales, rows, cols, valid_cols, transpose,
+                                       hadamard,
                                        (float *)amax_out, STREAM(stream)),
                         "nvfp4_amax");
 }
 
-int nvfp4_quantize(uintptr_t x, int dtype, uintptr_t x_scales, int64_t rows, int64_t cols, int transpose,
-                   int hadamard, int block_2d, int rounding, uint32_t key2, uint32_t key3, uintptr_t amax,
+int nvfp4_quantize(uintptr_t x, int dtype, uintptr_t x_scales, int64_t rows, int64_t cols, int64_t valid_cols,
+                   int transpose, int hadamard, int block_2d, int rounding, uint32_t key2, uint32_t key3, uintptr_t amax,
                    uintptr_t codes, uintptr_t block_scales, uintptr_t tensor_scale, uintptr_t decoded,
                    uintptr_t stream) {
   const bool empty = rows == 0 || cols == 0;  // an empty tensor's data pointer may be null
@@ -120,8 +129,12 @@ int nvfp4_quantize(uintptr_t x, int dtype, uintptr_t x_scales, int64_t rows, int
              (long long)cols);
   NV_REQUIRE(rounding == 0 || rounding == 1, "nvfp4_quantize: bad rounding %d", rounding);
   NV_REQUIRE(codes % 8 == 0, "nvfp4_quantize: codes pointer not 8-byte aligned");
-  NV_REQUIRE(rows / 16 < 65535, "nvfp4_quantize: too many rows (%lld)", (long long)rows);
-  return nv_cuda_status(nv_launch_quantize(PTR(x), dtype, (const uint8_t *)x_scales, rows, cols, transpose, hadamard,
+  NV_REQUIRE(nv_valid_cols_ok(cols, valid_cols, transpose), "nvfp4_quantize: valid_cols %lld with cols %lld, transpose %d",
+             (long long)valid_cols, (long long)cols, transpose);
+  NV_REQUIRE(transpose ? (cols / 16 + 7) / 8 <= 65535 : rows / 16 < 65535, "nvfp4_quantize: [%lld, %lld] too large for "
+             "the grid", (long long)rows, (long long)cols);
+  return nv_cuda_status(nv_launch_quantize(PTR(x), dtype, (const uint8_t *)x_scales, rows, cols, valid_cols, transpose,
+                                           hadamard,
                                            block_2d, rounding, key2, key3, (const float *)amax, (uint8_t *)codes,
                                            (uint8_t *)block_scales, (float *)tensor_scale, (__nv_bfloat16 *)decoded,
                                            STREAM(stream)),

@@ -211,10 +211,21 @@ __device__ __forceinline__ uint32_t nv_scaled_pair(uint32_t pair_bits, __nv_bflo
   return *reinterpret_cast<const uint32_t *>(&v);
 }
 
-// Element (r, c) of the logical [rows, cols] matrix (transpose: stored as [cols, rows]).
-__device__ __forceinline__ float nv_load_logical(const void *x, int dtype, const uint8_t *x_scales, int64_t rows,
-                                                 int64_t cols, int transpose, int64_t r, int64_t c) {
-  return transpose ? nv_load(x, dtype, x_scales, rows, c, r) : nv_load(x, dtype, x_scales, cols, r, c);
+// The 16 elements (r, 16 cb .. 16 cb + 15) of the logical matrix of a transposed input stored [valid_cols, rows]:
+// stored elements (16 cb + i, r), one stride of ``rows`` apart, zeros from valid_cols on.  BF16 (the trainer's
+// activations and gradients) with one pointer stepped by the stride; other dtypes through nv_load.
+__device__ __forceinline__ void nv_load16_transposed(const void *x, int dtype, const uint8_t *x_scales, int64_t rows,
+                                                     int64_t valid_cols, int64_t r, int64_t cb, float *y) {
+  const int64_t left = valid_cols - cb * 16;
+  const int n = left < 16 ? (int)left : 16;  // valid elements of this block (16 but in the last)
+  if (dtype == 1) {
+    const unsigned short *p = static_cast<const unsigned short *>(x) + cb * 16 * rows + r;
+#pragma unroll
+    for (int i = 0; i < 16; ++i, p += rows) y[i] = i < n ? __uint_as_float((uint32_t)*p << 16) : 0.0f;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) y[i] = i < n ? nv_load(x, dtype, x_scales, rows, cb * 16 + i, r) : 0.0f;
+  }
 }
 
 // 16-point random Hadamard transform in registers, fixed butterfly order (reference.hadamard16).

@@ -6,6 +6,13 @@
 // 1x16 block (its 16 values live in registers), so the 16x16 tile amax is a shared-memory max over
 // threadIdx.y.  Scales follow Transformer Engine's float32 op order exactly (see reference.py).
 //
+// A transposed input (transpose = 1: stored [valid_cols, rows], e.g. the activations [tokens, features] of a
+// weight-gradient operand whose 1x16 blocks run along the tokens) maps a warp's lanes to 32 consecutive
+// logical rows, i.e. 32 neighbouring elements of one stored row: every load instruction of the warp reads
+// one contiguous 64-byte span (tokens 16*cb .. 16*cb+15 come from 16 stored rows), no shared-memory
+// transpose needed.  Logical columns at and past valid_cols (the token axis padded to a multiple of 16)
+// read as zeros, as the reference's zero-padded transpose (reference.transpose_padded).
+//
 // Speed: both passes are bound by memory bandwidth.  A row-major input whose pointer is 16-byte aligned
 // is read with 16-byte loads (``vec``; nv_load16_vec), anything else (a transposed input, an odd view)
 // element by element; the amax pass reduces each CUDA block in shared memory and issues one atomicMax
@@ -18,11 +25,22 @@ __global__ void nv_zero_f32(float *p) { *p = 0.0f; }
 // Per-tensor amax of |x| (after the optional Hadamard transform): a block-wide max, then one atomicMax on
 // the bit pattern per block, valid because non-negative floats order like their unsigned bits.
 __global__ void nv_amax_kernel(const void *x, int dtype, const uint8_t *x_scales, int64_t rows, int64_t cols,
-                               int transpose, int hadamard, int vec, float *amax_out) {
+                               int64_t valid_cols, int transpose, int hadamard, int vec, float *amax_out) {
   __shared__ float warp_max[32];
   const int64_t nbc = cols / 16, nblk = rows * nbc;
   float m = 0.0f;
-  for (int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; b < nblk; b += (int64_t)gridDim.x * blockDim.x) {
+  if (transpose) {  // a 2-D grid stride, consecutive threads on consecutive logical rows (see the top)
+    for (int64_t cb = blockIdx.y; cb < nbc; cb += gridDim.y)
+      for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < rows; r += (int64_t)gridDim.x * blockDim.x) {
+        float y[16];
+        nv_load16_transposed(x, dtype, x_scales, rows, valid_cols, r, cb, y);
+        if (hadamard) nv_hadamard16(y);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) m = fmaxf(m, fabsf(y[i]));
+      }
+  }
+  for (int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; b < nblk && !transpose;
+       b += (int64_t)gridDim.x * blockDim.x) {
     float y[16];
     if (vec && dtype != 2) {  // row-major float input: block b is elements 16b .. 16b+15, no division
       nv_load16_vec(x, dtype, x_scales, 16, b, 0, y);
@@ -31,7 +49,7 @@ __global__ void nv_amax_kernel(const void *x, int dtype, const uint8_t *x_scales
     } else {
       const int64_t r = b / nbc, c0 = (b % nbc) * 16;
 #pragma unroll
-      for (int i = 0; i < 16; ++i) y[i] = nv_load_logical(x, dtype, x_scales, rows, cols, transpose, r, c0 + i);
+      for (int i = 0; i < 16; ++i) y[i] = nv_load(x, dtype, x_scales, cols, r, c0 + i);
     }
     if (hadamard) nv_hadamard16(y);
 #pragma unroll
@@ -61,7 +79,7 @@ __device__ __forceinline__ void nv_tensor_scales(float amax, float *s_enc, float
 // straight-line code for its path (fewer instructions and registers than one kernel branching on all of them).
 template <bool SR, bool HADAMARD, bool DECODED>
 __global__ void nv_quantize_kernel(const void *x, int dtype, const uint8_t *x_scales, int64_t rows, int64_t cols,
-                                   int transpose, int vec, int block_2d, uint32_t key2, uint32_t key3,
+                                   int64_t valid_cols, int transpose, int vec, int block_2d, uint32_t key2, uint32_t key3,
                                    const float *amax_p, uint8_t *codes, uint8_t *block_scales, float *tensor_scale,
                                    __nv_bfloat16 *decoded) {
   __shared__ float tile_amax[16][16];
@@ -70,25 +88,36 @@ __global__ void nv_quantize_kernel(const void *x, int dtype, const uint8_t *x_sc
   if (DECODED) nv_e2m1_pair_table(tab, threadIdx.y * 16 + threadIdx.x, 256);
   if (threadIdx.x == 0 && threadIdx.y == 0) nv_tensor_scales(*amax_p, &tscale[0], &tscale[1]);
   const int64_t ncb = cols / 16;
-  const int64_t r = (int64_t)blockIdx.y * 16 + threadIdx.y;
-  const int64_t cb = (int64_t)blockIdx.x * 16 + threadIdx.x;
+  int64_t r, cb;  // this thread's block: logical row r, columns 16 cb .. 16 cb + 15
+  if (transpose) {  // a CUDA block takes 32 logical rows (a warp's lanes) x 8 column blocks (its warps)
+    const int tid = threadIdx.y * 16 + threadIdx.x;
+    r = (int64_t)blockIdx.x * 32 + (tid & 31);
+    cb = (int64_t)blockIdx.y * 8 + (tid >> 5);
+  } else {  // 16 rows (threadIdx.y) x 16 column blocks (threadIdx.x)
+    r = (int64_t)blockIdx.y * 16 + threadIdx.y;
+    cb = (int64_t)blockIdx.x * 16 + threadIdx.x;
+  }
   const bool active = r < rows && cb < ncb;
   float y[16];
   float bam = 0.0f;
   if (active) {
     if (vec) {
       nv_load16_vec(x, dtype, x_scales, cols, r, cb * 16, y);
+    } else if (transpose) {
+      nv_load16_transposed(x, dtype, x_scales, rows, valid_cols, r, cb, y);
     } else {
 #pragma unroll
-      for (int i = 0; i < 16; ++i) y[i] = nv_load_logical(x, dtype, x_scales, rows, cols, transpose, r, cb * 16 + i);
+      for (int i = 0; i < 16; ++i) y[i] = nv_load(x, dtype, x_scales, cols, r, cb * 16 + i);
     }
     if (HADAMARD) nv_hadamard16(y);
 #pragma unroll
     for (int i = 0; i < 16; ++i) bam = fmaxf(bam, fabsf(y[i]));
   }
-  if (block_2d) tile_amax[threadIdx.y][threadIdx.x] = bam;
+  if (block_2d && !transpose) tile_amax[threadIdx.y][threadIdx.x] = bam;
   __syncthreads();  // after the loads are issued: the table, the tensor scales and the tile amaxes are ready
-  if (block_2d) {
+  if (block_2d && transpose) {  // a 16x16 tile is 16 neighbouring lanes (rows) of one warp (one column block)
+    for (int off = 8; off > 0; off >>= 1) bam = fmaxf(bam, __shfl_xor_sync(0xFFFFFFFFu, bam, off));
+  } else if (block_2d) {
     float t = 0.0f;
     for (int i = 0; i < 16; ++i) t = fmaxf(t, tile_amax[i][threadIdx.x]);
     bam = t;
@@ -205,32 +234,38 @@ static unsigned int nv_grid_1d(int64_t work, int threads) {
 // the caller, so every 16-element block then starts on a 16-byte boundary).
 static int nv_vec_input(const void *x, int transpose) { return !transpose && ((uintptr_t)x % 16 == 0); }
 
-cudaError_t nv_launch_amax(const void *x, int dtype, const uint8_t *xs, int64_t rows, int64_t cols, int transpose,
-                           int hadamard, float *amax, cudaStream_t st) {
+cudaError_t nv_launch_amax(const void *x, int dtype, const uint8_t *xs, int64_t rows, int64_t cols, int64_t valid_cols,
+                           int transpose, int hadamard, float *amax, cudaStream_t st) {
   nv_zero_f32<<<1, 1, 0, st>>>(amax);
   int64_t nblk = rows * (cols / 16);
   if (nblk == 0) return cudaGetLastError();
   int dev = 0, sms = 132;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
     return cudaGetLastError();
-  int64_t grid = (nblk + 255) / 256;
-  if (grid > 8 * (int64_t)sms) grid = 8 * (int64_t)sms;  // grid-stride: one atomic per block, few blocks
-  nv_amax_kernel<<<(unsigned int)grid, 256, 0, st>>>(x, dtype, xs, rows, cols, transpose, hadamard,
-                                                     nv_vec_input(x, transpose), amax);
+  const int64_t most = 8 * (int64_t)sms;  // grid-stride: one atomic per block, few blocks
+  int64_t gx = ((transpose ? rows : nblk) + 255) / 256, gy = 1;
+  if (gx > most) gx = most;
+  if (transpose) {  // x over the logical rows, y over the column blocks
+    gy = most / gx < cols / 16 ? most / gx : cols / 16;
+    if (gy < 1) gy = 1;
+  }
+  nv_amax_kernel<<<dim3((unsigned int)gx, (unsigned int)gy), 256, 0, st>>>(x, dtype, xs, rows, cols, valid_cols, transpose,
+                                                                       hadamard, nv_vec_input(x, transpose), amax);
   return cudaGetLastError();
 }
 
-cudaError_t nv_launch_quantize(const void *x, int dtype, const uint8_t *xs, int64_t rows, int64_t cols, int transpose,
-                               int hadamard, int block_2d, int rounding, uint32_t key2, uint32_t key3,
+cudaError_t nv_launch_quantize(const void *x, int dtype, const uint8_t *xs, int64_t rows, int64_t cols,
+                               int64_t valid_cols, int transpose, int hadamard, int block_2d, int rounding, uint32_t key2, uint32_t key3,
                                const float *amax, uint8_t *codes, uint8_t *scales, float *ts, __nv_bfloat16 *decoded,
                                cudaStream_t st) {
   if (rows == 0 || cols == 0) return cudaSuccess;  // nothing to launch (a 0-sized grid is a launch error)
   const dim3 block(16, 16);
-  const dim3 grid((unsigned int)((cols / 16 + 15) / 16), (unsigned int)((rows + 15) / 16));
+  const dim3 grid = transpose ? dim3((unsigned int)((rows + 31) / 32), (unsigned int)((cols / 16 + 7) / 8))
+                              : dim3((unsigned int)((cols / 16 + 15) / 16), (unsigned int)((rows + 15) / 16));
   const int vec = nv_vec_input(x, transpose);
 #define NV_QUANTIZE(SR, HAD, DEC)                                                                                \
-  nv_quantize_kernel<SR, HAD, DEC><<<grid, block, 0, st>>>(x, dtype, xs, rows, cols, transpose, vec, block_2d, key2, \
-                                                           key3, amax, codes, scales, ts, decoded)
+  nv_quantize_kernel<SR, HAD, DEC><<<grid, block, 0, st>>>(x, dtype, xs, rows, cols, valid_cols, transpose, vec,   \
+                                                           block_2d, key2, key3, amax, codes, scales, ts, decoded)
   const int path = (rounding == 1) * 4 + (hadamard != 0) * 2 + (decoded != nullptr);
   switch (path) {
     case 0: NV_QUANTIZE(false, false, false); break;

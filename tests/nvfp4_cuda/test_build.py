@@ -225,10 +225,13 @@ def test_compile_all_arches_load_with_cffi_and_error_paths() -> None:
     ffi, lib = cuda_ops.load_library(path)
     for name in cuda_ops.header_functions():
         assert getattr(lib, name) is not None, name
-    assert lib.nvfp4_abi_version() == 2
+    assert lib.nvfp4_abi_version() == 3
     # argument validation happens before any CUDA call: works on every machine
-    status = lib.nvfp4_quantize(256, 0, 0, 16, 24, 0, 0, 0, 0, 0, 0, 256, 256, 256, 256, 0, 0)
+    status = lib.nvfp4_quantize(256, 0, 0, 16, 24, 24, 0, 0, 0, 0, 0, 0, 256, 256, 256, 256, 0, 0)
     with pytest.raises(cuda_ops.NVFP4CudaError, match="not a multiple of 16"):
+        cuda_ops.check(status, "nvfp4_quantize", lib, ffi)
+    status = lib.nvfp4_quantize(256, 0, 0, 16, 32, 8, 1, 0, 0, 0, 0, 0, 256, 256, 256, 256, 0, 0)  # padded by 24
+    with pytest.raises(cuda_ops.NVFP4CudaError, match="valid_cols 8 with cols 32, transpose 1"):
         cuda_ops.check(status, "nvfp4_quantize", lib, ffi)
     status = lib.nvfp4_gemm_native(256, 256, 256, 256, 256, 256, 16, 16, 64, 256, 7, 0, 0)
     with pytest.raises(cuda_ops.NVFP4CudaError, match="bad out dtype 7"):
@@ -246,7 +249,7 @@ def test_compile_all_arches_load_with_cffi_and_error_paths() -> None:
         assert status == 2
         with pytest.raises(cuda_ops.NVFP4CudaError, match="CUDA error"):
             cuda_ops.check(status, "nvfp4_query", lib, ffi)
-        status = lib.nvfp4_amax(256, 0, 0, 16, 32, 0, 0, 256, 0)
+        status = lib.nvfp4_amax(256, 0, 0, 16, 32, 32, 0, 0, 256, 0)
         with pytest.raises(cuda_ops.NVFP4CudaError, match=r"nvfp4_amax: CUDA error \d+"):
             cuda_ops.check(status, "nvfp4_amax", lib, ffi)
 

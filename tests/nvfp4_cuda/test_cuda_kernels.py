@@ -1,6 +1,6 @@
 """CUDA kernels vs the PyTorch reference (needs a GPU; skipped otherwise).
 
-Bit-for-bit where the math is exact: quantize (1x16, 16x16, RNE, SR, Hadamard, from MXFP8, transposed,
+Bit-for-bit where the math is exact: quantize (1x16, 16x16, RNE, SR, Hadamard, from MXFP8, transposed input,
 16-byte and element-wise loads), dequantize, the exact BF16 decode (every code byte x every scale), Hadamard,
 MXFP8 encode/decode, Lion (all write-backs, same seed, vector and element-wise paths), BF16 SR, and the
 GEMM (decode + cuBLASLt, transposed operand views) on operands whose products and sums are exact.
@@ -148,6 +148,25 @@ def test_dequantize_and_hadamard_bit_exact() -> None:
     for dt in (torch.float32, torch.bfloat16):
         assert torch.equal(nvfp4_cuda.dequantize_nvfp4(qg, dtype=dt).cpu(), R.dequantize_nvfp4(q, dtype=dt))
     assert torch.equal(nvfp4_cuda.hadamard16(x.cuda()).cpu(), R.hadamard16(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(16, 48), (1000, 3072), (8190, 96), (5, 16)])
+def test_quantize_transposed_input_bit_exact(shape: tuple[int, int], dtype: torch.dtype) -> None:
+    """transpose=True reads x [tokens, features] in place: the bits of quantizing transpose_padded(x)."""
+    x = _data(*shape, 14).to(dtype)
+    xg = x.cuda()
+    for kw in (
+        {},
+        {"rounding": "stochastic", "seed": 2, "step": 3, "tensor_id": 4},
+        {"hadamard": True},
+        {"hadamard": True, "rounding": "stochastic", "seed": 5},
+        {"block_2d": True},
+    ):
+        ref = R.quantize_nvfp4(R.transpose_padded(x), **kw)
+        _same(nvfp4_cuda.quantize_nvfp4(xg, transpose=True, **kw), ref)
+        values, ts = nvfp4_cuda.quantize_decoded(xg, transpose=True, **kw)
+        assert torch.equal(values.float().cpu(), R.decode_scaled(ref)) and torch.equal(ts.cpu(), ref.tensor_scale)
 
 
 @pytest.mark.parametrize("transpose", [False, True])

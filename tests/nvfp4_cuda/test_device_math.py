@@ -95,6 +95,7 @@ def test_fast_element_math_equals_the_reference_on_every_input(tmp_path: Path) -
 SASS_CEILINGS = {
     "quantize 1x16 RNE": 580,
     "quantize 1x16 stochastic": 1060,
+    "quantize transposed input, RNE + Hadamard, BF16 values out": 930,  # the trainer's wgrad operands
     "Lion on MXFP8, rne": 420,
     "Lion on MXFP8, compensated": 490,
     "Lion on MXFP8, stochastic": 760,

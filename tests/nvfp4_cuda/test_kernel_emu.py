@@ -85,6 +85,27 @@ def test_quantize_every_path(emu: Any, shape: tuple[int, int], dtype: torch.dtyp
                 assert torch.equal(ts, ref.tensor_scale)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(16, 48), (37, 100), (300, 33), (5, 16)])
+def test_quantize_transposed_input_in_place(emu: Any, shape: tuple[int, int], dtype: torch.dtype) -> None:
+    """transpose=True: x [tokens, features] read in place = quantizing transpose_padded(x) (tokens padded to 16)."""
+    x = _data(*shape, seed=8).to(dtype)
+    x[shape[0] - 1, 0] = -500.0  # the last token, next to the padding
+    for kw in (
+        {},
+        {"rounding": "stochastic", "seed": 2, "step": 3, "tensor_id": 4},
+        {"hadamard": True},
+        {"hadamard": True, "rounding": "stochastic", "seed": 5},
+        {"block_2d": True},
+    ):
+        ref = R.quantize_nvfp4(R.transpose_padded(x), **kw)
+        assert torch.equal(R.quantize_nvfp4(x, transpose=True, **kw).codes, ref.codes)
+        _same(cuda_ops.quantize_nvfp4(x, transpose=True, **kw), ref)
+        values, ts = cuda_ops.quantize_decoded(x, transpose=True, **kw)
+        assert values.shape == (shape[1], -(-shape[0] // 16) * 16)
+        assert torch.equal(values.float(), R.decode_scaled(ref)) and torch.equal(ts, ref.tensor_scale)
+
+
 def test_quantize_elementwise_loads(emu: Any) -> None:
     """A view one element into its storage is not 16-byte aligned: the element-wise load path."""
     x = _data(37, 64, 2).to(torch.bfloat16)
