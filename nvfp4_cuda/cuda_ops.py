@@ -166,19 +166,31 @@ def quantize_nvfp4(
     transpose: bool = False,
 ) -> NVFP4Tensor:
     """CUDA quantizer (same bits as :func:`nvfp4_cuda.reference.quantize_nvfp4`)."""
-    check_matrix(x, "quantize_nvfp4", transpose=transpose)
-    check_rounding(rounding, "quantize_nvfp4")
-    xc, dt = _float_input(x)
-    q = _quantize(
-        xc, dt, None, *_logical_shape(x, transpose), transpose, block_2d, rounding, seed, step, tensor_id, hadamard
-    )
+    q = _quantize_float(x, "quantize_nvfp4", block_2d, rounding, seed, step, tensor_id, hadamard, transpose, False)
     assert isinstance(q, NVFP4Tensor)
     return q
 
 
-def _logical_shape(x: torch.Tensor, transpose: bool) -> tuple[int, int]:
-    """[rows, cols] of what is quantized: ``x``, or its transpose with the token axis padded to a block."""
-    return (x.shape[1], padded_to_block(x.shape[0])) if transpose else (x.shape[0], x.shape[1])
+def _quantize_float(
+    x: torch.Tensor,
+    what: str,
+    block_2d: bool,
+    rounding: str,
+    seed: int,
+    step: int,
+    tensor_id: int,
+    hadamard: bool,
+    transpose: bool,
+    decoded: bool,
+) -> NVFP4Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """A float32 / BF16 input: its checks and logical shape (``transpose``: x^T, tokens padded), then _quantize."""
+    check_matrix(x, what, transpose=transpose)
+    check_rounding(rounding, what)
+    xc, dt = _float_input(x)
+    rows, cols = (x.shape[1], padded_to_block(x.shape[0])) if transpose else (x.shape[0], x.shape[1])
+    return _quantize(
+        xc, dt, None, rows, cols, transpose, block_2d, rounding, seed, step, tensor_id, hadamard, decoded=decoded
+    )
 
 
 def _quantize(
@@ -268,13 +280,7 @@ def quantize_decoded(
     transpose: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(decode_scaled(q), q.tensor_scale)`` of ``q = quantize_nvfp4(x, ...)`` in one pass, without the codes."""
-    check_matrix(x, "quantize_decoded", transpose=transpose)
-    check_rounding(rounding, "quantize_decoded")
-    xc, dt = _float_input(x)
-    rows, cols = _logical_shape(x, transpose)
-    out = _quantize(
-        xc, dt, None, rows, cols, transpose, block_2d, rounding, seed, step, tensor_id, hadamard, decoded=True
-    )
+    out = _quantize_float(x, "quantize_decoded", block_2d, rounding, seed, step, tensor_id, hadamard, transpose, True)
     assert isinstance(out, tuple)
     return out
 

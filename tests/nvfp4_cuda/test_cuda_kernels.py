@@ -22,23 +22,16 @@ from nvfp4_cuda import cuda_ops
 from nvfp4_cuda import formats as F
 from nvfp4_cuda import reference as R
 
+from .kernel_cases import LION_CASES, check_lion_over_steps, check_quantize_transposed
+from .kernel_cases import data as _data
+from .kernel_cases import same as _same
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: GPU kernel tests skipped"),
 ]
 
 GEMM_RTOL = 1e-5  # relative to max |ref|: float32 accumulation-order differences only
-
-
-def _same(q_gpu: nvfp4_cuda.NVFP4Tensor, q_ref: nvfp4_cuda.NVFP4Tensor) -> None:
-    assert torch.equal(q_gpu.codes.cpu(), q_ref.codes)
-    assert torch.equal(q_gpu.block_scales.cpu(), q_ref.block_scales)
-    assert torch.equal(q_gpu.tensor_scale.cpu(), q_ref.tensor_scale)
-
-
-def _data(r: int, c: int, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(r, c, generator=g) * torch.exp(2 * torch.randn(r, 1, generator=g))
 
 
 @pytest.mark.parametrize("block_2d", [False, True])
@@ -153,20 +146,7 @@ def test_dequantize_and_hadamard_bit_exact() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(16, 48), (1000, 3072), (8190, 96), (5, 16)])
 def test_quantize_transposed_input_bit_exact(shape: tuple[int, int], dtype: torch.dtype) -> None:
-    """transpose=True reads x [tokens, features] in place: the bits of quantizing transpose_padded(x)."""
-    x = _data(*shape, 14).to(dtype)
-    xg = x.cuda()
-    for kw in (
-        {},
-        {"rounding": "stochastic", "seed": 2, "step": 3, "tensor_id": 4},
-        {"hadamard": True},
-        {"hadamard": True, "rounding": "stochastic", "seed": 5},
-        {"block_2d": True},
-    ):
-        ref = R.quantize_nvfp4(R.transpose_padded(x), **kw)
-        _same(nvfp4_cuda.quantize_nvfp4(xg, transpose=True, **kw), ref)
-        values, ts = nvfp4_cuda.quantize_decoded(xg, transpose=True, **kw)
-        assert torch.equal(values.float().cpu(), R.decode_scaled(ref)) and torch.equal(ts.cpu(), ref.tensor_scale)
+    check_quantize_transposed(_data(*shape, 14).to(dtype), torch.Tensor.cuda)
 
 
 @pytest.mark.parametrize("transpose", [False, True])
@@ -195,32 +175,11 @@ def test_mxfp8_encode_decode_bit_exact(rounding: str) -> None:
 
 
 @pytest.mark.parametrize("writeback", ["stochastic", "rne", "compensated"])
-@pytest.mark.parametrize(
-    ("shape", "grad_dtype", "spread"),
-    [
-        ((48, 96), torch.float32, 0.0),
-        ((64, 256), torch.bfloat16, 0.0),
-        ((33, 100), torch.bfloat16, 0.0),
-        ((64, 256), torch.bfloat16, 4.0),
-    ],
-)  # (33, 100): element-wise path; spread 4: magnitudes over ~2^20 inside a block (E4M3 subnormals, saturation)
+@pytest.mark.parametrize(("shape", "grad_dtype", "spread"), LION_CASES)
 def test_lion_bit_exact_over_steps(
     writeback: str, shape: tuple[int, int], grad_dtype: torch.dtype, spread: float
 ) -> None:
-    w = 0.02 * torch.randn(*shape) * torch.exp(spread * torch.randn(*shape))
-    p, s = mxfp8_codec.encode_mxfp8_torch(w)
-    m = torch.zeros(*shape, dtype=torch.bfloat16)
-    comp = torch.zeros(*shape) if writeback == "compensated" else None
-    pg, sg, mg = p.cuda(), s.cuda(), m.cuda()
-    compg = comp.cuda() if comp is not None else None
-    for step in range(5):
-        grad = torch.randn(*shape).to(grad_dtype)
-        kw = {"lr": 1e-3, "weight_decay": 0.1, "writeback": writeback, "seed": 9, "step": step, "tensor_id": 2}
-        R.lion_step_mxfp8_(p, s, grad, m, compensation=comp, **kw)
-        nvfp4_cuda.lion_step_mxfp8_(pg, sg, grad.cuda(), mg, compensation=compg, **kw)
-    assert torch.equal(pg.cpu(), p) and torch.equal(sg.cpu(), s) and torch.equal(mg.cpu(), m)
-    if comp is not None:
-        assert torch.equal(compg.cpu(), comp)
+    check_lion_over_steps(torch.Tensor.cuda, writeback, shape, grad_dtype, spread, steps=5)
 
 
 @pytest.mark.parametrize("writeback", ["stochastic", "rne"])

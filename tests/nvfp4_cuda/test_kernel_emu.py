@@ -29,6 +29,9 @@ from nvfp4_cuda import reference as R
 from nvfp4_cuda.tensor import NVFP4Tensor
 
 from . import kernel_emu
+from .kernel_cases import LION_CASES, check_lion_over_steps, check_quantize_transposed
+from .kernel_cases import data as _data
+from .kernel_cases import same as _same
 
 NVCC = os.environ.get(build.NVCC_ENV) or shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(
@@ -40,17 +43,6 @@ pytestmark = pytest.mark.skipif(
 def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     with kernel_emu.installed(kernel_emu.build(tmp_path_factory.mktemp("emu"))) as lib:
         yield lib
-
-
-def _data(r: int, c: int, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(r, c, generator=g) * torch.exp(2 * torch.randn(r, 1, generator=g))
-
-
-def _same(q: NVFP4Tensor, ref: NVFP4Tensor) -> None:
-    assert torch.equal(q.codes, ref.codes)
-    assert torch.equal(q.block_scales, ref.block_scales)
-    assert torch.equal(q.tensor_scale, ref.tensor_scale)
 
 
 def test_launch_rewrite_keeps_templates_and_macros() -> None:
@@ -88,22 +80,9 @@ def test_quantize_every_path(emu: Any, shape: tuple[int, int], dtype: torch.dtyp
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(16, 48), (37, 100), (300, 33), (5, 16)])
 def test_quantize_transposed_input_in_place(emu: Any, shape: tuple[int, int], dtype: torch.dtype) -> None:
-    """transpose=True: x [tokens, features] read in place = quantizing transpose_padded(x) (tokens padded to 16)."""
     x = _data(*shape, seed=8).to(dtype)
     x[shape[0] - 1, 0] = -500.0  # the last token, next to the padding
-    for kw in (
-        {},
-        {"rounding": "stochastic", "seed": 2, "step": 3, "tensor_id": 4},
-        {"hadamard": True},
-        {"hadamard": True, "rounding": "stochastic", "seed": 5},
-        {"block_2d": True},
-    ):
-        ref = R.quantize_nvfp4(R.transpose_padded(x), **kw)
-        assert torch.equal(R.quantize_nvfp4(x, transpose=True, **kw).codes, ref.codes)
-        _same(cuda_ops.quantize_nvfp4(x, transpose=True, **kw), ref)
-        values, ts = cuda_ops.quantize_decoded(x, transpose=True, **kw)
-        assert values.shape == (shape[1], -(-shape[0] // 16) * 16)
-        assert torch.equal(values.float(), R.decode_scaled(ref)) and torch.equal(ts, ref.tensor_scale)
+    check_quantize_transposed(x, lambda t: t)
 
 
 def test_quantize_elementwise_loads(emu: Any) -> None:
@@ -162,34 +141,11 @@ def test_mxfp8_encode_decode(emu: Any, rounding: str) -> None:
 
 
 @pytest.mark.parametrize("writeback", ["stochastic", "rne", "compensated"])
-@pytest.mark.parametrize(
-    ("shape", "grad_dtype", "spread"),
-    [
-        ((48, 96), torch.float32, 0.0),
-        ((64, 256), torch.bfloat16, 0.0),
-        ((33, 100), torch.bfloat16, 0.0),
-        ((64, 256), torch.bfloat16, 4.0),
-    ],
-)  # (33, 100): element-wise path; spread 4: magnitudes over ~2^20 inside a block (E4M3 subnormals, saturation)
+@pytest.mark.parametrize(("shape", "grad_dtype", "spread"), LION_CASES)
 def test_lion_over_steps(
     emu: Any, writeback: str, shape: tuple[int, int], grad_dtype: torch.dtype, spread: float
 ) -> None:
-    g = torch.Generator().manual_seed(5)
-    w = 0.02 * torch.randn(*shape, generator=g) * torch.exp(spread * torch.randn(*shape, generator=g))
-    p, s = mxfp8_codec.encode_mxfp8_torch(w)
-    m = torch.zeros(*shape, dtype=torch.bfloat16)
-    comp = torch.zeros(*shape) if writeback == "compensated" else None
-    pe, se, me = p.clone(), s.clone(), m.clone()
-    compe = comp.clone() if comp is not None else None
-    for step in range(3):
-        grad = torch.randn(*shape, generator=g).to(grad_dtype)
-        kw = {"lr": 1e-3, "weight_decay": 0.1, "writeback": writeback, "seed": 9, "step": step, "tensor_id": 2}
-        R.lion_step_mxfp8_(p, s, grad, m, compensation=comp, **kw)
-        cuda_ops.lion_step_mxfp8_(pe, se, grad, me, compensation=compe, **kw)
-    assert torch.equal(pe, p) and torch.equal(se, s) and torch.equal(me, m)
-    if comp is not None:
-        assert torch.equal(compe, comp)
-    assert not torch.equal(pe, mxfp8_codec.encode_mxfp8_torch(w)[0])  # the steps moved the master
+    check_lion_over_steps(lambda t: t, writeback, shape, grad_dtype, spread, steps=3)
 
 
 @pytest.mark.parametrize("writeback", ["stochastic", "rne"])

@@ -141,6 +141,24 @@ def test_transpose_of_1x16_tensor_is_refused() -> None:
         nvfp4_cuda.quantize_nvfp4(torch.randn(16, 32)).t()
 
 
+@pytest.mark.parametrize("shape", [(20, 48), (16, 33), (1, 5)])
+def test_transpose_flag_quantizes_the_zero_padded_transpose(shape: tuple[int, int]) -> None:
+    """transpose=True: x [tokens, features] as x.T [features, tokens'], tokens zero-padded to 16 (written out here)."""
+    x = torch.randn(*shape)
+    r, c = shape
+    xt = torch.zeros(c, -(-r // 16) * 16)
+    xt[:, :r] = x.t()
+    for kw in ({}, {"hadamard": True, "rounding": "stochastic", "seed": 3}):
+        q = nvfp4_cuda.quantize_nvfp4(x, transpose=True, **kw)
+        want = nvfp4_cuda.quantize_nvfp4(xt, **kw)
+        assert q.shape == want.shape and torch.equal(q.codes, want.codes)
+        assert torch.equal(q.block_scales, want.block_scales) and torch.equal(q.tensor_scale, want.tensor_scale)
+        v, s = nvfp4_cuda.quantize_decoded(x, transpose=True, **kw)
+        assert torch.equal(v, nvfp4_cuda.decode_scaled(want)) and torch.equal(s, want.tensor_scale)
+    with pytest.raises(ValueError, match="quantize_nvfp4: expected a 2-D tensor"):
+        nvfp4_cuda.quantize_nvfp4(torch.randn(16), transpose=True)
+
+
 def test_partial_row_tile_for_2d_blocks() -> None:
     _check_against_oracle(torch.randn(20, 32), True)
 
