@@ -129,8 +129,9 @@ int nvfp4_quantize(uintptr_t x, int dtype, uintptr_t x_scales, int64_t rows, int
              (long long)cols);
   NV_REQUIRE(rounding == 0 || rounding == 1, "nvfp4_quantize: bad rounding %d", rounding);
   NV_REQUIRE(codes % 8 == 0, "nvfp4_quantize: codes pointer not 8-byte aligned");
-  NV_REQUIRE(nv_valid_cols_ok(cols, valid_cols, transpose), "nvfp4_quantize: valid_cols %lld with cols %lld, transpose %d",
-             (long long)valid_cols, (long long)cols, transpose);
+  NV_REQUIRE(nv_valid_cols_ok(cols, valid_cols, transpose),
+             "nvfp4_quantize: valid_cols %lld with cols %lld, transpose %d", (long long)valid_cols, (long long)cols,
+             transpose);
   NV_REQUIRE(transpose ? (cols / 16 + 7) / 8 <= 65535 : rows / 16 < 65535, "nvfp4_quantize: [%lld, %lld] too large for "
              "the grid", (long long)rows, (long long)cols);
   return nv_cuda_status(nv_launch_quantize(PTR(x), dtype, (const uint8_t *)x_scales, rows, cols, valid_cols, transpose,

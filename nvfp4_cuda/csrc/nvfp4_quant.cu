@@ -31,7 +31,8 @@ __global__ void nv_amax_kernel(const void *x, int dtype, const uint8_t *x_scales
   float m = 0.0f;
   if (transpose) {  // a 2-D grid stride, consecutive threads on consecutive logical rows (see the top)
     for (int64_t cb = blockIdx.y; cb < nbc; cb += gridDim.y)
-      for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < rows; r += (int64_t)gridDim.x * blockDim.x) {
+      for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < rows;
+           r += (int64_t)gridDim.x * blockDim.x) {
         float y[16];
         nv_load16_transposed(x, dtype, x_scales, rows, valid_cols, r, cb, y);
         if (hadamard) nv_hadamard16(y);
@@ -79,9 +80,9 @@ __device__ __forceinline__ void nv_tensor_scales(float amax, float *s_enc, float
 // straight-line code for its path (fewer instructions and registers than one kernel branching on all of them).
 template <bool SR, bool HADAMARD, bool DECODED>
 __global__ void nv_quantize_kernel(const void *x, int dtype, const uint8_t *x_scales, int64_t rows, int64_t cols,
-                                   int64_t valid_cols, int transpose, int vec, int block_2d, uint32_t key2, uint32_t key3,
-                                   const float *amax_p, uint8_t *codes, uint8_t *block_scales, float *tensor_scale,
-                                   __nv_bfloat16 *decoded) {
+                                   int64_t valid_cols, int transpose, int vec, int block_2d, uint32_t key2,
+                                   uint32_t key3, const float *amax_p, uint8_t *codes, uint8_t *block_scales,
+                                   float *tensor_scale, __nv_bfloat16 *decoded) {
   __shared__ float tile_amax[16][16];
   __shared__ uint32_t tab[256];
   __shared__ float tscale[2];  // the per-tensor s_enc, s_dec: two IEEE divisions once per CUDA block, not per thread
@@ -249,14 +250,15 @@ cudaError_t nv_launch_amax(const void *x, int dtype, const uint8_t *xs, int64_t 
     gy = most / gx < cols / 16 ? most / gx : cols / 16;
     if (gy < 1) gy = 1;
   }
-  nv_amax_kernel<<<dim3((unsigned int)gx, (unsigned int)gy), 256, 0, st>>>(x, dtype, xs, rows, cols, valid_cols, transpose,
-                                                                       hadamard, nv_vec_input(x, transpose), amax);
+  const dim3 grid((unsigned int)gx, (unsigned int)gy);
+  nv_amax_kernel<<<grid, 256, 0, st>>>(x, dtype, xs, rows, cols, valid_cols, transpose, hadamard,
+                                       nv_vec_input(x, transpose), amax);
   return cudaGetLastError();
 }
 
 cudaError_t nv_launch_quantize(const void *x, int dtype, const uint8_t *xs, int64_t rows, int64_t cols,
-                               int64_t valid_cols, int transpose, int hadamard, int block_2d, int rounding, uint32_t key2, uint32_t key3,
-                               const float *amax, uint8_t *codes, uint8_t *scales, float *ts, __nv_bfloat16 *decoded,
+                               int64_t valid_cols, int transpose, int hadamard, int block_2d, int rounding,
+                               uint32_t key2, uint32_t key3, const float *amax, uint8_t *codes, uint8_t *scales, float *ts, __nv_bfloat16 *decoded,
                                cudaStream_t st) {
   if (rows == 0 || cols == 0) return cudaSuccess;  // nothing to launch (a 0-sized grid is a launch error)
   const dim3 block(16, 16);

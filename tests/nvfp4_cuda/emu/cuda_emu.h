@@ -66,7 +66,8 @@ inline void launch(dim3 grid, dim3 block, const std::function<void()> &body) {
       for (unsigned bx = 0; bx < grid.x; ++bx) {
         std::barrier<> cta(n);
         std::vector<std::unique_ptr<Warp>> warps;
-        for (int w = 0; w < (n + 31) / 32; ++w) warps.push_back(std::make_unique<Warp>(n - 32 * w < 32 ? n - 32 * w : 32));
+        for (int w = 0; w < (n + 31) / 32; ++w)
+          warps.push_back(std::make_unique<Warp>(n - 32 * w < 32 ? n - 32 * w : 32));  // the last warp may be partial
         std::vector<std::thread> threads;
         threads.reserve(n);
         for (int t = 0; t < n; ++t)
