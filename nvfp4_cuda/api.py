@@ -63,36 +63,23 @@ def quantize_nvfp4(
         >>> q.codes.shape, q.block_scales.shape
         (torch.Size([16, 32]), torch.Size([16, 4]))
     """
+    kw: dict[str, Any] = {
+        "block_2d": block_2d,
+        "rounding": rounding,
+        "seed": seed,
+        "step": step,
+        "tensor_id": tensor_id,
+    }
     if _use_cuda(x):
-        return _cuda().quantize_nvfp4(
-            x,
-            block_2d=block_2d,
-            rounding=rounding,
-            seed=seed,
-            step=step,
-            tensor_id=tensor_id,
-            hadamard=hadamard,
-            transpose=transpose,
-        )
+        return _cuda().quantize_nvfp4(x, hadamard=hadamard, transpose=transpose, **kw)
     if x.device.type == "cpu" and cpu_native.available():
         reference.check_matrix(x, "quantize_nvfp4", transpose=transpose)
         reference.check_rounding(rounding, "quantize_nvfp4")
         if transpose:
             x = reference.transpose_padded(x)
         x32 = cpu_native.hadamard16(x) if hadamard else x.to(torch.float32).contiguous()
-        return cpu_native.quantize_nvfp4(
-            x32, block_2d=block_2d, rounding=rounding, seed=seed, step=step, tensor_id=tensor_id
-        )
-    return reference.quantize_nvfp4(
-        x,
-        block_2d=block_2d,
-        rounding=rounding,
-        seed=seed,
-        step=step,
-        tensor_id=tensor_id,
-        hadamard=hadamard,
-        transpose=transpose,
-    )
+        return cpu_native.quantize_nvfp4(x32, **kw)
+    return reference.quantize_nvfp4(x, hadamard=hadamard, transpose=transpose, **kw)
 
 
 def dequantize_nvfp4(q: NVFP4Tensor, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:

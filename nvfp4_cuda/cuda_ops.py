@@ -227,29 +227,11 @@ def _quantize(
         values = None
     k2, k3 = stream_keys(seed, step, tensor_id)
     st = _stream(x)
-    _call(
-        "nvfp4_amax",
-        _ptr(x),
-        dtype_code,
-        _ptr(x_scales),
-        rows,
-        cols,
-        valid_cols,
-        int(transpose),
-        int(hadamard),
-        _ptr(amax),
-        st,
-    )
+    src = (_ptr(x), dtype_code, _ptr(x_scales), rows, cols, valid_cols, int(transpose), int(hadamard))  # both passes
+    _call("nvfp4_amax", *src, _ptr(amax), st)
     _call(
         "nvfp4_quantize",
-        _ptr(x),
-        dtype_code,
-        _ptr(x_scales),
-        rows,
-        cols,
-        valid_cols,
-        int(transpose),
-        int(hadamard),
+        *src,
         int(block_2d),
         1 if rounding == "stochastic" else 0,
         k2,
