@@ -91,6 +91,7 @@ __all__ = [
     "debug_requested",
     "describe",
     "exit_code",
+    "is_out_of_memory",
     "is_rank0",
     "run_main",
 ]
@@ -177,6 +178,17 @@ def describe(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Python's ``MemoryError``, torch's ``OutOfMemoryError`` (a ``RuntimeError``: CUDA and other devices) or
+    torch's CPU allocator failing (a plain ``RuntimeError`` naming ``DefaultCPUAllocator``); torch is not
+    imported for this."""
+    if isinstance(exc, MemoryError):
+        return True
+    if any(c.__name__ == "OutOfMemoryError" and c.__module__.split(".")[0] == "torch" for c in type(exc).__mro__):
+        return True
+    return isinstance(exc, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in str(exc)
+
+
 def exit_code(exc: BaseException, codes: Mapping[type[BaseException], int] | None = None) -> int:
     """The exit status :func:`run_main` gives ``exc`` (see the table in the module docstring).
 
@@ -190,7 +202,7 @@ def exit_code(exc: BaseException, codes: Mapping[type[BaseException], int] | Non
         return EXIT_INTERRUPTED
     if isinstance(exc, CheckFailed):
         return EXIT_FAILED
-    if isinstance(exc, (CannotRunHere, MemoryError)):
+    if isinstance(exc, CannotRunHere) or is_out_of_memory(exc):
         return EXIT_CANNOT_RUN
     if isinstance(exc, OSError) and exc.errno in _NO_ROOM:
         return EXIT_CANNOT_RUN
@@ -251,7 +263,7 @@ def _line(prog: str, exc: BaseException, status: int, kept: str | Callable[[], s
             f"{prog}: internal error: {type(exc).__name__}: {text} (a bug in ida: rerun with {DEBUG_FLAG} "
             f"or {DEBUG_ENV}=1 for the traceback, and please report it)"
         )
-    if isinstance(exc, MemoryError):
+    if is_out_of_memory(exc) and "out of memory" not in text.lower():
         text = f"out of memory{': ' + text if text != 'MemoryError' else ''}"
     return f"{prog}: error: {text}"
 

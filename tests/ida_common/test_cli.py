@@ -61,6 +61,24 @@ def test_one_line_and_status(exc, status, line, capsys, monkeypatch):
     assert capsys.readouterr().err == line + "\n"
 
 
+def test_torch_out_of_memory_is_this_machine_cannot(capsys, monkeypatch):
+    """torch's OutOfMemoryError (a RuntimeError, raised for CUDA) and its CPU allocator's failure (a plain
+    RuntimeError) end with status 3 and one line, never as "internal error (a bug)"."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.delenv("IDA_DEBUG", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    msg = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB"
+    assert run_main("p", _raiser(torch.OutOfMemoryError(msg)), []) == EXIT_CANNOT_RUN
+    assert capsys.readouterr().err == f"p: error: {msg}\n"
+
+    def too_big(run):
+        torch.empty(2**62, dtype=torch.uint8)  # the real allocator refuses: no mock
+
+    assert run_main("p", too_big, []) == EXIT_CANNOT_RUN
+    err = capsys.readouterr().err
+    assert err.startswith("p: error: out of memory: ") and "can't allocate memory" in err and err.count("\n") == 1
+
+
 def test_bug_is_one_line_with_status_70_and_debug_reraises(capsys, monkeypatch):
     monkeypatch.delenv("IDA_DEBUG", raising=False)
     assert run_main("p", _raiser(ZeroDivisionError("x")), []) == EXIT_INTERNAL

@@ -1,0 +1,37 @@
+"""benchmarks/bench_gpu_train.py (device_check step 6) at toy size on the CPU: both recipes train through the
+trainer's own parts in their child processes, and the table and the JSON come out."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "bench_gpu_train.py"
+TOY = ["--device", "cpu", "--hidden", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2"]
+TOY += ["--intermediate", "128", "--seq", "64", "--warmup", "1", "--steps", "1"]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(SCRIPT), *TOY, *args], capture_output=True, text=True, timeout=300)
+
+
+def test_both_recipes_train_and_report(tmp_path):
+    res = _run("--vocab", "8192", "--out-json", str(tmp_path / "t.json"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads((tmp_path / "t.json").read_text())
+    results = out["results"]
+    assert set(results) == {"nvfp4", "bf16"}
+    for r in results.values():
+        assert r["tokens_per_s"] > 0 and len(r["losses"]) == 1 and r["tokens_per_step"] > 0
+    assert results["nvfp4"]["params"] == results["bf16"]["params"]
+    assert results["nvfp4"]["tokens_per_step"] == results["bf16"]["tokens_per_step"]  # like for like
+    assert "targets apply to a GPU run only" in res.stdout
+
+
+def test_a_vocabulary_below_the_tokenizer_is_one_line():
+    res = _run("--vocab", "100")
+    assert res.returncode == 1  # both children refused
+    assert "--vocab 100 is below the demo tokenizer's" in res.stderr and "Traceback" not in res.stderr
