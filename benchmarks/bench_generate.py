@@ -19,6 +19,10 @@ Targets on one H200 (issue 25): ``bf16 static`` >= 10,000 tokens/s at batch 64, 
 tokens (>= 8x the 1,255 tokens/s measured before); ``mxfp8`` >= 0.9x bf16 with the same cache. Exit 1 when
 a target is missed on a GPU (the table says which); on the CPU the figures are informational.
 
+``--profile`` runs one more batch per greedy variant under torch.profiler and prints, per decoding step, the
+wall time, the kernels' device time and the kernel launches (wall far above device time: the host bounds the
+step), with the top kernels and CPU operators.
+
 Usage::
 
     python benchmarks/bench_generate.py --out-prefix /tmp/gen        # GPU: the issue's shape
@@ -94,6 +98,7 @@ def _run(
     first_s = marks[0][0] - t0
     steady_s = marks[-1][0] - marks[0][0]
     steady_tokens = sum(n for _, n in marks[1:])
+    profile = _profile(model, tok, prompts, cfg, args) if args.profile and not temperature else None
     del model
     if args.device != "cpu":
         torch.cuda.empty_cache()
@@ -105,6 +110,53 @@ def _run(
         "tokens": sum(g.n_tokens for g in gens),
         "tokens_per_s": round(steady_tokens / steady_s, 1) if steady_s > 0 else None,
         "completions": {g.task_id: g.raw for g in gens},
+        "profile": profile,
+    }
+
+
+def _profile(model: Any, tok: Any, prompts: dict[str, str], cfg: DecodingConfig, args: argparse.Namespace) -> dict:
+    """One more batch under torch.profiler: where a decoding step's time goes.
+
+    The batch is the ``--batch-size`` longest prompts, i.e. the timed run's first batch with its shapes (the
+    static cache's padded length included), so nothing is compiled again.  Per decoding step: wall time, the
+    GPU's busy time (kernels' device time), kernel launches; and the top kernels and CPU-side operators.
+    A step whose wall time is far above its device time is bound by the host (Python, launches).
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    longest = sorted(prompts, key=lambda t: -len(tok(prompts[t])["input_ids"]))[: args.batch_size]
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device != "cpu" else [])
+    sync = torch.cuda.synchronize if args.device != "cpu" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    with profile(activities=acts) as prof:
+        generate_completions(model, tok, {t: prompts[t] for t in longest}, cfg, progress=False)
+        sync()
+    wall = time.perf_counter() - t0
+    ev = prof.key_averages()
+
+    def dev_us(e: Any) -> float:
+        return float(getattr(e, "self_device_time_total", 0.0))
+
+    kernels = sorted((e for e in ev if dev_us(e) > 0), key=lambda e: -dev_us(e))
+    cpu_ops = sorted((e for e in ev if e.key.startswith("aten::")), key=lambda e: -e.self_cpu_time_total)
+    steps = args.new_tokens
+    return {
+        "rows": len(longest),
+        "steps": steps,
+        "wall_ms_per_step": round(1e3 * wall / steps, 3),
+        "device_ms_per_step": round(sum(dev_us(e) for e in kernels) / 1e3 / steps, 3),
+        "launches_per_step": round(
+            sum(
+                e.count
+                for e in ev
+                if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cudaGraphLaunch")
+            )
+            / steps,
+            1,
+        ),
+        "top_kernels_ms": [[e.key[:100], round(dev_us(e) / 1e3, 2), e.count] for e in kernels[:8]],
+        "top_cpu_ops_ms": [[e.key, round(e.self_cpu_time_total / 1e3, 2), e.count] for e in cpu_ops[:8]],
     }
 
 
@@ -119,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--problems", type=Path, default=DEFAULT_PROBLEMS, help="MBPP problems JSONL (prompts)")
     ap.add_argument("--out-prefix", help="write PREFIX.json and PREFIX.md")
+    ap.add_argument(
+        "--profile", action="store_true", help="one more batch per greedy variant under torch.profiler: per-step costs"
+    )
     args = ap.parse_args(argv)
     if args.device != "cpu" and not torch.cuda.is_available():
         print("bench_generate: no GPU here; run with --device cpu for a smoke run")
@@ -163,6 +218,17 @@ def main(argv: list[str] | None = None) -> int:
             if m / b < TARGET_MXFP8:
                 missed.append(f"mxfp8 {cache} {m / b:.2f}x bf16 < {TARGET_MXFP8}")
     lines += ["", "targets: " + ("MISSED: " + "; ".join(missed) if missed else "met (or CPU: informational)")]
+    for r in (r for r in rows if r["profile"]):
+        pr = r["profile"]
+        lines += [
+            "",
+            f"profile, {r['weights']} {r['cache']} ({pr['rows']} rows x {pr['steps']} steps): per step "
+            f"{pr['wall_ms_per_step']} ms wall, {pr['device_ms_per_step']} ms of kernels, "
+            f"{pr['launches_per_step']} launches; top kernels (ms, calls):",
+            *(f"    {ms:9.2f} {n:7d}  {k}" for k, ms, n in pr["top_kernels_ms"]),
+            "  top CPU operators (self ms, calls):",
+            *(f"    {ms:9.2f} {n:7d}  {k}" for k, ms, n in pr["top_cpu_ops_ms"]),
+        ]
     text = "\n".join(lines)
     print(text)
     if args.out_prefix:

@@ -7,7 +7,8 @@
 #   5. the kernel benchmarks (benchmarks/bench_nvfp4_gpu.py: GEMM, quantize, decode, Lion vs baselines;
 #      benchmarks/bench_mxfp8_gpu.py: the Triton MXFP8 decode vs a copy, MXFP8Linear forward vs bf16)
 #   6. training throughput and memory, nvfp4 vs bf16 recipe (benchmarks/bench_gpu_train.py, 4B shape)
-#   7. MBXP generation tokens/s: dynamic vs static KV cache, bf16 vs MXFP8 (benchmarks/bench_generate.py)
+#   7. MBXP generation tokens/s: dynamic vs static KV cache, bf16 vs MXFP8, with a per-step profile
+#      (benchmarks/bench_generate.py)
 #   8. a sampled MBXP run of step 4's export on the GPU (pass@1/4, tokens/s, programs/s), end to end
 #
 # Writes REPORT_DIR/report.md (the summary) and one log / JSON / XML file per step beside it.
@@ -16,13 +17,15 @@
 # lease runs it once with a little room; the CUDA build is cached ($IDA_CACHE_DIR/nvfp4_cuda), so a
 # rerun skips step 2.  The device image has no cffi: carry its wheels.
 #
+# DEVICE_CHECK_STEPS="7 8" runs steps 1, 2 and those only (a rerun of what a short lease cut off); 8 brings 4.
+#
 # Exit status: 0 all steps passed, or no GPU here (it says "no GPU" and writes a report saying so);
 # 1 some step failed (report.md says which); 2 bad usage. See docs/nvfp4.md, "Device check".
 set -u -o pipefail
 
 usage() { echo "usage: scripts/device_check.sh REPORT_DIR   (writes REPORT_DIR/report.md)" >&2; exit 2; }
 [ $# -eq 1 ] || usage
-case "$1" in -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "$1" in -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;; esac
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="$1"
@@ -34,13 +37,17 @@ cd "$REPO" || exit 2
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 
 # time limits per step (seconds); the build takes ~20 s there, the training benchmark ~2 min
-T_ENV=20 T_BUILD=120 T_TESTS=120 T_TRAIN=75 T_BENCH=90 T_BENCH_MXFP8=60 T_COMPARE=30 T_TRAIN_BENCH=240 T_GEN=150 T_MBXP=120
+T_ENV=20 T_BUILD=120 T_TESTS=120 T_TRAIN=75 T_BENCH=90 T_BENCH_MXFP8=60 T_COMPARE=30 T_TRAIN_BENCH=240 T_GEN=200 T_MBXP=120
 STEPS=20
+# DEVICE_CHECK_STEPS: which of steps 3-8 to run (default all; 1 and 2 always run, 8 brings 4: it evaluates 4's model)
+WANTED=" ${DEVICE_CHECK_STEPS:-3 4 5 6 7 8} "
+case "$WANTED" in *" 8 "*) WANTED="${WANTED}4 " ;; esac
 FAILED=0
 START=$(date +%s)
 
 note() { echo "$*" | tee -a "$REPORT"; }
 elapsed() { echo $(( $(date +%s) - START )); }
+want() { case "$WANTED" in *" $1 "*) return 0 ;; esac; note "- step $1: not selected (DEVICE_CHECK_STEPS)"; return 1; }
 
 # run NAME LIMIT CMD...: run a step with a time limit, log to OUT/NAME.log, one report line
 run() {
@@ -97,21 +104,24 @@ run build "$T_BUILD" "$PY" -m nvfp4_cuda build
 BUILD_OK=$?
 
 # ---- 3. every GPU-marked test -------------------------------------------------------------------------------
-if [ $BUILD_OK -eq 0 ]; then
-    run gpu_tests "$T_TESTS" "$PY" -m pytest -q -m gpu -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" tests
-    grep -E "passed|failed|error" "$OUT/gpu_tests.log" | tail -n 1 | sed 's/^/  - pytest: /' >>"$REPORT"
-else
-    note "- **gpu_tests**: skipped (no library)"
+if want 3; then
+    if [ $BUILD_OK -eq 0 ]; then
+        run gpu_tests "$T_TESTS" "$PY" -m pytest -q -m gpu -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" tests
+        grep -E "passed|failed|error" "$OUT/gpu_tests.log" | tail -n 1 | sed 's/^/  - pytest: /' >>"$REPORT"
+    else
+        note "- **gpu_tests**: skipped (no library)"
+    fi
 fi
 
 # ---- 4. 20-step nvfp4 training: GPU and CPU reference, concurrently ----------------------------------------
-TRAIN_ARGS=(--steps "$STEPS" --eval.final false --train.log_every 1 --train.progress false)
-rm -rf "$OUT/train_gpu" "$OUT/train_cpu"
-( run train_cpu "$T_TRAIN" env CUDA_VISIBLE_DEVICES= "$PY" -m ida_trainer "${TRAIN_ARGS[@]}" --out "$OUT/train_cpu" ) &
-CPU_PID=$!
-run train_gpu "$T_TRAIN" "$PY" -m ida_trainer "${TRAIN_ARGS[@]}" --out "$OUT/train_gpu"
-wait $CPU_PID || FAILED=1
-run compare_training "$T_COMPARE" "$PY" - "$OUT" <<'EOF'
+if want 4; then
+    TRAIN_ARGS=(--steps "$STEPS" --eval.final false --train.log_every 1 --train.progress false)
+    rm -rf "$OUT/train_gpu" "$OUT/train_cpu"
+    ( run train_cpu "$T_TRAIN" env CUDA_VISIBLE_DEVICES= "$PY" -m ida_trainer "${TRAIN_ARGS[@]}" --out "$OUT/train_cpu" ) &
+    CPU_PID=$!
+    run train_gpu "$T_TRAIN" "$PY" -m ida_trainer "${TRAIN_ARGS[@]}" --out "$OUT/train_gpu"
+    wait $CPU_PID || FAILED=1
+    run compare_training "$T_COMPARE" "$PY" - "$OUT" <<'EOF'
 """Loss curves and final MXFP8 masters of the GPU and CPU runs, side by side."""
 import json, sys
 from pathlib import Path
@@ -151,43 +161,52 @@ print(json.dumps(summary, indent=2))
 ok = len(steps) == len(cpu) == len(gpu) and rel[0] < 1e-3 and max(rel) < 0.10 and rel[-1] < 0.05
 sys.exit(0 if ok else 1)
 EOF
-[ -f "$OUT/compare_training.json" ] && sed 's/^/    /' "$OUT/compare_training.json" >>"$REPORT" \
-    && echo "  (per-step table: compare_training.md)" >>"$REPORT"
+    [ -f "$OUT/compare_training.json" ] && sed 's/^/    /' "$OUT/compare_training.json" >>"$REPORT" \
+        && echo "  (per-step table: compare_training.md)" >>"$REPORT"
+fi
 
 # ---- 5. GPU benchmarks ------------------------------------------------------------------------------------
-if [ $BUILD_OK -eq 0 ]; then
-    run bench_nvfp4_gpu "$T_BENCH" "$PY" benchmarks/bench_nvfp4_gpu.py --out-prefix "$OUT/bench_nvfp4_gpu"
-    [ -f "$OUT/bench_nvfp4_gpu.md" ] && cat "$OUT/bench_nvfp4_gpu.md" >>"$REPORT"
-else
-    note "- **bench_nvfp4_gpu**: skipped (no library)"
+if want 5; then
+    if [ $BUILD_OK -eq 0 ]; then
+        run bench_nvfp4_gpu "$T_BENCH" "$PY" benchmarks/bench_nvfp4_gpu.py --out-prefix "$OUT/bench_nvfp4_gpu"
+        [ -f "$OUT/bench_nvfp4_gpu.md" ] && cat "$OUT/bench_nvfp4_gpu.md" >>"$REPORT"
+    else
+        note "- **bench_nvfp4_gpu**: skipped (no library)"
+    fi
+    # the MXFP8 decode needs no library of ours: Triton compiles it (the first call of each variant, ~1 s each)
+    run bench_mxfp8_gpu "$T_BENCH_MXFP8" "$PY" benchmarks/bench_mxfp8_gpu.py --out-prefix "$OUT/bench_mxfp8_gpu"
+    [ -f "$OUT/bench_mxfp8_gpu.md" ] && cat "$OUT/bench_mxfp8_gpu.md" >>"$REPORT"
 fi
-# the MXFP8 decode needs no library of ours: Triton compiles it (the first call of each variant, ~1 s each)
-run bench_mxfp8_gpu "$T_BENCH_MXFP8" "$PY" benchmarks/bench_mxfp8_gpu.py --out-prefix "$OUT/bench_mxfp8_gpu"
-[ -f "$OUT/bench_mxfp8_gpu.md" ] && cat "$OUT/bench_mxfp8_gpu.md" >>"$REPORT"
 
 # ---- 6. training throughput: nvfp4 vs bf16 recipe, Minitron-4B shape --------------------------------------
-if [ $BUILD_OK -eq 0 ]; then
-    run bench_gpu_train "$T_TRAIN_BENCH" "$PY" benchmarks/bench_gpu_train.py --profile --out-json "$OUT/bench_gpu_train.json"
-    sed -n '/^NemotronForCausalLM/,$p' "$OUT/bench_gpu_train.log" >>"$REPORT"
-else
-    note "- **bench_gpu_train**: skipped (no library)"
+if want 6; then
+    if [ $BUILD_OK -eq 0 ]; then
+        run bench_gpu_train "$T_TRAIN_BENCH" "$PY" benchmarks/bench_gpu_train.py --profile --out-json "$OUT/bench_gpu_train.json"
+        sed -n '/^NemotronForCausalLM/,$p' "$OUT/bench_gpu_train.log" >>"$REPORT"
+    else
+        note "- **bench_gpu_train**: skipped (no library)"
+    fi
 fi
 
 # ---- 7. MBXP generation throughput: dynamic vs static (compiled) KV cache, bf16 vs MXFP8 weights --------
 # (prompts: .devrun/mbpp_release_v1.jsonl when carried, else synthetic ones of similar length)
-run bench_generate "$T_GEN" "$PY" benchmarks/bench_generate.py --prompts 128 --new-tokens 128 \
-    --problems .devrun/mbpp_release_v1.jsonl --out-prefix "$OUT/bench_generate"
-[ -f "$OUT/bench_generate.md" ] && cat "$OUT/bench_generate.md" >>"$REPORT"
+if want 7; then
+    run bench_generate "$T_GEN" "$PY" benchmarks/bench_generate.py --prompts 128 --new-tokens 128 --profile \
+        --problems .devrun/mbpp_release_v1.jsonl --out-prefix "$OUT/bench_generate"
+    [ -f "$OUT/bench_generate.md" ] && cat "$OUT/bench_generate.md" >>"$REPORT"
+fi
 
 # ---- 8. a sampled MBXP run on the GPU, end to end (generate, sandboxed execution, pass@k) -----------------
 # of step 4's exported demo model, MXFP8-resident with the static compiled cache (needs the carried prompts)
-if [ -f .devrun/mbpp_release_v1.jsonl ] && [ -f "$OUT/train_gpu/export/config.json" ]; then
-    run mbxp_sampled "$T_MBXP" "$PY" -m ida_eval.mbxp --checkpoint "$OUT/train_gpu/export" \
-        --problems .devrun/mbpp_release_v1.jsonl --limit 64 --samples-per-task 4 --temperature 0.8 --pass-at 1,4 \
-        --batch-size 64 --max-new-tokens 128 --weights mxfp8 --cache static --out "$OUT/mbxp_sampled" --no-progress
-    grep -E "^pass@|^generation" "$OUT/mbxp_sampled.log" | sed 's/^/  - /' >>"$REPORT"
-else
-    note "- **mbxp_sampled**: skipped (no .devrun/mbpp_release_v1.jsonl or no exported demo model)"
+if want 8; then
+    if [ -f .devrun/mbpp_release_v1.jsonl ] && [ -f "$OUT/train_gpu/export/config.json" ]; then
+        run mbxp_sampled "$T_MBXP" "$PY" -m ida_eval.mbxp --checkpoint "$OUT/train_gpu/export" \
+            --problems .devrun/mbpp_release_v1.jsonl --limit 64 --samples-per-task 4 --temperature 0.8 --pass-at 1,4 \
+            --batch-size 64 --max-new-tokens 128 --weights mxfp8 --cache static --out "$OUT/mbxp_sampled" --no-progress
+        grep -E "^pass@|^generation" "$OUT/mbxp_sampled.log" | sed 's/^/  - /' >>"$REPORT"
+    else
+        note "- **mbxp_sampled**: skipped (no .devrun/mbpp_release_v1.jsonl or no exported demo model)"
+    fi
 fi
 
 note ""

@@ -142,7 +142,7 @@ def test_generation_benchmark_runs_on_the_cpu(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     args = ["--device", "cpu", "--layers", "2", "--hidden", "128", "--vocab", "600", "--prompts", "6"]
-    args += ["--batch-size", "4", "--new-tokens", "8", "--problems", str(tmp_path / "absent.jsonl")]
+    args += ["--batch-size", "4", "--new-tokens", "8", "--problems", str(tmp_path / "absent.jsonl"), "--profile"]
     res = subprocess.run(
         [sys.executable, str(root / "benchmarks" / "bench_generate.py"), *args, "--out-prefix", str(tmp_path / "g")],
         capture_output=True,
@@ -161,3 +161,9 @@ def test_generation_benchmark_runs_on_the_cpu(tmp_path):
     # on the CPU: the static cache, and MXFP8-resident weights (bit-identical logits), change nothing
     assert all(r["differing"] == 0 and r["tokens"] == rows[0]["tokens"] for r in rows[:4])
     assert rows[4]["differing"] > 0  # sampling does change completions
+    # --profile: one more batch per greedy variant, its per-step costs (on the CPU no kernels are counted)
+    for r in rows[:4]:
+        pr = r["profile"]
+        assert pr["rows"] == 4 and pr["steps"] == 8 and pr["wall_ms_per_step"] > 0
+        assert any(op == "aten::mm" for op, _, _ in pr["top_cpu_ops_ms"])
+    assert rows[4]["profile"] is None and "profile, bf16 static (4 rows x 8 steps)" in res.stdout
