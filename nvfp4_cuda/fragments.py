@@ -5,7 +5,8 @@ The native GEMM kernel (``csrc/nvfp4_gemm.cu``) issues, per warp,
 This module writes down *which bytes every lane loads* (exactly the kernel's loads) and a simulator
 that computes the MMA from the per-lane registers using only the PTX ISA's fragment definitions, so
 that a CPU test can check the layout against the reference GEMM before any sm_120 hardware runs it.
-The second half replays the emulated backend's decode kernel (NVFP4 -> exact BF16) the same way.
+(The emulated backend's kernels need no such replay: tests/nvfp4_cuda/kernel_emu.py runs their CUDA source
+on the CPU.)
 
 Fragments (PTX ISA "Matrix Fragments for mma.m16n8k64" with .e2m1; ``g = lane >> 2``, ``t = lane & 3``;
 nibble j of a 32-bit register is element j, low nibble first)::
@@ -151,48 +152,3 @@ def simulate_gemm(a: NVFP4Tensor, b: NVFP4Tensor) -> torch.Tensor:
                 out[row0 + g + 8, col0 + 2 * t : col0 + 2 * t + 2] = acc[lane, 2:4]
     alpha = np.float32(a.tensor_scale.item()) * np.float32(b.tensor_scale.item())  # float32, as the epilogue
     return torch.from_numpy(out * float(alpha))
-
-
-# ---- the emulated backend's decode kernel (csrc/nvfp4_quant.cu, nv_decode_bf16_kernel) -------------------------
-# Flat indexing: half block h (whichever thread takes it: lane l of a warp takes h = base + l + 32k) is code
-# bytes 4h .. 4h+3 (one 4-byte load; elements 8h .. 8h+7, low nibble first) and block scale byte h // 2, and
-# one 16-byte store of 4 BF16 pairs at element 8h.  A pair is
-# tab[byte] (the byte's two E2M1 values as BF16, built from their bits by nv_e2m1_value) times the scale in
-# one bf16x2 multiply (nv_scaled_pair).
-
-
-def e2m1_value_bits(code: int) -> int:
-    """float32 bit pattern of an E2M1 code as ``nv_e2m1_value`` builds it (bit 3 = sign)."""
-    mag = code & 7
-    bits = (((mag >> 1) + 126) << 23) | ((mag & 1) << 22) if mag >= 2 else (126 << 23 if mag == 1 else 0)
-    return bits | ((code & 8) << 28)
-
-
-def e2m1_pair_table() -> np.ndarray:
-    """``tab[byte]`` of ``nv_e2m1_pair_table``: uint32, BF16 of the low nibble's value in the low half."""
-    f = np.array([e2m1_value_bits(v) for v in range(16)], dtype=np.uint32)
-    b = np.arange(256)
-    return ((f[b & 15] >> 16) | (f[b >> 4] & 0xFFFF0000)).astype(np.uint32)
-
-
-def _bf16_mul(x_bits: np.ndarray, sf: float) -> np.ndarray:
-    """BF16 bits of bf16(x) * sf, correctly rounded (what the bf16x2 multiply returns for each half)."""
-    x = torch.from_numpy((x_bits.astype(np.uint32) << 16).view(np.float32).copy())
-    return (x.double() * sf).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16).astype(np.uint32)
-
-
-def simulate_decode_bf16(q: NVFP4Tensor) -> torch.Tensor:
-    """BF16 ``e2m1 * e4m3`` of ``q`` produced thread by thread as ``nv_decode_bf16_kernel`` does (flat indices)."""
-    r, c = q.shape
-    code_bytes = np.ascontiguousarray(q.codes.cpu().numpy()).reshape(-1)
-    scales = q.block_scales.cpu().numpy().reshape(-1)
-    table = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float().numpy()
-    tab = e2m1_pair_table()
-    out = np.full(r * c, 0xFFFF, dtype=np.uint16)  # poison: a slot no thread writes stays NaN
-    for h in range(r * c // 8):  # half block h
-        pairs = tab[code_bytes[4 * h : 4 * h + 4]]
-        sf = float(table[scales[h // 2]])
-        lo, hi = _bf16_mul(pairs & 0xFFFF, sf), _bf16_mul(pairs >> 16, sf)
-        out[8 * h : 8 * h + 8 : 2] = lo
-        out[8 * h + 1 : 8 * h + 8 : 2] = hi
-    return torch.from_numpy(out.view(np.int16).copy()).view(torch.bfloat16).reshape(r, c)

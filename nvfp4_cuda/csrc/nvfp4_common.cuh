@@ -188,22 +188,21 @@ __device__ __forceinline__ void nv_load16_vec(const void *x, int dtype, const ui
   }
 }
 
-// float32 value of an E2M1 code (bit 3 = sign), without a table: a table in constant or local memory
-// serialises or spills when the 32 lanes of a warp look up different codes.
-__device__ __forceinline__ float nv_e2m1_value(uint32_t code) {
+// BF16 bits of an E2M1 code's value (bit 3 = sign): magnitude code 1 is 0.5 (0x3F00), and from code 2 on
+// (1, 1.5, 2, 3, 4, 6) each code adds one BF16 step of a 1-bit mantissa, 0x40: 0x3F00 + 0x40 * code.
+NV_HD uint32_t nv_e2m1_bf16_bits(uint32_t code) {
   const uint32_t mag = code & 7u;
-  uint32_t bits = mag >= 2u ? (((mag >> 1) + 126u) << 23) | ((mag & 1u) << 22) : (mag == 1u ? 126u << 23 : 0u);
-  return __uint_as_float(bits | ((code & 8u) << 28));
+  return (mag < 2u ? (mag ? 0x3F00u : 0u) : 0x3F00u + 0x40u * mag) | ((code & 8u) << 12);
 }
 
 // Decoding to BF16 two elements at a time: tab[byte] holds the BF16 values of the byte's two E2M1 codes
 // (low nibble in the low half), built once per CUDA block in shared memory; one bf16x2 multiply by the
 // block scale then gives both exact products e2m1 * e4m3 (at most 6 significant bits: any correctly
 // rounded multiply returns them exactly), about a third of the instructions of building each value.
-__device__ __forceinline__ void nv_e2m1_pair_table(uint32_t *tab, int tid, int nthreads) {
-  for (int i = tid; i < 256; i += nthreads)
-    tab[i] = (__float_as_uint(nv_e2m1_value((uint32_t)i & 15u)) >> 16) |
-             (__float_as_uint(nv_e2m1_value((uint32_t)i >> 4)) & 0xFFFF0000u);
+// One entry per thread: the kernels that use it (quantize with DECODED, nv_decode_bf16_kernel) run exactly
+// 256 threads per CUDA block.
+__device__ __forceinline__ void nv_e2m1_pair_table(uint32_t *tab, int tid) {
+  tab[tid] = nv_e2m1_bf16_bits((uint32_t)tid & 15u) | (nv_e2m1_bf16_bits((uint32_t)tid >> 4) << 16);
 }
 
 __device__ __forceinline__ uint32_t nv_scaled_pair(uint32_t pair_bits, __nv_bfloat162 sf2) {

@@ -86,7 +86,7 @@ __global__ void nv_quantize_kernel(const void *x, int dtype, const uint8_t *x_sc
   __shared__ float tile_amax[16][16];
   __shared__ uint32_t tab[256];
   __shared__ float tscale[2];  // the per-tensor s_enc, s_dec: two IEEE divisions once per CUDA block, not per thread
-  if (DECODED) nv_e2m1_pair_table(tab, threadIdx.y * 16 + threadIdx.x, 256);
+  if (DECODED) nv_e2m1_pair_table(tab, threadIdx.y * 16 + threadIdx.x);  // 16 x 16 threads
   if (threadIdx.x == 0 && threadIdx.y == 0) nv_tensor_scales(*amax_p, &tscale[0], &tscale[1]);
   const int64_t ncb = cols / 16;
   int64_t r, cb;  // this thread's block: logical row r, columns 16 cb .. 16 cb + 15
@@ -126,9 +126,11 @@ __global__ void nv_quantize_kernel(const void *x, int dtype, const uint8_t *x_sc
   if (!active) return;
   const float s_enc = tscale[0], s_dec = tscale[1];
   if (r == 0 && cb == 0) *tensor_scale = s_dec;
-  float sf_f = fminf(bam * (s_enc * NVFP4_ONE_SIXTH), 448.0f);
-  float sf = nv_e4m3_round(sf_f, false, 0);
-  float enc = fminf(1.0f / (sf * s_dec), NVFP4_FLT_MAX);
+  // the block scale: E4M3 RNE of a finite sf_f in [0, 448] (bam is never NaN: fmaxf drops NaNs), one cvt each way
+  const float sf_f = fminf(bam * (s_enc * NVFP4_ONE_SIXTH), 448.0f);
+  const uint32_t sf_code = nv_e4m3x2_encode_rne(sf_f, 0.0f) & 0xFFu;
+  const float sf = nv_e4m3x2_value(sf_code).x;
+  const float enc = fminf(1.0f / (sf * s_dec), NVFP4_FLT_MAX);
   const int64_t base = r * cols + cb * 16;  // flat index of the block's first element
   uint32_t code[16];
   if (SR) {
@@ -149,7 +151,7 @@ __global__ void nv_quantize_kernel(const void *x, int dtype, const uint8_t *x_sc
     dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
     return;
   }
-  block_scales[r * ncb + cb] = (uint8_t)nv_e4m3_bits_from_grid(sf);
+  block_scales[r * ncb + cb] = (uint8_t)sf_code;
   uint32_t lo = 0, hi = 0;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
@@ -168,7 +170,8 @@ __global__ void nv_dequantize_kernel(const uint8_t *codes, const uint8_t *block_
     int64_t r = i / cols, c = i % cols;
     uint32_t byte = codes[r * (cols / 2) + c / 2];
     uint32_t code = (c & 1) ? (byte >> 4) : (byte & 0xF);
-    float v = nv_e2m1_value(code) * nv_e4m3_decode(block_scales[r * (cols / 16) + c / 16]);
+    const float e2m1 = __uint_as_float(nv_e2m1_bf16_bits(code) << 16);  // exact: a BF16 value
+    float v = e2m1 * nv_e4m3_decode(block_scales[r * (cols / 16) + c / 16]);
     nv_store(out, out_dtype, i, v * ts);
   }
 }
@@ -185,7 +188,7 @@ __global__ void nv_dequantize_kernel(const uint8_t *codes, const uint8_t *block_
 #define NV_DEC_UNROLL 4
 __global__ void nv_decode_bf16_kernel(const uint32_t *codes, const uint8_t *block_scales, int64_t nhalf, uint4 *out) {
   __shared__ uint32_t tab[256];
-  nv_e2m1_pair_table(tab, threadIdx.x, blockDim.x);
+  nv_e2m1_pair_table(tab, threadIdx.x);  // launched with 256 threads
   __syncthreads();
   const int lane = threadIdx.x & 31;
   const int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
