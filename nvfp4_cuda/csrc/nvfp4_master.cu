@@ -180,9 +180,10 @@ __global__ void nv_lion_kernel(uint8_t *payload, uint8_t *scales, const void *gr
     const bool sr = writeback == 0;
     float sv[NV_LION_E];
 #pragma unroll
-    for (int i = 0; i < NV_LION_E; ++i) {
-      sv[i] = v[i] * mul;
-      if (top) sv[i] = fmaxf(fminf(sv[i], MX_TOP_CLAMP_VALUE), -MX_TOP_CLAMP_VALUE);
+    for (int i = 0; i < NV_LION_E; ++i) sv[i] = v[i] * mul;
+    if (__builtin_expect(top, 0)) {  // a block at the top of float32's range: never in practice, so a branch
+#pragma unroll
+      for (int i = 0; i < NV_LION_E; ++i) sv[i] = fmaxf(fminf(sv[i], MX_TOP_CLAMP_VALUE), -MX_TOP_CLAMP_VALUE);
     }
     if (bad) {
 #pragma unroll
