@@ -6,6 +6,9 @@ header ``csrc/nvfp4.h``; device pointers (``tensor.data_ptr()``) and the current
 cannot (device, dtype, contiguity, shape), allocates outputs with torch, and turns a non-zero
 status into :class:`NVFP4CudaError` carrying the library's last-error message.
 
+Out of GPU memory, a wrapper raises ``torch.OutOfMemoryError`` (so the CLI ends with status 3) whose message
+names the op and its operands' shapes (:func:`_names_out_of_memory`).
+
 Not done on the GPU path, by design (each would need a host synchronisation): the NaN/Inf checks of
 quantize and the Lion step (non-finite blocks come out as NaN instead of raising).  ``encode_mxfp8_cuda``
 does check, because it is used for checkpoints, not in the training loop.
@@ -13,13 +16,17 @@ does check, because it is used for checkpoints, not in the training loop.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from ida_common import native_build
+from ida_common.cli import is_out_of_memory
 from mxfp8_codec.constants import BLOCK_SIZE
 from mxfp8_codec.rng import stream_keys
 from nvfp4_cuda import build as _build
@@ -154,6 +161,33 @@ def cublaslt_library() -> str:
     return ffi.string(buf).decode()
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _names_out_of_memory(fn: _F) -> _F:
+    """``fn`` with an out-of-memory error (an output or a contiguous copy torch could not allocate) re-raised
+    as ``torch.OutOfMemoryError("OP: out of memory for NAME [shape] dtype, ...: <torch's message>")``."""
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            if not is_out_of_memory(e):
+                raise
+            bound = sig.bind_partial(*args, **kwargs).arguments
+            operands = ", ".join(
+                f"{name} {list(v.shape)} {str(getattr(v, 'dtype', type(v).__name__)).replace('torch.', '')}"
+                for name, v in bound.items()
+                if hasattr(v, "shape")
+            )
+            raise torch.OutOfMemoryError(f"{fn.__name__}: out of memory for {operands}: {e}") from e
+
+    return wrapper  # type: ignore[return-value]
+
+
+@_names_out_of_memory
 def quantize_nvfp4(
     x: torch.Tensor,
     *,
@@ -250,6 +284,7 @@ def _quantize(
     return NVFP4Tensor(codes=codes, block_scales=scales, tensor_scale=ts, shape=(rows, cols), block_2d=block_2d)
 
 
+@_names_out_of_memory
 def quantize_decoded(
     x: torch.Tensor,
     *,
@@ -267,6 +302,7 @@ def quantize_decoded(
     return out
 
 
+@_names_out_of_memory
 def quantize_nvfp4_from_mxfp8(
     payload: torch.Tensor,
     scales: torch.Tensor,
@@ -308,6 +344,7 @@ def quantize_nvfp4_from_mxfp8(
     )
 
 
+@_names_out_of_memory
 def dequantize_nvfp4(q: NVFP4Tensor, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """CUDA dequantize (float32 math, one cast)."""
     out_dt = dtype if dtype in DTYPE_CODES else torch.float32
@@ -326,6 +363,7 @@ def dequantize_nvfp4(q: NVFP4Tensor, *, dtype: torch.dtype = torch.float32) -> t
     return out.to(dtype)
 
 
+@_names_out_of_memory
 def hadamard16(x: torch.Tensor) -> torch.Tensor:
     """CUDA Hadamard transform along the last axis (float32 out)."""
     if x.shape[-1] % NVFP4_BLOCK:
@@ -336,6 +374,7 @@ def hadamard16(x: torch.Tensor) -> torch.Tensor:
     return out.reshape(x.shape)
 
 
+@_names_out_of_memory
 def decode_scaled(q: NVFP4Tensor) -> torch.Tensor:
     """BF16 ``e2m1 * e4m3(block scale)`` of ``q`` without the tensor scale: exact (at most 6 significant bits).
 
@@ -360,6 +399,7 @@ def _operand(t: torch.Tensor, what: str) -> tuple[torch.Tensor, int]:
     return _aligned(t, 16), 0
 
 
+@_names_out_of_memory
 def gemm_decoded(
     da: torch.Tensor,
     db: torch.Tensor,
@@ -423,6 +463,7 @@ def gemm_decoded(
     return out
 
 
+@_names_out_of_memory
 def nvfp4_matmul(
     a: NVFP4Tensor,
     b: NVFP4Tensor,
@@ -475,6 +516,7 @@ def nvfp4_matmul(
     return out
 
 
+@_names_out_of_memory
 def encode_mxfp8_cuda(
     x: torch.Tensor, *, rounding: str = "rne", seed: int = 0, step: int = 0, tensor_id: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -508,6 +550,7 @@ def encode_mxfp8_cuda(
     return payload.reshape(x.shape), scales.reshape(*x.shape[:-1], -1)
 
 
+@_names_out_of_memory
 def decode_mxfp8_cuda(
     payload: torch.Tensor, scales: torch.Tensor, *, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
@@ -533,6 +576,7 @@ def decode_mxfp8_cuda(
     return out.reshape(payload.shape).to(dtype)
 
 
+@_names_out_of_memory
 def lion_step_mxfp8_(
     payload: torch.Tensor,
     scales: torch.Tensor,
@@ -590,6 +634,7 @@ def lion_step_mxfp8_(
     )
 
 
+@_names_out_of_memory
 def lion_step_bf16_(
     param: torch.Tensor,
     grad: torch.Tensor,
@@ -633,6 +678,7 @@ def lion_step_bf16_(
     )
 
 
+@_names_out_of_memory
 def stochastic_round_to_bf16_(
     dst_bf16: torch.Tensor, src_fp32: torch.Tensor, *, seed: int, step: int, tensor_id: int
 ) -> torch.Tensor:

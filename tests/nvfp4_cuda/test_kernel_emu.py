@@ -177,3 +177,19 @@ def test_sr_bf16(emu: Any) -> None:
     b = torch.empty(1000, 33, dtype=torch.bfloat16)
     cuda_ops.stochastic_round_to_bf16_(b, x, seed=1, step=2, tensor_id=3)
     assert torch.equal(b, a)
+
+
+def test_out_of_memory_names_the_op_and_its_operands(emu: Any) -> None:
+    """An output or a copy the allocator refuses (here the host's, for a broadcast view of 2^44 elements that
+    the op must make contiguous) is a torch.OutOfMemoryError naming the op and the operand's shape, which the
+    CLI ends with status 3."""
+    from ida_common.cli import EXIT_CANNOT_RUN, exit_code
+
+    huge = torch.zeros(1, 1).expand(2**20, 2**24)
+    with pytest.raises(
+        torch.OutOfMemoryError, match=r"^hadamard16: out of memory for x \[1048576, 16777216\] float32: "
+    ) as e:
+        cuda_ops.hadamard16(huge)
+    assert exit_code(e.value) == EXIT_CANNOT_RUN
+    with pytest.raises(torch.OutOfMemoryError, match=r"^quantize_decoded: out of memory for x \[1048576, 16777216\] "):
+        cuda_ops.quantize_decoded(huge, transpose=True)
