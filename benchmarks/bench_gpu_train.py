@@ -9,7 +9,7 @@ recipe's optimizer (nvfp4: MXFP8 masters, Lion with BF16 momentum, stochastic wr
 L-1 kept BF16 as in the preset; bf16: FP32 masters under BF16 autocast, AdamW).  Each recipe runs in its
 own child process (clean peak-memory counters, an out-of-memory in one cannot hide the other).  The
 bf16 recipe runs first: where it does not fit at ``--micro-batch`` rows (its FP32 masters and AdamW
-moments take ~62 GiB at 4B: it peaks at ~79 GiB at 2 rows, over an 80 GB H100's capacity), the
+moments take ~62 GiB at 4B: it peaked at 78.8 GiB at 2 rows on an H200, more than an 80 GB H100 gives), the
 micro-batch is halved and the number of micro-batches doubled, down to 1 row (the same tokens per step),
 and the nvfp4 recipe then runs at the micro-batch that fitted, so that both are measured like for like;
 the table says so.

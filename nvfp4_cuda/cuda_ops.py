@@ -174,7 +174,7 @@ def _names_out_of_memory(fn: _F) -> _F:
         try:
             return fn(*args, **kwargs)
         except Exception as e:
-            if not is_out_of_memory(e):
+            if not is_out_of_memory(e) or getattr(e, "names_op", False):  # not OOM, or an inner op named itself
                 raise
             bound = sig.bind_partial(*args, **kwargs).arguments
             operands = ", ".join(
@@ -182,7 +182,9 @@ def _names_out_of_memory(fn: _F) -> _F:
                 for name, v in bound.items()
                 if hasattr(v, "shape")
             )
-            raise torch.OutOfMemoryError(f"{fn.__name__}: out of memory for {operands}: {e}") from e
+            err = torch.OutOfMemoryError(f"{fn.__name__}: out of memory for {operands}: {e}")
+            err.names_op = True  # type: ignore[attr-defined]
+            raise err from e
 
     return wrapper  # type: ignore[return-value]
 

@@ -193,3 +193,12 @@ def test_out_of_memory_names_the_op_and_its_operands(emu: Any) -> None:
     assert exit_code(e.value) == EXIT_CANNOT_RUN
     with pytest.raises(torch.OutOfMemoryError, match=r"^quantize_decoded: out of memory for x \[1048576, 16777216\] "):
         cuda_ops.quantize_decoded(huge, transpose=True)
+    # an op that calls another names the innermost op once (nvfp4_matmul decodes its operands first)
+    r, c = 2**20, 2**24
+    codes = torch.zeros(1, 1, dtype=torch.uint8).expand(r, c // 2)
+    q = NVFP4Tensor(codes, torch.zeros(1, 1, dtype=torch.uint8).expand(r, c // 16), torch.ones(()), (r, c))
+    with pytest.raises(
+        torch.OutOfMemoryError, match=r"^decode_scaled: out of memory for q \[1048576, 16777216\] NVFP4Tensor: "
+    ) as e2:
+        cuda_ops.nvfp4_matmul(q, q, backend="emulated")
+    assert str(e2.value).count("out of memory for") == 1
