@@ -29,9 +29,3 @@ def test_both_recipes_train_and_report(tmp_path):
     assert results["nvfp4"]["params"] == results["bf16"]["params"]
     assert results["nvfp4"]["tokens_per_step"] == results["bf16"]["tokens_per_step"]  # like for like
     assert "targets apply to a GPU run only" in res.stdout
-
-
-def test_a_vocabulary_below_the_tokenizer_is_one_line():
-    res = _run("--vocab", "100")
-    assert res.returncode == 1  # both children refused
-    assert "--vocab 100 is below the demo tokenizer's" in res.stderr and "Traceback" not in res.stderr
