@@ -95,24 +95,7 @@ NV_HD uint32_t nv_e2m1_encode_sr(float v, uint32_t r24) {
   return nv_e2m1_code(mx_f32_bits(fl) + up, p, v);
 }
 
-// ---- E4M3 (formats.e4m3_round / e4m3_bits_from_grid / e4m3_decode) ---------------------------------------
-__device__ __forceinline__ float nv_e4m3_round(float a, bool stochastic, uint32_t r24) {  // a >= 0
-  int e = (int)((__float_as_uint(a) >> 23) & 0xFF) - 127;
-  int ue = (a >= 0.015625f) ? e - 3 : -9;
-  float t = a * nv_pow2(-ue);
-  float n = nv_round_grid(t, stochastic, r24);
-  return fminf(n * nv_pow2(ue), 448.0f);
-}
-
-__device__ __forceinline__ uint32_t nv_e4m3_bits_from_grid(float q) {  // q >= 0 on the E4M3 grid
-  uint32_t b = __float_as_uint(q);
-  if (q >= 0.015625f) {
-    int e = (int)((b >> 23) & 0xFF) - 127;
-    return ((uint32_t)(e + 7) << 3) | ((b >> 20) & 0x7);
-  }
-  return (uint32_t)(q * 512.0f);
-}
-
+// ---- E4M3 (formats.e4m3_round / e4m3_decode; the block scale of NVFP4 uses nv_e4m3x2_* below) ------------
 __device__ __forceinline__ uint32_t nv_e4m3_encode(float v, bool stochastic, uint32_t r24) {
   return mx_e4m3_grid_code(v, stochastic, r24);  // the same rounding on the float32 bits (mxfp8.h)
 }
