@@ -80,8 +80,9 @@ class DecodingConfig:
         top_p: nucleus filter of sampling, in (0, 1]; 1 keeps every token.
         seed: the sampling seed (a task's samples depend on it, the task id and their number only).
         cache: ``"dynamic"`` (transformers' default KV cache) or ``"static"``: a preallocated KV cache,
-            every batch left-padded to the longest prompt of the call so all batches have one shape,
-            which lets transformers compile the decoding step (``torch.compile``, CUDA graphs) on a GPU
+            every batch left-padded to the longest prompt of the call and a short last batch filled up
+            with copies of its last row (their completions dropped) so all batches have one shape, which
+            lets transformers compile the decoding step (``torch.compile``, CUDA graphs) on a GPU once
             (:data:`CACHES`).
     """
 
@@ -415,15 +416,19 @@ def generate_completions(
         with _pristine_generation_defaults(model), _left_padding(tokenizer, pad_id), torch.inference_mode():
             for start in range(0, len(order), config.batch_size):
                 rows = order[start : start + config.batch_size]
-                batch = tokenizer([prompts[t] for t, _ in rows], return_tensors="pt", **padding)
+                # a static cache: a short last batch is filled up with copies of its last row (their
+                # completions dropped), so that every call has one shape and nothing is compiled again
+                fill = config.batch_size - len(rows) if config.cache == "static" and start > 0 else 0
+                run_rows = rows + rows[-1:] * fill
+                batch = tokenizer([prompts[t] for t, _ in run_rows], return_tensors="pt", **padding)
                 batch = {k: v.to(device) for k, v in batch.items()}
                 prompt_len = batch["input_ids"].shape[1]
                 extra: dict[str, Any] = {}
                 if config.sampling:
-                    sampler = PerRowSampler(rows, prompt_len, config.temperature, config.top_p, config.seed)
+                    sampler = PerRowSampler(run_rows, prompt_len, config.temperature, config.top_p, config.seed)
                     extra["logits_processor"] = LogitsProcessorList([sampler])
                 seqs = model.generate(**batch, generation_config=gen_config, tokenizer=tokenizer, **extra)
-                new = seqs[:, prompt_len:].tolist()
+                new = seqs[: len(rows), prompt_len:].tolist()
                 done = [
                     _finish_row(tokenizer, t, j, prompts[t], encoded[t], row, eos, pad_id, config)
                     for (t, j), row in zip(rows, new, strict=True)

@@ -120,13 +120,21 @@ def test_static_cache_gives_the_dynamic_cache_completions(arch, tok):
     greedy or sampled."""
     model = tiny_model(arch, len(tok), seed=3).float()
     prompts = {p["task_id"]: p["prompt"] for p in SMALL_PROBLEMS}
+    shapes: list[tuple[int, ...]] = []  # (rows, positions) of every forward: the static path runs one shape
+    hook = model.register_forward_pre_hook(
+        lambda _m, args, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
     for kw in ({}, {"temperature": 1.0, "samples_per_task": 2, "seed": 4}):
         dynamic = generate_completions(model, tok, prompts, DecodingConfig(2, 16, ("\nXYZ",), **kw), progress=False)
-        static = DecodingConfig(3, 16, ("\nXYZ",), cache="static", **kw)
+        static = DecodingConfig(5, 16, ("\nXYZ",), cache="static", **kw)
+        shapes.clear()
         got = generate_completions(model, tok, prompts, static, progress=False)
         assert [(g.raw, g.n_tokens, g.stop_reason) for g in got] == [
             (g.raw, g.n_tokens, g.stop_reason) for g in dynamic
         ]
+        n_units = len(prompts) * (2 if kw else 1)
+        assert n_units % 5 and {rows for rows, _ in shapes} == {5}  # the short last batch was filled up
+    hook.remove()
     with pytest.raises(ValueError, match="cache must be one of"):
         DecodingConfig(cache="paged")
     assert "cache" not in DecodingConfig().describe() and DecodingConfig(cache="static").describe()["cache"] == "static"
