@@ -327,6 +327,18 @@ def _left_padding(tokenizer: Any, pad_id: int) -> Iterator[None]:
             tokenizer.pad_token = None
 
 
+def static_compile_config() -> Any:
+    """How transformers compiles a ``--cache static`` decoding step (it does so on a GPU): a
+    ``transformers.CompileConfig`` with CUDA graphs (``reduce-overhead``'s one Inductor option) and
+    ``emulate_precision_casts``, which makes Inductor round every intermediate to the model's dtype where
+    eager rounds it. Without it a fused BF16 norm or activation keeps float32 between its operations and
+    greedy tokens drift from eager's (tests/ida_eval/test_generate.py: bit-identical completions, BF16
+    and MXFP8-resident, compiled with Inductor on the CPU)."""
+    from transformers import CompileConfig
+
+    return CompileConfig(mode=None, options={"triton.cudagraphs": True, "emulate_precision_casts": True})
+
+
 def _input_device(model: Any) -> torch.device:
     emb = model.get_input_embeddings()
     return emb.weight.device
@@ -397,7 +409,11 @@ def generate_completions(
         pad_token_id=pad_id,
         eos_token_id=eos or None,
         stop_strings=list(config.stop_strings) or None,
-        **({"cache_implementation": "static"} if config.cache == "static" else {}),
+        **(
+            {"cache_implementation": "static", "compile_config": static_compile_config()}
+            if config.cache == "static"
+            else {}
+        ),
     )
     encoded = {tid: tokenizer(prompts[tid])["input_ids"] for tid in {t for t, _ in units}}
     order = sorted(units, key=lambda u: -len(encoded[u[0]]))  # stable: a task's samples stay together

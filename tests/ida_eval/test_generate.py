@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from ida_eval import STOP_STRINGS, DecodingConfig, generate_completions, truncate_completion
 from ida_eval.generate import cut_at_stop
-from tests.ida_eval.support import ARCHS, SMALL_PROBLEMS, read_problems, tiny_model
+from tests.ida_eval.support import ARCHS, SMALL_PROBLEMS, read_problems, save_mxfp8_checkpoint, tiny_model
 
 PROMPT = '\n\ndef f(x):\n\t"""\n\tDoc.\n\t"""\n'
 
@@ -138,6 +138,30 @@ def test_static_cache_gives_the_dynamic_cache_completions(arch, tok):
     with pytest.raises(ValueError, match="cache must be one of"):
         DecodingConfig(cache="paged")
     assert "cache" not in DecodingConfig().describe() and DecodingConfig(cache="static").describe()["cache"] == "static"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("weights", ["bf16", "mxfp8"])
+def test_a_compiled_static_step_gives_the_eager_completions(weights, tok, tmp_path, monkeypatch):
+    """What transformers does with --cache static on a GPU (it compiles the decoding step with
+    ``static_compile_config``), forced on the CPU, where Inductor generates C++ for it: in BF16, with the
+    weights decoded (bf16) or MXFP8-resident, greedy completions equal the eager static path's."""
+    from transformers import CompileConfig
+
+    from ida_eval import load_model
+
+    ckpt = save_mxfp8_checkpoint(tiny_model("nemotron", len(tok), seed=5, hidden=128), tok, tmp_path / "c")
+    model, mtok = load_model(ckpt, weights=weights)  # BF16
+    prompts = {p["task_id"]: p["prompt"] for p in SMALL_PROBLEMS}
+    cfg = DecodingConfig(4, 24, ("\nXYZ",), cache="static")
+    eager = generate_completions(model, mtok, prompts, cfg, progress=False)
+    monkeypatch.setattr(CompileConfig, "_compile_all_devices", True)  # transformers' switch: compile on the CPU
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = generate_completions(model, mtok, prompts, cfg, progress=False)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # the decoding step was compiled
+    assert [(g.raw, g.n_tokens) for g in compiled] == [(g.raw, g.n_tokens) for g in eager]
+    assert len({g.raw for g in eager}) > 1  # the rows say different things: a real comparison
 
 
 def test_generation_benchmark_runs_on_the_cpu(tmp_path):
