@@ -11,8 +11,10 @@ own child process (clean peak-memory counters, an out-of-memory in one cannot hi
 bf16 recipe runs first: where it does not fit at ``--micro-batch`` rows (its FP32 masters and AdamW
 moments take ~62 GiB at 4B: it peaked at 78.8 GiB at 2 rows on an H200, more than an 80 GB H100 gives), the
 micro-batch is halved and the number of micro-batches doubled, down to 1 row (the same tokens per step),
-and the nvfp4 recipe then runs at the micro-batch that fitted, so that both are measured like for like;
-the table says so.
+then 8 decoder layers fewer at a time (the same width; the bf16 recipe needs ~74 GiB at 4B and 1 row, which
+an 80 GB H100 may not give), and the nvfp4 recipe then runs at the setting that fitted, so that both are
+measured like for like; the table says so. Where layers had to go, the nvfp4 recipe also runs the full
+shape once more (a line below the table: what fits on this GPU with nvfp4 and not with bf16).
 
 Per recipe: tokens/s (median of the timed steps, each synchronised), MFU against the dense BF16 peak
 (``--peak-tflops``, 989 for an H100/H200 SXM; model FLOPs = 6 x matmul parameters x tokens plus the
@@ -41,10 +43,29 @@ from typing import Any
 
 import torch
 
+from ida_common.files import atomic_write_text
+
 SPEED_TARGET = 0.8  # nvfp4 tokens/s / bf16 tokens/s, at least
 MEMORY_TARGET = 0.5  # nvfp4 peak / bf16 peak, at most
 RECIPES = ("nvfp4", "bf16")  # table order; the bf16 recipe (the larger) is measured first
 EXIT_OUT_OF_MEMORY = 3  # a child that ran out of memory (the project's "this machine cannot" status)
+LAYER_STEP = 8  # decoder layers dropped at a time when the bf16 recipe does not fit at 1 row per micro-batch
+
+
+def smaller_setting(micro_batch: int, microbatches: int, layers: int) -> tuple[int, int, int] | None:
+    """The next (micro-batch, micro-batches, layers) to try after the bf16 recipe ran out of memory: half
+    the rows per micro-batch and twice the micro-batches (the same tokens per step) down to 1 row, then
+    ``LAYER_STEP`` decoder layers fewer down to ``LAYER_STEP``; None when nothing smaller is left.
+
+    Example:
+        >>> smaller_setting(2, 4, 32), smaller_setting(1, 8, 32), smaller_setting(1, 8, 8)
+        ((1, 8, 32), (1, 8, 24), None)
+    """
+    if micro_batch > 1:
+        return micro_batch // 2, 2 * microbatches, layers
+    if layers > LAYER_STEP:
+        return micro_batch, microbatches, layers - LAYER_STEP
+    return None
 
 
 def _model_flops_per_token(cfg: Any, seq: int) -> float:
@@ -225,44 +246,79 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     notes: list[str] = []
     passthrough = list(argv if argv is not None else sys.argv[1:])
+    full_layers = args.layers
     with tempfile.TemporaryDirectory() as tmp:
-        for recipe in reversed(RECIPES):  # bf16 first: the micro-batch it fits is the one both run at
-            while True:
-                out = Path(tmp) / f"{recipe}.json"
-                res = subprocess.run(
-                    [
-                        sys.executable,
-                        __file__,
-                        *passthrough,
-                        "--micro-batch",
-                        str(args.micro_batch),
-                        "--microbatches",
-                        str(args.microbatches),
-                        "--only",
-                        recipe,
-                        "--child-json",
-                        str(out),
-                    ],
-                    check=False,
-                )
-                if res.returncode == EXIT_OUT_OF_MEMORY and recipe == "bf16" and args.micro_batch > 1:
-                    notes.append(
-                        f"The bf16 recipe ran out of GPU memory at {args.micro_batch} x {args.microbatches} rows: both "
-                        f"recipes measured at {args.micro_batch // 2} x {2 * args.microbatches} (same tokens per step)."
-                    )
-                    args.micro_batch, args.microbatches = args.micro_batch // 2, 2 * args.microbatches
-                    continue
-                break
-            results[recipe] = (
-                json.loads(out.read_text())
-                if res.returncode == 0 and out.exists()
-                else {
-                    "recipe": recipe,
-                    "error": f"out of memory at {args.micro_batch} rows per micro-batch"
-                    if res.returncode == EXIT_OUT_OF_MEMORY
-                    else f"child exited {res.returncode}",
-                }
+
+        def child(recipe: str, layers: int) -> tuple[int, dict[str, Any]]:
+            out = Path(tmp) / f"{recipe}-{layers}.json"
+            res = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    *passthrough,
+                    "--micro-batch",
+                    str(args.micro_batch),
+                    "--microbatches",
+                    str(args.microbatches),
+                    "--layers",
+                    str(layers),
+                    "--only",
+                    recipe,
+                    "--child-json",
+                    str(out),
+                ],
+                check=False,
             )
+            if res.returncode == 0 and out.exists():
+                return 0, json.loads(out.read_text())
+            error = (
+                f"out of memory at {args.micro_batch} rows per micro-batch, {layers} layers"
+                if res.returncode == EXIT_OUT_OF_MEMORY
+                else f"child exited {res.returncode}"
+            )
+            return res.returncode, {"recipe": recipe, "error": error}
+
+        for recipe in reversed(RECIPES):  # bf16 first: the setting it fits is the one both run at
+            rc, results[recipe] = child(recipe, args.layers)
+            while rc == EXIT_OUT_OF_MEMORY and recipe == "bf16":
+                smaller = smaller_setting(args.micro_batch, args.microbatches, args.layers)
+                if smaller is None:
+                    break
+                notes.append(
+                    f"The bf16 recipe ran out of GPU memory at {args.micro_batch} x {args.microbatches} rows and "
+                    f"{args.layers} layers: both recipes measured at {smaller[0]} x {smaller[1]} rows and "
+                    f"{smaller[2]} layers (same tokens per step)."
+                )
+                args.micro_batch, args.microbatches, args.layers = smaller
+                rc, results[recipe] = child(recipe, args.layers)
+        lines, ok = _table(args, results, notes)
+        print("\n".join(lines), flush=True)  # before the extra run below: a time limit cannot take it
+        _write_json(args, results, lines)
+        if args.layers < full_layers and "error" not in results["nvfp4"]:
+            # what this GPU trains with nvfp4 and not with bf16: the full shape, at the same micro-batches
+            _, results["nvfp4_full"] = child("nvfp4", full_layers)
+            r = results["nvfp4_full"]
+            extra = (
+                f"nvfp4 at the full {full_layers} layers ({r['params']} params), where the bf16 recipe does not "
+                f"fit: {r['tokens_per_s']:.0f} tokens/s, MFU {100 * r['mfu']:.1f} %, peak {r['peak_mem_gib']:.1f} GiB"
+                if "error" not in r
+                else f"nvfp4 at the full {full_layers} layers: {r['error']}"
+            )
+            print(extra)
+            lines.append(extra)
+            _write_json(args, results, lines)
+    return 0 if ok else 1
+
+
+def _write_json(args: argparse.Namespace, results: dict[str, Any], lines: list[str]) -> None:
+    if args.out_json:
+        atomic_write_text(
+            args.out_json, json.dumps({"config": vars(args), "results": results, "table": lines}, indent=1)
+        )
+
+
+def _table(args: argparse.Namespace, results: dict[str, Any], notes: list[str]) -> tuple[list[str], bool]:
+    """The side-by-side table of the two recipes (at the setting both ran), and whether the targets hold."""
     shape = (
         f"NemotronForCausalLM hidden {args.hidden}, {args.layers} layers, {args.heads} heads "
         f"({args.kv_heads} KV), "
@@ -298,7 +354,12 @@ def main(argv: list[str] | None = None) -> int:
             f"(target <= {MEMORY_TARGET}): {verdict}"
         )
     else:
-        lines += [f"| {k} | {r.get('error', '')} |" for k, r in results.items()]
+        lines += [
+            f"| {k} | "
+            + (r["error"] if "error" in r else f"{r['tokens_per_s']:.0f} tokens/s, peak {r['peak_mem_gib']:.1f} GiB")
+            + " |"
+            for k, r in results.items()
+        ]
     for r in results.values():
         if r.get("profile"):
             pr = r["profile"]
@@ -307,10 +368,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{pr['wall_ms_profiled']:.0f} ms wall; top kernels (ms, calls):"
             )
             lines += [f"  {k['ms']:8.1f} {k['calls']:6d}  {k['kernel']}" for k in pr["top"][:15]]
-    print("\n".join(lines))
-    if args.out_json:
-        Path(args.out_json).write_text(json.dumps({"config": vars(args), "results": results, "table": lines}, indent=1))
-    return 0 if ok else 1
+    return lines, ok
 
 
 if __name__ == "__main__":

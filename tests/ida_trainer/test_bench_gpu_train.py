@@ -29,3 +29,19 @@ def test_both_recipes_train_and_report(tmp_path):
     assert results["nvfp4"]["params"] == results["bf16"]["params"]
     assert results["nvfp4"]["tokens_per_step"] == results["bf16"]["tokens_per_step"]  # like for like
     assert "targets apply to a GPU run only" in res.stdout
+
+
+def test_after_running_out_of_memory_the_bf16_recipe_tries_fewer_rows_then_fewer_layers():
+    """The settings the parent tries, in order, when the bf16 recipe's child exits 3 (out of memory): the
+    same tokens per step in smaller micro-batches, then 8 layers fewer at a time, then nothing."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import bench_gpu_train as bench
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    tried, setting = [], (4, 2, 32)
+    while setting is not None:
+        tried.append(setting)
+        setting = bench.smaller_setting(*setting)
+    assert tried == [(4, 2, 32), (2, 4, 32), (1, 8, 32), (1, 8, 24), (1, 8, 16), (1, 8, 8)]
+    assert {m * n for m, n, _ in tried} == {8}
