@@ -18,6 +18,7 @@
 # rerun skips step 2.  The device image has no cffi: carry its wheels.
 #
 # DEVICE_CHECK_STEPS="7 8" runs steps 1, 2 and those only (a rerun of what a short lease cut off); 8 brings 4.
+# DEVICE_CHECK_BUDGET=S (default 540): the whole run's seconds; a step gets at most what is left.
 #
 # Exit status: 0 all steps passed, or no GPU here (it says "no GPU" and writes a report saying so);
 # 1 some step failed (report.md says which); 2 bad usage. See docs/nvfp4.md, "Device check".
@@ -37,8 +38,12 @@ cd "$REPO" || exit 2
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 
 # time limits per step (seconds); the build takes ~20 s there, the training benchmark ~2 min
-T_ENV=20 T_BUILD=120 T_TESTS=120 T_TRAIN=75 T_BENCH=90 T_BENCH_MXFP8=60 T_COMPARE=30 T_TRAIN_BENCH=240 T_GEN=200 T_MBXP=120
+T_ENV=20 T_BUILD=120 T_TESTS=120 T_TRAIN=75 T_BENCH=90 T_BENCH_MXFP8=60 T_COMPARE=30 T_TRAIN_BENCH=300 T_GEN=200 T_MBXP=120
 STEPS=20
+# the whole run's budget (seconds): each step's limit is cut to what is left of it, a step with under 20 s
+# left is skipped (and said so), and the report is always finished; the per-call limit of a lent machine
+# is 600 s: run it as `timeout 590 bash scripts/device_check.sh DIR`
+BUDGET="${DEVICE_CHECK_BUDGET:-540}"
 # DEVICE_CHECK_STEPS: which of steps 3-8 to run (default all; 1 and 2 always run, 8 brings 4: it evaluates 4's model)
 WANTED=" ${DEVICE_CHECK_STEPS:-3 4 5 6 7 8} "
 case "$WANTED" in *" 8 "*) WANTED="${WANTED}4 " ;; esac
@@ -52,7 +57,14 @@ want() { case "$WANTED" in *" $1 "*) return 0 ;; esac; note "- step $1: not sele
 # run NAME LIMIT CMD...: run a step with a time limit, log to OUT/NAME.log, one report line
 run() {
     local name="$1" limit="$2"; shift 2
-    local t0 rc
+    local t0 rc left
+    left=$(( BUDGET - $(elapsed) - 15 ))  # 10 s of --kill-after, 5 s to finish the report
+    if [ "$left" -lt 20 ]; then
+        note "- **$name**: SKIPPED, ${left} s left of the ${BUDGET} s budget (DEVICE_CHECK_BUDGET, DEVICE_CHECK_STEPS)"
+        FAILED=1
+        return 124
+    fi
+    [ "$left" -lt "$limit" ] && limit=$left
     t0=$(date +%s)
     timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
     rc=$?
