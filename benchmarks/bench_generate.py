@@ -38,6 +38,7 @@ import json
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -193,7 +194,14 @@ def main(argv: list[str] | None = None) -> int:
         rows: list[dict[str, Any]] = []
         for w, c, t in VARIANTS:
             print(f"bench_generate: {w} {c} {'T=' + str(t) if t else 'greedy'} ...", file=sys.stderr, flush=True)
-            rows.append(_run(info["mxfp8_dir"], w, c, t, prompts, args))
+            try:
+                rows.append(_run(info["mxfp8_dir"], w, c, t, prompts, args))
+            except Exception as e:  # noqa: BLE001  (one failing variant, e.g. its compilation, hides no other)
+                traceback.print_exc()
+                error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+                rows.append({"weights": w, "cache": c, "temperature": t, "error": error, "profile": None})
+                if args.device != "cpu":
+                    torch.cuda.empty_cache()
             # written after every variant: a run cut off by a time limit still reports what it measured
             text, missed = _report(rows, prompts, info, args)
             if args.out_prefix:
@@ -211,8 +219,8 @@ def _report(
 ) -> tuple[str, list[str]]:
     """The table (and the profiles) of the variants measured so far, and the targets missed once all are."""
     base = rows[0]
-    by = {(r["weights"], r["cache"]): r for r in rows if not r["temperature"]}
-    missed = []
+    by = {(r["weights"], r["cache"]): r for r in rows if not r["temperature"] and "error" not in r}
+    missed = [f"{r['weights']} {r['cache']} T={r['temperature']} failed: {r['error']}" for r in rows if "error" in r]
     lines = [
         f"generation: {info['n_params'] / 1e6:.0f} M params (hidden {args.hidden}, {args.layers} layers), "
         f"{len(prompts)} prompts, batch {args.batch_size}, {args.new_tokens} new tokens, greedy, "
@@ -222,19 +230,22 @@ def _report(
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        decoding = "T=" + str(r["temperature"]) if r["temperature"] else "greedy"
+        if "error" in r or "error" in base:
+            lines.append(f"| {r['weights']} | {r['cache']} | {decoding} | {r.get('error', '-')} | | | |")
+            continue
         diff = sum(r["completions"][t] != base["completions"][t] for t in prompts)
         r["differing"] = diff
         ratio = r["tokens_per_s"] / base["tokens_per_s"] if r["tokens_per_s"] and base["tokens_per_s"] else None
         r["ratio"] = round(ratio, 3) if ratio else None
         lines.append(
-            f"| {r['weights']} | {r['cache']} | {'T=' + str(r['temperature']) if r['temperature'] else 'greedy'} | "
-            f"{r['tokens_per_s']} | {r['ratio']}x | {r['first_batch_s']} | "
+            f"| {r['weights']} | {r['cache']} | {decoding} | {r['tokens_per_s']} | {r['ratio']}x | {r['first_batch_s']} | "
             + (f"{diff} of {len(prompts)} |" if not r["temperature"] else "(sampled) |")
         )
     if len(rows) < len(VARIANTS):
         lines += ["", f"targets: not judged yet ({len(rows)} of {len(VARIANTS)} variants measured)"]
     else:
-        if args.device != "cpu":
+        if args.device != "cpu" and len(by) == 4:  # (a variant that failed is in missed already)
             static = by[("bf16", "static")]["tokens_per_s"] or 0.0
             if static < TARGET_TOKENS_PER_S:
                 missed.append(f"bf16 static {static:.0f} tokens/s < {TARGET_TOKENS_PER_S}")

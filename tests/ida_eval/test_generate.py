@@ -199,3 +199,34 @@ def test_generation_benchmark_runs_on_the_cpu(tmp_path):
         assert pr["rows"] == 4 and pr["steps"] == 8 and pr["wall_ms_per_step"] > 0
         assert any(op == "aten::mm" for op, _, _ in pr["top_cpu_ops_ms"])
     assert rows[4]["profile"] is None and "profile, bf16 static (4 rows x 8 steps)" in res.stdout
+
+
+def test_generation_benchmark_reports_a_failed_variant_beside_the_others():
+    """A variant that raises (on a GPU: its compilation, say) becomes a row with its error and a missed
+    target; the other variants' rows and ratios stay, and the targets are judged once all have run."""
+    import argparse
+    import sys
+    from pathlib import Path
+
+    bench_dir = str(Path(__file__).resolve().parents[2] / "benchmarks")
+    sys.path.insert(0, bench_dir)
+    try:
+        import bench_generate as bench
+    finally:
+        sys.path.remove(bench_dir)
+    args = argparse.Namespace(hidden=8, layers=1, batch_size=2, new_tokens=4, device="cpu")
+    prompts = {"a": "x", "b": "y"}
+
+    def row(w, c, t=0.0, **kw):
+        return {"weights": w, "cache": c, "temperature": t, "profile": None, **kw}
+
+    done = dict(tokens_per_s=10.0, first_batch_s=1.0, completions={"a": "1", "b": "2"})
+    rows = [row("bf16", "dynamic", **done), row("bf16", "static", error="RuntimeError: no compiler")]
+    text, missed = bench._report(rows, prompts, {"n_params": 1e6}, args)
+    assert "| bf16 | static | greedy | RuntimeError: no compiler |" in text and "not judged yet" in text
+    assert missed == ["bf16 static T=0.0 failed: RuntimeError: no compiler"]
+    rows += [row("mxfp8", "static", **done), row("mxfp8", "dynamic", **dict(done, tokens_per_s=5.0))]
+    rows += [row("bf16", "dynamic", 0.8, **done)]
+    text, missed = bench._report(rows, prompts, {"n_params": 1e6}, args)
+    assert "| mxfp8 | dynamic | greedy | 5.0 | 0.5x | 1.0 | 0 of 2 |" in text
+    assert "targets: MISSED: bf16 static T=0.0 failed" in text and len(missed) == 1
