@@ -19,6 +19,7 @@ import functools
 import os
 import re
 import threading
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,8 @@ def decode_into(
     is ``[R, C]`` (or ``[C, R]`` with ``transpose``), bfloat16 or float32. The codec's bits either way.
 
     ``backend``: ``"auto"`` (default) runs one Triton kernel (:mod:`mxfp8_codec.triton_decode`) on
-    CUDA tensors when Triton is importable, else torch ops; ``"triton"`` / ``"torch"`` pick one (on
+    CUDA tensors when Triton is importable, else torch ops (also after the kernel once failed to compile
+    or launch: one warning, then torch ops for the process); ``"triton"`` / ``"torch"`` pick one (on
     the CPU ``"triton"`` runs only under ``TRITON_INTERPRET=1``: the tests). Partial blocks
     (``C % 32 != 0``) and other dtypes go through the codec (``decode_mxfp8``) whatever the backend.
 
@@ -82,10 +84,17 @@ def decode_into(
     if cols % 32 or out.dtype not in KERNEL_DTYPES:
         decode_mxfp8(payload, scales, dtype=out.dtype, out=out, transpose=transpose)
         return out
-    if backend == "triton" or (backend == "auto" and payload.device.type == "cuda" and _triton_available()):
+    if backend == "triton":
         from mxfp8_codec.triton_decode import decode_mxfp8_triton  # imports triton: only where it runs
 
         return decode_mxfp8_triton(payload, scales, out, transpose=transpose)
+    if backend == "auto" and payload.device.type == "cuda" and _triton_available() and _TRITON_FAILED is None:
+        from mxfp8_codec.triton_decode import decode_mxfp8_triton
+
+        try:
+            return decode_mxfp8_triton(payload, scales, out, transpose=transpose)
+        except Exception as e:  # noqa: BLE001  (whatever Triton raises while it compiles or launches)
+            _give_up_triton(e)  # then the torch ops below: the same values
     factor = scales.view(torch.float8_e8m0fnu).to(out.dtype).unsqueeze(-1)  # [R, C/32, 1]: 1/32 of the size
     if not transpose:
         view = out.view(rows, cols // 32, 32)
@@ -96,6 +105,23 @@ def decode_into(
     view.copy_(payload.view(torch.float8_e4m3fn).view(rows, cols // 32, 32))
     view.mul_(factor)
     return out
+
+
+_TRITON_FAILED: str | None = None  # why "auto" stopped using Triton in this process, once it had to
+
+
+def _give_up_triton(error: Exception) -> None:
+    """Where Triton cannot compile or launch the decode kernel (a Triton or driver this code has not met),
+    ``"auto"`` decodes with torch ops from then on: the same values, three kernels instead of one. Said once,
+    as a warning naming the error; ``backend="triton"`` raises it instead."""
+    global _TRITON_FAILED
+    _TRITON_FAILED = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+    warnings.warn(
+        f"mxfp8_codec: the Triton MXFP8 decode failed here ({_TRITON_FAILED}); decoding with torch ops from "
+        "now on (the same values, slower)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 @functools.cache

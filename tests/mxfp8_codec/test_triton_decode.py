@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -248,6 +249,33 @@ def test_cuda_decode_into_equals_cpu_decode_bit_for_bit() -> None:
     lin.payload, lin.scales = q.cuda(), s.cuda()
     want = decode_mxfp8(q, s, dtype=torch.bfloat16, transpose=True)
     assert torch.equal(lin.decode_weight().cpu().view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the Triton decode on GPU)")
+def test_where_triton_fails_auto_warns_once_and_decodes_with_torch_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Triton that cannot compile the kernel (injected: the kernel raises as a failed compilation does):
+    "auto" says so once and decodes with the torch ops from then on; "triton" raises."""
+
+    def broken(*_a: object, **_k: object) -> torch.Tensor:
+        raise RuntimeError("PassManager::run failed\n(more lines)")
+
+    monkeypatch.setattr(triton_decode, "decode_mxfp8_triton", broken)
+    monkeypatch.setattr(hf_modules, "_TRITON_FAILED", None)
+    monkeypatch.setattr(hf_modules, "_triton_available", lambda: True)
+    q, s = _every_pair()
+    qc, sc = q.cuda(), s.cuda()
+    want = decode_mxfp8(q, s, dtype=torch.bfloat16)
+    with pytest.warns(
+        RuntimeWarning, match=r"Triton MXFP8 decode failed here \(RuntimeError: PassManager::run failed\)"
+    ):
+        got = hf_modules.decode_into(qc, sc, torch.empty(q.shape, dtype=torch.bfloat16, device="cuda"), transpose=False)
+    assert _torch_ops_equal(got.cpu(), want, torch.int16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        hf_modules.decode_into(qc, sc, torch.empty(q.shape, dtype=torch.bfloat16, device="cuda"), transpose=False)
+    with pytest.raises(RuntimeError, match="PassManager"):
+        hf_modules.decode_into(qc, sc, torch.empty(q.shape, device="cuda"), transpose=False, backend="triton")
 
 
 if __name__ == "__main__":
