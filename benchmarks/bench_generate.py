@@ -102,7 +102,13 @@ def _run(
     first_s = marks[0][0] - t0
     steady_s = marks[-1][0] - marks[0][0]
     steady_tokens = sum(n for _, n in marks[1:])
-    profile = _profile(model, tok, prompts, cfg, args) if args.profile and not temperature else None
+    profile = None
+    if args.profile and not temperature:
+        try:  # (the profiler over CUDA graphs is the least tried part: its failure keeps the measurement)
+            profile = _profile(model, tok, prompts, cfg, args)
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            profile = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
     del model
     if args.device != "cpu":
         torch.cuda.empty_cache()
@@ -256,6 +262,9 @@ def _report(
         lines += ["", "targets: " + ("MISSED: " + "; ".join(missed) if missed else "met (or CPU: informational)")]
     for r in (r for r in rows if r["profile"]):
         pr = r["profile"]
+        if "error" in pr:
+            lines += ["", f"profile, {r['weights']} {r['cache']}: failed: {pr['error']}"]
+            continue
         lines += [
             "",
             f"profile, {r['weights']} {r['cache']} ({pr['rows']} rows x {pr['steps']} steps): per step "
