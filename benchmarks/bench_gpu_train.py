@@ -153,7 +153,12 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
             times.append(time.perf_counter() - t0)
             tokens.append(batch.num_tokens)
             losses.append(loss)
-    prof = _profile_step(engine, opt, batcher, optim.grad_clip, sync) if args.profile else None
+    prof = None
+    if args.profile:
+        try:  # a profiler that fails (even out of memory) keeps the measurement above
+            prof = _profile_step(engine, opt, batcher, optim.grad_clip, sync)
+        except Exception as e:  # noqa: BLE001
+            print(f"bench_gpu_train: the profiled step failed: {type(e).__name__}: {e}", file=sys.stderr)
     step_s = statistics.median(times)
     tok_s = statistics.mean(tokens) / step_s
     flops = _model_flops_per_token(cfg, args.seq) * tok_s
