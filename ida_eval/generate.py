@@ -388,7 +388,7 @@ def generate_completions(
         >>> gens = generate_completions(model, tok, {"MBPP/2": prompt}, DecodingConfig(batch_size=4))  # doctest: +SKIP
         >>> gens[0].completion  # doctest: +SKIP
     """
-    from transformers import GenerationConfig, LogitsProcessorList
+    from transformers import CompileConfig, GenerationConfig, LogitsProcessorList
 
     units = [
         (t, j)
@@ -409,12 +409,13 @@ def generate_completions(
         pad_token_id=pad_id,
         eos_token_id=eos or None,
         stop_strings=list(config.stop_strings) or None,
-        **(
-            {"cache_implementation": "static", "compile_config": static_compile_config()}
-            if config.cache == "static"
-            else {}
-        ),
+        **({"cache_implementation": "static"} if config.cache == "static" else {}),
     )
+    device = _input_device(model)
+    if config.cache == "static" and (device.type != "cpu" or getattr(CompileConfig, "_compile_all_devices", None)):
+        # only where transformers compiles (an accelerator, or everywhere when its own switch says so: the
+        # tests): elsewhere a compile_config makes it warn that it will not compile
+        gen_config.compile_config = static_compile_config()
     encoded = {tid: tokenizer(prompts[tid])["input_ids"] for tid in {t for t, _ in units}}
     order = sorted(units, key=lambda u: -len(encoded[u[0]]))  # stable: a task's samples stay together
     # a static cache: one padded length for every batch, so a compiled decoding step is compiled once
@@ -422,7 +423,6 @@ def generate_completions(
     padding: dict[str, Any] = (
         {"padding": "max_length", "max_length": longest} if config.cache == "static" else {"padding": True}
     )
-    device = _input_device(model)
     model.eval()
     out: dict[tuple[str, int], Generation] = {}
     unit = "task" if not config.sampling else "sample"
