@@ -10,7 +10,8 @@ vector loads, rows a multiple of 32) as template constants, compiles it for sm_9
 
 Each hot path is straight-line code, so the count is what one thread executes, except the IEEE division's
 slow path (a subroutine the scales' divisions call only for extreme operands), which is counted but rarely
-run.  Per element: quantize threads own 16 elements, Lion threads 8.
+run.  Per element: quantize threads own 16 elements per 1x16 block (two blocks since ``NV_QUANT_NB``), Lion
+threads 8.
 
 Needs nvcc, and cuobjdump + nvdisasm (the test extra installs them: the ``nvidia-cuda-cuobjdump`` and
 ``nvidia-cuda-nvdisasm`` wheels, in ``site-packages/nvidia/cu13/bin``, found automatically).  Also the
@@ -76,6 +77,9 @@ def specialise(rev: str | None) -> tuple[str, dict[str, str]]:
         )
     ]
     names: dict[str, str] = {}
+    nb = re.search(r"#define NV_QUANT_NB .*\n", quant)  # blocks per thread (since 2 per thread)
+    if nb:
+        k = nb.group(0) + k
     if "int64_t valid_cols, int transpose," in k:  # since the transposed read: transpose fixed too
         k = _replace(
             k,
@@ -191,8 +195,8 @@ def _tool(name: str) -> str:
     raise SystemExit(f"sass_hot_path: {name} not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
 
 
-def count(rev: str | None) -> dict[str, int]:
-    """{path name: SASS instructions} for the sources at ``rev`` (None: the working tree)."""
+def opcodes(rev: str | None) -> dict[str, list[str]]:
+    """{path name: its SASS opcodes, NOPs left out} for the sources at ``rev`` (None: the working tree)."""
     text, names = specialise(rev)
     cuobjdump = _tool("cuobjdump")
     env = dict(os.environ, PATH=f"{Path(_tool('nvdisasm')).parent}{os.pathsep}{os.environ.get('PATH', '')}")
@@ -216,37 +220,63 @@ def count(rev: str | None) -> dict[str, int]:
         sass = subprocess.run(
             [cuobjdump, "-sass", str(d / "hot.cubin")], capture_output=True, text=True, check=True, env=env
         )
-    counts: dict[str, int] = {}
+    ops: dict[str, list[str]] = {}  # path name -> its opcodes in order
     current = None
     for line in sass.stdout.splitlines():
         m = re.search(r"Function : (\S+)", line)
         if m:
             current = next((v for k, v in names.items() if m.group(1).startswith(k)), None)
             if current is not None:
-                counts[current] = 0
+                ops[current] = []
             continue
         m = re.match(r"\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", line)
         if current is not None and m and m.group(1) != "NOP":
-            counts[current] += 1
-    return counts
+            ops[current].append(m.group(1))
+    return ops
+
+
+def count(rev: str | None) -> dict[str, int]:
+    """{path name: SASS instructions} for the sources at ``rev`` (None: the working tree)."""
+    return {name: len(o) for name, o in opcodes(rev).items()}
+
+
+def main_body(ops: list[str]) -> int:
+    """Instructions before the function's subroutines (the IEEE division's slow paths, which a thread calls
+    only for extreme operands): up to its last EXIT before the first RET. Still counted: the branch one
+    thread per CUDA block takes to compute the tensor scales, and the division's fallback test."""
+    first_ret = ops.index("RET") if "RET" in ops else len(ops)
+    return max(i for i, op in enumerate(ops[:first_ret]) if op == "EXIT") + 1
+
+
+def elements_per_thread(rev: str | None, name: str) -> int:
+    """Elements one thread of the hot path ``name`` owns at ``rev``: a Lion thread 8, a quantizer thread
+    16 per 1x16 block it owns (``NV_QUANT_NB``, 2 since the quantizer took two blocks per thread)."""
+    if not name.startswith("quantize"):
+        return 8
+    nb = re.search(r"#define NV_QUANT_NB (\d+)", _source(rev, "nvfp4_quant.cu"))
+    return 16 * (int(nb.group(1)) if nb else 1)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print a markdown table: instructions per thread and per element, and against ``--rev`` when given."""
+    """Print a markdown table: instructions per thread and per element, and against ``--rev`` when given
+    (the ratio per element: a thread may own more elements at one revision than at the other)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rev", default=None, help="also count this git revision's kernels, side by side")
     args = ap.parse_args(argv)
-    now = count(None)
-    before = count(args.rev) if args.rev else {}
-    head = "| hot path (sm_90) | SASS / thread | / element |"
-    print(head + (f" at {args.rev} | ratio |" if before else ""))
-    print("|---|---|---|" + ("---|---|" if before else ""))
+    now = opcodes(None)
+    before = opcodes(args.rev) if args.rev else {}
+    head = "| hot path (sm_90) | SASS / thread | main body | elements / thread | body / element |"
+    print(head + (f" body / element at {args.rev} | ratio |" if before else ""))
+    print("|---|---|---|---|---|" + ("---|---|" if before else ""))
     for name in [q[0] for q in QUANT_PATHS] + [lp[0] for lp in LION_PATHS]:
-        n = now[name]
-        per = 16 if name.startswith("quantize") else 8
-        row = f"| {name} | {n} | {n / per:.0f} |"
+        body, per = main_body(now[name]), elements_per_thread(None, name)
+        row = f"| {name} | {len(now[name])} | {body} | {per} | {body / per:.1f} |"
         if before:
-            row += f" {before[name]} | {n / before[name]:.2f}x |" if name in before else " - | - |"
+            if name in before:
+                b = main_body(before[name]) / elements_per_thread(args.rev, name)
+                row += f" {b:.1f} | {body / per / b:.2f}x |"
+            else:
+                row += " - | - |"
         print(row)
     return 0
 

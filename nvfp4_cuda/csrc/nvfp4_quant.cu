@@ -2,9 +2,10 @@
 // dequantize and the standalone Hadamard transform.  Semantics: nvfp4_cuda/reference.py.
 //
 // Thread layout of the quantizer: a CUDA block is 16 x 16 threads; threadIdx.y is the row inside a
-// 16-row tile, threadIdx.x indexes 16 consecutive 16-element column blocks.  Each thread owns one
-// 1x16 block (its 16 values live in registers), so the 16x16 tile amax is a shared-memory max over
-// threadIdx.y.  Scales follow Transformer Engine's float32 op order exactly (see reference.py).
+// 16-row tile, threadIdx.x indexes 16 consecutive 16-element column blocks, and each thread owns the
+// 1x16 blocks threadIdx.x and threadIdx.x + 16 of its row (NV_QUANT_NB = 2; their 32 values live in
+// registers), so a CUDA block covers 16 rows x 512 columns and the 16x16 tile amax is a shared-memory
+// max over threadIdx.y.  Scales follow Transformer Engine's float32 op order exactly (see reference.py).
 //
 // A transposed input (transpose = 1: stored [valid_cols, rows], e.g. the activations [tokens, features] of a
 // weight-gradient operand whose 1x16 blocks run along the tokens) maps a warp's lanes to 32 consecutive
@@ -19,6 +20,8 @@
 // per block, on a grid of a few blocks per multiprocessor (one atomic per warp on one address
 // serialised in L2 and cost more than the pass itself).
 #include "nvfp4_common.cuh"
+
+#define NV_QUANT_NB 2  // 1x16 blocks per quantizer thread (nv_quantize_kernel)
 
 __global__ void nv_zero_f32(float *p) { *p = 0.0f; }
 
@@ -74,58 +77,13 @@ __device__ __forceinline__ void nv_tensor_scales(float amax, float *s_enc, float
   *s_dec = 1.0f / se;
 }
 
-// DECODED: instead of codes and block scales, write each element's exact value e2m1 * e4m3(scale)
-// as BF16 (what nv_decode_bf16_kernel would make of them), for a GEMM operand whose codes nobody needs.
-// The rounding mode, the Hadamard rotation and the output form are template parameters: each launched kernel is
-// straight-line code for its path (fewer instructions and registers than one kernel branching on all of them).
-template <bool SR, bool HADAMARD, bool DECODED>
-__global__ void nv_quantize_kernel(const void *x, int dtype, const uint8_t *x_scales, int64_t rows, int64_t cols,
-                                   int64_t valid_cols, int transpose, int vec, int block_2d, uint32_t key2,
-                                   uint32_t key3, const float *amax_p, uint8_t *codes, uint8_t *block_scales,
-                                   float *tensor_scale, __nv_bfloat16 *decoded) {
-  __shared__ float tile_amax[16][16];
-  __shared__ uint32_t tab[256];
-  __shared__ float tscale[2];  // the per-tensor s_enc, s_dec: two IEEE divisions once per CUDA block, not per thread
-  if (DECODED) nv_e2m1_pair_table(tab, threadIdx.y * 16 + threadIdx.x);  // 16 x 16 threads
-  if (threadIdx.x == 0 && threadIdx.y == 0) nv_tensor_scales(*amax_p, &tscale[0], &tscale[1]);
-  const int64_t ncb = cols / 16;
-  int64_t r, cb;  // this thread's block: logical row r, columns 16 cb .. 16 cb + 15
-  if (transpose) {  // a CUDA block takes 32 logical rows (a warp's lanes) x 8 column blocks (its warps)
-    const int tid = threadIdx.y * 16 + threadIdx.x;
-    r = (int64_t)blockIdx.x * 32 + (tid & 31);
-    cb = (int64_t)blockIdx.y * 8 + (tid >> 5);
-  } else {  // 16 rows (threadIdx.y) x 16 column blocks (threadIdx.x)
-    r = (int64_t)blockIdx.y * 16 + threadIdx.y;
-    cb = (int64_t)blockIdx.x * 16 + threadIdx.x;
-  }
-  const bool active = r < rows && cb < ncb;
-  float y[16];
-  float bam = 0.0f;
-  if (active) {
-    if (vec) {
-      nv_load16_vec(x, dtype, x_scales, cols, r, cb * 16, y);
-    } else if (transpose) {
-      nv_load16_transposed(x, dtype, x_scales, rows, valid_cols, r, cb, y);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) y[i] = nv_load(x, dtype, x_scales, cols, r, cb * 16 + i);
-    }
-    if (HADAMARD) nv_hadamard16(y);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) bam = fmaxf(bam, fabsf(y[i]));
-  }
-  if (block_2d && !transpose) tile_amax[threadIdx.y][threadIdx.x] = bam;
-  __syncthreads();  // after the loads are issued: the table, the tensor scales and the tile amaxes are ready
-  if (block_2d && transpose) {  // a 16x16 tile is 16 neighbouring lanes (rows) of one warp (one column block)
-    for (int off = 8; off > 0; off >>= 1) bam = fmaxf(bam, __shfl_xor_sync(0xFFFFFFFFu, bam, off));
-  } else if (block_2d) {
-    float t = 0.0f;
-    for (int i = 0; i < 16; ++i) t = fmaxf(t, tile_amax[i][threadIdx.x]);
-    bam = t;
-  }
-  if (!active) return;
-  const float s_enc = tscale[0], s_dec = tscale[1];
-  if (r == 0 && cb == 0) *tensor_scale = s_dec;
+// One 1x16 block after its amax is known: the block scale, the codes (RNE or SR), then either codes and
+// scale byte or (DECODED) the block's exact BF16 values.  r, cb: the block's logical row and column block.
+template <bool SR, bool DECODED>
+__device__ __forceinline__ void nv_quantize_block(const float (&y)[16], float bam, float s_enc, float s_dec,
+                                                  int64_t r, int64_t cb, int64_t cols, uint32_t key2, uint32_t key3,
+                                                  const uint32_t *tab, uint8_t *codes, uint8_t *block_scales,
+                                                  __nv_bfloat16 *decoded) {
   // the block scale: E4M3 RNE of a finite sf_f in [0, 448] (bam is never NaN: fmaxf drops NaNs), one cvt each way
   const float sf_f = fminf(bam * (s_enc * NVFP4_ONE_SIXTH), 448.0f);
   const uint32_t sf_code = nv_e4m3x2_encode_rne(sf_f, 0.0f) & 0xFFu;
@@ -151,7 +109,7 @@ __global__ void nv_quantize_kernel(const void *x, int dtype, const uint8_t *x_sc
     dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
     return;
   }
-  block_scales[r * ncb + cb] = (uint8_t)sf_code;
+  block_scales[r * (cols / 16) + cb] = (uint8_t)sf_code;
   uint32_t lo = 0, hi = 0;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
@@ -160,6 +118,79 @@ __global__ void nv_quantize_kernel(const void *x, int dtype, const uint8_t *x_sc
   }
   uint2 packed = make_uint2(lo, hi);  // bytes little-endian: element 2j in the low nibble of byte j
   *reinterpret_cast<uint2 *>(codes + r * (cols / 2) + cb * 8) = packed;
+}
+
+// DECODED: instead of codes and block scales, write each element's exact value e2m1 * e4m3(scale)
+// as BF16 (what nv_decode_bf16_kernel would make of them), for a GEMM operand whose codes nobody needs.
+// The rounding mode, the Hadamard rotation and the output form are template parameters: each launched kernel is
+// straight-line code for its path (fewer instructions and registers than one kernel branching on all of them).
+// Each thread owns NV_QUANT_NB blocks of its row (column blocks cb0 and cb0 + 16, or cb0 + 8 transposed), so
+// its indices, the barrier and the tensor scales are paid once per 32 elements instead of 16.
+template <bool SR, bool HADAMARD, bool DECODED>
+__global__ void nv_quantize_kernel(const void *x, int dtype, const uint8_t *x_scales, int64_t rows, int64_t cols,
+                                   int64_t valid_cols, int transpose, int vec, int block_2d, uint32_t key2,
+                                   uint32_t key3, const float *amax_p, uint8_t *codes, uint8_t *block_scales,
+                                   float *tensor_scale, __nv_bfloat16 *decoded) {
+  constexpr int NB = NV_QUANT_NB;
+  __shared__ float tile_amax[16][16 * NB];
+  __shared__ uint32_t tab[256];
+  __shared__ float tscale[2];  // the per-tensor s_enc, s_dec: two IEEE divisions once per CUDA block, not per thread
+  const int tid = threadIdx.y * 16 + threadIdx.x;  // 16 x 16 threads
+  if (DECODED) nv_e2m1_pair_table(tab, tid);
+  if (tid == 0) nv_tensor_scales(*amax_p, &tscale[0], &tscale[1]);
+  const int64_t ncb = cols / 16;
+  int64_t r, cb0;  // this thread's blocks: logical row r, column blocks cb0 + h * cstep (16 columns each)
+  int cstep;
+  if (transpose) {  // a CUDA block takes 32 logical rows (a warp's lanes) x 8 NB column blocks (its warps)
+    r = (int64_t)blockIdx.x * 32 + (tid & 31);
+    cb0 = (int64_t)blockIdx.y * (8 * NB) + (tid >> 5);
+    cstep = 8;
+  } else {  // 16 rows (threadIdx.y) x 16 NB column blocks (threadIdx.x)
+    r = (int64_t)blockIdx.y * 16 + threadIdx.y;
+    cb0 = (int64_t)blockIdx.x * (16 * NB) + threadIdx.x;
+    cstep = 16;
+  }
+  float y[NB][16];
+  float bam[NB];
+  bool active[NB];
+#pragma unroll
+  for (int h = 0; h < NB; ++h) {
+    const int64_t cb = cb0 + h * cstep;
+    active[h] = r < rows && cb < ncb;
+    bam[h] = 0.0f;
+    if (active[h]) {
+      if (vec) {
+        nv_load16_vec(x, dtype, x_scales, cols, r, cb * 16, y[h]);
+      } else if (transpose) {
+        nv_load16_transposed(x, dtype, x_scales, rows, valid_cols, r, cb, y[h]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) y[h][i] = nv_load(x, dtype, x_scales, cols, r, cb * 16 + i);
+      }
+      if (HADAMARD) nv_hadamard16(y[h]);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) bam[h] = fmaxf(bam[h], fabsf(y[h][i]));
+    }
+    if (block_2d && !transpose) tile_amax[threadIdx.y][threadIdx.x + 16 * h] = bam[h];
+  }
+  __syncthreads();  // after the loads are issued: the table, the tensor scales and the tile amaxes are ready
+#pragma unroll
+  for (int h = 0; h < NB; ++h) {
+    if (block_2d && transpose) {  // a 16x16 tile is 16 neighbouring lanes (rows) of one warp (one column block)
+      for (int off = 8; off > 0; off >>= 1) bam[h] = fmaxf(bam[h], __shfl_xor_sync(0xFFFFFFFFu, bam[h], off));
+    } else if (block_2d) {
+      float t = 0.0f;
+      for (int i = 0; i < 16; ++i) t = fmaxf(t, tile_amax[i][threadIdx.x + 16 * h]);
+      bam[h] = t;
+    }
+  }
+  const float s_enc = tscale[0], s_dec = tscale[1];
+  if (r == 0 && cb0 == 0) *tensor_scale = s_dec;
+#pragma unroll
+  for (int h = 0; h < NB; ++h)
+    if (active[h])
+      nv_quantize_block<SR, DECODED>(y[h], bam[h], s_enc, s_dec, r, cb0 + h * cstep, cols, key2, key3, tab, codes,
+                                     block_scales, decoded);
 }
 
 __global__ void nv_dequantize_kernel(const uint8_t *codes, const uint8_t *block_scales, const float *tensor_scale,
@@ -265,8 +296,9 @@ cudaError_t nv_launch_quantize(const void *x, int dtype, const uint8_t *xs, int6
                                cudaStream_t st) {
   if (rows == 0 || cols == 0) return cudaSuccess;  // nothing to launch (a 0-sized grid is a launch error)
   const dim3 block(16, 16);
-  const dim3 grid = transpose ? dim3((unsigned int)((rows + 31) / 32), (unsigned int)((cols / 16 + 7) / 8))
-                              : dim3((unsigned int)((cols / 16 + 15) / 16), (unsigned int)((rows + 15) / 16));
+  const int64_t ncb = cols / 16;  // a CUDA block: 32 rows x 8 NB column blocks transposed, else 16 x 16 NB
+  const dim3 grid = transpose ? dim3((unsigned int)((rows + 31) / 32), (unsigned int)((ncb + 8 * NV_QUANT_NB - 1) / (8 * NV_QUANT_NB)))
+                              : dim3((unsigned int)((ncb + 16 * NV_QUANT_NB - 1) / (16 * NV_QUANT_NB)), (unsigned int)((rows + 15) / 16));
   const int vec = nv_vec_input(x, transpose);
 #define NV_QUANTIZE(SR, HAD, DEC)                                                                                \
   nv_quantize_kernel<SR, HAD, DEC><<<grid, block, 0, st>>>(x, dtype, xs, rows, cols, valid_cols, transpose, vec,   \
