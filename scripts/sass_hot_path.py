@@ -32,6 +32,7 @@ import sys
 import sysconfig
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -195,8 +196,16 @@ def _tool(name: str) -> str:
     raise SystemExit(f"sass_hot_path: {name} not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
 
 
-def opcodes(rev: str | None) -> dict[str, list[str]]:
-    """{path name: its SASS opcodes, NOPs left out} for the sources at ``rev`` (None: the working tree)."""
+class Op(NamedTuple):
+    """One SASS instruction: its address, opcode and, for a branch, its target address."""
+
+    addr: int
+    opcode: str
+    target: int | None
+
+
+def opcodes(rev: str | None) -> dict[str, list[Op]]:
+    """{path name: its SASS instructions, NOPs left out} for the sources at ``rev`` (None: the working tree)."""
     text, names = specialise(rev)
     cuobjdump = _tool("cuobjdump")
     env = dict(os.environ, PATH=f"{Path(_tool('nvdisasm')).parent}{os.pathsep}{os.environ.get('PATH', '')}")
@@ -220,7 +229,7 @@ def opcodes(rev: str | None) -> dict[str, list[str]]:
         sass = subprocess.run(
             [cuobjdump, "-sass", str(d / "hot.cubin")], capture_output=True, text=True, check=True, env=env
         )
-    ops: dict[str, list[str]] = {}  # path name -> its opcodes in order
+    ops: dict[str, list[Op]] = {}  # path name -> its instructions in order
     current = None
     for line in sass.stdout.splitlines():
         m = re.search(r"Function : (\S+)", line)
@@ -229,9 +238,10 @@ def opcodes(rev: str | None) -> dict[str, list[str]]:
             if current is not None:
                 ops[current] = []
             continue
-        m = re.match(r"\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", line)
-        if current is not None and m and m.group(1) != "NOP":
-            ops[current].append(m.group(1))
+        m = re.match(r"\s+/\*([0-9a-f]{4})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)([^;]*)", line)
+        if current is not None and m and m.group(2) != "NOP":
+            target = re.search(r"0x([0-9a-f]+)", m.group(3)) if m.group(2) == "BRA" else None
+            ops[current].append(Op(int(m.group(1), 16), m.group(2), int(target.group(1), 16) if target else None))
     return ops
 
 
@@ -240,17 +250,32 @@ def count(rev: str | None) -> dict[str, int]:
     return {name: len(o) for name, o in opcodes(rev).items()}
 
 
-def main_body(ops: list[str]) -> int:
+def main_body(ops: list[Op]) -> int:
     """Instructions before the function's subroutines (the IEEE division's slow paths, which a thread calls
     only for extreme operands): up to its last EXIT before the first RET. Still counted: the branch one
     thread per CUDA block takes to compute the tensor scales, and the division's fallback test."""
-    first_ret = ops.index("RET") if "RET" in ops else len(ops)
-    return max(i for i, op in enumerate(ops[:first_ret]) if op == "EXIT") + 1
+    names = [op.opcode for op in ops]
+    first_ret = names.index("RET") if "RET" in names else len(names)
+    return max(i for i, name in enumerate(names[:first_ret]) if name == "EXIT") + 1
+
+
+def per_iteration(ops: list[Op]) -> int:
+    """What a thread executes per unit of work: the loop that holds most of the main body (a grid-stride
+    loop: the Lion step, one MXFP8 block's 8 elements per turn), or the whole main body where there is none
+    (the quantizer: straight-line code; a short loop inside it, e.g. a table's, is part of the body). A
+    thread that makes one turn only still pays the rest of the main body: how many turns it makes is the
+    launcher's choice, which this count cannot see."""
+    body = ops[: main_body(ops)]
+    index = {op.addr: i for i, op in enumerate(body)}
+    loops = [i - index[op.target] + 1 for i, op in enumerate(body) if op.target is not None and op.target < op.addr]
+    work = [n for n in loops if 2 * n > len(body)]
+    return max(work, default=len(body))
 
 
 def elements_per_thread(rev: str | None, name: str) -> int:
-    """Elements one thread of the hot path ``name`` owns at ``rev``: a Lion thread 8, a quantizer thread
-    16 per 1x16 block it owns (``NV_QUANT_NB``, 2 since the quantizer took two blocks per thread)."""
+    """Elements one thread of the hot path ``name`` handles per unit of work at ``rev``: a Lion thread 8 per
+    turn of its loop, a quantizer thread 16 per 1x16 block it owns (``NV_QUANT_NB``, 2 since the quantizer
+    took two blocks per thread)."""
     if not name.startswith("quantize"):
         return 8
     nb = re.search(r"#define NV_QUANT_NB (\d+)", _source(rev, "nvfp4_quant.cu"))
@@ -258,23 +283,25 @@ def elements_per_thread(rev: str | None, name: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print a markdown table: instructions per thread and per element, and against ``--rev`` when given
-    (the ratio per element: a thread may own more elements at one revision than at the other)."""
+    """Print a markdown table: instructions per thread (all, main body, one turn of the work) and per
+    element, and against ``--rev`` when given (per element: a thread may own more elements at one revision
+    than at the other)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rev", default=None, help="also count this git revision's kernels, side by side")
     args = ap.parse_args(argv)
     now = opcodes(None)
     before = opcodes(args.rev) if args.rev else {}
-    head = "| hot path (sm_90) | SASS / thread | main body | elements / thread | body / element |"
-    print(head + (f" body / element at {args.rev} | ratio |" if before else ""))
-    print("|---|---|---|---|---|" + ("---|---|" if before else ""))
+    head = "| hot path (sm_90) | SASS / thread | main body | per turn | elements / turn | per element |"
+    print(head + (f" per element at {args.rev} | ratio |" if before else ""))
+    print("|---|---|---|---|---|---|" + ("---|---|" if before else ""))
     for name in [q[0] for q in QUANT_PATHS] + [lp[0] for lp in LION_PATHS]:
-        body, per = main_body(now[name]), elements_per_thread(None, name)
-        row = f"| {name} | {len(now[name])} | {body} | {per} | {body / per:.1f} |"
+        ops, per = now[name], elements_per_thread(None, name)
+        turn = per_iteration(ops)
+        row = f"| {name} | {len(ops)} | {main_body(ops)} | {turn} | {per} | {turn / per:.1f} |"
         if before:
             if name in before:
-                b = main_body(before[name]) / elements_per_thread(args.rev, name)
-                row += f" {b:.1f} | {body / per / b:.2f}x |"
+                b = per_iteration(before[name]) / elements_per_thread(args.rev, name)
+                row += f" {b:.1f} | {turn / per / b:.2f}x |"
             else:
                 row += " - | - |"
         print(row)

@@ -128,13 +128,15 @@ inline unsigned atomicMax(unsigned *p, unsigned v) {
 inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
 inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 
-// The runtime calls the launchers make: a pretend device with 2 multiprocessors (small grids, so the
-// grid-stride loops run several rounds on test-sized tensors).
+// The runtime calls the launchers make: a pretend device with 2 multiprocessors holding 2 CUDA blocks each
+// (small grids, so the grid-stride loops run several rounds on test-sized tensors).
 inline cudaError_t emu_get_device(int *d) { *d = 0; return cudaSuccess; }
 inline cudaError_t emu_attribute(int *v, cudaDeviceAttr a, int) {
   *v = a == cudaDevAttrMultiProcessorCount ? 2 : (a == cudaDevAttrComputeCapabilityMajor ? 9 : 0);
   return cudaSuccess;
 }
+template <class K>
+inline cudaError_t emu_occupancy(int *blocks, K, int, size_t) { *blocks = 2; return cudaSuccess; }
 inline cudaError_t emu_last_error() { return emu::errors.load() ? cudaErrorLaunchFailure : cudaSuccess; }
 inline cudaError_t emu_device_count(int *n) { *n = 1; return cudaSuccess; }
 inline cudaError_t emu_memset_async(void *p, int v, size_t n, cudaStream_t) { memset(p, v, n); return cudaSuccess; }
@@ -142,6 +144,7 @@ inline const char *emu_error_name(cudaError_t) { return "cudaErrorLaunchFailure"
 inline const char *emu_error_string(cudaError_t) { return "emulated kernel failed a check (see stderr)"; }
 #define cudaGetDevice emu_get_device
 #define cudaDeviceGetAttribute emu_attribute
+#define cudaOccupancyMaxActiveBlocksPerMultiprocessor emu_occupancy
 #define cudaGetLastError emu_last_error
 #define cudaGetDeviceCount emu_device_count
 #define cudaMemsetAsync emu_memset_async
