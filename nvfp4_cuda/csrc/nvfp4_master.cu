@@ -351,8 +351,8 @@ cudaError_t nv_launch_lion_bf16(__nv_bfloat16 *param, const void *grad, int grad
                                 uint32_t k2, uint32_t k3, cudaStream_t st) {
   if (n == 0) return cudaSuccess;
   const int vec = (uintptr_t)param % 16 == 0 && (uintptr_t)grad % 16 == 0 && (uintptr_t)mom % 16 == 0;
-  nv_lion_bf16_kernel<<<nv_grid((n + 7) / 8, 256), 256, 0, st>>>(param, grad, grad_dtype, mom, n, lr, decay, b1, omb1,
-                                                                 b2, omb2, writeback, k2, k3, vec);
+  nv_lion_bf16_kernel<<<nv_one_wave<nv_lion_bf16_kernel>(nv_grid((n + 7) / 8, 256), 256), 256, 0, st>>>(
+      param, grad, grad_dtype, mom, n, lr, decay, b1, omb1, b2, omb2, writeback, k2, k3, vec);
   return cudaGetLastError();
 }
 
