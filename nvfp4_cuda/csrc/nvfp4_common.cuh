@@ -238,3 +238,29 @@ __device__ __forceinline__ void nv_store(void *out, int out_dtype, int64_t idx, 
   else
     ((__nv_bfloat16 *)out)[idx] = __float2bfloat16_rn(v);
 }
+
+// ---- launch helpers (host) -------------------------------------------------------------------------
+// A grid-stride kernel's 1-D grid: ceil(work / threads) CUDA blocks, at least 1, at most 65535 * 8.
+static inline unsigned int nv_grid(int64_t work, int threads) {
+  int64_t g = (work + threads - 1) / threads;
+  if (g < 1) g = 1;
+  if (g > 65535 * 8) g = 65535 * 8;
+  return (unsigned int)g;
+}
+
+// A grid-stride kernel's grid: at most the CUDA blocks the device holds at once (one wave, no partly filled
+// last wave), never more than ``grid``. The occupancy query runs once per kernel (the first device's answer).
+template <auto KERNEL>
+static inline unsigned int nv_one_wave(unsigned int grid, int threads) {
+  static int resident = 0;  // CUDA blocks of KERNEL in one wave (0: not asked yet)
+  if (resident == 0) {
+    int dev = 0, sms = 0, per_sm = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, KERNEL, threads, 0) != cudaSuccess || sms * per_sm < 1) {
+      (void)cudaGetLastError();  // (a failed query leaves the grid as it was)
+      return grid;
+    }
+    resident = sms * per_sm;
+  }
+  return grid < (unsigned int)resident ? grid : (unsigned int)resident;
+}

@@ -258,13 +258,6 @@ __global__ void nv_hadamard_kernel(const void *x, int dtype, int64_t rows, int64
   }
 }
 
-static unsigned int nv_grid_1d(int64_t work, int threads) {
-  int64_t g = (work + threads - 1) / threads;
-  if (g < 1) g = 1;
-  if (g > 65535 * 8) g = 65535 * 8;
-  return (unsigned int)g;
-}
-
 // 16-byte loads when the input is row-major and its pointer 16-byte aligned (cols % 16 == 0 is checked by
 // the caller, so every 16-element block then starts on a 16-byte boundary).
 static int nv_vec_input(const void *x, int transpose) { return !transpose && ((uintptr_t)x % 16 == 0); }
@@ -320,7 +313,7 @@ cudaError_t nv_launch_quantize(const void *x, int dtype, const uint8_t *xs, int6
 
 cudaError_t nv_launch_dequantize(const uint8_t *codes, const uint8_t *scales, const float *ts, int64_t rows,
                                  int64_t cols, void *out, int out_dtype, cudaStream_t st) {
-  nv_dequantize_kernel<<<nv_grid_1d(rows * cols, 256), 256, 0, st>>>(codes, scales, ts, rows, cols, out, out_dtype);
+  nv_dequantize_kernel<<<nv_grid(rows * cols, 256), 256, 0, st>>>(codes, scales, ts, rows, cols, out, out_dtype);
   return cudaGetLastError();
 }
 
@@ -328,12 +321,12 @@ cudaError_t nv_launch_decode_bf16(const uint8_t *codes, const uint8_t *scales, i
                                   __nv_bfloat16 *out, cudaStream_t st) {
   const int64_t nhalf = rows * cols / 8;  // half blocks of 8 elements
   if (nhalf == 0) return cudaSuccess;
-  nv_decode_bf16_kernel<<<nv_grid_1d((nhalf + NV_DEC_UNROLL - 1) / NV_DEC_UNROLL, 256), 256, 0, st>>>(
+  nv_decode_bf16_kernel<<<nv_grid((nhalf + NV_DEC_UNROLL - 1) / NV_DEC_UNROLL, 256), 256, 0, st>>>(
       (const uint32_t *)codes, scales, nhalf, (uint4 *)out);
   return cudaGetLastError();
 }
 
 cudaError_t nv_launch_hadamard(const void *x, int dtype, int64_t rows, int64_t cols, float *out, cudaStream_t st) {
-  nv_hadamard_kernel<<<nv_grid_1d(rows * (cols / 16), 256), 256, 0, st>>>(x, dtype, rows, cols, out);
+  nv_hadamard_kernel<<<nv_grid(rows * (cols / 16), 256), 256, 0, st>>>(x, dtype, rows, cols, out);
   return cudaGetLastError();
 }
