@@ -176,6 +176,17 @@ def bandwidth_rows(iters: int, copy_bw: float) -> list[dict[str, object]]:
     del x, q
     shape = (4096, 8192)
     p, s = mxfp8_codec.encode_mxfp8(0.02 * torch.randn(*shape, device=dev))
+    # the trainer's weights, every forward (and every recomputation): 16x16 tiles of the MXFP8 master
+    t = cuda_time(lambda: nvfp4_cuda.quantize_decoded_from_mxfp8(p, s, block_2d=True), iters)
+    w_bytes = 2 * (p.numel() + s.numel()) + 2 * p.numel()  # the master read twice (amax, quantize), BF16 written
+    rows.append(
+        {
+            "name": "quantize_decoded 16x16 RNE from the MXFP8 master (the trainer's weights)",
+            "GBps": w_bytes / t / 1e9,
+            "fraction_of_copy": w_bytes / t / copy_bw,
+            "target": None,
+        }
+    )
     grad = torch.randn(*shape, device=dev, dtype=torch.bfloat16)
     mom = torch.zeros(*shape, device=dev, dtype=torch.bfloat16)
     comp = torch.zeros(*shape, device=dev, dtype=torch.float32)

@@ -40,16 +40,25 @@ from nvfp4_cuda import build  # noqa: E402  (the library's nvcc and flags)
 
 CSRC = "nvfp4_cuda/csrc"
 FLAGS = (*(f for f in build.BASE_FLAGS if f not in ("--threads", "2", "-Xcompiler", "-fPIC")), "-cubin", "-arch=sm_90")
-QUANT_PATHS = (  # (name, SR, HADAMARD, DECODED, transposed input)
-    ("quantize 1x16 RNE", "false", "false", "false", 0),
-    ("quantize 1x16 RNE, BF16 values out (quantize_decoded)", "false", "false", "true", 0),
-    ("quantize 1x16 RNE + Hadamard", "false", "true", "false", 0),
-    ("quantize 1x16 stochastic", "true", "false", "false", 0),
-    ("quantize 1x16 stochastic + Hadamard", "true", "true", "false", 0),
+QUANT_PATHS = (  # (name, SR, HADAMARD, DECODED, transposed input, input dtype: 1 BF16 / 2 MXFP8, 16x16 tiles)
+    ("quantize 1x16 RNE", "false", "false", "false", 0, 1, 0),
+    ("quantize 1x16 RNE, BF16 values out (quantize_decoded)", "false", "false", "true", 0, 1, 0),
+    ("quantize 1x16 RNE + Hadamard", "false", "true", "false", 0, 1, 0),
+    ("quantize 1x16 stochastic", "true", "false", "false", 0, 1, 0),
+    ("quantize 1x16 stochastic + Hadamard", "true", "true", "false", 0, 1, 0),
     # the trainer's weight-gradient operands: X^T and dY^T read in place, BF16 values out (since the transposed read)
-    ("quantize transposed input, RNE + Hadamard, BF16 values out", "false", "true", "true", 1),
-    ("quantize transposed input, stochastic + Hadamard, BF16 values out", "true", "true", "true", 1),
+    ("quantize transposed input, RNE + Hadamard, BF16 values out", "false", "true", "true", 1, 1, 0),
+    ("quantize transposed input, stochastic + Hadamard, BF16 values out", "true", "true", "true", 1, 1, 0),
+    # the trainer's weights, every forward: 16x16 tiles of the MXFP8 master, BF16 values out
+    ("quantize 16x16 RNE from the MXFP8 master, BF16 values out", "false", "false", "true", 0, 2, 1),
 )
+
+
+def _plain(path: tuple[str, str, str, str, int, int, int]) -> bool:
+    """A row-major BF16 1x16 path: what the sources before the transposed read could be asked for."""
+    return path[4] == 0 and path[5] == 1 and path[6] == 0
+
+
 LION_PATHS = (("Lion on MXFP8, stochastic", 0), ("Lion on MXFP8, rne", 1), ("Lion on MXFP8, compensated", 2))
 
 
@@ -100,12 +109,12 @@ def specialise(rev: str | None) -> tuple[str, dict[str, str]]:
             "const float *, uint8_t *, uint8_t *, float *, __nv_bfloat16 *)"
         )
         inst = "".join(
-            f"template __global__ void hot_quantize<{sr}, {had}, {dec}, 1, {1 - tr}, 0, {tr}>{sig};\n"
-            for _, sr, had, dec, tr in QUANT_PATHS
+            f"template __global__ void hot_quantize<{sr}, {had}, {dec}, {dt}, {1 - tr}, {b2}, {tr}>{sig};\n"
+            for _, sr, had, dec, tr, dt, b2 in QUANT_PATHS
         )
         tmpl = [
-            f"Lb{int(sr == 'true')}ELb{int(had == 'true')}ELb{int(dec == 'true')}ELi1ELi{1 - tr}ELi0ELi{tr}E"
-            for _, sr, had, dec, tr in QUANT_PATHS
+            f"Lb{int(sr == 'true')}ELb{int(had == 'true')}ELb{int(dec == 'true')}ELi{dt}ELi{1 - tr}ELi{b2}ELi{tr}E"
+            for _, sr, had, dec, tr, dt, b2 in QUANT_PATHS
         ]
     elif "template <bool SR, bool HADAMARD, bool DECODED>" in k:  # since the kernels became templates
         k = _replace(
@@ -121,14 +130,14 @@ def specialise(rev: str | None) -> tuple[str, dict[str, str]]:
             "uint8_t *, uint8_t *, float *, __nv_bfloat16 *)"
         )
         inst = "".join(
-            f"template __global__ void hot_quantize<{sr}, {had}, {dec}, 1, 1, 0>{sig};\n"
-            for _, sr, had, dec, tr in QUANT_PATHS
-            if not tr
+            f"template __global__ void hot_quantize<{q[1]}, {q[2]}, {q[3]}, 1, 1, 0>{sig};\n"
+            for q in QUANT_PATHS
+            if _plain(q)
         )
         tmpl = [
-            f"Lb{int(sr == 'true')}ELb{int(had == 'true')}ELb{int(dec == 'true')}E"
-            for _, sr, had, dec, tr in QUANT_PATHS
-            if not tr
+            f"Lb{int(q[1] == 'true')}ELb{int(q[2] == 'true')}ELb{int(q[3] == 'true')}E"
+            for q in QUANT_PATHS
+            if _plain(q)
         ]
     else:  # the kernel branching on runtime flags
         k = _replace(
@@ -148,12 +157,12 @@ def specialise(rev: str | None) -> tuple[str, dict[str, str]]:
         )
         as_int = {"false": 0, "true": 1}
         inst = "".join(
-            f"template __global__ void hot_quantize<{as_int[sr]}, {as_int[had]}, {as_int[dec]}, 1, 1, 0>{sig};\n"
-            for _, sr, had, dec, tr in QUANT_PATHS
-            if not tr
+            f"template __global__ void hot_quantize<{as_int[q[1]]}, {as_int[q[2]]}, {as_int[q[3]]}, 1, 1, 0>{sig};\n"
+            for q in QUANT_PATHS
+            if _plain(q)
         )
-        tmpl = [f"Li{as_int[sr]}ELi{as_int[had]}ELi{as_int[dec]}E" for _, sr, had, dec, tr in QUANT_PATHS if not tr]
-    paths = [q for q in QUANT_PATHS if q[4] == 0] if len(tmpl) < len(QUANT_PATHS) else list(QUANT_PATHS)
+        tmpl = [f"Li{as_int[q[1]]}ELi{as_int[q[2]]}ELi{as_int[q[3]]}E" for q in QUANT_PATHS if _plain(q)]
+    paths = [q for q in QUANT_PATHS if _plain(q)] if len(tmpl) < len(QUANT_PATHS) else list(QUANT_PATHS)
     for (name, *_), t in zip(paths, tmpl, strict=True):
         names[f"_Z12hot_quantizeI{t}"] = name
     lion = master[master.index("#define NV_MX ") : master.index("// BF16 bits of float32 x rounded")]

@@ -106,7 +106,9 @@ __device__ __forceinline__ float nv_e4m3_decode(uint32_t b) { return mx_e4m3_val
 // later one cvt.rn.f16x2.e4m3x2 and two f16 -> f32 conversions (cuda_fp8.h's software path elsewhere and on
 // the host), where nv_e4m3_decode costs about a dozen instructions and two branches per element.  Every
 // E4M3 value is a float16.  A NaN code gives a NaN of unspecified sign and payload (nv_e4m3_decode: the
-// canonical one), so only the Lion step uses it, where any NaN marks the whole block non-finite.
+// canonical one). Used where that cannot matter: the Lion step (any NaN marks the whole block non-finite),
+// the NVFP4 block scale (never a NaN code) and the MXFP8-input quantize (a NaN master element -- a block a
+// failed Lion step marked -- has no reference value: the reference raises, the kernel cannot).
 NV_HD float2 nv_e4m3x2_value(uint32_t two) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(two & 0xFFFFu), __NV_E4M3);
   return __half22float2(__half2(h));
@@ -162,12 +164,17 @@ __device__ __forceinline__ void nv_load16_vec(const void *x, int dtype, const ui
       y[4 * i + 2] = v.z;
       y[4 * i + 3] = v.w;
     }
-  } else {
+  } else {  // MXFP8 (the trainer's weights): E4M3 pairs through one hardware conversion each (sm_89+)
     const uint4 q = *reinterpret_cast<const uint4 *>(static_cast<const uint8_t *>(x) + idx);
     const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-    const float sdec = nv_e8m0_decode(x_scales[r * ((cols + 31) / 32) + c0 / 32]);
+    const int64_t sidx = cols % 32 == 0 ? idx >> 5 : r * ((cols + 31) / 32) + c0 / 32;  // the block's scale
+    const float sdec = nv_e8m0_decode(x_scales[sidx]);
 #pragma unroll
-    for (int i = 0; i < 16; ++i) y[i] = nv_e4m3_decode((w[i / 4] >> (8 * (i % 4))) & 0xFFu) * sdec;
+    for (int i = 0; i < 16; i += 2) {
+      const float2 d = nv_e4m3x2_value((w[i / 4] >> (8 * (i % 4))) & 0xFFFFu);
+      y[i] = d.x * sdec;
+      y[i + 1] = d.y * sdec;
+    }
   }
 }
 

@@ -46,8 +46,9 @@ __global__ void nv_amax_kernel(const void *x, int dtype, const uint8_t *x_scales
   for (int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; b < nblk && !transpose;
        b += (int64_t)gridDim.x * blockDim.x) {
     float y[16];
-    if (vec && dtype != 2) {  // row-major float input: block b is elements 16b .. 16b+15, no division
-      nv_load16_vec(x, dtype, x_scales, 16, b, 0, y);
+    if (vec && (dtype != 2 || cols % 32 == 0)) {  // block b is elements 16b .. 16b+15: no 64-bit division
+      // (read as row b >> 1, columns 16 (b & 1) .. of a 32-column view: an MXFP8 block's scale is then b >> 1)
+      nv_load16_vec(x, dtype, x_scales, 32, b >> 1, (b & 1) * 16, y);
     } else if (vec) {
       nv_load16_vec(x, dtype, x_scales, cols, b / nbc, (b % nbc) * 16, y);
     } else {

@@ -98,6 +98,7 @@ SASS_CEILINGS = {
     "quantize 1x16 RNE, BF16 values out (quantize_decoded)": 910,  # the trainer's forward / dgrad operands
     "quantize 1x16 stochastic": 1810,
     "quantize transposed input, RNE + Hadamard, BF16 values out": 1285,  # the trainer's wgrad operands
+    "quantize 16x16 RNE from the MXFP8 master, BF16 values out": 1285,  # the trainer's weights, every forward
     "Lion on MXFP8, rne": 420,
     "Lion on MXFP8, compensated": 490,
     "Lion on MXFP8, stochastic": 760,

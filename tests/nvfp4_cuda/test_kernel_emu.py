@@ -105,6 +105,25 @@ def test_quantize_from_mxfp8(emu: Any, transpose: bool) -> None:
     assert torch.equal(values.float(), R.decode_scaled(ref)) and torch.equal(ts, ref.tensor_scale)
 
 
+@pytest.mark.parametrize("cols", [512, 48])  # whole MXFP8 blocks; a partial last block (48 = 32 + 16)
+def test_quantize_from_mxfp8_every_code(emu: Any, cols: int) -> None:
+    """Every non-NaN E4M3 code of an MXFP8 master (the kernel decodes them two at a time) under scales
+    2^-27 .. 2^12, quantized as the trainer quantizes its weights (16x16 tiles, BF16 values) and as codes."""
+    rows = 64
+    finite = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
+    p = finite[torch.randperm(rows * cols, generator=torch.Generator().manual_seed(3)) % len(finite)]
+    p = p.view(rows, cols)
+    s = torch.randint(
+        100, 140, (rows, (cols + 31) // 32), generator=torch.Generator().manual_seed(4), dtype=torch.uint8
+    )
+    for block_2d in (True, False):
+        kw = {"block_2d": block_2d}
+        ref = R.quantize_nvfp4_from_mxfp8(p, s, **kw)
+        _same(cuda_ops.quantize_nvfp4_from_mxfp8(p, s, **kw), ref)
+        values, ts = cuda_ops.quantize_nvfp4_from_mxfp8(p, s, decoded=True, **kw)
+        assert torch.equal(values.float(), R.decode_scaled(ref)) and torch.equal(ts, ref.tensor_scale)
+
+
 def test_decode_every_code_under_every_scale(emu: Any) -> None:
     codes = torch.arange(256, dtype=torch.uint8).repeat(256, 1)  # row s holds every code byte
     scales = torch.arange(256, dtype=torch.uint8).view(256, 1).expand(256, 512 // 16).contiguous()
