@@ -262,7 +262,8 @@ static inline unsigned int nv_one_wave(unsigned int grid, int threads) {
   static int resident = 0;  // CUDA blocks of KERNEL in one wave (0: not asked yet)
   if (resident == 0) {
     int dev = 0, sms = 0, per_sm = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, KERNEL, threads, 0) != cudaSuccess || sms * per_sm < 1) {
       (void)cudaGetLastError();  // (a failed query leaves the grid as it was)
       return grid;

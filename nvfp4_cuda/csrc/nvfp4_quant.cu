@@ -291,8 +291,9 @@ cudaError_t nv_launch_quantize(const void *x, int dtype, const uint8_t *xs, int6
   if (rows == 0 || cols == 0) return cudaSuccess;  // nothing to launch (a 0-sized grid is a launch error)
   const dim3 block(16, 16);
   const int64_t ncb = cols / 16;  // a CUDA block: 32 rows x 8 NB column blocks transposed, else 16 x 16 NB
-  const dim3 grid = transpose ? dim3((unsigned int)((rows + 31) / 32), (unsigned int)((ncb + 8 * NV_QUANT_NB - 1) / (8 * NV_QUANT_NB)))
-                              : dim3((unsigned int)((ncb + 16 * NV_QUANT_NB - 1) / (16 * NV_QUANT_NB)), (unsigned int)((rows + 15) / 16));
+  const int64_t cbt = 8 * NV_QUANT_NB, cbr = 16 * NV_QUANT_NB;  // column blocks per CUDA block
+  const dim3 grid = transpose ? dim3((unsigned int)((rows + 31) / 32), (unsigned int)((ncb + cbt - 1) / cbt))
+                              : dim3((unsigned int)((ncb + cbr - 1) / cbr), (unsigned int)((rows + 15) / 16));
   const int vec = nv_vec_input(x, transpose);
 #define NV_QUANTIZE(SR, HAD, DEC)                                                                                \
   nv_quantize_kernel<SR, HAD, DEC><<<grid, block, 0, st>>>(x, dtype, xs, rows, cols, valid_cols, transpose, vec,   \
