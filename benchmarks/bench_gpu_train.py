@@ -11,9 +11,10 @@ own child process (clean peak-memory counters, an out-of-memory in one cannot hi
 bf16 recipe runs first: where it does not fit at ``--micro-batch`` rows (its FP32 masters and AdamW
 moments take ~62 GiB at 4B: it peaked at 78.8 GiB at 2 rows on an H200, more than an 80 GB H100 gives), the
 micro-batch is halved and the number of micro-batches doubled, down to 1 row (the same tokens per step),
-then 8 decoder layers fewer at a time (the same width; the bf16 recipe needs ~74 GiB at 4B and 1 row, which
-an 80 GB H100 may not give), and the nvfp4 recipe then runs at the setting that fitted, so that both are
-measured like for like; the table says so. Where layers had to go, the nvfp4 recipe also runs the full
+then 8 decoder layers fewer at a time (the same width; at 4B and 1 row the bf16 recipe needs ~78 GiB, which
+an 80 GB H100 may not give). Settings that ``ida_trainer.memory``'s count puts above the GPU's memory are
+not tried (each failed try costs ~30 s). The nvfp4 recipe then runs at the setting that fitted, so that both
+are measured like for like; the table says so. Where layers had to go, the nvfp4 recipe also runs the full
 shape once more (a line below the table: what fits on this GPU with nvfp4 and not with bf16).
 
 Per recipe: tokens/s (median of the timed steps, each synchronised), MFU against the dense BF16 peak
@@ -50,6 +51,8 @@ MEMORY_TARGET = 0.5  # nvfp4 peak / bf16 peak, at most
 RECIPES = ("nvfp4", "bf16")  # table order; the bf16 recipe (the larger) is measured first
 EXIT_OUT_OF_MEMORY = 3  # a child that ran out of memory (the project's "this machine cannot" status)
 LAYER_STEP = 8  # decoder layers dropped at a time when the bf16 recipe does not fit at 1 row per micro-batch
+PREDICTION_MARGIN = 1.05  # measured / ida_trainer.memory's count, bf16 recipe at 4B (78.8 / 75.1 GiB, H200)
+OUTSIDE_TORCH_GIB = 1.0  # device memory torch's allocator does not count: the CUDA context, cuBLAS workspaces
 
 
 def smaller_setting(micro_batch: int, microbatches: int, layers: int) -> tuple[int, int, int] | None:
@@ -68,6 +71,37 @@ def smaller_setting(micro_batch: int, microbatches: int, layers: int) -> tuple[i
     return None
 
 
+def _model_config(args: argparse.Namespace, layers: int, eos_token_id: int | None = None) -> Any:
+    """The benchmark's NemotronConfig (Minitron-4B's shape by default) with ``layers`` decoder layers."""
+    from transformers import NemotronConfig
+
+    return NemotronConfig(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        head_dim=args.hidden // args.heads,
+        max_position_embeddings=max(4096, args.seq),
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        pad_token_id=None,
+        eos_token_id=eos_token_id,
+    )
+
+
+def bf16_predicted_gib(args: argparse.Namespace, micro_batch: int, layers: int) -> float:
+    """The bf16 recipe's peak GiB at this setting: ``ida_trainer.memory``'s count on the meta device times
+    ``PREDICTION_MARGIN`` (it counted 75.1 GiB where the H200 measured 78.8 at 4B, 2 rows)."""
+    from ida_trainer.config import PrecisionConfig
+    from ida_trainer.memory import ActivationSpec, stage_memory
+
+    spec = ActivationSpec(tokens_per_microbatch=micro_batch * args.seq)
+    stage = stage_memory(_model_config(args, layers), PrecisionConfig(recipe="bf16"), stages=1, activations=spec)[0]
+    return stage.total_bytes * PREDICTION_MARGIN / 2**30
+
+
 def _model_flops_per_token(cfg: Any, seq: int) -> float:
     """6 x matmul parameters (projections + lm_head) + 6 x the attention score/value products per token."""
     h, layers, inter, vocab = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, cfg.vocab_size
@@ -78,7 +112,7 @@ def _model_flops_per_token(cfg: Any, seq: int) -> float:
 
 def run_one(args: argparse.Namespace) -> dict[str, Any]:
     """Build, train ``warmup + steps`` steps with one recipe on the GPU, measure (runs in a child)."""
-    from transformers import NemotronConfig, NemotronForCausalLM
+    from transformers import NemotronForCausalLM
 
     from ida_trainer.config import DataConfig, OptimConfig, PrecisionConfig
     from ida_trainer.data import build_batcher, load_examples
@@ -105,20 +139,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         seed=0,
         pad_id=pad,
     )
-    cfg = NemotronConfig(
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads,
-        head_dim=args.hidden // args.heads,
-        max_position_embeddings=max(4096, args.seq),
-        tie_word_embeddings=False,
-        bos_token_id=None,
-        pad_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-    )
+    cfg = _model_config(args, args.layers, eos_token_id=tokenizer.eos_token_id)
     with dev:
         model = NemotronForCausalLM(cfg).train()
     recipe = args.only
@@ -283,6 +304,18 @@ def main(argv: list[str] | None = None) -> int:
             )
             return res.returncode, {"recipe": recipe, "error": error}
 
+        if args.device == "cuda":  # settings the bf16 recipe cannot fit here by the count: not tried (~30 s each)
+            total_gib = torch.cuda.mem_get_info()[1] / 2**30 - OUTSIDE_TORCH_GIB
+            while (smaller := smaller_setting(args.micro_batch, args.microbatches, args.layers)) is not None and (
+                need := bf16_predicted_gib(args, args.micro_batch, args.layers)
+            ) > total_gib:
+                notes.append(
+                    f"The bf16 recipe is predicted to need {need:.1f} GiB at {args.micro_batch} x {args.microbatches} "
+                    f"rows and {args.layers} layers, more than this GPU's {total_gib:.1f} GiB for torch (ida_trainer.memory x "
+                    f"{PREDICTION_MARGIN}): both recipes measured at {smaller[0]} x {smaller[1]} rows and "
+                    f"{smaller[2]} layers."
+                )
+                args.micro_batch, args.microbatches, args.layers = smaller
         for recipe in reversed(RECIPES):  # bf16 first: the setting it fits is the one both run at
             rc, results[recipe] = child(recipe, args.layers)
             while rc == EXIT_OUT_OF_MEMORY and recipe == "bf16":
