@@ -305,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
             return res.returncode, {"recipe": recipe, "error": error}
 
         if args.device == "cuda":  # settings the bf16 recipe cannot fit here by the count: not tried (~30 s each)
-            total_gib = torch.cuda.mem_get_info()[1] / 2**30 - OUTSIDE_TORCH_GIB
+            # (the device's properties: no CUDA context in this parent, which would hold memory the children need)
+            total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30 - OUTSIDE_TORCH_GIB
             while (smaller := smaller_setting(args.micro_batch, args.microbatches, args.layers)) is not None and (
                 need := bf16_predicted_gib(args, args.micro_batch, args.layers)
             ) > total_gib:
