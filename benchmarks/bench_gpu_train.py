@@ -102,6 +102,14 @@ def bf16_predicted_gib(args: argparse.Namespace, micro_batch: int, layers: int) 
     return stage.total_bytes * PREDICTION_MARGIN / 2**30
 
 
+def _gpu_memory_gib() -> float:
+    """The GPU's memory, asked in a short-lived child process: a CUDA context in this parent (torch creates one
+    for the question) would hold memory the children need."""
+    ask = "import torch; print(torch.cuda.mem_get_info()[1])"
+    res = subprocess.run([sys.executable, "-c", ask], capture_output=True, text=True, check=True, timeout=120)
+    return int(res.stdout.split()[-1]) / 2**30
+
+
 def _model_flops_per_token(cfg: Any, seq: int) -> float:
     """6 x matmul parameters (projections + lm_head) + 6 x the attention score/value products per token."""
     h, layers, inter, vocab = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, cfg.vocab_size
@@ -305,8 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             return res.returncode, {"recipe": recipe, "error": error}
 
         if args.device == "cuda":  # settings the bf16 recipe cannot fit here by the count: not tried (~30 s each)
-            # (the device's properties: no CUDA context in this parent, which would hold memory the children need)
-            total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30 - OUTSIDE_TORCH_GIB
+            total_gib = _gpu_memory_gib() - OUTSIDE_TORCH_GIB
             while (smaller := smaller_setting(args.micro_batch, args.microbatches, args.layers)) is not None and (
                 need := bf16_predicted_gib(args, args.micro_batch, args.layers)
             ) > total_gib:
