@@ -32,6 +32,14 @@ settings.load_profile("ci")  # ``--hypothesis-profile explore`` on the command l
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# The suite runs one worker per core, and each worker (and every command a test starts) has an OpenMP
+# team per core (torch's, the native codec's). By default an idle OpenMP thread spins for a while before
+# it sleeps, burning the core another worker needs: on 2 cores that was ~30 % of the suite's CPU time
+# (docs/cli.md, "Set-up and durations"). PASSIVE makes idle threads sleep at once. A wait policy only:
+# the same threads split the same work, the same bits come out. Read when libgomp loads, so set before
+# anything imports torch; inherited by the commands the tests start.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 # The longest test files, longest first (a demo run, real compilers, the MBXP anchors). pytest-xdist's
 # ``--dist loadfile`` hands files to workers in collection order: started first, they no longer finish
