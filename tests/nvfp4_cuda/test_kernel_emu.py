@@ -1,10 +1,11 @@
 """The library's CUDA kernels, run on the CPU by an emulator, equal the PyTorch reference bit for bit.
 
 ``kernel_emu`` compiles nvfp4_quant.cu, nvfp4_master.cu and nvfp4_api.cu with the host C++ compiler
-(``emu/cuda_emu.h``: each CUDA block as blockDim OS threads, barriers for __syncthreads and warp shuffles) and
-points ``nvfp4_cuda.cuda_ops`` at the result, so the wrappers, the C entry points' checks, the launchers' grid
-arithmetic and the kernels' indexing, shared memory and shuffles all run as written, on host memory.  The
-pretend device has 2 multiprocessors, so grid-stride loops take several rounds on these small tensors.
+(``emu/cuda_emu.h``: each CUDA block as blockDim cooperative threads, barriers for __syncthreads and warp
+shuffles) and points ``nvfp4_cuda.cuda_ops`` at the result, so the wrappers, the C entry points' checks, the
+launchers' grid arithmetic and the kernels' indexing, shared memory and shuffles all run as written, on host
+memory.  The pretend device has 2 multiprocessors, so grid-stride loops take several rounds on these small
+tensors.
 
 What this cannot see (the GPU tests, ``-m gpu``, do): the hardware conversions on sm_89+ (cuda_fp8.h's
 software path runs here; tests/nvfp4_cuda/test_device_math.py compares the two spellings), ``__fadd_rz``
