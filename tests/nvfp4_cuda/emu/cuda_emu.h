@@ -35,8 +35,8 @@
 
 namespace emu {
 
-// A barrier of cooperative threads: the last to arrive releases the others (a new generation).  drop() is
-// std::barrier's arrive_and_drop: the thread counts as arrived now and is not waited for again.
+// A barrier of cooperative threads: the last to arrive releases the others (a new generation).
+// arrive_and_drop is std::barrier's: the thread counts as arrived now and is not waited for again.
 struct Barrier {
   explicit Barrier(int n) : expected(n) {}
   int expected, arrived = 0;
