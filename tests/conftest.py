@@ -34,7 +34,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 # The suite runs one worker per core, and each worker (and every command a test starts) has an OpenMP
 # team per core (torch's, the native codec's). By default an idle OpenMP thread spins for a while before
-# it sleeps, burning the core another worker needs: on 2 cores that was ~30 % of the suite's CPU time
+# it sleeps, burning the core another worker needs: on 2 cores about a quarter of the suite's CPU time
 # (docs/cli.md, "Set-up and durations"). PASSIVE makes idle threads sleep at once. A wait policy only:
 # the same threads split the same work, the same bits come out. Read when libgomp loads, so set before
 # anything imports torch; inherited by the commands the tests start.
