@@ -17,7 +17,9 @@ Baselines: ``torch.matmul`` in BF16 (cuBLAS) for the GEMMs; a device-to-device c
 
 Each time is the median of 5 rounds of ``--iters`` calls timed with CUDA events after a warm-up.
 Writes a JSON file and a markdown table (``--out-prefix``).  Exits 0 with a message when no GPU; exit 1
-when a target is missed (the table says which).
+when a target is missed (the table says which).  ``--no-gemm`` measures the bandwidth-bound kernels only:
+how step 9 of ``scripts/device_check.sh`` compares a library built with other flags
+(``NVFP4_CUDA_NVCC_FLAGS=-DNV_QUANT_NB=1``: one 1x16 block per quantizer thread; the header says which).
 
 Run::
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -36,6 +39,7 @@ import torch
 
 import mxfp8_codec
 import nvfp4_cuda
+from nvfp4_cuda import build
 
 GEMM_TARGET_4096 = 0.85  # emulated NVFP4 / torch bf16 throughput at 4096^3
 GEMM_TARGET_SHAPES = 0.80  # ... at Minitron-4B's shapes
@@ -211,16 +215,17 @@ def bandwidth_rows(iters: int, copy_bw: float) -> list[dict[str, object]]:
     return rows
 
 
-def run(iters: int) -> dict[str, object]:
-    """All measurements; returns a result dict."""
+def run(iters: int, gemm: bool = True) -> dict[str, object]:
+    """All measurements (without the GEMM rows unless ``gemm``); returns a result dict."""
     res: dict[str, object] = {
         "device": torch.cuda.get_device_name(),
         "capability": torch.cuda.get_device_capability(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "backend_info": nvfp4_cuda.backend_info(),
+        "nvcc_extra_flags": os.environ.get(build.EXTRA_FLAGS_ENV, ""),
     }
-    res["gemm"] = gemm_rows(iters)
+    res["gemm"] = gemm_rows(iters) if gemm else []
     from nvfp4_cuda import cuda_ops
 
     res["cublaslt"] = cuda_ops.cublaslt_library()
@@ -238,12 +243,18 @@ def markdown(res: dict[str, object]) -> str:
     lines = [
         f"Device: {res['device']} (sm_{res['capability'][0]}{res['capability'][1]}), torch {res['torch']}, "
         f"CUDA {res['cuda']}; copy bandwidth {res['copy_GBps']:.0f} GB/s (read + write); "
-        f"cuBLASLt {res['cublaslt'] or '?'}",
-        "",
-        "| GEMM (M x N x K) | torch bf16 TFLOP/s | emulated NVFP4 TFLOP/s | emulated / bf16 | "
-        "decoded weight / bf16 | target |",
-        "|---|---|---|---|---|---|",
+        f"cuBLASLt {res['cublaslt'] or '?'}"
+        + (
+            f"; library built with {build.EXTRA_FLAGS_ENV}={res['nvcc_extra_flags']}" if res["nvcc_extra_flags"] else ""
+        ),
     ]
+    if res["gemm"]:
+        lines += [
+            "",
+            "| GEMM (M x N x K) | torch bf16 TFLOP/s | emulated NVFP4 TFLOP/s | emulated / bf16 | "
+            "decoded weight / bf16 | target |",
+            "|---|---|---|---|---|---|",
+        ]
     for r in res["gemm"]:
         mark = "" if r["emulated_vs_torch_bf16"] >= r["target"] else " **MISSED**"
         lines.append(
@@ -267,11 +278,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--out-prefix", default=None, help="write <prefix>.json and <prefix>.md")
+    ap.add_argument("--no-gemm", action="store_true", help="the bandwidth-bound kernels only (no GEMM rows)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: GPU benchmark not run")
         return 0
-    res = run(args.iters)
+    res = run(args.iters, gemm=not args.no_gemm)
     md = markdown(res)
     if args.out_prefix:
         with open(args.out_prefix + ".json", "w") as f:

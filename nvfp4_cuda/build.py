@@ -18,11 +18,15 @@ from package metadata).  Concurrent builders (torchrun ranks) serialise on an ``
 library is written to a temporary name and installed atomically -- cache, key, lock and install are
 :mod:`ida_common.native_build`'s, shared with the two C builds.  nvcc: ``$NVFP4_CUDA_NVCC`` if set (a
 nonexistent one is an error, never silently replaced), else ``$CUDA_HOME/bin/nvcc``, else ``PATH``.
+``$NVFP4_CUDA_NVCC_FLAGS``: extra nvcc flags for every compile, split as a shell splits them (e.g.
+``-DNV_QUANT_NB=1``, the quantizer's one-block variant that the device check measures); they are part
+of the key, so each set of flags has its own cached library.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -33,6 +37,7 @@ from ida_common import native_build
 from mxfp8_codec.constants import C_HEADER
 
 NVCC_ENV = "NVFP4_CUDA_NVCC"  # explicit nvcc; must exist when set
+EXTRA_FLAGS_ENV = "NVFP4_CUDA_NVCC_FLAGS"  # extra nvcc flags for every compile; part of the cache key
 CSRC = Path(__file__).resolve().parent / "csrc"
 HEADER = CSRC / "nvfp4.h"
 LIB_NAME = "libnvfp4_cuda.so"
@@ -70,6 +75,15 @@ def gencode_flags() -> list[str]:
     for arch, code in GENCODES:
         out += ["-gencode", f"arch={arch},code={code}"]
     return out
+
+
+def extra_flags() -> list[str]:
+    """``$NVFP4_CUDA_NVCC_FLAGS`` split as a shell would (empty when unset); BuildError if it cannot be."""
+    raw = os.environ.get(EXTRA_FLAGS_ENV, "")
+    try:
+        return shlex.split(raw)
+    except ValueError as e:
+        raise BuildError(f"{EXTRA_FLAGS_ENV}={raw!r} cannot be split into flags: {e}") from None
 
 
 def find_nvcc() -> str:
@@ -119,7 +133,7 @@ def build_key(nvcc: str) -> str:
     parts: list[bytes | str] = []
     for p in source_files():
         parts += [p.name, p.read_bytes()]
-    flags = " ".join(BASE_FLAGS + tuple(gencode_flags()) + LINK_FLAGS)
+    flags = " ".join(BASE_FLAGS + tuple(gencode_flags()) + LINK_FLAGS + tuple(extra_flags()))
     return native_build.build_key(*parts, flags, nvcc_version(nvcc))
 
 
@@ -152,6 +166,7 @@ def build(*, force: bool = False, progress: bool = True) -> Path:
     """
     nvcc = find_nvcc()
     target = library_path(nvcc)
+    extra = extra_flags()
     with native_build.file_lock(target.parent / ".lock"):
         if target.is_file() and not force:
             return target
@@ -164,7 +179,10 @@ def build(*, force: bool = False, progress: bool = True) -> Path:
                 objs.append(obj)
                 bar.set_postfix_str(cu.name)
                 try:
-                    _run([nvcc, *BASE_FLAGS, *gencode_flags(), "-c", str(cu), "-o", str(obj)], f"compiling {cu.name}")
+                    _run(
+                        [nvcc, *BASE_FLAGS, *extra, *gencode_flags(), "-c", str(cu), "-o", str(obj)],
+                        f"compiling {cu.name}",
+                    )
                 except BuildError:
                     for o in objs:
                         o.unlink(missing_ok=True)

@@ -21,7 +21,11 @@
 // serialised in L2 and cost more than the pass itself).
 #include "nvfp4_common.cuh"
 
-#define NV_QUANT_NB 2  // 1x16 blocks per quantizer thread (nv_quantize_kernel)
+// 1x16 blocks per quantizer thread (nv_quantize_kernel): 2, or 1 built for comparison with
+// NVFP4_CUDA_NVCC_FLAGS=-DNV_QUANT_NB=1 (nvfp4_cuda/build.py; step 9 of scripts/device_check.sh measures both)
+#ifndef NV_QUANT_NB
+#define NV_QUANT_NB 2
+#endif
 
 __global__ void nv_zero_f32(float *p) { *p = 0.0f; }
 

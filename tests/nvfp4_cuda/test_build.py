@@ -155,6 +155,28 @@ def test_nonexistent_nvcc_is_refused_not_replaced(tmp_path: Path) -> None:
     assert not list(tmp_path.rglob("*.so"))
 
 
+@pytest.mark.skipif(not HAS_NVCC, reason="no nvcc")
+def test_extra_nvcc_flags_reach_nvcc_and_key_their_own_library(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """NVFP4_CUDA_NVCC_FLAGS is split as a shell splits it, given to every compile and part of the cache key
+    (another library, never the default one replaced); a value that cannot be split is one clear error."""
+    monkeypatch.setenv("IDA_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(build.EXTRA_FLAGS_ENV, raising=False)
+    nvcc = build.find_nvcc()
+    default = build.library_path(nvcc)
+    monkeypatch.setenv(build.EXTRA_FLAGS_ENV, "")
+    assert build.library_path(nvcc) == default
+    monkeypatch.setenv(build.EXTRA_FLAGS_ENV, "-DNV_QUANT_NB=1 '-DIDA_NOTE=a b'")
+    assert build.extra_flags() == ["-DNV_QUANT_NB=1", "-DIDA_NOTE=a b"]
+    assert build.library_path(nvcc) != default
+    monkeypatch.setenv(build.EXTRA_FLAGS_ENV, "--no-such-nvcc-flag")
+    with pytest.raises(build.BuildError, match="Unknown option '--no-such-nvcc-flag'"):  # nvcc's own words
+        build.build(progress=False)
+    assert not list(tmp_path.rglob("*.so")) and not list(tmp_path.rglob("*.o"))
+    monkeypatch.setenv(build.EXTRA_FLAGS_ENV, "-DX='unclosed")
+    with pytest.raises(build.BuildError, match=r"NVFP4_CUDA_NVCC_FLAGS=\"-DX='unclosed\" cannot be split"):
+        build.library_path(nvcc)
+
+
 @pytest.mark.skipif(nvidia_driver() is not None, reason="an NVIDIA driver is installed here")
 def test_info_without_driver_says_no_nvidia_driver() -> None:
     res = subprocess.run(
