@@ -18,7 +18,7 @@ Baselines: ``torch.matmul`` in BF16 (cuBLAS) for the GEMMs; a device-to-device c
 Each time is the median of 5 rounds of ``--iters`` calls timed with CUDA events after a warm-up.
 Writes a JSON file and a markdown table (``--out-prefix``).  Exits 0 with a message when no GPU; exit 1
 when a target is missed (the table says which).  ``--no-gemm`` measures the bandwidth-bound kernels only:
-how step 9 of ``scripts/device_check.sh`` compares a library built with other flags
+how step 5 of ``scripts/device_check.sh`` compares a library built with other flags
 (``NVFP4_CUDA_NVCC_FLAGS=-DNV_QUANT_NB=1``: one 1x16 block per quantizer thread; the header says which).
 
 Run::

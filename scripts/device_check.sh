@@ -5,21 +5,20 @@
 #   2. build libnvfp4_cuda.so (cached)                and on the CPU reference (concurrently), compared:
 #   3. every GPU-marked test (pytest -m gpu)           loss curve and final MXFP8 master bytes
 #   5. the kernel benchmarks (benchmarks/bench_nvfp4_gpu.py: GEMM, quantize, decode, Lion vs baselines;
-#      benchmarks/bench_mxfp8_gpu.py: the Triton MXFP8 decode vs a copy, MXFP8Linear forward vs bf16)
+#      benchmarks/bench_mxfp8_gpu.py: the Triton MXFP8 decode vs a copy, MXFP8Linear forward vs bf16;
+#      the bandwidth rows again with one 1x16 block per quantizer thread: NVFP4_CUDA_NVCC_FLAGS=-DNV_QUANT_NB=1)
 #   6. training throughput and memory, nvfp4 vs bf16 recipe (benchmarks/bench_gpu_train.py, 4B shape)
 #   7. MBXP generation tokens/s: dynamic vs static KV cache, bf16 vs MXFP8, with a per-step profile
 #      (benchmarks/bench_generate.py)
 #   8. a sampled MBXP run of step 4's export on the GPU (pass@1/4, tokens/s, programs/s), end to end
-#   9. the quantizer with one 1x16 block per thread (a second library, NVFP4_CUDA_NVCC_FLAGS=-DNV_QUANT_NB=1):
-#      step 5's bandwidth rows again, to set NV_QUANT_NB in nvfp4_quant.cu from one run
 #
 # Writes REPORT_DIR/report.md (the summary) and one log / JSON / XML file per step beside it.
-# On one H200 with 16 cores it took 169-219 s (three runs, 2026-12-04, before steps 5b, 7, 8 and 9: allow
-# ~30 + 120 + 60 + 40 s more, unmeasured); each step has its own time limit (listed below), so a 15-minute device
+# On one H200 with 16 cores it took 169-219 s (three runs, 2026-12-04, before steps 5b, 5c, 7 and 8:
+# allow ~30 + 40 + 120 + 60 s more, unmeasured); each step has its own time limit (listed below), so a 15-minute device
 # lease runs it once with a little room; the CUDA build is cached ($IDA_CACHE_DIR/nvfp4_cuda), so a
 # rerun skips step 2.  The device image has no cffi: carry its wheels.
 #
-# DEVICE_CHECK_STEPS="7 8 9" runs steps 1, 2 and those only (a rerun of what a short lease cut off); 8 brings 4.
+# DEVICE_CHECK_STEPS="7 8" runs steps 1, 2 and those only (a rerun of what a short lease cut off); 8 brings 4.
 # DEVICE_CHECK_BUDGET=S (default 540): the whole run's seconds; a step gets at most what is left.
 #
 # Exit status: 0 all steps passed, or no GPU here (it says "no GPU" and writes a report saying so);
@@ -41,14 +40,14 @@ export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 
 # time limits per step (seconds); the build takes ~20 s there, the training benchmark ~2 min
 T_ENV=20 T_BUILD=120 T_TESTS=120 T_TRAIN=75 T_BENCH=90 T_BENCH_MXFP8=60 T_COMPARE=30 T_TRAIN_BENCH=300 T_GEN=200 T_MBXP=120
-T_BENCH_NB1=60
+T_BUILD_NB1=60 T_BENCH_NB1=60
 STEPS=20
 # the whole run's budget (seconds): each step's limit is cut to what is left of it, a step with under 20 s
 # left is skipped (and said so), and the report is always finished; the per-call limit of a lent machine
 # is 600 s: run it as `timeout 590 bash scripts/device_check.sh DIR`
 BUDGET="${DEVICE_CHECK_BUDGET:-540}"
-# DEVICE_CHECK_STEPS: which of steps 3-9 to run (default all; 1 and 2 always run, 8 brings 4: it evaluates 4's model)
-WANTED=" ${DEVICE_CHECK_STEPS:-3 4 5 6 7 8 9} "
+# DEVICE_CHECK_STEPS: which of steps 3-8 to run (default all; 1 and 2 always run, 8 brings 4: it evaluates 4's model)
+WANTED=" ${DEVICE_CHECK_STEPS:-3 4 5 6 7 8} "
 case "$WANTED" in *" 8 "*) WANTED="${WANTED}4 " ;; esac
 FAILED=0
 START=$(date +%s)
@@ -191,6 +190,16 @@ if want 5; then
     # the MXFP8 decode needs no library of ours: Triton compiles it (the first call of each variant, ~1 s each)
     run bench_mxfp8_gpu "$T_BENCH_MXFP8" "$PY" benchmarks/bench_mxfp8_gpu.py --out-prefix "$OUT/bench_mxfp8_gpu"
     [ -f "$OUT/bench_mxfp8_gpu.md" ] && cat "$OUT/bench_mxfp8_gpu.md" >>"$REPORT"
+    # 5c. the quantizer with one 1x16 block per thread beside the first table's two (NV_QUANT_NB): the library
+    # built again with -DNV_QUANT_NB=1 (its own cache entry: the flags are part of the key), then the
+    # bandwidth rows only; whichever is faster on the quantize rows sets NV_QUANT_NB (docs/benchmarks.md)
+    if [ $BUILD_OK -eq 0 ]; then
+        NB1=(env NVFP4_CUDA_NVCC_FLAGS=-DNV_QUANT_NB=1)
+        run build_nb1 "$T_BUILD_NB1" "${NB1[@]}" "$PY" -m nvfp4_cuda build \
+            && run bench_nvfp4_gpu_nb1 "$T_BENCH_NB1" "${NB1[@]}" "$PY" benchmarks/bench_nvfp4_gpu.py --no-gemm \
+                --out-prefix "$OUT/bench_nvfp4_gpu_nb1"
+        [ -f "$OUT/bench_nvfp4_gpu_nb1.md" ] && cat "$OUT/bench_nvfp4_gpu_nb1.md" >>"$REPORT"
+    fi
 fi
 
 # ---- 6. training throughput: nvfp4 vs bf16 recipe, Minitron-4B shape --------------------------------------
@@ -221,21 +230,6 @@ if want 8; then
         grep -E "^pass@|^generation" "$OUT/mbxp_sampled.log" | sed 's/^/  - /' >>"$REPORT"
     else
         note "- **mbxp_sampled**: skipped (no .devrun/mbpp_release_v1.jsonl or no exported demo model)"
-    fi
-fi
-
-# ---- 9. the quantizer with one 1x16 block per thread (NV_QUANT_NB=1) beside step 5's two ------------------
-# The library as built with -DNV_QUANT_NB=1 (its own cache entry: the flags are part of the key), then the
-# bandwidth rows only. Whichever is faster on the quantize rows sets NV_QUANT_NB (docs/benchmarks.md).
-if want 9; then
-    if [ $BUILD_OK -eq 0 ]; then
-        NB1=(env NVFP4_CUDA_NVCC_FLAGS=-DNV_QUANT_NB=1)
-        run build_nb1 "$T_BUILD" "${NB1[@]}" "$PY" -m nvfp4_cuda build \
-            && run bench_nvfp4_gpu_nb1 "$T_BENCH_NB1" "${NB1[@]}" "$PY" benchmarks/bench_nvfp4_gpu.py --no-gemm \
-                --out-prefix "$OUT/bench_nvfp4_gpu_nb1"
-        [ -f "$OUT/bench_nvfp4_gpu_nb1.md" ] && cat "$OUT/bench_nvfp4_gpu_nb1.md" >>"$REPORT"
-    else
-        note "- **bench_nvfp4_gpu_nb1**: skipped (no library)"
     fi
 fi
 

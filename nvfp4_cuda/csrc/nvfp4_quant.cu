@@ -22,7 +22,7 @@
 #include "nvfp4_common.cuh"
 
 // 1x16 blocks per quantizer thread (nv_quantize_kernel): 2, or 1 built for comparison with
-// NVFP4_CUDA_NVCC_FLAGS=-DNV_QUANT_NB=1 (nvfp4_cuda/build.py; step 9 of scripts/device_check.sh measures both)
+// NVFP4_CUDA_NVCC_FLAGS=-DNV_QUANT_NB=1 (nvfp4_cuda/build.py; step 5 of scripts/device_check.sh measures both)
 #ifndef NV_QUANT_NB
 #define NV_QUANT_NB 2
 #endif
