@@ -24,8 +24,9 @@ def _info() -> dict[str, object]:
         nvcc = _build.find_nvcc()
         lib = _build.library_path(nvcc)
         info["nvcc"] = nvcc
-        if _build.extra_flags():
-            info["nvcc_extra_flags"] = " ".join(_build.extra_flags())  # $NVFP4_CUDA_NVCC_FLAGS: its own library
+        extra = _build.extra_flags()  # $NVFP4_CUDA_NVCC_FLAGS: a library of its own
+        if extra:
+            info["nvcc_extra_flags"] = " ".join(extra)
         info["library"] = str(lib)
         info["library_built"] = lib.is_file()
     except _build.BuildError as e:
