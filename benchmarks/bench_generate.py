@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from bench_hf import _build  # this directory is on sys.path
 
-from ida_common.cli import describe
+from ida_common.cli import error_line
 from ida_common.files import atomic_write_text
 from ida_eval import DecodingConfig, generate_completions, load_model
 from ida_eval.languages import LANGUAGES
@@ -109,7 +109,7 @@ def _run(
             profile = _profile(model, tok, prompts, cfg, args)
         except Exception as e:  # noqa: BLE001
             traceback.print_exc()
-            profile = {"error": f"{type(e).__name__}: {describe(e)}"[:300]}
+            profile = {"error": error_line(e)}
     del model
     if args.device != "cpu":
         torch.cuda.empty_cache()
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(_run(info["mxfp8_dir"], w, c, t, prompts, args))
             except Exception as e:  # noqa: BLE001  (one failing variant, e.g. its compilation, hides no other)
                 traceback.print_exc()
-                error = f"{type(e).__name__}: {describe(e)}"[:300]
+                error = error_line(e)
                 rows.append({"weights": w, "cache": c, "temperature": t, "error": error, "profile": None})
                 if args.device != "cpu":
                     torch.cuda.empty_cache()

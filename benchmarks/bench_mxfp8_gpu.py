@@ -33,7 +33,7 @@ from collections.abc import Iterator
 import torch
 from bench_nvfp4_gpu import cuda_time  # this directory is on sys.path
 
-from ida_common.cli import describe
+from ida_common.cli import error_line
 from ida_common.files import atomic_write_text
 from mxfp8_codec import encode_mxfp8, hf_modules, triton_decode
 
@@ -153,7 +153,7 @@ def run(iters: int) -> dict[str, object]:
         torch.cuda.synchronize()
         backends, res["triton_error"] = ("triton", "torch"), None
     except Exception as e:  # noqa: BLE001
-        backends, res["triton_error"] = ("torch",), f"{type(e).__name__}: {describe(e)}"[:300]
+        backends, res["triton_error"] = ("torch",), error_line(e)
     res["decode"] = decode_rows(iters, backends)
     res["forward"] = forward_rows(iters, backends)
     res["missed"] = [

@@ -178,6 +178,17 @@ def describe(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
+def error_line(exc: BaseException, limit: int = 300) -> str:
+    """``ClassName: describe(exc)``, at most ``limit`` characters: a failure recorded beside other results (a
+    benchmark row, a warning), where what kind of error it was matters as much as its text.
+
+    Example:
+        >>> error_line(KeyError("tokens_per_s"))
+        "KeyError: 'tokens_per_s'"
+    """
+    return f"{type(exc).__name__}: {describe(exc)}"[:limit]
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
     """Python's ``MemoryError``, torch's ``OutOfMemoryError`` (a ``RuntimeError``: CUDA and other devices) or
     torch's CPU allocator failing (a plain ``RuntimeError`` naming ``DefaultCPUAllocator``); torch is not

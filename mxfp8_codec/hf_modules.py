@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ida_common.cli import describe
+from ida_common.cli import error_line
 from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.numerics import decode_mxfp8, decode_mxfp8_split
 
@@ -116,7 +116,7 @@ def _give_up_triton(error: Exception) -> None:
     ``"auto"`` decodes with torch ops from then on: the same values, three kernels instead of one. Said once,
     as a warning naming the error; ``backend="triton"`` raises it instead."""
     global _TRITON_FAILED
-    _TRITON_FAILED = f"{type(error).__name__}: {describe(error)}"[:300]
+    _TRITON_FAILED = error_line(error)
     warnings.warn(
         f"mxfp8_codec: the Triton MXFP8 decode failed here ({_TRITON_FAILED}); decoding with torch ops from "
         "now on (the same values, slower)",
