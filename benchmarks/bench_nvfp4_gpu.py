@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -223,7 +222,7 @@ def run(iters: int, gemm: bool = True) -> dict[str, object]:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "backend_info": nvfp4_cuda.backend_info(),
-        "nvcc_extra_flags": os.environ.get(build.EXTRA_FLAGS_ENV, ""),
+        "nvcc_extra_flags": " ".join(build.extra_flags()),  # the library this run measures
     }
     res["gemm"] = gemm_rows(iters) if gemm else []
     from nvfp4_cuda import cuda_ops

@@ -24,6 +24,7 @@ ceilings test of tests/nvfp4_cuda/test_device_math.py.  Run::
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import shutil
@@ -70,6 +71,7 @@ def _replace(text: str, old: str, new: str, what: str) -> str:
     return text.replace(old, new)
 
 
+@functools.cache  # read once per run: elements_per_thread asks for the same file for every path
 def _source(rev: str | None, name: str) -> str:
     if rev is None:
         return (ROOT / CSRC / name).read_text()
