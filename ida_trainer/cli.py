@@ -16,13 +16,17 @@ bf16) unless ``--optim.*`` keys are given explicitly.
 from __future__ import annotations
 
 import json
+import sys
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Literal
 
-import tomllib
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: tomllib's PyPI original, the same parser (pyproject.toml requires it there)
+    import tomli as tomllib
 
 from ida_trainer.config import (
     ADAMW_BETAS,
