@@ -146,6 +146,11 @@ def test_a_compiled_static_step_gives_the_eager_completions(weights, tok, tmp_pa
     """What transformers does with --cache static on a GPU (it compiles the decoding step with
     ``static_compile_config``), forced on the CPU, where Inductor generates C++ for it: in BF16, with the
     weights decoded (bf16) or MXFP8-resident, greedy completions equal the eager static path's."""
+    if torch.__version__ < "2.13":
+        pytest.skip(
+            f"torch {torch.__version__}: its Inductor rounds some BF16 intermediates differently from eager even with "
+            "emulate_precision_casts (measured on 2.11: logits 1-2 BF16 ulps apart, near-ties flip; docs/eval.md)"
+        )
     from transformers import CompileConfig
 
     from ida_eval import load_model

@@ -39,18 +39,23 @@ def reference_block(report: Mapping[str, Any]) -> str:
 
 
 def cpu_kind() -> str:
-    """The kind of CPU the figures depend on: torch's CPU math (MKL, oneDNN) picks its code path, and
-    so its summation order, by vendor and vector extensions; oneDNN's bf16 GEMMs use AMX tiles where
-    there are some. ``"GenuineIntel avx512 amx"``, ``"AuthenticAMD avx2"``..."""
+    """The kind of CPU and torch the figures depend on: torch's CPU math (MKL, oneDNN) picks its code path,
+    and so its summation order, by vendor and vector extensions; oneDNN's bf16 GEMMs use AMX tiles where
+    there are some; and another torch release has other kernels (torch 2.11 on an Intel Xeon with AMX: loss
+    0.13 where 2.13 gives 0.15). ``"GenuineIntel avx512 amx, torch 2.13"``, ``"AuthenticAMD avx2, torch 2.13"``..."""
+    import torch
+
+    release = ".".join(torch.__version__.split("+")[0].split(".")[:2])
     try:
         info = Path("/proc/cpuinfo").read_text(encoding="utf-8")
     except OSError:
-        return "unknown"
+        return f"unknown, torch {release}"
     vendor = re.search(r"^vendor_id\s*:\s*(\S+)", info, re.MULTILINE)
     flag_line = re.search(r"^flags\s*:(.*)$", info, re.MULTILINE)
     flags = set(flag_line.group(1).split()) if flag_line else set()
     isa = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "other"
-    return f"{vendor.group(1) if vendor else 'unknown'} {isa}" + (" amx" if "amx_bf16" in flags else "")
+    amx = " amx" if "amx_bf16" in flags else ""
+    return f"{vendor.group(1) if vendor else 'unknown'} {isa}{amx}, torch {release}"
 
 
 def documented_blocks() -> dict[str, str]:
@@ -91,7 +96,7 @@ def test_reference_figures_come_from_a_real_demo_run(tmp_path: Path) -> None:
     blocks, kind = documented_blocks(), cpu_kind()
     if kind not in blocks:
         pytest.skip(
-            f"docs/trainer.md has no reference figures for this CPU kind; add:\n# cpu: {kind}\n"
+            f"docs/trainer.md has no reference figures for this CPU kind and torch release; add:\n# cpu: {kind}\n"
             + reference_block(report)
         )
     assert reference_block(report) == blocks[kind]

@@ -161,6 +161,9 @@ def _oracle_encode(x: np.ndarray, rule: ScaleRule) -> tuple[np.ndarray, np.ndarr
     y = xb.astype(np.float64) * np.ldexp(1.0, -e)[:, :, None]  # exact in float64
     top = (e + 127 == TOP_CLAMP_SCALE_BYTE)[:, :, None]
     y = np.where(top, np.clip(y, -240.0, 240.0), y)  # our documented top-of-range clamp
+    # saturating: torch >= 2.13's cast saturates at +-448 by itself, older ones give NaN from 464 up; clipping
+    # first gives the same bits in both (anything in [448, 464) rounds to 448 either way)
+    y = np.clip(y, -448.0, 448.0)
     q = torch.from_numpy(y).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
     return q.reshape(rows, k), (e + 127).astype(np.uint8)
 
