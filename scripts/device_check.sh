@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # scripts/device_check.sh REPORT_DIR -- everything this project can check only on a CUDA GPU, in one run.
 #
-#   1. environment (GPU, driver, torch, nvcc)      4. 20-step nvfp4 training of the demo model on the GPU
-#   2. build libnvfp4_cuda.so (cached)                and on the CPU reference (concurrently), compared:
-#   3. every GPU-marked test (pytest -m gpu)           loss curve and final MXFP8 master bytes
+#   1. environment (GPU, driver, torch, nvcc,      4. 20-step nvfp4 training of the demo model on the GPU
+#      pyproject's requirements: check_deps.py)       and on the CPU reference (concurrently), compared:
+#   2. build libnvfp4_cuda.so (cached)                loss curve and final MXFP8 master bytes
+#   3. every GPU-marked test (pytest -m gpu)
 #   5. the kernel benchmarks (benchmarks/bench_nvfp4_gpu.py: GEMM, quantize, decode, Lion vs baselines;
 #      benchmarks/bench_mxfp8_gpu.py: the Triton MXFP8 decode vs a copy, MXFP8Linear forward vs bf16;
 #      the bandwidth rows again with one 1x16 block per quantizer thread: NVFP4_CUDA_NVCC_FLAGS=-DNV_QUANT_NB=1)
@@ -16,7 +17,10 @@
 # On one H200 with 16 cores it took 169-219 s (three runs, 2026-12-04, before steps 5b, 5c, 7 and 8:
 # allow ~30 + 40 + 120 + 60 s more, unmeasured); each step has its own time limit (listed below), so a 15-minute device
 # lease runs it once with a little room; the CUDA build is cached ($IDA_CACHE_DIR/nvfp4_cuda), so a
-# rerun skips step 2.  The device image has no cffi: carry its wheels.
+# rerun skips step 2.  The device image has no cffi and an older transformers than pyproject's floor:
+# `python scripts/device_prep.py` (here, before the lease) puts their wheels in .whl/ and the MBPP prompts in
+# .devrun/, and prints the device call (carry both); this script installs .whl/*.whl first (--no-deps, into a
+# folder put first on PYTHONPATH).
 #
 # DEVICE_CHECK_STEPS="7 8" runs steps 1, 2 and those only (a rerun of what a short lease cut off); 8 brings 4.
 # DEVICE_CHECK_BUDGET=S (default 540): the whole run's seconds; a step gets at most what is left.
@@ -92,8 +96,8 @@ run() {
 # ---- 0. is there a GPU? -------------------------------------------------------------------------------
 GPU_PROBE=$(timeout 120 "$PY" - <<'EOF' 2>&1
 import torch
-from nvfp4_cuda.api import nvidia_driver
 if not torch.cuda.is_available():
+    from nvfp4_cuda.api import nvidia_driver  # (here only: it needs cffi, which the device image lacks)
     d = nvidia_driver()
     print("no GPU: " + ("no NVIDIA driver (libcuda.so.1 not found)" if d is None
                          else f"driver {d!r} present but torch sees no CUDA device (torch {torch.__version__})"))
@@ -109,9 +113,29 @@ if [ "${GPU_PROBE#gpu: }" = "$GPU_PROBE" ]; then
 fi
 note "- **gpu**: ${GPU_PROBE#gpu: }"
 
+# ---- carried wheels: what the device image lacks (cffi) or has too old (transformers), from .whl/ --------
+# (scripts/device_prep.py downloads them here; installed without their dependencies into a folder put first
+# on PYTHONPATH, so that they take precedence over the image's; step 1 checks every requirement)
+WHEELS=("$REPO"/.whl/*.whl)
+if [ -e "${WHEELS[0]}" ]; then
+    SITE="${TMPDIR:-/tmp}/ida_device_site"
+    rm -rf "$SITE"
+    if "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "${WHEELS[@]}" \
+        >"$OUT/wheels.log" 2>&1; then
+        export PYTHONPATH="$SITE:$PYTHONPATH"
+        note "- **wheels**: installed $(cd "$REPO/.whl" && ls -- *.whl | tr '\n' ' ')"
+    else
+        note "- **wheels**: FAILED to install .whl/*.whl (log: wheels.log, last lines below)"
+        { echo '```'; tail -n 5 "$OUT/wheels.log"; echo '```'; } >>"$REPORT"
+        FAILED=1
+    fi
+fi
+
 # ---- 1. environment ---------------------------------------------------------------------------------------
 run env "$T_ENV" bash -c "nvidia-smi; $PY -c 'import torch; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda)'; \
-    (nvcc --version || echo 'nvcc: not on PATH'); $PY -m nvfp4_cuda info"
+    (nvcc --version || echo 'nvcc: not on PATH'); $PY -m nvfp4_cuda info; info=\$?; \
+    $PY scripts/check_deps.py && exit \$info"
+grep -E "^UNMET|^check_deps" "$OUT/env.log" | sed 's/^/  - /' >>"$REPORT"
 
 # ---- 2. build ---------------------------------------------------------------------------------------------
 run build "$T_BUILD" "$PY" -m nvfp4_cuda build

@@ -89,3 +89,75 @@ def test_kernel_benchmark_report_with_and_without_the_gemm_rows() -> None:
     )
     assert "GEMM" not in nb1 and "; library built with NVFP4_CUDA_NVCC_FLAGS=-DNV_QUANT_NB=1" in nb1.splitlines()[0]
     assert "| quantize 1x16 RNE | 2108 | 0.50 **MISSED** | >= 0.8 |" in nb1
+
+
+def _script(name: str):
+    import importlib.util
+    import sys
+
+    scripts = str(REPO / "scripts")
+    sys.path.insert(0, scripts)  # device_prep imports check_deps from beside it
+    try:
+        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(scripts)
+    return module
+
+
+def test_check_deps_names_each_unmet_requirement(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Step 1's requirement check (scripts/check_deps.py): this environment meets pyproject.toml (the test extra
+    too); an out-of-range version, a missing distribution and a requirement of a requirement are each one line;
+    a marker that does not apply is skipped; an unreadable pyproject is exit 2."""
+    check_deps = _script("check_deps")
+    assert check_deps.main(["--extra", "test"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "check_deps: every requirement met"
+    numpy_version = __import__("numpy").__version__
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text(
+        '[project]\nname = "x"\ndependencies = ["numpy>=999", "no-such-distribution-ida>=1", '
+        '"torch>=2.6", "windows-only-thing>=1; sys_platform == \'win32\'"]\n'
+    )
+    assert check_deps.main(["--pyproject", str(pyproject)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert f"UNMET numpy: {numpy_version} installed, >=999 required (pyproject.toml: numpy>=999)" in out
+    assert "UNMET no-such-distribution-ida: not installed (pyproject.toml: no-such-distribution-ida>=1)" in out
+    assert any(line.startswith("ok    torch ") for line in out) and not any("windows-only" in line for line in out)
+    assert out[-1] == "check_deps: 2 unmet"
+    # one level down: a requirement's own requirements (a wheel installed with --no-deps must find them): a
+    # distribution installed in a folder on sys.path, as the carried wheels are on PYTHONPATH
+    dist = tmp_path / "site" / "carried_ida_probe-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: carried_ida_probe\nVersion: 1.0\nRequires-Dist: numpy>=999\n"
+        "Requires-Dist: pytest; extra == 'dev'\n"
+    )
+    pyproject.write_text('[project]\nname = "x"\ndependencies = ["carried_ida_probe>=1"]\n')
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    assert check_deps.main(["--pyproject", str(pyproject)]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        "ok    carried_ida_probe 1.0 (>=1)",
+        f"UNMET numpy: {numpy_version} installed, >=999 required (needed by carried_ida_probe 1.0: numpy>=999)",
+        "check_deps: 1 unmet",
+    ]
+    pyproject.write_text("[project\n")
+    assert check_deps.main(["--pyproject", str(pyproject)]) == 2
+    assert "cannot read [project] dependencies" in capsys.readouterr().err
+
+
+def test_device_prep_carries_the_transformers_floor_and_this_cffi() -> None:
+    """scripts/device_prep.py's wheels (downloading them needs the network, so not here): transformers at
+    pyproject.toml's floor (the device image's is older, a newer one needs a newer huggingface-hub than the
+    image has), cffi and pycparser as installed here."""
+    from importlib import metadata
+
+    prep = _script("device_prep")
+    assert prep.wanted_wheels() == [
+        f"cffi=={metadata.version('cffi')}",
+        f"pycparser=={metadata.version('pycparser')}",
+        "transformers==5.24.*",
+    ]
+    assert "device_check.sh /tmp/report" in prep.COMMAND and '"$OUT/device_report.tgz"' in prep.COMMAND
