@@ -10,7 +10,9 @@ Baselines, measured in the same run on the same device:
 * forward: a Minitron-4B layer's projections (q, k, v, o, up, down; stored ``[in, out]`` as files store
   them) as ``MXFP8Linear`` (weights resident in MXFP8, decoded at each forward: Triton, then torch ops)
   against ``nn.Linear`` holding the same values in bf16, under ``torch.no_grad()``, at 1x64, 1x2048 and
-  16x512 tokens. ``/ bf16`` is the MXFP8 time over the bf16 time (lower is better; informational).
+  16x512 tokens. ``/ bf16`` is the MXFP8 time over the bf16 time (lower is better; informational). Also the
+  fused kernel (``hf_modules.use_fused_linear``: the weight decoded inside the GEMM's tiles, no decoded weight
+  written) at each token count, to show where it beats decode + cuBLAS.
 
 Each time is the median of 5 rounds of ``--iters`` calls timed with CUDA events after a warm-up
 (``cuda_time`` of bench_nvfp4_gpu.py). Writes a JSON file and a markdown table (``--out-prefix``).
@@ -131,6 +133,19 @@ def forward_rows(iters: int, backends: tuple[str, ...]) -> list[dict[str, object
                     t_mx = cuda_time(lambda: run(mx), iters)
                 row[f"mxfp8_{backend}_ms"] = t_mx * 1e3
                 row[f"mxfp8_{backend}_vs_bf16"] = t_mx / t_bf16
+            if "triton" in backends:  # the fused kernel (use_fused_linear), at every token count, to find where it pays
+                try:
+                    for m in mx:
+                        m.fused_max_tokens = b * t
+                    for m, d, x in zip(mx, dense, xs, strict=True):
+                        torch.testing.assert_close(m(x), d(x), rtol=2e-2, atol=1e-3)
+                    t_fused = cuda_time(lambda: run(mx), iters)
+                    row["mxfp8_fused_ms"], row["mxfp8_fused_vs_bf16"] = t_fused * 1e3, t_fused / t_bf16
+                except Exception as e:  # noqa: BLE001  (a kernel Triton cannot compile here: said in the table)
+                    row["fused_error"] = error_line(e)
+                finally:
+                    for m in mx:
+                        m.fused_max_tokens = 0
             rows.append(row)
     return rows
 
@@ -183,17 +198,22 @@ def markdown(res: dict[str, object]) -> str:
         )
     lines += [
         "",
-        "| Minitron-4B layer projections, tokens | bf16 ms | MXFP8 (Triton) ms | / bf16 | MXFP8 (torch ops) ms | / bf16 |",
-        "|---|---|---|---|---|---|",
+        "| Minitron-4B layer projections, tokens | bf16 ms | MXFP8 (Triton) ms | / bf16 | MXFP8 (torch ops) ms | / bf16 "
+        "| MXFP8 fused ms | / bf16 |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in res["forward"]:
         triton_cells = (
             f"{r['mxfp8_triton_ms']:.3f} | {r['mxfp8_triton_vs_bf16']:.2f}x" if "mxfp8_triton_ms" in r else "failed | -"
         )
+        fused_cells = (
+            f"{r['mxfp8_fused_ms']:.3f} | {r['mxfp8_fused_vs_bf16']:.2f}x" if "mxfp8_fused_ms" in r else "failed | -"
+        )
         lines.append(
             f"| {r['tokens']} | {r['bf16_ms']:.3f} | {triton_cells} | "
-            f"{r['mxfp8_torch_ms']:.3f} | {r['mxfp8_torch_vs_bf16']:.2f}x |"
+            f"{r['mxfp8_torch_ms']:.3f} | {r['mxfp8_torch_vs_bf16']:.2f}x | {fused_cells} |"
         )
+    lines += [f"Fused kernel failed at {r['tokens']}: {r['fused_error']}" for r in res["forward"] if "fused_error" in r]
     lines += ["", "All targets met." if not res["missed"] else f"Missed: {', '.join(res['missed'])}."]
     return "\n".join(lines) + "\n"
 

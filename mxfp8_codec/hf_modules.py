@@ -8,6 +8,8 @@ the codec's native C kernel on torch's own OpenMP team (:func:`decode_cpu`), on 
 (:mod:`mxfp8_codec.triton_decode`) where Triton is installed, else torch ops (:func:`decode_into`).
 Under ``torch.compile`` a projection decodes through one registered operator instead
 (:func:`decode_stored_op`, ``mxfp8_codec::decode_stored``), so a compiled forward is one graph.
+:func:`use_fused_linear` (opt-in) lets few-token BF16 forwards on CUDA skip the decoded weight: one Triton
+kernel decodes each weight tile inside the GEMM (:func:`linear_fused_op`, ``mxfp8_codec::linear_fused``).
 :class:`FileRowsEmbedding` answers inference lookups with ``os.preadv`` of the needed rows. Both are
 installed by :class:`mxfp8_codec.hf.MXFP8HfQuantizer` through :mod:`mxfp8_codec.hf_load`; nothing here
 imports transformers.
@@ -43,8 +45,10 @@ __all__ = [
     "decode_cpu",
     "decode_into",
     "kernel_dtype",
+    "linear_fused_op",
     "mxfp8_modules",
     "prepare_cpu_decode",
+    "use_fused_linear",
 ]
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)  # what the decode kernels write; other dtypes go through float32
@@ -255,6 +259,26 @@ def _decode_stored_shape(payload: torch.Tensor, scales: torch.Tensor, dtype: tor
     return payload.new_empty(payload.shape, dtype=dtype)
 
 
+@torch.library.custom_op("mxfp8_codec::linear_fused", mutates_args=())
+def linear_fused_op(
+    x: torch.Tensor, payload: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, orientation: str, name: str
+) -> torch.Tensor:
+    """``x @ W^T + bias`` with the weight decoded inside the GEMM's tiles (one Triton kernel,
+    :func:`mxfp8_codec.triton_decode.linear_mxfp8_triton`), as one operator ``torch.compile`` sees whole:
+    what :meth:`MXFP8Linear.forward` runs for few-token inputs after :func:`use_fused_linear`."""
+    from mxfp8_codec.triton_decode import linear_mxfp8_triton
+
+    return linear_mxfp8_triton(x, payload, scales, orientation=orientation, bias=bias, name=name)
+
+
+@linear_fused_op.register_fake
+def _linear_fused_shape(
+    x: torch.Tensor, payload: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, orientation: str, name: str
+) -> torch.Tensor:
+    n = payload.shape[1] if orientation == "in_out" else payload.shape[0]
+    return x.new_empty((x.shape[0], n), dtype=torch.bfloat16)
+
+
 class MXFP8Linear(nn.Module):
     """A projection whose weight stays MXFP8 in memory and is decoded at each forward.
 
@@ -267,6 +291,10 @@ class MXFP8Linear(nn.Module):
         in_features, out_features: as ``nn.Linear``.
         orientation: the file's layout of ``payload``.
         dtype: the decoded weight's dtype (the model dtype).
+        fused_max_tokens: 0 (default): every forward decodes the weight, then ``F.linear`` -- logits
+            bit-identical to ``MXFP8Config(dequantize=True)``. N > 0 (:func:`use_fused_linear`): a BF16
+            inference forward on CUDA of at most N tokens runs one Triton kernel that decodes the weight in
+            its GEMM tiles (:func:`linear_fused_op`): the same weight values, summed in another order.
     """
 
     def __init__(
@@ -286,6 +314,7 @@ class MXFP8Linear(nn.Module):
         self.dtype = dtype
         self.name = name
         self.bias = bias
+        self.fused_max_tokens = 0
         self.register_buffer("payload", None, persistent=False)
         self.register_buffer("scales", None, persistent=False)
 
@@ -340,6 +369,11 @@ class MXFP8Linear(nn.Module):
         return self.decode_weight()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused_max_tokens and self._fused_applies(x):
+            y = linear_fused_op(
+                x.reshape(-1, self.in_features), self._payload(), self.scales, self.bias, self.orientation, self.name
+            )
+            return y.view(*x.shape[:-1], self.out_features)
         # Decode in the file's layout and hand F.linear the [out, in] view of it: for in_out files
         # a transposed view, which BLAS takes as it is (no transpose pass over the weight).
         if torch.compiler.is_compiling():  # one opaque operator, a fresh output (no shared scratch)
@@ -350,6 +384,41 @@ class MXFP8Linear(nn.Module):
             stored = self.decode_stored(SCRATCH.get(self.stored_shape, self.dtype, self._payload().device))
         w = stored.t() if self.orientation == "in_out" else stored
         return F.linear(x, w.to(x.dtype) if w.dtype != x.dtype else w, self.bias)
+
+    def _fused_applies(self, x: torch.Tensor) -> bool:
+        """Whether this forward takes the fused kernel (``fused_max_tokens`` > 0 asked for it): BF16 on CUDA,
+        at most that many tokens, no gradient wanted, Triton importable, whole 32-value blocks."""
+        return (
+            x.is_cuda
+            and x.dtype == torch.bfloat16 == self.dtype
+            and x.numel() <= self.fused_max_tokens * self.in_features
+            and not (
+                torch.is_grad_enabled() and (x.requires_grad or (self.bias is not None and self.bias.requires_grad))
+            )
+            and self._payload().shape[1] % 32 == 0
+            and _triton_available()
+        )
+
+
+def use_fused_linear(model: nn.Module, max_tokens: int = 64) -> int:
+    """Let every :class:`MXFP8Linear` of ``model`` run BF16 inference forwards of at most ``max_tokens``
+    tokens on CUDA as one Triton kernel that decodes the weight inside its GEMM tiles (``0``: back to
+    decode + ``F.linear``, the default). Returns how many modules it set.
+
+    What it trades: a decoding step (one token per sequence) is memory-bound, and decode-then-GEMM moves
+    about 5 bytes per weight (the codes and scales read, the BF16 weight written and read back) where the
+    fused kernel reads 1.03 and the BF16 model reads 2. The weights are the same values; the sums run in the
+    kernel's order, not cuBLAS's, so logits may differ from ``MXFP8Config(dequantize=True)``'s in the last
+    bits (near-ties of greedy decoding can flip). The estimate and the status: docs/format.md ("Few-token
+    forwards on a GPU").
+    """
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
+        raise ValueError(f"use_fused_linear: max_tokens must be an integer >= 0, got {max_tokens!r}")
+    count = 0
+    for _, module in mxfp8_modules(model):
+        module.fused_max_tokens = max_tokens
+        count += 1
+    return count
 
 
 class FileRows:

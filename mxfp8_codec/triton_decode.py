@@ -1,5 +1,6 @@
 """MXFP8 decode as one Triton kernel: E4M3 payload + UE8M0 block scales -> bfloat16 / float32, in the
-payload's layout or transposed, bit for bit the codec's decode (:func:`mxfp8_codec.decode_mxfp8`).
+payload's layout or transposed, bit for bit the codec's decode (:func:`mxfp8_codec.decode_mxfp8`); and a
+linear layer whose weight is decoded in its GEMM tiles by the same steps (:func:`linear_mxfp8_triton`).
 
 What :func:`mxfp8_codec.hf_modules.decode_into` runs on CUDA tensors (an ``MXFP8Linear`` forward decodes
 its weight with it) when Triton is importable and the payload is whole 32-value blocks: one pass that
@@ -37,6 +38,8 @@ it (:data:`AVAILABLE` is then False and :func:`decode_mxfp8_triton` raises).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from typing import TYPE_CHECKING, Any
 
 from .constants import (
@@ -60,7 +63,15 @@ except ImportError:  # triton ships with CUDA builds of torch; the CPU build and
     triton = None
     tl = None
 
-__all__ = ["AVAILABLE", "BLOCK_C", "BLOCK_R", "MAX_COLUMN_TILES", "NUM_WARPS", "decode_mxfp8_triton"]
+__all__ = [
+    "AVAILABLE",
+    "BLOCK_C",
+    "BLOCK_R",
+    "MAX_COLUMN_TILES",
+    "NUM_WARPS",
+    "decode_mxfp8_triton",
+    "linear_mxfp8_triton",
+]
 
 AVAILABLE = triton is not None  # whether this module can launch its kernel
 
@@ -81,6 +92,31 @@ if triton is not None:
     _E4M3_SUB = tl.constexpr(E4M3_MIN_SUBNORMAL)  # 2^-9: subnormal codes are m * 2^-9
     _POW2_M127 = tl.constexpr(0x00400000)  # float32 bits of 2^-127 (scale byte 0), a subnormal
     _BLOCK = tl.constexpr(BLOCK_SIZE)  # 32
+
+    @triton.jit
+    def _bf16_rne(bits):
+        """float32 bits (int32) -> the bfloat16 bits (int32) rounded to nearest even, in integers: exact for
+        subnormals, on every backend (Triton's interpreter casts float32 to bfloat16 by truncation). A NaN's
+        low bits may carry into its exponent: callers put a canonical NaN there."""
+        u = bits.to(tl.uint32, bitcast=True)
+        return ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).to(tl.int32)
+
+    @triton.jit
+    def _decoded_bits(q, s, BF16: tl.constexpr):
+        """E4M3 codes ``q`` times ``2^(s - 127)``, ``s`` their UE8M0 scale bytes (both int32; ``s`` broadcastable
+        to ``q``, e.g. one per block, so that the scale's arithmetic runs once per block): the output's bits,
+        int16 (bfloat16) or int32 (float32), exactly the codec's decode (the module docstring's steps)."""
+        scale = tl.where(s == 0, _POW2_M127, s << 23).to(tl.float32, bitcast=True)  # 2^(s - 127), exact
+        mag = q & 0x7F
+        normal = ((mag << 20) + _REBIAS).to(tl.float32, bitcast=True)  # exact for mag >= 8
+        sub = mag.to(tl.float32) * _E4M3_SUB  # mag * 2^-9: exact for mag < 8
+        value = tl.where(mag >= 8, normal, sub) * scale  # one rounding: exact or +inf
+        bits = value.to(tl.int32, bitcast=True) | ((q & 0x80) << 24)
+        nan = (mag == _E4M3_NAN) | (s == _SCALE_NAN)
+        if BF16:
+            return tl.where(nan, _BF16_NAN, _bf16_rne(bits)).to(tl.int16)
+        else:
+            return tl.where(nan, _F32_NAN, bits)
 
     @triton.jit
     def _decode_kernel(
@@ -107,36 +143,107 @@ if triton is not None:
         # the block's scale: loaded once per block, [BLOCK_R, NBLK]
         s_mask = row_ok[:, None] & (blocks < nb)[None, :]
         s = tl.load(s_ptr + rows[:, None] * nb + blocks[None, :], mask=s_mask, other=127).to(tl.int32)
-        scale = tl.where(s == 0, _POW2_M127, s << 23).to(tl.float32, bitcast=True)  # 2^(s - 127), exact
-        scale_nan = s == _SCALE_NAN
         # the codes: [BLOCK_R, NBLK, 32]
         cols = blocks[None, :, None] * _BLOCK + lanes[None, None, :]
         mask = row_ok[:, None, None] & (cols < C)
         q = tl.load(p_ptr + rows[:, None, None] * C + cols, mask=mask, other=0).to(tl.int32)
-        mag = q & 0x7F
-        normal = ((mag << 20) + _REBIAS).to(tl.float32, bitcast=True)  # exact for mag >= 8
-        sub = mag.to(tl.float32) * _E4M3_SUB  # mag * 2^-9: exact for mag < 8
-        value = tl.where(mag >= 8, normal, sub) * scale[:, :, None]  # one rounding: exact or +inf
-        bits = value.to(tl.int32, bitcast=True) | ((q & 0x80) << 24)
-        nan = (mag == _E4M3_NAN) | scale_nan[:, :, None]
-        if BF16:
-            u = bits.to(tl.uint32, bitcast=True)
-            half = (u + (0x7FFF + ((u >> 16) & 1))) >> 16
-            out = tl.where(nan, _BF16_NAN, half.to(tl.int32)).to(tl.int16)
-        else:
-            out = tl.where(nan, _F32_NAN, bits)
+        out = _decoded_bits(q, s[:, :, None], BF16)
         if TRANSPOSE:
             tl.store(o_ptr + cols * R + rows[:, None, None], out, mask=mask)
         else:
             tl.store(o_ptr + rows[:, None, None] * C + cols, out, mask=mask)
 
+    @triton.jit
+    def _linear_kernel(
+        x_ptr,  # bfloat16 [M, K], contiguous
+        p_ptr,  # uint8: [K, N] (IN_OUT, blocks of 32 along N) or [N, K] (blocks along K)
+        s_ptr,  # uint8: [K, N / 32] or [N, K / 32]
+        b_ptr,  # bfloat16 [N] (HAS_BIAS; else not read)
+        y_ptr,  # SPLIT_K == 1: int16 [M, N], the bfloat16 result's bits; else float32 [SPLIT_K, M, N] partial sums
+        M,
+        N,
+        K: tl.constexpr,  # a compile-time constant (one per projection shape), so the loop's bound is one too
+        IN_OUT: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        WIDE: tl.constexpr,  # 64-bit offsets
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        SPLIT_K: tl.constexpr,  # program_id(2) sums K tiles [s * TILES, (s + 1) * TILES) of K's tiles
+        TILES: tl.constexpr,
+        F32_DOT: tl.constexpr,  # Triton's interpreter: the products in float32 (see linear_mxfp8_triton)
+    ):
+        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        if WIDE:
+            rm = rm.to(tl.int64)
+            rn = rn.to(tl.int64)
+        m_ok = rm < M
+        n_ok = rn < N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for t in range(TILES):
+            rk = (tl.program_id(2) * TILES + t) * BLOCK_K + tl.arange(0, BLOCK_K)
+            if WIDE:
+                rk = rk.to(tl.int64)
+            k_ok = rk < K
+            x = tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            # the weight's tile decoded in registers: the codec's exact float32 values rounded to bfloat16 (RNE, as
+            # the codec's bfloat16 decode rounds them; NaN stays NaN); padding is code 0 with scale 2^0
+            if IN_OUT:  # [BLOCK_K, BLOCK_N]
+                mask = k_ok[:, None] & n_ok[None, :]
+                q = tl.load(p_ptr + rk[:, None] * N + rn[None, :], mask=mask, other=0).to(tl.int32)
+                s = tl.load(s_ptr + rk[:, None] * (N // _BLOCK) + (rn // _BLOCK)[None, :], mask=mask, other=127)
+                w = _decoded_bits(q, s.to(tl.int32), False).to(tl.float32, bitcast=True).to(tl.bfloat16)
+                if F32_DOT:
+                    acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(x, w, acc)
+            else:  # [BLOCK_N, BLOCK_K]
+                mask = n_ok[:, None] & k_ok[None, :]
+                q = tl.load(p_ptr + rn[:, None] * K + rk[None, :], mask=mask, other=0).to(tl.int32)
+                s = tl.load(s_ptr + rn[:, None] * (K // _BLOCK) + (rk // _BLOCK)[None, :], mask=mask, other=127)
+                w = _decoded_bits(q, s.to(tl.int32), False).to(tl.float32, bitcast=True).to(tl.bfloat16)
+                if F32_DOT:
+                    acc = tl.dot(x.to(tl.float32), tl.trans(w).to(tl.float32), acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(x, tl.trans(w), acc)
+        out = rm[:, None] * N + rn[None, :]
+        if SPLIT_K == 1:
+            if HAS_BIAS:
+                acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            y = tl.where(acc != acc, _BF16_NAN, _bf16_rne(acc.to(tl.int32, bitcast=True))).to(tl.int16)
+            tl.store(y_ptr + out, y, mask=m_ok[:, None] & n_ok[None, :])
+        else:
+            tl.store(y_ptr + tl.program_id(2) * (M * N) + out, acc, mask=m_ok[:, None] & n_ok[None, :])
 
-def _check(payload: Any, scales: Any, out: Any, transpose: bool, name: str | None) -> None:
-    """MXFP8Error naming the op, the tensor and the shapes when the input is not what the kernel takes."""
+    @triton.jit
+    def _split_sum_kernel(
+        part_ptr,  # float32 [SPLIT_K, M * N]
+        b_ptr,  # bfloat16 [N] (HAS_BIAS)
+        y_ptr,  # int16 [M * N]: the bfloat16 result's bits
+        MN,
+        N,
+        SPLIT_K: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        """The split-K partial sums added in split order (fixed: the same bits every run), the bias, one rounding."""
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ok = i < MN
+        acc = tl.load(part_ptr + i, mask=ok, other=0.0)
+        for j in range(1, SPLIT_K):
+            acc += tl.load(part_ptr + j * MN + i, mask=ok, other=0.0)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + i % N, mask=ok, other=0.0).to(tl.float32)
+        y = tl.where(acc != acc, _BF16_NAN, _bf16_rne(acc.to(tl.int32, bitcast=True))).to(tl.int16)
+        tl.store(y_ptr + i, y, mask=ok)
+
+
+def _check_weight(payload: Any, scales: Any, who: str) -> None:
+    """MXFP8Error naming ``who`` and the shapes when payload and scales are not whole blocks the kernels take."""
     import torch
 
-    who = f"decode_mxfp8_triton: tensor {name!r}" if name else "decode_mxfp8_triton"
-    for what, t in (("payload", payload), ("scales", scales), ("out", out)):
+    for what, t in (("payload", payload), ("scales", scales)):
         if not isinstance(t, torch.Tensor):
             raise MXFP8Error(f"{who}: {what} must be a torch tensor, got {type(t).__name__}")
     if payload.dtype != torch.uint8 or scales.dtype != torch.uint8:
@@ -157,15 +264,28 @@ def _check(payload: Any, scales: Any, out: Any, transpose: bool, name: str | Non
             f"{who}: scales shape {tuple(scales.shape)} does not match payload shape {tuple(payload.shape)}; "
             f"expected {(rows, cols // BLOCK_SIZE)} (one per {BLOCK_SIZE} along the last axis)"
         )
+    for what, t in (("payload", payload), ("scales", scales)):
+        if not t.is_contiguous():
+            raise MXFP8Error(f"{who}: {what} must be contiguous, got strides {t.stride()} for shape {tuple(t.shape)}")
+
+
+def _check(payload: Any, scales: Any, out: Any, transpose: bool, name: str | None) -> None:
+    """MXFP8Error naming the op, the tensor and the shapes when the input is not what the kernel takes."""
+    import torch
+
+    who = f"decode_mxfp8_triton: tensor {name!r}" if name else "decode_mxfp8_triton"
+    _check_weight(payload, scales, who)
+    if not isinstance(out, torch.Tensor):
+        raise MXFP8Error(f"{who}: out must be a torch tensor, got {type(out).__name__}")
+    rows, cols = payload.shape
     want = (cols, rows) if transpose else (rows, cols)
     if out.dtype not in (torch.float32, torch.bfloat16) or tuple(out.shape) != want:
         raise MXFP8Error(
             f"{who}: out must be float32 or bfloat16 of shape {want} (payload {tuple(payload.shape)}, "
             f"transpose={transpose}), got {out.dtype} {tuple(out.shape)}"
         )
-    for what, t in (("payload", payload), ("scales", scales), ("out", out)):
-        if not t.is_contiguous():
-            raise MXFP8Error(f"{who}: {what} must be contiguous, got strides {t.stride()} for shape {tuple(t.shape)}")
+    if not out.is_contiguous():
+        raise MXFP8Error(f"{who}: out must be contiguous, got strides {out.stride()} for shape {tuple(out.shape)}")
     if not (payload.device == scales.device == out.device):
         raise MXFP8Error(
             f"{who}: payload, scales and out must be on one device, got {payload.device}, {scales.device}, {out.device}"
@@ -226,3 +346,141 @@ def decode_mxfp8_triton(
     else:
         _decode_kernel[grid](*args, **meta)
     return out
+
+
+# Fused linear tiles (activation rows x weight outputs x reduction), for the few-token forwards it is
+# meant for (a decoding step: one row per sequence); not yet tuned on a GPU.  Where the output has fewer tiles
+# than twice the multiprocessors, K is split (SPLIT_K runs of whole K tiles, summed by a second kernel in a
+# fixed order); the interpreter (tests) counts 4 multiprocessors, so the tests take the split path too.
+LINEAR_BLOCK_N = 64
+LINEAR_BLOCK_K = 64  # a multiple of 32: whole scale blocks along K for "out_in" weights
+LINEAR_NUM_WARPS = 4
+LINEAR_NUM_STAGES = 3
+
+
+def linear_mxfp8_triton(
+    x: torch.Tensor,
+    payload: torch.Tensor,
+    scales: torch.Tensor,
+    *,
+    orientation: str,
+    bias: torch.Tensor | None = None,
+    name: str | None = None,
+) -> torch.Tensor:
+    """``x @ W^T (+ bias)`` in one Triton kernel that decodes the MXFP8 weight ``W`` tile by tile in registers:
+    each weight byte is read once from memory and no decoded weight is written, where ``MXFP8Linear``'s
+    default forward writes the decoded weight and a BF16 GEMM reads it back (5 bytes moved per weight
+    instead of 1.03 when a few activation rows make the GEMM memory-bound).
+
+    Numerics: the weight's values are the codec's BF16 decode (``decode_mxfp8``), bit for bit; the products
+    are summed in float32 (``tl.dot``; where the output has few tiles, K is split over CUDA blocks and their
+    partial sums added in split order by a second kernel: the same bits on every run of one GPU model) and
+    rounded once to BF16, the bias added in float32 before that rounding. The summation order is the kernel's,
+    not cuBLAS's: the result equals ``F.linear`` of the decoded weight wherever every partial sum is exact
+    (tested), and elsewhere may differ in the last bits, so logits are not bit-identical to
+    ``MXFP8Config(dequantize=True)``'s (``MXFP8Linear``'s default is).
+
+    Args:
+        x: bfloat16 ``[M, K]`` (activation rows).
+        payload, scales: the weight as stored, ``orientation="in_out"``: ``[K, N]`` and ``[K, N / 32]``;
+            ``"out_in"``: ``[N, K]`` and ``[N, K / 32]`` (uint8, or float8_e4m3fn / float8_e8m0fnu), whole
+            32-value blocks.
+        bias: bfloat16 ``[N]`` or None.
+        name: tensor name, for error messages.
+
+    Returns:
+        bfloat16 ``[M, N]``, on ``x``'s device (CUDA; the CPU only under ``TRITON_INTERPRET=1``).
+
+    Raises:
+        MXFP8Error: Triton is not installed, or the tensors are not what the kernel takes, naming this
+            function, the tensor and the shapes.
+    """
+    import torch
+
+    who = f"linear_mxfp8_triton: tensor {name!r}" if name else "linear_mxfp8_triton"
+    if payload.dtype == torch.float8_e4m3fn:
+        payload = payload.view(torch.uint8)
+    if scales.dtype == torch.float8_e8m0fnu:
+        scales = scales.view(torch.uint8)
+    if orientation not in ("in_out", "out_in"):
+        raise MXFP8Error(f"{who}: orientation must be 'in_out' or 'out_in', got {orientation!r}")
+    _check_weight(payload, scales, who)  # dtypes, 2-D, whole blocks, scales' shape, contiguity
+    k, n = payload.shape if orientation == "in_out" else payload.shape[::-1]
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != k:
+        got = f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise MXFP8Error(
+            f"{who}: x must be bfloat16 [M, {k}] for a payload {tuple(payload.shape)} ({orientation}), got {got}"
+        )
+    if bias is not None and (bias.dtype != torch.bfloat16 or tuple(bias.shape) != (n,)):
+        raise MXFP8Error(f"{who}: bias must be bfloat16 [{n}], got {bias.dtype} {tuple(bias.shape)}")
+    tensors = [x, payload, scales] + ([bias] if bias is not None else [])
+    if len({t.device for t in tensors}) != 1:
+        raise MXFP8Error(
+            f"{who}: x, payload, scales and bias must be on one device, got {[str(t.device) for t in tensors]}"
+        )
+    if not AVAILABLE:
+        raise MXFP8Error("linear_mxfp8_triton: triton is not installed (it ships with CUDA builds of torch)")
+    x = x.contiguous()
+    m = x.shape[0]
+    y = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
+    if m == 0 or n == 0:
+        return y
+    if k == 0:
+        return y.copy_(bias.expand(m, n)) if bias is not None else y.zero_()
+    block_m = min(64, max(16, triton.next_power_of_2(m)))  # tl.dot takes at least 16 rows
+    grid_mn = triton.cdiv(m, block_m) * triton.cdiv(n, LINEAR_BLOCK_N)
+    k_tiles = triton.cdiv(k, LINEAR_BLOCK_K)
+    # split K where the output's tiles alone would leave multiprocessors idle (a decoding step's few rows):
+    # about two CUDA blocks per multiprocessor, each split summing a run of whole K tiles
+    split = max(1, min(k_tiles, -(-2 * _multiprocessors(x.device) // grid_mn)))
+    tiles = triton.cdiv(k_tiles, split)
+    split = triton.cdiv(k_tiles, tiles)  # no empty split
+    if split * m * n >= 2**31:  # (partial sums' offsets in int32; an output that large fills the device anyway)
+        split, tiles = 1, k_tiles
+    wide = max((m + block_m) * k, (k + LINEAR_BLOCK_K) * (n + LINEAR_BLOCK_N), (m + block_m) * n) >= 2**31
+    y_bits = y.view(torch.int16)
+    part = y_bits if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    args = (x, payload, scales, bias if bias is not None else y, part, m, n, k)
+    meta = {
+        "IN_OUT": orientation == "in_out",
+        "HAS_BIAS": bias is not None,
+        "WIDE": wide,
+        "BLOCK_M": block_m,
+        "BLOCK_N": LINEAR_BLOCK_N,
+        "BLOCK_K": LINEAR_BLOCK_K,
+        "SPLIT_K": split,
+        "TILES": tiles,
+        "num_warps": LINEAR_NUM_WARPS,
+        "num_stages": LINEAR_NUM_STAGES,
+        # Triton's CPU interpreter multiplies bfloat16 tl.dot operands as their raw 16-bit patterns (triton 3.9):
+        # there the operands go in as float32 (exact: they are bfloat16 values) with IEEE products
+        "F32_DOT": x.device.type == "cpu",
+    }
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, LINEAR_BLOCK_N), split)
+    with torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext():
+        _linear_kernel[grid](*args, **meta)
+        if split > 1:
+            mn, block = m * n, 1024
+            _split_sum_kernel[(triton.cdiv(mn, block),)](
+                part,
+                bias if bias is not None else y,
+                y_bits,
+                mn,
+                n,
+                SPLIT_K=split,
+                HAS_BIAS=bias is not None,
+                BLOCK=block,
+            )
+    return y
+
+
+@functools.cache
+def _multiprocessors_of(device: str) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _multiprocessors(device: torch.device) -> int:
+    """The device's multiprocessors (CUDA), 4 on the CPU (Triton's interpreter: the tests)."""
+    return _multiprocessors_of(str(device)) if device.type == "cuda" else 4

@@ -98,9 +98,48 @@ def interpreter_main(out_path: str) -> int:
                     got = triton_decode.decode_mxfp8_triton(q, s, out, transpose=transpose)
                 assert got is out
                 found[_key(case, dname, transpose)] = out.view(ibits).numpy()
+    for case in LINEAR_CASES:  # the fused linear kernel, through its operator (what MXFP8Linear calls)
+        x, p, s, bias, orientation = _linear_inputs(case)
+        y = hf_modules.linear_fused_op(x, p, s, bias, orientation, "w")
+        found[f"linear|{case}"] = y.view(torch.int16).numpy()
     found["seconds"] = np.array(time.perf_counter() - t0)
     np.savez(out_path, **found)
     return 0
+
+
+# the fused linear kernel (linear_mxfp8_triton): name -> (orientation, M, K, N, bias, values, a NaN scale byte).
+# Its tiles are BLOCK_M (16-64, from M) x 64 x 64: one partial tile, several along each axis, M above 64.
+# "exact": small integers times powers of two, so that every partial sum is exact in float32 and the result
+# cannot depend on the summation order; "random": normal activations and an encoded normal weight.
+LINEAR_CASES = {
+    "in_out 1x64x32": ("in_out", 1, 64, 32, False, "exact", False),
+    "in_out 5x96x96 bias": ("in_out", 5, 96, 96, True, "exact", False),
+    "in_out 17x160x64": ("in_out", 17, 160, 64, False, "exact", False),
+    "in_out 70x64x160 NaN block": ("in_out", 70, 64, 160, True, "exact", True),
+    "out_in 1x64x32": ("out_in", 1, 64, 32, False, "exact", False),
+    "out_in 5x96x96 bias": ("out_in", 5, 96, 96, True, "exact", False),
+    "out_in 33x160x96 NaN block": ("out_in", 33, 160, 96, False, "exact", True),
+    "in_out random 64x320x96": ("in_out", 64, 320, 96, True, "random", False),
+    "out_in random 3x192x64": ("out_in", 3, 192, 64, False, "random", False),
+}
+
+
+def _linear_inputs(case: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, str]:
+    """x (bfloat16 [M, K]), the weight's payload and scales as the orientation stores them, bias, orientation."""
+    orientation, m, k, n, has_bias, values, nan_block = LINEAR_CASES[case]
+    g = torch.Generator().manual_seed(sum(map(ord, case)))
+    if values == "exact":
+        w = torch.randint(-8, 9, (n, k), generator=g).float() * 2.0 ** torch.randint(-4, 2, (n, k), generator=g).float()
+        x = torch.randint(-4, 5, (m, k), generator=g).to(torch.bfloat16)
+        bias = torch.randint(-3, 4, (n,), generator=g).to(torch.bfloat16) if has_bias else None
+    else:
+        w = 0.02 * torch.randn(n, k, generator=g)
+        x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+        bias = (0.1 * torch.randn(n, generator=g)).to(torch.bfloat16) if has_bias else None
+    p, s = encode_mxfp8(w.t().contiguous() if orientation == "in_out" else w)
+    if nan_block:
+        s[1, 1] = 0xFF  # the block's 32 weights are NaN
+    return x, p, s, bias, orientation
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +181,30 @@ def test_interpreted_kernel_equals_cpu_decode(
     )
 
 
+@needs_triton
+@pytest.mark.parametrize("case", list(LINEAR_CASES))
+def test_interpreted_fused_linear_equals_linear_of_the_decoded_weight(
+    interpreted: dict[str, np.ndarray], case: str
+) -> None:
+    """``x @ W^T + bias`` from the fused kernel against float64 arithmetic on the codec's decoded weight,
+    rounded once to bfloat16: equal bit for bit where every partial sum is exact ("exact" cases; NaN exactly
+    where a NaN weight takes part), within float32 summation of the rounded result otherwise."""
+    x, p, s, bias, orientation = _linear_inputs(case)
+    w = decode_mxfp8(p, s, dtype=torch.float32)  # the values the kernel must use (bfloat16-exact)
+    w = w.t() if orientation == "in_out" else w  # [N, K]
+    ref = x.double() @ w.double().t() + (bias.double() if bias is not None else 0.0)
+    got = torch.from_numpy(interpreted[f"linear|{case}"]).view(torch.bfloat16)
+    assert got.shape == ref.shape
+    assert torch.equal(got.isnan(), ref.isnan())
+    if LINEAR_CASES[case][5] == "exact":
+        assert torch.equal(got[~ref.isnan()], ref[~ref.isnan()].to(torch.bfloat16))
+        assert not LINEAR_CASES[case][6] or bool(got.isnan().any())
+    else:  # a float32 sum of K products, then one bfloat16 rounding
+        err = (got.double() - ref).abs()
+        bound = 2.0**-8 * ref.abs() + 1e-5 * (x.double().abs() @ w.double().abs().t())
+        assert bool((err <= bound).all()), float((err - bound).max())
+
+
 def _good(rows: int = 4, cols: int = 64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return (
         torch.zeros((rows, cols), dtype=torch.uint8),
@@ -177,10 +240,63 @@ def test_bad_input_names_the_op_and_the_shapes(case: str) -> None:
         triton_decode.decode_mxfp8_triton(p, s, o, name="w")
 
 
+def _good_linear() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (
+        torch.zeros((3, 64), dtype=torch.bfloat16),  # x [M, K]
+        torch.zeros((64, 96), dtype=torch.uint8),  # payload [K, N] ("in_out")
+        torch.full((64, 3), 127, dtype=torch.uint8),
+    )
+
+
+BAD_LINEAR = {
+    "x dtype": (lambda x, p, s: (x.float(), p, s, None), r"x must be bfloat16 \[M, 64\] .*got torch.float32 \(3, 64\)"),
+    "x width": (lambda x, p, s: (x[:, :32], p, s, None), r"x must be bfloat16 \[M, 64\] for a payload \(64, 96\) \(in_out\)"),
+    "x rank": (lambda x, p, s: (x[None], p, s, None), r"got torch.bfloat16 \(1, 3, 64\)"),
+    "scales shape": (lambda x, p, s: (x, p, s[:, :2], None), r"scales shape \(64, 2\) does not match payload shape"),
+    "partial block": (lambda x, p, s: (x, p[:, :48].contiguous(), s, None), r"\(64, 48\) has a partial block"),
+    "bias": (lambda x, p, s: (x, p, s, torch.zeros(95, dtype=torch.bfloat16)), r"bias must be bfloat16 \[96\], got .*\(95,\)"),
+    "devices": (lambda x, p, s: (x.to("meta"), p, s, None), r"must be on one device, got \['meta', 'cpu', 'cpu'\]"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(BAD_LINEAR))
+def test_fused_linear_bad_input_names_the_op_and_the_shapes(case: str) -> None:
+    """Checked before anything runs (also without Triton): one MXFP8Error naming the function and the shapes."""
+    change, message = BAD_LINEAR[case]
+    x, p, s, bias = change(*_good_linear())
+    with pytest.raises(MXFP8Error, match=r"^linear_mxfp8_triton: tensor 'w': .*" + message):
+        triton_decode.linear_mxfp8_triton(x, p, s, orientation="in_out", bias=bias, name="w")
+    with pytest.raises(MXFP8Error, match=r"orientation must be 'in_out' or 'out_in', got 'rows'"):
+        triton_decode.linear_mxfp8_triton(*_good_linear(), orientation="rows")
+
+
+def test_use_fused_linear_leaves_the_cpu_forward_as_it_was() -> None:
+    """use_fused_linear sets every MXFP8Linear's token limit (0 turns it off; anything but an integer >= 0 is a
+    ValueError); on the CPU, where the fused kernel does not run, the forward stays decode + F.linear: the same
+    bits as nn.Linear of the decoded weight."""
+    x, w = torch.randn(2, 7, 64).to(torch.bfloat16), 0.02 * torch.randn(64, 96)
+    p, s = encode_mxfp8(w)  # stored [in, out]
+    model = torch.nn.Sequential(
+        *(hf_modules.MXFP8Linear(64, 96, bias=None, orientation="in_out", dtype=torch.bfloat16) for _ in range(2))
+    )
+    for m in model:
+        m.payload, m.scales = p, s
+    want = model[0](x)
+    assert hf_modules.use_fused_linear(model, 64) == 2 and all(m.fused_max_tokens == 64 for m in model)
+    assert torch.equal(model[0](x), want)
+    assert torch.equal(want, torch.nn.functional.linear(x, model[0].decode_weight()))
+    assert hf_modules.use_fused_linear(model, 0) == 2 and model[1].fused_max_tokens == 0
+    for bad in (-1, 1.5, True, "64"):
+        with pytest.raises(ValueError, match=r"use_fused_linear: max_tokens must be an integer >= 0"):
+            hf_modules.use_fused_linear(model, bad)
+
+
 def test_without_triton_the_kernel_says_so_and_decode_into_uses_torch_ops(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(triton_decode, "AVAILABLE", False)
     with pytest.raises(MXFP8Error, match="triton is not installed"):
         triton_decode.decode_mxfp8_triton(*_good())
+    with pytest.raises(MXFP8Error, match="linear_mxfp8_triton: triton is not installed"):
+        triton_decode.linear_mxfp8_triton(*_good_linear(), orientation="in_out")
     with pytest.raises(MXFP8Error, match=r"decode_into: backend must be one of .*got 'cuda'"):
         hf_modules.decode_into(*_good(), transpose=False, backend="cuda")
     with pytest.raises(MXFP8Error, match=r"decode_into: payload must be 2-D \[R, C\], got shape \(256,\)"):
@@ -249,6 +365,39 @@ def test_cuda_decode_into_equals_cpu_decode_bit_for_bit() -> None:
     lin.payload, lin.scales = q.cuda(), s.cuda()
     want = decode_mxfp8(q, s, dtype=torch.bfloat16, transpose=True)
     assert torch.equal(lin.decode_weight().cpu().view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the Triton decode on GPU)")
+@needs_triton
+def test_cuda_fused_linear_uses_the_decoded_weight(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MXFP8Linear after use_fused_linear on CUDA, at 4B projection shapes and 1 / 64 / 65 tokens (65: above the
+    limit, the decode + F.linear path): bit for bit F.linear of the decoded weight where every sum is exact,
+    close elsewhere; eager and compiled (the operator in one graph) give the same bits."""
+    # cuBLAS may otherwise reduce split-K partial sums in BF16: then even exact sums would be rounded
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction", False)
+    g = torch.Generator().manual_seed(5)
+    for n_in, n_out in GPU_SHAPES[2:4]:  # Minitron-4B's MLP: K = 3072 and 9216 (each shape compiles anew)
+        for orientation in ("in_out", "out_in"):
+            w = (
+                torch.randint(-8, 9, (n_out, n_in), generator=g).float()
+                * 2.0 ** torch.randint(-6, 0, (n_out, n_in), generator=g).float()
+            )
+            p, s = encode_mxfp8(w.t().contiguous() if orientation == "in_out" else w)
+            lin = hf_modules.MXFP8Linear(n_in, n_out, bias=None, orientation=orientation, dtype=torch.bfloat16)
+            lin.payload, lin.scales = p.cuda(), s.cuda()
+            dense = lin.decode_weight()
+            hf_modules.use_fused_linear(lin, 64)
+            for tokens in (1, 64, 65):
+                x = torch.randint(-2, 3, (1, tokens, n_in), generator=g).to(torch.bfloat16).cuda()  # exact sums
+                with torch.no_grad():
+                    assert torch.equal(lin(x), torch.nn.functional.linear(x, dense)), (n_in, n_out, orientation, tokens)
+                    xr = torch.randn(1, tokens, n_in, generator=g).to(torch.bfloat16).cuda()
+                    torch.testing.assert_close(lin(xr), torch.nn.functional.linear(xr, dense), rtol=2e-2, atol=2e-2)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(lin, fullgraph=True)
+        assert torch.equal(compiled(xr[:, :8]), lin(xr[:, :8]))
 
 
 @pytest.mark.gpu
