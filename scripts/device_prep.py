@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from check_deps import read_requirements  # scripts/, beside this script
 
-from ida_common.files import copy_file_atomic
+from ida_common.files import atomic_write_text, copy_file_atomic
 
 WHEELS, DATA = ".whl", ".devrun"
 PROMPTS = "mbxp/mbpp_release_v1.jsonl"
@@ -71,7 +71,7 @@ def exclude(paths: list[str]) -> None:
     lines = path.read_text().splitlines() if path.exists() else []
     missing = [f"/{p}/" for p in paths if f"/{p}/" not in lines]
     if missing:
-        path.write_text("".join(line + "\n" for line in lines + missing))
+        atomic_write_text(path, "".join(line + "\n" for line in lines + missing))
 
 
 def travelling_bytes(carry: list[str]) -> int:
