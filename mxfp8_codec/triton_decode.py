@@ -119,6 +119,35 @@ if triton is not None:
             return tl.where(nan, _F32_NAN, bits)
 
     @triton.jit
+    def _gemm_weight(q, s, HW_FP8: tl.constexpr):
+        """E4M3 codes ``q`` (uint8) times ``2^(s - 127)`` (``s``: their scale bytes, uint8, broadcastable to ``q``:
+        one per block, so that the scale's steps run once per block) as bfloat16, for a GEMM operand: the
+        values of :func:`_decoded_bits` (NaN for a NaN code or scale byte, any NaN bits) in fewer steps. The 7
+        magnitude bits shifted into a float16's exponent and mantissa (``mag << 7``, the sign to bit 15) are
+        the E4M3 value times 2^-8 for every code, subnormals included (both formats put 3 mantissa bits under
+        the exponent, biases 7 and 15); ``* 256`` in float16 gives the E4M3 value exactly (every one is a
+        float16), float16 -> float32 is exact, and ``* 2^(s - 127)`` applies the scale (exact or +-inf, as in the
+        codec); then one RNE to bfloat16 (exact but for underflow, as the codec's bfloat16 decode). With ``HW_FP8``
+        (compiled for a GPU) the first steps are the hardware's E4M3 -> float16 conversion and the last its
+        bfloat16 one: about 10 instructions per weight in the GEMM's loop where the integer steps took 41 (sm_90
+        SASS, 64-row tiles); without (Triton's interpreter: the tests) the bit steps, rounding in integers."""
+        if HW_FP8:  # a GPU (sm_89+): one cvt.rn.f16x2.e4m3x2 per two codes (exact; NaN codes give NaN)
+            half = q.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        else:
+            qi = q.to(tl.int32)
+            half = (((qi & 0x80) << 8) | ((qi & 0x7F) << 7)).to(tl.int16).to(tl.float16, bitcast=True) * 256.0
+        si = s.to(tl.int32)
+        scale = tl.where(si == 0, _POW2_M127, si << 23).to(tl.float32, bitcast=True)  # 2^(s - 127), exact
+        scale = tl.where(si == _SCALE_NAN, float("nan"), scale)
+        value = half.to(tl.float32) * scale
+        if HW_FP8:
+            w = value.to(tl.bfloat16)  # cvt.rn.bf16x2.f32
+        else:  # the interpreter's float32 -> bfloat16 cast truncates: round in integers
+            bits = _bf16_rne(value.to(tl.int32, bitcast=True))
+            w = tl.where((qi & 0x7F) == _E4M3_NAN, _BF16_NAN, bits).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        return w
+
+    @triton.jit
     def _decode_kernel(
         p_ptr,  # uint8 [R, C]
         s_ptr,  # uint8 [R, C / 32]
@@ -181,28 +210,36 @@ if triton is not None:
         m_ok = rm < M
         n_ok = rn < N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        lanes = tl.arange(0, _BLOCK)
         for t in range(TILES):
-            rk = (tl.program_id(2) * TILES + t) * BLOCK_K + tl.arange(0, BLOCK_K)
+            k0 = (tl.program_id(2) * TILES + t) * BLOCK_K
+            rk = k0 + tl.arange(0, BLOCK_K)
             if WIDE:
                 rk = rk.to(tl.int64)
             k_ok = rk < K
             x = tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            # the weight's tile decoded in registers: the codec's exact float32 values rounded to bfloat16 (RNE, as
-            # the codec's bfloat16 decode rounds them; NaN stays NaN); padding is code 0 with scale 2^0
-            if IN_OUT:  # [BLOCK_K, BLOCK_N]
-                mask = k_ok[:, None] & n_ok[None, :]
-                q = tl.load(p_ptr + rk[:, None] * N + rn[None, :], mask=mask, other=0).to(tl.int32)
-                s = tl.load(s_ptr + rk[:, None] * (N // _BLOCK) + (rn // _BLOCK)[None, :], mask=mask, other=127)
-                w = _decoded_bits(q, s.to(tl.int32), False).to(tl.float32, bitcast=True).to(tl.bfloat16)
+            # the weight's tile decoded in registers to the codec's bfloat16 values (_gemm_weight); padding is code 0
+            # with scale 2^0
+            if IN_OUT:  # [BLOCK_K, BLOCK_N]: blocks along N, [BLOCK_K, NB, 32] with one scale byte per block
+                NBN: tl.constexpr = BLOCK_N // _BLOCK
+                bl = tl.program_id(1) * NBN + tl.arange(0, NBN)
+                cols = bl[None, :, None] * _BLOCK + lanes[None, None, :]
+                q = tl.load(p_ptr + rk[:, None, None] * N + cols, mask=k_ok[:, None, None] & (cols < N), other=0)
+                s_ok = k_ok[:, None] & (bl < N // _BLOCK)[None, :]
+                s = tl.load(s_ptr + rk[:, None] * (N // _BLOCK) + bl[None, :], mask=s_ok, other=127)
+                w = tl.reshape(_gemm_weight(q, s[:, :, None], not F32_DOT), (BLOCK_K, BLOCK_N))
                 if F32_DOT:
                     acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
                 else:
                     acc = tl.dot(x, w, acc)
-            else:  # [BLOCK_N, BLOCK_K]
-                mask = n_ok[:, None] & k_ok[None, :]
-                q = tl.load(p_ptr + rn[:, None] * K + rk[None, :], mask=mask, other=0).to(tl.int32)
-                s = tl.load(s_ptr + rn[:, None] * (K // _BLOCK) + (rk // _BLOCK)[None, :], mask=mask, other=127)
-                w = _decoded_bits(q, s.to(tl.int32), False).to(tl.float32, bitcast=True).to(tl.bfloat16)
+            else:  # [BLOCK_N, BLOCK_K]: blocks along K
+                NBK: tl.constexpr = BLOCK_K // _BLOCK
+                bl = k0 // _BLOCK + tl.arange(0, NBK)
+                cols = bl[None, :, None] * _BLOCK + lanes[None, None, :]
+                q = tl.load(p_ptr + rn[:, None, None] * K + cols, mask=n_ok[:, None, None] & (cols < K), other=0)
+                s_ok = n_ok[:, None] & (bl < K // _BLOCK)[None, :]
+                s = tl.load(s_ptr + rn[:, None] * (K // _BLOCK) + bl[None, :], mask=s_ok, other=127)
+                w = tl.reshape(_gemm_weight(q, s[:, :, None], not F32_DOT), (BLOCK_N, BLOCK_K))
                 if F32_DOT:
                     acc = tl.dot(x.to(tl.float32), tl.trans(w).to(tl.float32), acc, input_precision="ieee")
                 else:

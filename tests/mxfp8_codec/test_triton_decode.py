@@ -121,6 +121,9 @@ LINEAR_CASES = {
     "out_in 33x160x96 NaN block": ("out_in", 33, 160, 96, False, "exact", True),
     "in_out random 64x320x96": ("in_out", 64, 320, 96, True, "random", False),
     "out_in random 3x192x64": ("out_in", 3, 192, 64, False, "random", False),
+    # every code x every scale byte (_every_pair), through an identity: y is the decoded weight itself
+    "in_out every code x every scale": ("in_out", 64, 256, 256, False, "every", False),
+    "out_in every code x every scale": ("out_in", 64, 256, 256, False, "every", False),
 }
 
 
@@ -128,6 +131,9 @@ def _linear_inputs(case: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
     """x (bfloat16 [M, K]), the weight's payload and scales as the orientation stores them, bias, orientation."""
     orientation, m, k, n, has_bias, values, nan_block = LINEAR_CASES[case]
     g = torch.Generator().manual_seed(sum(map(ord, case)))
+    if values == "every":  # the payload as stored: [K, N] or [N, K], 256 x 256 either way
+        p, s = _every_pair()
+        return torch.eye(k, dtype=torch.bfloat16)[64 : 64 + m], p, s, None, orientation
     if values == "exact":
         w = torch.randint(-8, 9, (n, k), generator=g).float() * 2.0 ** torch.randint(-4, 2, (n, k), generator=g).float()
         x = torch.randint(-4, 5, (m, k), generator=g).to(torch.bfloat16)
@@ -196,7 +202,7 @@ def test_interpreted_fused_linear_equals_linear_of_the_decoded_weight(
     got = torch.from_numpy(interpreted[f"linear|{case}"]).view(torch.bfloat16)
     assert got.shape == ref.shape
     assert torch.equal(got.isnan(), ref.isnan())
-    if LINEAR_CASES[case][5] == "exact":
+    if LINEAR_CASES[case][5] in ("exact", "every"):
         assert torch.equal(got[~ref.isnan()], ref[~ref.isnan()].to(torch.bfloat16))
         assert not LINEAR_CASES[case][6] or bool(got.isnan().any())
     else:  # a float32 sum of K products, then one bfloat16 rounding
@@ -437,6 +443,19 @@ def test_cuda_fused_linear_uses_the_decoded_weight(monkeypatch: pytest.MonkeyPat
     with torch.no_grad():
         compiled = torch.compile(lin, fullgraph=True)
         assert torch.equal(compiled(xr[:, :8]), lin(xr[:, :8]))
+    # every code with every scale byte's class, through an identity: y = the decoded weight itself (on the GPU the
+    # kernel decodes with the hardware E4M3 conversion, which the interpreter cannot run)
+    q, sc = _every_pair()  # [256, 256] codes, [256, 8] scales
+    for orientation in ("in_out", "out_in"):
+        lin = hf_modules.MXFP8Linear(256, 256, bias=None, orientation=orientation, dtype=torch.bfloat16)
+        lin.payload, lin.scales = q.cuda(), sc.cuda()
+        hf_modules.use_fused_linear(lin, 64)
+        dense = lin.decode_weight()  # [out, in]
+        for rows in range(0, 256, 64):
+            eye = torch.eye(256, dtype=torch.bfloat16, device="cuda")[rows : rows + 64]
+            with torch.no_grad():
+                got, want = lin(eye), torch.nn.functional.linear(eye, dense)
+            assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got[~want.isnan()], want[~want.isnan()])
 
 
 @pytest.mark.gpu
