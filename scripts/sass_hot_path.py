@@ -240,9 +240,15 @@ def opcodes(rev: str | None) -> dict[str, list[Op]]:
         sass = subprocess.run(
             [cuobjdump, "-sass", str(d / "hot.cubin")], capture_output=True, text=True, check=True, env=env
         )
+    return parse_sass(sass.stdout, names)
+
+
+def parse_sass(text: str, names: dict[str, str]) -> dict[str, list[Op]]:
+    """``cuobjdump -sass`` output -> {name: its instructions in order, NOPs left out} for each function whose
+    mangled name starts with a key of ``names`` (the value is the name given)."""
     ops: dict[str, list[Op]] = {}  # path name -> its instructions in order
     current = None
-    for line in sass.stdout.splitlines():
+    for line in text.splitlines():
         m = re.search(r"Function : (\S+)", line)
         if m:
             current = next((v for k, v in names.items() if m.group(1).startswith(k)), None)
@@ -277,10 +283,14 @@ def per_iteration(ops: list[Op]) -> int:
     thread that makes one turn only still pays the rest of the main body: how many turns it makes is the
     launcher's choice, which this count cannot see."""
     body = ops[: main_body(ops)]
-    index = {op.addr: i for i, op in enumerate(body)}
-    loops = [i - index[op.target] + 1 for i, op in enumerate(body) if op.target is not None and op.target < op.addr]
-    work = [n for n in loops if 2 * n > len(body)]
+    work = [n for n in loop_lengths(body) if 2 * n > len(body)]
     return max(work, default=len(body))
+
+
+def loop_lengths(ops: list[Op]) -> list[int]:
+    """The instructions of each loop (from a backward branch's target to the branch, both included)."""
+    index = {op.addr: i for i, op in enumerate(ops)}
+    return [i - index[op.target] + 1 for i, op in enumerate(ops) if op.target is not None and op.target < op.addr]
 
 
 def elements_per_thread(rev: str | None, name: str) -> int:

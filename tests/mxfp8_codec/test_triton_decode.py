@@ -14,10 +14,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -211,18 +213,20 @@ def test_interpreted_fused_linear_equals_linear_of_the_decoded_weight(
         assert bool((err <= bound).all()), float((err - bound).max())
 
 
-def _compile_for_hopper(kernel: object, signature: dict[str, str], consts: dict[str, object], warps: int) -> str:
+def _compile_for_hopper(
+    kernel: object, signature: dict[str, str], consts: dict[str, object], warps: int, aligned: bool = False
+) -> dict[str, Any]:
     """The kernel compiled ahead of time for sm_90 (an H100 / H200) with the ptxas in Triton's wheel, no GPU
-    needed; returns its PTX."""
+    needed; its ``asm`` (``ptx``, ``cubin``...). ``aligned``: every non-constexpr argument marked divisible by
+    16, as a launch specializes on aligned pointers and sizes (what lets Triton vectorize and pipeline loads)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.compiler import compile as triton_compile
 
     full = {**signature, **{name: "constexpr" for name in consts}}
-    src = ASTSource(fn=kernel, signature=full, constexprs=consts)
-    return triton_compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 3}).asm[
-        "ptx"
-    ]
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(signature))} if aligned else None
+    src = ASTSource(fn=kernel, signature=full, constexprs=consts, attrs=attrs)
+    return triton_compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 3}).asm
 
 
 @needs_triton
@@ -235,7 +239,9 @@ def test_the_kernels_compile_for_hopper_and_the_linear_uses_its_tensor_cores(mon
     for transpose in (False, True):
         consts = {"TRANSPOSE": transpose, "BF16": True, "WIDE": False}
         consts |= {"BLOCK_R": triton_decode.BLOCK_R[transpose], "BLOCK_C": triton_decode.BLOCK_C[transpose]}
-        assert ".entry" in _compile_for_hopper(triton_decode._decode_kernel, dec, consts, triton_decode.NUM_WARPS)
+        assert (
+            ".entry" in _compile_for_hopper(triton_decode._decode_kernel, dec, consts, triton_decode.NUM_WARPS)["ptx"]
+        )
     lin = {"x_ptr": "*bf16", "p_ptr": "*u8", "s_ptr": "*u8", "b_ptr": "*bf16", "y_ptr": "*i16", "M": "i32", "N": "i32"}
     for orientation in ("in_out", "out_in"):
         for block_m, split in ((16, 1), (64, 4)):
@@ -243,11 +249,53 @@ def test_the_kernels_compile_for_hopper_and_the_linear_uses_its_tensor_cores(mon
             consts |= {"BLOCK_N": triton_decode.LINEAR_BLOCK_N, "BLOCK_K": triton_decode.LINEAR_BLOCK_K}
             consts |= {"SPLIT_K": split, "TILES": 3072 // triton_decode.LINEAR_BLOCK_K // split, "F32_DOT": False}
             sig = {**lin, "y_ptr": "*i16" if split == 1 else "*fp32"}
-            ptx = _compile_for_hopper(triton_decode._linear_kernel, sig, consts, triton_decode.LINEAR_NUM_WARPS)
+            ptx = _compile_for_hopper(triton_decode._linear_kernel, sig, consts, triton_decode.LINEAR_NUM_WARPS)["ptx"]
             assert ("wgmma.mma_async" if block_m == 64 else "mma.sync.aligned") in ptx, (orientation, block_m, split)
     sums = {"part_ptr": "*fp32", "b_ptr": "*bf16", "y_ptr": "*i16", "MN": "i32", "N": "i32"}
     ptx = _compile_for_hopper(triton_decode._split_sum_kernel, sums, {"SPLIT_K": 4, "HAS_BIAS": True, "BLOCK": 1024}, 4)
-    assert ".entry" in ptx
+    assert ".entry" in ptx["ptx"]
+
+
+FUSED_LOOP_CEILING = 12.0  # SASS instructions per weight in the fused linear's K loop (10.6 on 2026-12-06, triton 3.9)
+
+
+@needs_triton
+def test_the_fused_linear_loop_stays_within_its_instruction_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decoding step's fused linear is bound by the instructions its K loop issues per weight (docs/format.md:
+    ~10.5 where reading the weight's bytes would allow ~8 on an H200), not by the dot: the loop of the 64-row
+    tile, both orientations, compiled as a launch specializes it, counted in SASS (scripts/sass_hot_path.py's
+    parser and cuobjdump). The integer decode steps took 22 (41 compiled without the alignment hints)."""
+    import importlib.util
+
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
+    spec = importlib.util.spec_from_file_location(
+        "sass_hot_path", Path(__file__).parents[2] / "scripts" / "sass_hot_path.py"
+    )
+    assert spec is not None and spec.loader is not None
+    sass = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sass)
+    try:
+        cuobjdump = sass._tool("cuobjdump")
+    except SystemExit as exc:  # the test extra installs it on Linux
+        pytest.skip(str(exc))
+    lin = {"x_ptr": "*bf16", "p_ptr": "*u8", "s_ptr": "*u8", "b_ptr": "*bf16", "y_ptr": "*fp32", "M": "i32", "N": "i32"}
+    # one turn of the loop decodes a BLOCK_K x BLOCK_N weight tile, spread over the CUDA block's threads
+    weights_per_thread = (
+        triton_decode.LINEAR_BLOCK_K * triton_decode.LINEAR_BLOCK_N // (32 * triton_decode.LINEAR_NUM_WARPS)
+    )
+    per_weight = {}
+    for orientation in ("in_out", "out_in"):
+        consts = {"K": 3072, "IN_OUT": orientation == "in_out", "HAS_BIAS": False, "WIDE": False, "BLOCK_M": 64}
+        consts |= {"BLOCK_N": triton_decode.LINEAR_BLOCK_N, "BLOCK_K": triton_decode.LINEAR_BLOCK_K}
+        consts |= {"SPLIT_K": 4, "TILES": 3072 // triton_decode.LINEAR_BLOCK_K // 4, "F32_DOT": False}
+        asm = _compile_for_hopper(triton_decode._linear_kernel, lin, consts, triton_decode.LINEAR_NUM_WARPS, True)
+        with tempfile.TemporaryDirectory() as tmp:
+            cubin = Path(tmp) / "k.cubin"
+            cubin.write_bytes(asm["cubin"])
+            text = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+        (ops,) = sass.parse_sass(text, {"_linear_kernel": orientation}).values()
+        per_weight[orientation] = max(sass.loop_lengths(ops)) / weights_per_thread
+    assert all(n <= FUSED_LOOP_CEILING for n in per_weight.values()), per_weight
 
 
 def _good(rows: int = 4, cols: int = 64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
