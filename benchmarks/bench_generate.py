@@ -18,8 +18,8 @@ targets' variants first, so a run cut off by a time limit still reports what it 
 
 Targets on one H200 (issue 25): ``bf16 static`` >= 10,000 tokens/s at batch 64, 256 prompts, 256 new
 tokens (>= 8x the 1,255 tokens/s measured before); ``mxfp8`` >= 0.9x bf16 with the same cache. The last row,
-``mxfp8+fused``, runs the decoding steps' projections through the fused kernel
-(``mxfp8_codec.hf_modules.use_fused_linear``): informational. Exit 1 when
+``mxfp8-fused``, runs the decoding steps' projections through the fused kernel (``load_model(weights=
+"mxfp8-fused")``, ``mxfp8_codec.hf_modules.use_fused_linear``): informational. Exit 1 when
 a target is missed on a GPU (the table says which); on the CPU the figures are informational.
 
 ``--profile`` runs one more batch per greedy variant under torch.profiler and prints, per decoding step, the
@@ -55,14 +55,14 @@ from ida_trainer.demo import train_demo_tokenizer
 
 # (weights, cache, temperature): greedy variants, the targets' first (a run cut off by a time limit has
 # measured them), then sampling's cost (the per-row sampler) on the baseline, then MXFP8 with the fused kernel
-# for the decoding steps (mxfp8_codec.hf_modules.use_fused_linear: informational, not the default path)
+# for the decoding steps (weights="mxfp8-fused": informational, not the default path)
 VARIANTS = (
     ("bf16", "dynamic", 0.0),
     ("bf16", "static", 0.0),
     ("mxfp8", "static", 0.0),
     ("mxfp8", "dynamic", 0.0),
     ("bf16", "dynamic", 0.8),
-    ("mxfp8+fused", "static", 0.0),
+    ("mxfp8-fused", "static", 0.0),
 )
 TARGET_VARIANTS = (("bf16", "dynamic"), ("bf16", "static"), ("mxfp8", "dynamic"), ("mxfp8", "static"))
 TARGET_TOKENS_PER_S = 10_000  # bf16 static on the H200 at the issue's shape and batch
@@ -88,13 +88,7 @@ def _run(
     ckpt: str, weights: str, cache: str, temperature: float, prompts: dict[str, str], args: argparse.Namespace
 ) -> dict[str, Any]:
     device_map = None if args.device == "cpu" else args.device
-    model, tok = load_model(
-        ckpt, dtype=torch.bfloat16, device_map=device_map, progress=False, weights=weights.removesuffix("+fused")
-    )
-    if weights.endswith("+fused"):  # the decoding steps' projections (batch-size tokens) through the fused kernel
-        from mxfp8_codec.hf_modules import use_fused_linear
-
-        use_fused_linear(model, args.batch_size)
+    model, tok = load_model(ckpt, dtype=torch.bfloat16, device_map=device_map, progress=False, weights=weights)
     cfg = DecodingConfig(
         batch_size=args.batch_size,
         max_new_tokens=args.new_tokens,

@@ -38,7 +38,11 @@ from mxfp8_codec.layout import file_norm_convention, file_orientation
 HASH_CHUNK = 8 << 20  # 8 MiB read size for sha256
 
 
-WEIGHTS_CHOICES: tuple[str, ...] = ("bf16", "mxfp8")  # load_model(weights=...): decoded once / MXFP8-resident
+# load_model(weights=...): decoded once / MXFP8-resident / MXFP8-resident with the fused kernel for few-token forwards
+WEIGHTS_CHOICES: tuple[str, ...] = ("bf16", "mxfp8", "mxfp8-fused")
+# weights="mxfp8-fused": forwards of up to this many tokens (a decoding step of that many sequences) on CUDA run
+# the fused kernel (mxfp8_codec.hf_modules.use_fused_linear); prefill and larger steps decode + cuBLAS. Untuned.
+FUSED_MAX_TOKENS = 128
 
 
 class CheckpointLoadError(ValueError):
@@ -173,6 +177,9 @@ def load_model(
             projections of an MXFP8 checkpoint stay MXFP8 in memory (:class:`mxfp8_codec.hf.MXFP8Linear`,
             decoded at each forward: the same weights bit for bit, about half the memory); a plain
             checkpoint has no MXFP8 weights and loads as with ``"bf16"`` (with a warning).
+            ``"mxfp8-fused"``: as ``"mxfp8"``, and on a GPU forwards of up to :data:`FUSED_MAX_TOKENS` tokens
+            decode the weight inside one Triton GEMM kernel (:func:`mxfp8_codec.hf_modules.use_fused_linear`:
+            faster decoding steps, logits not bit-identical to ``"bf16"``'s; the CPU forward is unchanged).
 
     Returns:
         ``(model, tokenizer)``, the model in eval mode (parameters require grad, as with
@@ -196,7 +203,7 @@ def load_model(
     ckpt = check_checkpoint_dir(checkpoint_dir)
     files = _weight_files(ckpt)
     mxfp8 = any(f.mxfp8 for f in files)
-    if weights == "mxfp8" and not mxfp8:
+    if weights != "bf16" and not mxfp8:
         warnings.warn(f"{ckpt}: a plain checkpoint has no MXFP8 weights; loading it with weights='bf16'", stacklevel=2)
     if not mxfp8:
         odd = next((f for f in files if (f.orientation, f.norm_convention) != ("out_in", "zero_centered")), None)
@@ -209,7 +216,7 @@ def load_model(
     tokenizer = AutoTokenizer.from_pretrained(ckpt)
     kwargs: dict[str, Any] = {"dtype": dtype, "output_loading_info": True}
     if mxfp8:  # config.json's own quantization_config (if any) is checked against the files by the quantizer
-        kwargs["quantization_config"] = mxhf.MXFP8Config(dequantize=weights == "bf16")
+        kwargs["quantization_config"] = mxhf.MXFP8Config(dequantize=weights == "bf16")  # "mxfp8*": resident
     if device_map is not None:
         kwargs["device_map"] = device_map
     try:
@@ -230,6 +237,10 @@ def load_model(
     if problems:
         raise CheckpointLoadError(f"{ckpt}: checkpoint does not match {type(model).__name__} ({'; '.join(problems)})")
     model.eval()  # parameters keep requires_grad=True, as from_pretrained leaves them (the trainer loads here too)
+    if weights == "mxfp8-fused":
+        from mxfp8_codec.hf_modules import use_fused_linear
+
+        use_fused_linear(model, FUSED_MAX_TOKENS)
     return model, tokenizer
 
 

@@ -76,7 +76,7 @@ from ida_eval.generate import (
     generate_completions,
 )
 from ida_eval.languages import LANGUAGES, language_of
-from ida_eval.loader import check_checkpoint_dir, describe_checkpoint, load_model
+from ida_eval.loader import WEIGHTS_CHOICES, check_checkpoint_dir, describe_checkpoint, load_model
 from ida_eval.parallel import ONE_PROCESS, Ranks, cuda_device_for, current_ranks, shard_name, shard_paths
 from ida_eval.problems import find_problems_file, language_files, load_problems
 from ida_eval.stats import mean_pass_at_k
@@ -552,10 +552,12 @@ def _model_info(model: Any) -> dict[str, Any] | None:
     p = next(model.parameters())
     import transformers
 
-    mxfp8 = any(type(m).__name__ == "MXFP8Linear" for m in model.modules())
+    mxfp8 = [m for m in model.modules() if type(m).__name__ == "MXFP8Linear"]
+    fused = any(m.fused_max_tokens for m in mxfp8)
     return {
         "class": type(model).__name__,
-        "weights": "mxfp8" if mxfp8 else "bf16",  # projections MXFP8-resident, or decoded once
+        # projections decoded once, MXFP8-resident, or resident with the fused kernel for decoding steps
+        "weights": ("mxfp8-fused" if fused else "mxfp8") if mxfp8 else "bf16",
         "dtype": str(p.dtype).removeprefix("torch."),
         "device": str(p.device),
         "device_map": getattr(model, "hf_device_map", None),
@@ -613,8 +615,9 @@ def evaluate_checkpoint(
 ) -> dict[str, Any]:
     """Load a checkpoint directory (MXFP8 or plain) and run :func:`evaluate_model` on it.
 
-    ``weights``: ``"bf16"`` (decoded once) or ``"mxfp8"`` (projections stay MXFP8 in memory,
-    :func:`ida_eval.loader.load_model`); summary.json's ``model.weights`` records which.
+    ``weights``: ``"bf16"`` (decoded once), ``"mxfp8"`` (projections stay MXFP8 in memory) or
+    ``"mxfp8-fused"`` (and a fused kernel for decoding steps on a GPU): :func:`ida_eval.loader.load_model`;
+    summary.json's ``model.weights`` records which.
 
     The model is not loaded at all when ``out_dir`` already holds every sample (resume), nor when
     ``out_dir`` holds a run with other settings or another checkpoint (:class:`RunDirError` first).
@@ -931,10 +934,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     ap.add_argument(
         "--weights",
-        choices=("bf16", "mxfp8"),
+        choices=WEIGHTS_CHOICES,
         default="bf16",
         help="bf16: weights decoded once (default); mxfp8: projections stay MXFP8 in memory and are "
-        "decoded at each forward (same logits, about half the weight memory); summary.json records it",
+        "decoded at each forward (same logits, about half the weight memory); mxfp8-fused: as mxfp8, and on a "
+        "GPU decoding steps decode the weight inside one fused kernel (faster; logits not bit-identical); "
+        "summary.json records it",
     )
     ap.add_argument(
         "--samples-per-task",

@@ -194,7 +194,7 @@ def test_generation_benchmark_runs_on_the_cpu(tmp_path):
         ("mxfp8", "static", 0.0),
         ("mxfp8", "dynamic", 0.0),
         ("bf16", "dynamic", 0.8),
-        ("mxfp8+fused", "static", 0.0),
+        ("mxfp8-fused", "static", 0.0),
     ]
     # on the CPU: the static cache, and MXFP8-resident weights (bit-identical logits), change nothing (nor does
     # use_fused_linear: its kernel runs on CUDA only)
@@ -233,7 +233,7 @@ def test_generation_benchmark_reports_a_failed_variant_beside_the_others():
     assert "| bf16 | static | greedy | RuntimeError: no compiler |" in text and "not judged yet" in text
     assert missed == ["bf16 static T=0.0 failed: RuntimeError: no compiler"]
     rows += [row("mxfp8", "static", **done), row("mxfp8", "dynamic", **dict(done, tokens_per_s=5.0))]
-    rows += [row("bf16", "dynamic", 0.8, **done), row("mxfp8+fused", "static", **done)]
+    rows += [row("bf16", "dynamic", 0.8, **done), row("mxfp8-fused", "static", **done)]
     text, missed = bench._report(rows, prompts, {"n_params": 1e6}, args)
     assert "| mxfp8 | dynamic | greedy | 5.0 | 0.5x | 1.0 | 0 of 2 |" in text
     assert "targets: MISSED: bf16 static T=0.0 failed" in text and len(missed) == 1

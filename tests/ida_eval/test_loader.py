@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from ida_eval import CheckpointLoadError, describe_checkpoint, load_model
+from ida_eval.loader import FUSED_MAX_TOKENS
 from tests.ida_eval.support import (
     ARCHS,
     logits_of,
@@ -310,6 +311,13 @@ def test_mxfp8_resident_weights_equal_decoded_ones(arch, tok, ids, tmp_path):
         assert torch.equal(modules[name].decode_weight(), plain.get_submodule(name).weight), name
     assert torch.equal(logits_of(resident, ids), logits_of(plain, ids))
     assert rtok("def f():")["input_ids"] == tok("def f():")["input_ids"]
+    # weights="mxfp8-fused": resident too, the fused kernel asked for few-token forwards (it runs on CUDA only:
+    # on the CPU the logits stay bit-identical)
+    fused, _ = load_model(ckpt, weights="mxfp8-fused")
+    fused_mods = [m for m in fused.modules() if isinstance(m, mxhf.MXFP8Linear)]
+    assert len(fused_mods) == len(q) and {m.fused_max_tokens for m in fused_mods} == {FUSED_MAX_TOKENS}
+    assert torch.equal(logits_of(fused, ids), logits_of(plain, ids))
+    assert all(m.fused_max_tokens == 0 for m in resident.modules() if isinstance(m, mxhf.MXFP8Linear))
     with pytest.raises(CheckpointLoadError, match="weights='int4'"):
         load_model(ckpt, weights="int4")
     model.to(torch.bfloat16).save_pretrained(tmp_path / "hf")

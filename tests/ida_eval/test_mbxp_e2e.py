@@ -117,6 +117,12 @@ def test_memorised_checkpoint_passes_its_problems(tmp_path: Path) -> None:
     assert proc_mx.returncode == 0, proc_mx.stderr[-3000:]
     assert json.loads((out_mx / "summary.json").read_text())["model"]["weights"] == "mxfp8"
     assert (out_mx / "samples.jsonl").read_bytes() == before
+    # --weights mxfp8-fused: recorded as such; on the CPU the fused kernel does not run, the samples are the same
+    out_fused = tmp_path / "run-mxfp8-fused"
+    proc_f = _run(*[out_fused.as_posix() if a == str(out) else a for a in args], "--weights", "mxfp8-fused")
+    assert proc_f.returncode == 0, proc_f.stderr[-3000:]
+    assert json.loads((out_fused / "summary.json").read_text())["model"]["weights"] == "mxfp8-fused"
+    assert (out_fused / "samples.jsonl").read_bytes() == before
 
     # --compare prints both runs side by side
     proc3 = _run("--compare", str(out), str(out))
