@@ -1,6 +1,6 @@
 """MXFP8 decode as one Triton kernel: E4M3 payload + UE8M0 block scales -> bfloat16 / float32, in the
 payload's layout or transposed, bit for bit the codec's decode (:func:`mxfp8_codec.decode_mxfp8`); and a
-linear layer whose weight is decoded in its GEMM tiles by the same steps (:func:`linear_mxfp8_triton`).
+linear layer whose weight is decoded inside its GEMM tiles to the same values (:func:`linear_mxfp8_triton`).
 
 What :func:`mxfp8_codec.hf_modules.decode_into` runs on CUDA tensors (an ``MXFP8Linear`` forward decodes
 its weight with it) when Triton is importable and the payload is whole 32-value blocks: one pass that
@@ -129,7 +129,7 @@ if triton is not None:
         float16), float16 -> float32 is exact, and ``* 2^(s - 127)`` applies the scale (exact or +-inf, as in the
         codec); then one RNE to bfloat16 (exact but for underflow, as the codec's bfloat16 decode). With ``HW_FP8``
         (compiled for a GPU) the first steps are the hardware's E4M3 -> float16 conversion and the last its
-        bfloat16 one: about 10 instructions per weight in the GEMM's loop where the integer steps took 41 (sm_90
+        bfloat16 one: about 10.5 instructions per weight in the GEMM's loop where the integer steps took 22 (sm_90
         SASS, 64-row tiles); without (Triton's interpreter: the tests) the bit steps, rounding in integers."""
         if HW_FP8:  # a GPU (sm_89+): one cvt.rn.f16x2.e4m3x2 per two codes (exact; NaN codes give NaN)
             half = q.to(tl.float8e4nv, bitcast=True).to(tl.float16)
@@ -391,7 +391,7 @@ def decode_mxfp8_triton(
 # fixed order); the interpreter (tests) counts 4 multiprocessors, so the tests take the split path too.
 LINEAR_BLOCK_N = 64
 LINEAR_BLOCK_K = 64  # a multiple of 32: whole scale blocks along K for "out_in" weights
-LINEAR_NUM_WARPS = 8  # 4 spilled registers for "out_in" 64-row tiles (sm_90, triton 3.9)
+LINEAR_NUM_WARPS = 8  # at 4 warps, "out_in" 64-row tiles spilled registers (sm_90, triton 3.9)
 LINEAR_NUM_STAGES = 3
 
 
