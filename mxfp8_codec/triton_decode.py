@@ -228,22 +228,18 @@ if triton is not None:
                 s_ok = k_ok[:, None] & (bl < N // _BLOCK)[None, :]
                 s = tl.load(s_ptr + rk[:, None] * (N // _BLOCK) + bl[None, :], mask=s_ok, other=127)
                 w = tl.reshape(_gemm_weight(q, s[:, :, None], not F32_DOT), (BLOCK_K, BLOCK_N))
-                if F32_DOT:
-                    acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
-                else:
-                    acc = tl.dot(x, w, acc)
-            else:  # [BLOCK_N, BLOCK_K]: blocks along K
+            else:  # [BLOCK_N, BLOCK_K]: blocks along K, transposed for the dot
                 NBK: tl.constexpr = BLOCK_K // _BLOCK
                 bl = k0 // _BLOCK + tl.arange(0, NBK)
                 cols = bl[None, :, None] * _BLOCK + lanes[None, None, :]
                 q = tl.load(p_ptr + rn[:, None, None] * K + cols, mask=n_ok[:, None, None] & (cols < K), other=0)
                 s_ok = n_ok[:, None] & (bl < K // _BLOCK)[None, :]
                 s = tl.load(s_ptr + rn[:, None] * (K // _BLOCK) + bl[None, :], mask=s_ok, other=127)
-                w = tl.reshape(_gemm_weight(q, s[:, :, None], not F32_DOT), (BLOCK_N, BLOCK_K))
-                if F32_DOT:
-                    acc = tl.dot(x.to(tl.float32), tl.trans(w).to(tl.float32), acc, input_precision="ieee")
-                else:
-                    acc = tl.dot(x, tl.trans(w), acc)
+                w = tl.trans(tl.reshape(_gemm_weight(q, s[:, :, None], not F32_DOT), (BLOCK_N, BLOCK_K)))
+            if F32_DOT:
+                acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(x, w, acc)
         out = rm[:, None] * N + rn[None, :]
         if SPLIT_K == 1:
             if HAS_BIAS:
