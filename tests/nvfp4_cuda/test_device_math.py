@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from mxfp8_codec.constants import C_HEADER
-from nvfp4_cuda import build
+from nvfp4_cuda import build, cpu_native
 
 NVCC = os.environ.get(build.NVCC_ENV) or shutil.which("nvcc")
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,8 +77,21 @@ def test_fast_element_math_equals_the_reference_on_every_input(tmp_path: Path) -
     src.write_text(PROGRAM)
     exe = tmp_path / "device_math"
     flags = [f for f in build.BASE_FLAGS if f not in ("--threads", "2")]  # the library's flags: -fmad=false, -I
+    # the host code as the CPU kernels are built (-march=native -ffp-contract=off: no FMA contraction, like
+    # -fmad=false on the device): fminf / rintf / floorf inline instead of libm calls, ~20 % less CPU here
+    host = ",".join(f for f in cpu_native.CFLAGS if f.startswith(("-march", "-ffp", "-fno-fast")))
     subprocess.run(
-        [NVCC, *flags, "-Xcompiler", "-fopenmp", f"-I{build.CSRC}", f"-I{C_HEADER.parent}", str(src), "-o", str(exe)],
+        [
+            NVCC,
+            *flags,
+            "-Xcompiler",
+            f"-fopenmp,{host}",
+            f"-I{build.CSRC}",
+            f"-I{C_HEADER.parent}",
+            str(src),
+            "-o",
+            str(exe),
+        ],
         check=True,
         capture_output=True,
     )
