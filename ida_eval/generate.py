@@ -198,17 +198,54 @@ class PerRowSampler:
         return out
 
 
-def sample_tokens(scores: torch.Tensor, u: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """Token index per row of ``scores`` [B, V] for uniforms ``u`` [B] (:data:`SAMPLING_RULE`)."""
+NUCLEUS_CANDIDATES = 256
+"""With ``top_p < 1`` a row first sorts only its ``NUCLEUS_CANDIDATES`` most probable tokens (``torch.topk``);
+when they hold its nucleus, the draw is the full sort's, bit for bit, at a fraction of the cost. Other rows
+sort their whole vocabulary (docs/eval.md, "Sampling")."""
+
+
+def sample_tokens(
+    scores: torch.Tensor, u: torch.Tensor, temperature: float, top_p: float, *, candidates: int = NUCLEUS_CANDIDATES
+) -> torch.Tensor:
+    """Token index per row of ``scores`` [B, V] for uniforms ``u`` [B] (:data:`SAMPLING_RULE`).
+
+    ``candidates``: how many of a row's most probable tokens to try before sorting the whole row (0: always
+    sort the whole row; the result is the same).
+    """
     probs = torch.softmax(scores.float() / temperature, dim=-1)
-    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    u = u.to(device=probs.device, dtype=torch.float64)
+    if top_p >= 1.0 or not 0 < candidates < probs.shape[1]:
+        return _draw(*torch.sort(probs, dim=-1, descending=True, stable=True), u, top_p)
+    # the candidates in the full sort's order: by value, descending, ties by index (topk's tie order is unspecified)
+    vals, idx = torch.topk(probs, candidates, dim=-1)
+    idx, perm = torch.sort(idx, dim=-1)
+    vals, perm = torch.sort(vals.gather(1, perm), dim=-1, descending=True, stable=True)
+    idx = idx.gather(1, perm)
+    # where tokens outside tie with the smallest candidate, only the candidates above it are the full sort's
+    # first entries; the nucleus lies among those when their cumulative probability reaches top_p
+    edge = vals[:, -1:]
+    exact = torch.where((probs >= edge).sum(dim=-1) > candidates, (vals > edge).sum(dim=-1), candidates)
+    cum = torch.cumsum(vals.double(), dim=-1)
+    held = (exact > 0) & (cum.gather(1, (exact - 1).clamp(min=0)[:, None]).squeeze(1) >= top_p)
+    if bool(held.all()):
+        return _draw(vals, idx, u, top_p)
+    out = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
+    out[held] = _draw(vals[held], idx[held], u[held], top_p)
+    rest = ~held
+    out[rest] = _draw(*torch.sort(probs[rest], dim=-1, descending=True, stable=True), u[rest], top_p)
+    return out
+
+
+def _draw(sorted_p: torch.Tensor, order: torch.Tensor, u: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The draw of :data:`SAMPLING_RULE` from probabilities sorted as the rule sorts them (``order``: their
+    token ids), or from the first entries of that order when they hold the nucleus."""
     cum = torch.cumsum(sorted_p.double(), dim=-1)
     kept = (cum - sorted_p) < top_p  # the tokens before this one had not yet reached top_p
     kept[:, 0] = True
     kept_p = torch.where(kept, sorted_p.double(), 0.0)
     cdf = torch.cumsum(kept_p, dim=-1)
-    target = u.to(cdf.dtype)[:, None] * cdf[:, -1:]
-    idx = torch.searchsorted(cdf, target, right=True).clamp_(max=probs.shape[1] - 1)
+    target = u[:, None] * cdf[:, -1:]
+    idx = torch.searchsorted(cdf, target, right=True).clamp_(max=sorted_p.shape[1] - 1)
     # never land on a filtered token (a rounding at the kept total's edge): step back to the last kept one
     last_kept = kept.sum(dim=-1, keepdim=True) - 1
     idx = torch.minimum(idx, last_kept)

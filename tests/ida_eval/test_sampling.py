@@ -65,6 +65,55 @@ def test_sample_tokens_follows_the_rule(seed, temperature, top_p):
             assert g in near, (row, g, want)
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([0.2, 0.8, 1.3]),
+    st.sampled_from([0.999, 0.95, 0.8, 0.5, 0.05]),
+    st.sampled_from([1, 4, 16, 64]),
+)
+def test_the_candidates_path_draws_what_the_full_sort_draws(seed, temperature, top_p, candidates):
+    """``sample_tokens`` sorts a row's ``candidates`` most probable tokens when they hold its nucleus: the
+    same token as sorting the whole row, bit for bit, also with ties at the candidates' edge (logits on a
+    coarse grid), flat rows that fall back to the full sort, masked (-inf) tokens and rows of both kinds in
+    one batch."""
+    rng = np.random.default_rng(seed)
+    b, v = 12, 300
+    # Zipf-like rows (a few likely tokens, a long tail), some flat, logits rounded to a grid so that ties abound
+    ranks = np.argsort(rng.random((b, v)), axis=1) + 1
+    alpha = rng.choice([0.0, 0.3, 1.0, 2.0, 4.0], size=(b, 1))
+    logits = np.round(-alpha * np.log(ranks) * 4) / 4
+    logits[rng.random((b, v)) < 0.2] = -np.inf
+    logits[:, 0] = np.maximum(logits[:, 0], 0.0)  # every row keeps a finite token
+    scores = torch.from_numpy(logits.astype(np.float32))
+    u = torch.from_numpy(rng.random(b))
+    full = sample_tokens(scores, u, temperature, top_p, candidates=0)
+    assert torch.equal(sample_tokens(scores, u, temperature, top_p, candidates=candidates), full)
+    peaked = torch.from_numpy((-6 * np.log(ranks)).astype(np.float32))  # every row's nucleus among 16 tokens
+    full = sample_tokens(peaked, u, temperature, top_p, candidates=0)
+    assert torch.equal(sample_tokens(peaked, u, temperature, top_p, candidates=16), full)
+
+
+def test_candidates_that_all_tie_with_tokens_outside_fall_back_to_the_full_sort():
+    """Three tokens share the top probability; torch.topk picks the later ones on a tie, the rule the first."""
+    logits = torch.log(torch.tensor([[0.1, 0.3, 0.3, 0.3]]))
+    u = torch.tensor([0.5], dtype=torch.float64)
+    for candidates in (0, 1, 2, 3):
+        assert sample_tokens(logits, u, 1.0, 0.05, candidates=candidates).item() == 1  # the nucleus: token 1 alone
+
+
+def test_sampler_benchmark_runs_on_the_cpu(capsys, monkeypatch):
+    """benchmarks/bench_sampler.py at toy size: a row per vocabulary and temperature, the same tokens both ways."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import bench_sampler
+
+    assert bench_sampler.main(["--batch", "8", "--vocab", "300", "2000", "--alphas", "0.5", "3", "--repeats", "1"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "yes |" in line]
+    assert len(rows) == 4, rows
+
+
 def test_sampled_frequencies_match_the_distribution():
     """Over an even grid of u, each token is drawn in proportion to its probability (top-p off)."""
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 0.5]])
