@@ -10,8 +10,9 @@
 #      the bandwidth rows again with one 1x16 block per quantizer thread: NVFP4_CUDA_NVCC_FLAGS=-DNV_QUANT_NB=1)
 #   6. training throughput and memory, nvfp4 vs bf16 recipe (benchmarks/bench_gpu_train.py, 4B shape)
 #   7. MBXP generation tokens/s: dynamic vs static KV cache, bf16 vs MXFP8, with a per-step profile
-#      (benchmarks/bench_generate.py)
-#   8. a sampled MBXP run of step 4's export on the GPU (pass@1/4, tokens/s, programs/s), end to end
+#      (benchmarks/bench_generate.py); last of all (7b), one sampling draw, top_p 0.95, 256 candidates vs
+#      the whole row sorted (benchmarks/bench_sampler.py)
+#   8. a sampled MBXP run of step 4's export on the GPU (top_p 0.95, pass@1/4, tokens/s, programs/s), end to end
 #
 # Writes REPORT_DIR/report.md (the summary) and one log / JSON / XML file per step beside it.
 # On one H200 with 16 cores it took 169-219 s (three runs, 2026-12-04, before steps 5b, 5c, 7 and 8:
@@ -44,7 +45,7 @@ export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 
 # time limits per step (seconds); the build takes ~20 s there, the training benchmark ~2 min
 T_ENV=20 T_BUILD=120 T_TESTS=120 T_TRAIN=75 T_BENCH=90 T_BENCH_MXFP8=75 T_COMPARE=30 T_TRAIN_BENCH=300 T_GEN=200 T_MBXP=120
-T_BUILD_NB1=60 T_BENCH_NB1=60
+T_BUILD_NB1=60 T_BENCH_NB1=60 T_SAMPLER=30
 STEPS=20
 # the whole run's budget (seconds): each step's limit is cut to what is left of it, a step with under 20 s
 # left is skipped (and said so), and the report is always finished; the per-call limit of a lent machine
@@ -249,12 +250,20 @@ fi
 if want 8; then
     if [ -f .devrun/mbpp_release_v1.jsonl ] && [ -f "$OUT/train_gpu/export/config.json" ]; then
         run mbxp_sampled "$T_MBXP" "$PY" -m ida_eval.mbxp --checkpoint "$OUT/train_gpu/export" \
-            --problems .devrun/mbpp_release_v1.jsonl --limit 64 --samples-per-task 4 --temperature 0.8 --pass-at 1,4 \
+            --problems .devrun/mbpp_release_v1.jsonl --limit 64 --samples-per-task 4 --temperature 0.8 --top-p 0.95 \
+            --pass-at 1,4 \
             --batch-size 64 --max-new-tokens 128 --weights mxfp8 --cache static --out "$OUT/mbxp_sampled" --no-progress
         grep -E "^pass@|^generation" "$OUT/mbxp_sampled.log" | sed 's/^/  - /' >>"$REPORT"
     else
         note "- **mbxp_sampled**: skipped (no .devrun/mbpp_release_v1.jsonl or no exported demo model)"
     fi
+fi
+
+# ---- 7b. one sampling draw (top_p 0.95): a row's 256 candidates vs the whole row sorted, same tokens ---------
+# (last: a few seconds that no other step should lose)
+if want 7; then
+    run bench_sampler "$T_SAMPLER" "$PY" benchmarks/bench_sampler.py --device cuda --vocab 32000 151936 256000
+    sed -n '/^| vocab/,$p' "$OUT/bench_sampler.log" >>"$REPORT"
 fi
 
 note ""
