@@ -133,11 +133,20 @@ def test_uniform_is_a_function_of_seed_task_sample_and_step():
     assert sample_uniform(0, "a", 0, 0) == sample_uniform(0, "a", 0, 0)
 
 
-def test_a_sample_depends_on_the_seed_task_and_number_only(setup):
+# (0.7, 0.9): in this model about half the draws are made on a row's 256 candidates, half on its whole vocabulary
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)])
+def test_a_sample_depends_on_the_seed_task_and_number_only(setup, temperature, top_p):
     model, tok = setup
     model = model.float()
     prompts = {p["task_id"]: p["prompt"] for p in SMALL_PROBLEMS[:4]}
-    cfg = DecodingConfig(batch_size=8, max_new_tokens=10, stop_strings=("\nXYZ",), samples_per_task=3, temperature=1.0)
+    cfg = DecodingConfig(
+        batch_size=8,
+        max_new_tokens=10,
+        stop_strings=("\nXYZ",),
+        samples_per_task=3,
+        temperature=temperature,
+        top_p=top_p,
+    )
     full = generate_completions(model, tok, prompts, cfg, progress=False)
     assert [(g.task_id, g.completion_id) for g in full] == [(t, j) for t in prompts for j in range(3)]
     by_key = {(g.task_id, g.completion_id): g.raw for g in full}
