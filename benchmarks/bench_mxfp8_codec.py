@@ -223,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     rq, rs, ww = _make_worst_cases(n)
     rout = np.empty(q.shape, ml_dtypes.bfloat16)
     qw, sw = np.empty_like(q), np.empty_like(s)
+    out16_t = np.empty(q.shape[::-1], ml_dtypes.bfloat16)
     results = [
         _time(
             f"baseline: numpy copy into an existing {n * 2 / 2**20:.0f} MiB array",
@@ -255,6 +256,11 @@ def main(argv: list[str] | None = None) -> int:
             fast,
         ),
         _time("encode bf16   ours native, into out=, wide range", lambda: encode_mxfp8(ww, out=(qw, sw)), fast),
+        _time(
+            "decode->bf16  ours native, transposed into out=",  # [in, out] file -> nn.Linear's [out, in]
+            lambda: decode_mxfp8(q, s, dtype=ml_dtypes.bfloat16, out=out16_t, transpose=True),
+            fast,
+        ),
     ]
     copy_into, copy_new = results[0].best_ms, results[1].best_ms
     print(f"\n{'method':<52} {'best ms':>9} {'median ms':>10} {'x copy into':>12} {'x copy new':>11}")
@@ -278,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         ("decode->bf16 random bytes into out= vs copy into", results[13].best_ms / copy_into, DECODE_TARGET),
     ]
     print(f"(info) encode wide-range into out= vs copy into: {results[14].best_ms / copy_into:5.2f}x")
+    print(f"(info) transposed decode into out= vs copy into: {results[15].best_ms / copy_into:5.2f}x")
     copy = lambda: np.copyto(dst16, src16)  # noqa: E731
     paired = [
         (

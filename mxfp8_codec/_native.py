@@ -61,6 +61,8 @@ CFLAGS = (
     "-fno-math-errno",
 )
 PORTABLE_CFLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fno-math-errno")  # no CPU extensions
+AVX2_CFLAGS = ("-O3", "-mavx2", "-std=c11", "-fPIC", "-shared", "-fno-math-errno")  # the AVX2 decode, no AVX-512
+SIMD_NAMES = ("portable-c", "avx512", "avx2")  # by mx_kernel_simd()
 _CDEF = """
 int mx_kernel_version(void);
 int mx_kernel_simd(void);
@@ -80,13 +82,15 @@ typedef struct {
 } mx_team_args;
 void mx_decode_bf16_team(void *arg);
 void mx_decode_f32_team(void *arg);
+void mx_decode_bf16_t_team(void *arg);
+void mx_decode_f32_t_team(void *arg);
 void GOMP_parallel(void (*fn)(void *), void *data, unsigned num_threads, unsigned flags);
 int omp_get_thread_num(void);
 int omp_get_num_threads(void);
 int64_t mx_encode_grid(const void *x, int bf16, int64_t rows, int64_t k, uint8_t *q, uint8_t *s, int rceil,
                        int sr, uint64_t index0, uint32_t k2, uint32_t k3);
 """
-_EXPECTED_VERSION = 8  # MX_KERNEL_VERSION in _kernel.c
+_EXPECTED_VERSION = 9  # MX_KERNEL_VERSION in _kernel.c
 _lock = threading.Lock()
 _openmp_libs: dict[str, Any] = {}  # NativeKernel._openmp: runtime path -> cffi library
 
@@ -162,9 +166,9 @@ class NativeKernel:
     path: Path
 
     @property
-    def simd(self) -> bool:
-        """True when the fast paths were compiled with AVX-512 intrinsics (else portable C)."""
-        return bool(self.lib.mx_kernel_simd())
+    def simd(self) -> str:
+        """The intrinsics the fast paths were compiled with: ``"avx512"``, ``"avx2"`` or ``"portable-c"``."""
+        return SIMD_NAMES[self.lib.mx_kernel_simd()]
 
     def _ptr(self, ctype: str, a: np.ndarray) -> Any:
         return self.ffi.cast(ctype, a.ctypes.data)
@@ -222,22 +226,8 @@ class NativeKernel:
         assert q.flags.c_contiguous and s.flags.c_contiguous and out.flags.c_contiguous
         assert out.shape == q.shape and table.dtype == out.dtype and table.size == 65536
         if team is not None and rows > 1:
-            omp = self._openmp(team[0])
-            args = self.ffi.new(
-                "mx_team_args *",
-                {
-                    "q": self._ptr("const uint8_t *", q),
-                    "s": self._ptr("const uint8_t *", s),
-                    "rows": rows,
-                    "k": k,
-                    "out": self._ptr("void *", out),
-                    "lut": self._ptr("const void *", table),
-                    "thread_num": omp.omp_get_thread_num,
-                    "num_threads": omp.omp_get_num_threads,
-                },
-            )
             body = self.lib.mx_decode_bf16_team if out.dtype == np.uint16 else self.lib.mx_decode_f32_team
-            omp.GOMP_parallel(body, args, max(1, team[1]), 0)
+            self._on_team(team, body, q, s, out, table)
             return
         if out.dtype == np.uint16:
             self.lib.mx_decode_bf16(
@@ -258,6 +248,27 @@ class NativeKernel:
                 self._ptr("const uint32_t *", table),
             )
 
+    def _on_team(
+        self, team: tuple[str, int], body: Any, q: np.ndarray, s: np.ndarray, out: np.ndarray, table: Any
+    ) -> None:
+        """Run a team entry point (``mx_decode_*_team``) on the OpenMP runtime ``team[0]``, ``team[1]`` wide."""
+        omp = self._openmp(team[0])
+        rows, k = q.shape
+        args = self.ffi.new(
+            "mx_team_args *",
+            {
+                "q": self._ptr("const uint8_t *", q),
+                "s": self._ptr("const uint8_t *", s),
+                "rows": rows,
+                "k": k,
+                "out": self._ptr("void *", out),
+                "lut": self._ptr("const void *", table),
+                "thread_num": omp.omp_get_thread_num,
+                "num_threads": omp.omp_get_num_threads,
+            },
+        )
+        omp.GOMP_parallel(body, args, max(1, team[1]), 0)
+
     def _openmp(self, runtime: str) -> Any:
         """The OpenMP runtime library at ``runtime``, opened once (dlopen of a library the process
         already has loaded returns that same copy, with its existing threads)."""
@@ -267,18 +278,25 @@ class NativeKernel:
                 lib = _openmp_libs.get(runtime) or _openmp_libs.setdefault(runtime, self.ffi.dlopen(runtime))
         return lib
 
-    def decode_transposed(self, q: np.ndarray, s: np.ndarray, out: np.ndarray, table: np.ndarray) -> None:
+    def decode_transposed(
+        self, q: np.ndarray, s: np.ndarray, out: np.ndarray, table: np.ndarray, team: tuple[str, int] | None = None
+    ) -> None:
         """Decode ``q [rows, k]`` into ``out [k, rows]`` (the transpose), tile by tile in C.
 
         Each of ``q``, ``s`` and ``out`` needs unit stride along its last axis only: ``q`` / ``s``
         may be a column range of larger arrays (block-aligned, a multiple of 32 wide) and ``out``
         a row or column range of a larger C-contiguous array, so callers can split work over
-        threads without copies.
+        threads without copies. ``team`` as in :meth:`decode` (all three C-contiguous; each thread a
+        range of block columns); the same bits as one thread.
         """
         rows, k = q.shape
         assert table.size == 65536 and table.dtype == out.dtype and out.shape == (k, rows)
         for a in (q, s, out):
             assert a.ndim == 2 and (a.shape[1] <= 1 or a.strides[1] == a.itemsize) and a.strides[0] >= 0
+        if team is not None and k > 32 and all(a.flags.c_contiguous for a in (q, s, out)):
+            body = self.lib.mx_decode_bf16_t_team if out.dtype == np.uint16 else self.lib.mx_decode_f32_t_team
+            self._on_team(team, body, q, s, out, table)
+            return
         ldq, lds = q.strides[0], s.strides[0]  # uint8: bytes == elements
         ld = out.strides[0] // out.itemsize
         args = (self._ptr("const uint8_t *", q), ldq, self._ptr("const uint8_t *", s), lds, rows, k)
@@ -301,8 +319,8 @@ def open_library(path: Path) -> NativeKernel:
 def build_variant(out: Path, cflags: tuple[str, ...]) -> NativeKernel:
     """Compile the kernel with other flags to ``out`` and open it, bypassing the cache.
 
-    Used by the tests to check the portable C fast paths (e.g. without ``-march=native``, hence
-    without AVX-512) against the numpy path on a machine where the default build uses AVX-512.
+    Used by the tests to check the portable C and AVX2 fast paths (:data:`PORTABLE_CFLAGS`,
+    :data:`AVX2_CFLAGS`) against the numpy path on a machine where the default build uses AVX-512.
     """
     compiler = _find_compiler()
     if compiler is None:
@@ -356,5 +374,5 @@ def kernel_info() -> dict[str, str]:
     with _lock:
         loaded = _load()
     if isinstance(loaded, NativeKernel):
-        return {"backend": "native", "library": str(loaded.path), "simd": "avx512" if loaded.simd else "portable-c"}
+        return {"backend": "native", "library": str(loaded.path), "simd": loaded.simd}
     return {"backend": "numpy", "reason": loaded}

@@ -117,7 +117,7 @@ def backend_info() -> dict[str, str]:
     """Which implementation encodes/decodes numpy arrays and CPU tensors, and why.
 
     Returns:
-        ``{"backend": "native", "library": path, "simd": "avx512" | "portable-c"}`` or
+        ``{"backend": "native", "library": path, "simd": "avx512" | "avx2" | "portable-c"}`` or
         ``{"backend": "numpy", "reason": ...}`` (no compiler, failed build, or
         ``MXFP8_CODEC_NATIVE=0``). Tensors on other devices always use the torch path.
 
@@ -214,7 +214,7 @@ def _decode_numpy_dispatch(
     table = decode_table(kind)
     out_bits = decode_out_bits(out, decoded_shape(p.shape, transpose, name), kind, name)
     if p.size and transpose:  # strided 2-D views (e.g. a column range of a payload) need no copy
-        kernel.decode_transposed(_unit_last_stride(p), _unit_last_stride(s), out_bits, table)
+        kernel.decode_transposed(_unit_last_stride(p), _unit_last_stride(s), out_bits, table, team=team)
     elif p.size:
         p2, s2 = np.ascontiguousarray(as_2d(p)), np.ascontiguousarray(as_2d(s))
         kernel.decode(p2, s2, as_2d(out_bits), table, team=team)
@@ -368,11 +368,11 @@ def decode_mxfp8(
             the numpy and torch paths decode then copy ``.T``). Use it to turn a projection
             stored ``[in, out]`` into nn.Linear's ``[out, in]`` weight, e.g. into the
             parameter's storage via ``out``.
-        team: ``(runtime, threads)``: with the native kernel and ``transpose=False``, decode on
-            the thread team of an OpenMP runtime library already loaded in this process (its
-            path, e.g. torch's libgomp: ``mxfp8_codec.hf`` passes torch's, so the decode runs on
-            torch's intra-op threads rather than competing with them), ``threads`` wide, one row
-            range per thread. The same bits as one thread; ignored otherwise.
+        team: ``(runtime, threads)``: with the native kernel, decode on the thread team of an
+            OpenMP runtime library already loaded in this process (its path, e.g. torch's libgomp:
+            ``mxfp8_codec.hf`` passes torch's, so the decode runs on torch's intra-op threads rather
+            than competing with them), ``threads`` wide, one row range (with ``transpose``: one
+            range of block columns) per thread. The same bits as one thread; ignored otherwise.
 
     Returns:
         The decoded array (``out`` when given), same type (numpy / torch, same device) as the

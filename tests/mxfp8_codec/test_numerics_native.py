@@ -190,11 +190,31 @@ def test_concurrent_processes_build_once_into_the_cache(tmp_path: Path) -> None:
     assert KERNEL is not None and libs[0].name == KERNEL.path.name
 
 
+def _cpu_has(flag: str) -> bool:
+    try:
+        return flag in Path("/proc/cpuinfo").read_text(encoding="utf-8").split()
+    except OSError:
+        return False
+
+
 @needs_native
-def test_portable_c_fast_paths_equal_numpy(tmp_path: Path) -> None:
-    """The non-AVX-512 C fast paths (used on other CPUs) give the same bits as numpy too."""
-    kernel = _native.build_variant(tmp_path / "portable.so", _native.PORTABLE_CFLAGS)
-    assert not kernel.simd
+@pytest.mark.parametrize(
+    ("cflags", "simd"),
+    [
+        (_native.PORTABLE_CFLAGS, "portable-c"),
+        pytest.param(
+            _native.AVX2_CFLAGS,
+            "avx2",
+            marks=pytest.mark.skipif(not _cpu_has("avx2"), reason="the CPU has no AVX2: its build cannot run here"),
+        ),
+    ],
+    ids=["portable-c", "avx2"],
+)
+def test_other_cpus_fast_paths_equal_numpy(tmp_path: Path, cflags: tuple[str, ...], simd: str) -> None:
+    """The fast paths of the builds other CPUs get (portable C; AVX2 without AVX-512) give numpy's bits too:
+    the decode, row-wise and transposed, of every code at every scale byte."""
+    kernel = _native.build_variant(tmp_path / f"{simd}.so", cflags)
+    assert kernel.simd == simd
     rng = np.random.default_rng(5)
     v = _special_values()
     rows = [v[: len(v) // 64 * 64].reshape(-1, 64), np.sort(v)[: len(v) // 64 * 64].reshape(-1, 64)]
@@ -208,13 +228,25 @@ def test_portable_c_fast_paths_equal_numpy(tmp_path: Path) -> None:
                 bits = arr if arr.dtype == np.float32 else arr.view(np.uint16)
                 assert kernel.encode(np.ascontiguousarray(bits), q, s, rule is ScaleRule.RCEIL) == -1
                 assert np.array_equal(q, q_ref) and np.array_equal(s, s_ref)
-    q = rng.integers(0, 256, (1024, 64)).astype(np.uint8)
-    s = np.repeat(np.arange(256, dtype=np.uint8), 4)[:, None].repeat(2, axis=1)
-    for kind, dtype in (("f32", np.float32), ("bf16", ml_dtypes.bfloat16)):
-        table = decode_table(kind)
-        out = np.empty(q.shape, table.dtype)
-        kernel.decode(q, s, out, table)
-        assert np.array_equal(out, decode_mxfp8_numpy(q, s, dtype=dtype).view(table.dtype))
+    every = np.tile(np.arange(256, dtype=np.uint8), (256, 1))  # row r: every code, in 8 blocks of scale byte r
+    for q, s in (
+        (
+            rng.integers(0, 256, (1024, 64)).astype(np.uint8),
+            np.repeat(np.arange(256, dtype=np.uint8), 8).reshape(-1, 2),
+        ),
+        (every, np.repeat(np.arange(256, dtype=np.uint8)[:, None], 8, axis=1)),
+        # partial tiles (1000 rows) and a partial block (k = 75) for the transposed decode's edges
+        (rng.integers(0, 256, (1000, 75)).astype(np.uint8), rng.integers(100, 140, (1000, 3)).astype(np.uint8)),
+    ):
+        for kind, dtype in (("f32", np.float32), ("bf16", ml_dtypes.bfloat16)):
+            table = decode_table(kind)
+            want = decode_mxfp8_numpy(q, s, dtype=dtype).view(table.dtype)
+            out = np.empty(q.shape, table.dtype)
+            kernel.decode(q, s, out, table)
+            assert np.array_equal(out, want)
+            out_t = np.empty(q.shape[::-1], table.dtype)
+            kernel.decode_transposed(q, s, out_t, table)
+            assert np.array_equal(out_t, want.T)
 
 
 @needs_native

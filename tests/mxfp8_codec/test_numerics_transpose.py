@@ -242,9 +242,9 @@ def test_split_decode_equals_one_call(
 @needs_native
 @pytest.mark.parametrize("threads", [1, 2, 3, 7])
 def test_team_decode_equals_one_call(threads: int) -> None:
-    """decode_mxfp8(team=(torch's OpenMP runtime, threads)): the rows split over an OpenMP team give
-    the bits of one decode, every dtype and shape (fewer rows than threads, partial blocks), numpy
-    and torch; a team wider than the machine too."""
+    """decode_mxfp8(team=(torch's OpenMP runtime, threads)): the rows (transposed: the block columns)
+    split over an OpenMP team give the bits of one decode, every dtype and shape (fewer rows or blocks
+    than threads, partial blocks), numpy and torch; a team wider than the machine too."""
     from mxfp8_codec.hf_modules import _torch_openmp_runtime
 
     runtime = _torch_openmp_runtime()
@@ -266,6 +266,10 @@ def test_team_decode_equals_one_call(threads: int) -> None:
                 want,
                 err_msg=str(shape),
             )
+            if len(shape) == 2:
+                got = np.full(shape[::-1], 0x5A, dtype=np_dtype)
+                decode_mxfp8(q, s, dtype=np_dtype, out=got, transpose=True, team=(runtime, threads))
+                np.testing.assert_array_equal(got.view(bits), want.T, err_msg=f"{shape} transposed")
 
 
 def test_forwards_find_torchs_openmp_runtime() -> None:
