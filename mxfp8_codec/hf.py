@@ -88,17 +88,18 @@ hooks, :mod:`mxfp8_codec.hf_load` the steps, :mod:`mxfp8_codec.hf_modules` the m
    needed rows from the file with ``os.preadv`` instead of touching the mapped table, whose page
    cache folios would otherwise become resident whole (up to 2 MiB per token). Same values.
 
-At each forward an :class:`MXFP8Linear` decodes its weight, in the file's layout (no transpose
-pass), into one scratch buffer shared by all projections on that device and dtype (one per thread;
-no allocation per call): on CPU the codec's native C kernel (``decode_mxfp8(..., out=)`` on torch's
-OpenMP team: see :func:`mxfp8_codec.hf_modules.decode_cpu`); on other devices torch ops
+At each forward an :class:`MXFP8Linear` decodes its weight into one scratch buffer shared by all
+projections on that device and dtype (one per thread; no allocation per call): on CPU the codec's native
+C kernel (``decode_mxfp8(..., out=)``, on torch's OpenMP team where it decodes in the file's layout: see
+:func:`mxfp8_codec.hf_modules.decode_cpu`); on other devices a Triton kernel or torch ops
 (:func:`decode_into`). The values are those of the ``[out, in]`` matrix ``dequantize=True`` (and so
-``ida_eval.load_model``) holds, bit for bit; ``F.linear`` gets the ``[out, in]`` view of the buffer (for ``in_out`` files a
-transposed view, which BLAS reads as it is). The same GEMM on the same values: on the CPU the
-logits are bit-identical to the dequantized bf16 model (tests/mxfp8_codec/test_hf.py
-checks ``torch.equal`` on logits for both orientations; a BLAS that picked a different reduction
-order for a transposed operand could change the last bits). When autograd would save the weight
-(grad enabled and the input requires grad), a fresh tensor is used instead of the shared scratch.
+``ida_eval.load_model``) holds, bit for bit, and ``F.linear`` sums them as it sums that matrix: for
+``in_out`` files it gets the transposed view of a decode in the file's layout (no transpose pass) only
+where the GEMM is known to sum that layout in the same order (CUDA; BF16 on oneDNN, i.e. AVX-512 CPUs),
+else the weight is decoded into ``[out, in]`` (:func:`mxfp8_codec.hf_modules.gemm_takes_transposed`). So
+the logits are bit-identical to the dequantized model (tests/mxfp8_codec/test_hf.py checks ``torch.equal``
+on logits for both orientations, BF16 and float32). When autograd would save the weight (grad enabled and
+the input requires grad), a fresh tensor is used instead of the shared scratch.
 
 ``model.save_pretrained(out)`` writes our format again: the payload and scale bytes as loaded,
 every other tensor in the file's orientation, norm convention and stored dtype (a folded gain is
@@ -314,7 +315,7 @@ class MXFP8HfQuantizer(HfQuantizer):
     def is_compileable(self) -> bool:
         """transformers may ``torch.compile`` the forward (static-cache generation on CUDA): a
         dequantized model is plain ``nn.Linear``s, and an MXFP8-resident projection decodes through one
-        opaque operator while compiling (:func:`mxfp8_codec.hf_modules.decode_stored_op`)."""
+        opaque operator while compiling (:func:`mxfp8_codec.hf_modules.decode_op`)."""
         return True
 
     def get_state_dict_and_metadata(

@@ -2,12 +2,13 @@
 that reads its rows from the checkpoint file, with the decodes they run at each forward.
 
 :class:`MXFP8Linear` keeps a projection's E4M3 payload and UE8M0 scale bytes exactly as the file stores
-them and decodes the weight at each forward, in the file's layout (no transpose pass), into one scratch
-buffer shared by all projections on that device and dtype (:data:`SCRATCH`, one per thread): on the CPU
+them and decodes the weight at each forward (in the file's layout with no transpose pass where the GEMM
+allows, :func:`gemm_takes_transposed`), into one scratch buffer shared by all projections on that device and
+dtype (:data:`SCRATCH`, one per thread): on the CPU
 the codec's native C kernel on torch's own OpenMP team (:func:`decode_cpu`), on CUDA one Triton kernel
 (:mod:`mxfp8_codec.triton_decode`) where Triton is installed, else torch ops (:func:`decode_into`).
 Under ``torch.compile`` a projection decodes through one registered operator instead
-(:func:`decode_stored_op`, ``mxfp8_codec::decode_stored``), so a compiled forward is one graph.
+(:func:`decode_op`, ``mxfp8_codec::decode``), so a compiled forward is one graph.
 :func:`use_fused_linear` (opt-in) lets few-token BF16 forwards on CUDA skip the decoded weight: one Triton
 kernel decodes each weight tile inside the GEMM (:func:`linear_fused_op`, ``mxfp8_codec::linear_fused``).
 :class:`FileRowsEmbedding` answers inference lookups with ``os.preadv`` of the needed rows. Both are
@@ -44,6 +45,8 @@ __all__ = [
     "MXFP8Linear",
     "decode_cpu",
     "decode_into",
+    "decode_op",
+    "gemm_takes_transposed",
     "kernel_dtype",
     "linear_fused_op",
     "mxfp8_modules",
@@ -241,22 +244,58 @@ class _Scratch:
 SCRATCH = _Scratch()
 
 
-@torch.library.custom_op("mxfp8_codec::decode_stored", mutates_args=())
-def decode_stored_op(payload: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, name: str) -> torch.Tensor:
-    """A weight decoded in its stored layout into a new tensor, as one operator that ``torch.compile``
-    sees whole (:meth:`MXFP8Linear.forward` calls it while compiling): the graph holds no Python of
-    ours, so a compiled decoding step (CUDA graphs) replays the decode kernel with the rest."""
-    out = torch.empty(payload.shape, dtype=kernel_dtype(dtype), device=payload.device)
+@torch.library.custom_op("mxfp8_codec::decode", mutates_args=())
+def decode_op(
+    payload: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, name: str, transpose: bool
+) -> torch.Tensor:
+    """A weight decoded into a new tensor (in its stored layout, or transposed), as one operator that
+    ``torch.compile`` sees whole (:meth:`MXFP8Linear.forward` calls it while compiling): the graph holds no
+    Python of ours, so a compiled decoding step (CUDA graphs) replays the decode kernel with the rest."""
+    shape = payload.shape[::-1] if transpose else payload.shape
+    out = torch.empty(shape, dtype=kernel_dtype(dtype), device=payload.device)
     if payload.device.type == "cpu":
-        decode_cpu(payload, scales, out, False, name)
+        decode_cpu(payload, scales, out, transpose, name)
     else:
-        decode_into(payload, scales, out, transpose=False)
+        decode_into(payload, scales, out, transpose=transpose)
     return out if out.dtype == dtype else out.to(dtype)  # float16/float64: exact in float32, rounded once
 
 
-@decode_stored_op.register_fake
-def _decode_stored_shape(payload: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, name: str) -> torch.Tensor:
-    return payload.new_empty(payload.shape, dtype=dtype)
+@decode_op.register_fake
+def _decode_shape(
+    payload: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, name: str, transpose: bool
+) -> torch.Tensor:
+    return payload.new_empty(payload.shape[::-1] if transpose else payload.shape, dtype=dtype)
+
+
+def _onednn_bf16() -> bool:
+    """Whether this CPU runs torch's BF16 GEMMs on oneDNN (AVX-512 and newer: ``ideep``'s check, which torch
+    exposes as ``torch.ops.mkldnn._is_mkldnn_bf16_supported``)."""
+    probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    try:
+        return bool(torch.backends.mkldnn.is_available() and probe is not None and probe())
+    except RuntimeError:
+        return False
+
+
+_ONEDNN_BF16 = _onednn_bf16()  # at import: torch.compile may not trace torch.backends' functions
+
+
+def gemm_takes_transposed(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``F.linear`` may take an ``in_out`` weight as the transposed view of its ``[in, out]`` decode
+    (no transpose pass) and still give the bits it gives for the ``[out, in]`` tensor of
+    ``dequantize=True``. Where the GEMM's order of summation depends on the operand's layout it may not,
+    and the weight is decoded into ``[out, in]`` (the codec's transposing decode) instead.
+
+    * CUDA: yes (cuBLAS; bit-identical logits on the H200, scripts/device_check.sh).
+    * CPU, BF16, torch's GEMM on oneDNN (AVX-512 CPUs, ``torch.backends.mkldnn.enabled``): yes, measured
+      bit-identical on AMD EPYC and Intel Xeon (docs/format.md), and faster than the transposing decode.
+    * CPU otherwise: no. Without oneDNN (AVX2 CPUs) torch's own BF16 GEMM sums a transposed operand in
+      another order and takes ~60x as long (an AMD EPYC with AVX2: 3.8 s against 61 ms for a [64, 1536] x
+      [1536, 6144] product); MKL's float32 GEMM on a single row differs by layout too.
+    """
+    if device.type != "cpu":
+        return True
+    return dtype == torch.bfloat16 and _ONEDNN_BF16 and bool(torch.backends.mkldnn.enabled)
 
 
 @torch.library.custom_op("mxfp8_codec::linear_fused", mutates_args=())
@@ -374,15 +413,21 @@ class MXFP8Linear(nn.Module):
                 x.reshape(-1, self.in_features), self._payload(), self.scales, self.bias, self.orientation, self.name
             )
             return y.view(*x.shape[:-1], self.out_features)
-        # Decode in the file's layout and hand F.linear the [out, in] view of it: for in_out files
-        # a transposed view, which BLAS takes as it is (no transpose pass over the weight).
+        # F.linear gets the [out, in] weight: for in_out files the transposed view of the file-layout
+        # decode where the GEMM sums it as it sums [out, in] (no transpose pass), else decoded into
+        # [out, in] (gemm_takes_transposed): the bits of dequantize=True either way.
+        view = self.orientation == "in_out" and gemm_takes_transposed(x.device, self.dtype)
+        shape = self.stored_shape if view else (self.out_features, self.in_features)
         if torch.compiler.is_compiling():  # one opaque operator, a fresh output (no shared scratch)
-            stored = decode_stored_op(self._payload(), self.scales, self.dtype, self.name)
+            w = decode_op(
+                self._payload(), self.scales, self.dtype, self.name, not view and self.orientation == "in_out"
+            )
         elif torch.is_grad_enabled() and x.requires_grad:  # autograd keeps the weight: no shared scratch
-            stored = self.decode_stored()
+            w = self.decode_stored() if view else self.decode_weight()
         else:
-            stored = self.decode_stored(SCRATCH.get(self.stored_shape, self.dtype, self._payload().device))
-        w = stored.t() if self.orientation == "in_out" else stored
+            scratch = SCRATCH.get(shape, self.dtype, self._payload().device)
+            w = self.decode_stored(scratch) if view else self.decode_weight(scratch)
+        w = w.t() if view else w
         return F.linear(x, w.to(x.dtype) if w.dtype != x.dtype else w, self.bias)
 
     def _fused_applies(self, x: torch.Tensor) -> bool:

@@ -19,7 +19,14 @@ import torch.nn.functional as F
 
 import mxfp8_codec.hf as mxhf
 from ida_eval import load_model
-from mxfp8_codec import decode_mxfp8, hf_modules, is_projection_weight, open_mxfp8, write_mxfp8_safetensors
+from mxfp8_codec import (
+    decode_mxfp8,
+    encode_mxfp8,
+    hf_modules,
+    is_projection_weight,
+    open_mxfp8,
+    write_mxfp8_safetensors,
+)
 from mxfp8_codec.header import sniff_mxfp8
 from tests.ida_eval.support import (
     ARCHS,
@@ -280,6 +287,29 @@ def _tensor_sha256(path: Path) -> dict[str, str]:
             if r.is_quantized(n):
                 out[n + ".scale"] = hashlib.sha256(bytes(r.tensor_bytes(n + ".scale"))).hexdigest()
         return out
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+@pytest.mark.parametrize("orientation", ["in_out", "out_in"])
+def test_a_resident_projection_gives_the_bits_of_its_dequantized_linear(orientation, dtype):
+    """MXFP8Linear's forward == F.linear on the [out, in] weight dequantize=True holds, bit for bit, at the
+    sizes where a CPU GEMM's order of summation depends on the weight's layout (on an AMD EPYC without
+    AVX-512 a transposed BF16 operand differed from 64 tokens and K = 128 up, a float32 one for a single
+    token): the layout F.linear gets is chosen so that it cannot (hf_modules.gemm_takes_transposed)."""
+    g = torch.Generator().manual_seed(3)
+    n_in, n_out = 512, 384
+    w = torch.randn(n_out, n_in, generator=g) * 0.05
+    p, s = encode_mxfp8(w.t().contiguous() if orientation == "in_out" else w)
+    lin = hf_modules.MXFP8Linear(n_in, n_out, bias=None, orientation=orientation, dtype=dtype)
+    lin.payload, lin.scales = p, s
+    dense = lin.decode_weight()
+    assert dense.is_contiguous() and dense.shape == (n_out, n_in)
+    with torch.no_grad():
+        for tokens in (1, 7, 64):
+            x = torch.randn(tokens, n_in, generator=g).to(dtype)
+            assert torch.equal(lin(x), F.linear(x, dense)), tokens
+    x = torch.randn(5, n_in, generator=g).to(dtype).requires_grad_()  # autograd: a fresh weight, same bits
+    assert torch.equal(lin(x), F.linear(x, dense))
 
 
 @pytest.mark.parametrize(
@@ -642,10 +672,15 @@ def test_wrongly_typed_config_fields_are_one_value_error_naming_the_key(key, val
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_a_compiled_forward_of_resident_weights_is_one_graph_with_the_same_logits(arch, tok, ids, tmp_path):
+@pytest.mark.parametrize("onednn", [False, True], ids=["decoded-out-in", "transposed-view"])
+def test_a_compiled_forward_of_resident_weights_is_one_graph_with_the_same_logits(
+    arch, onednn, tok, ids, tmp_path, monkeypatch
+):
     """torch.compile(fullgraph=True) traces MXFP8Linear through the opaque decode operator and
     FileRowsEmbedding through nn.Embedding: no graph break, logits bit-identical to eager (the
-    ``aot_eager`` backend: the graph torch.compile builds, run without code generation)."""
+    ``aot_eager`` backend: the graph torch.compile builds, run without code generation). Both layouts
+    F.linear may get (hf_modules.gemm_takes_transposed: the CPU's answer set either way)."""
+    monkeypatch.setattr(hf_modules, "_ONEDNN_BF16", onednn)
     d = save_mxfp8_checkpoint(tiny_model(arch, len(tok), seed=3), tok, tmp_path / "c")
     model = _from_pretrained(d)
     assert any(isinstance(m, hf_modules.MXFP8Linear) for m in model.modules())
