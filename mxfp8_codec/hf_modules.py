@@ -416,7 +416,7 @@ class MXFP8Linear(nn.Module):
         # F.linear gets the [out, in] weight: for in_out files the transposed view of the file-layout
         # decode where the GEMM sums it as it sums [out, in] (no transpose pass), else decoded into
         # [out, in] (gemm_takes_transposed): the bits of dequantize=True either way.
-        view = self.orientation == "in_out" and gemm_takes_transposed(x.device, self.dtype)
+        view = self.orientation == "in_out" and gemm_takes_transposed(x.device, x.dtype)  # the GEMM's dtype
         shape = self.stored_shape if view else (self.out_features, self.in_features)
         if torch.compiler.is_compiling():  # one opaque operator, a fresh output (no shared scratch)
             w = decode_op(
