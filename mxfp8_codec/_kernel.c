@@ -355,8 +355,7 @@ static inline void mx_tile_store_t_bf16(const uint16_t *restrict buf, uint16_t *
 /* 64 transposes of 4 x 4 values (pairs, then halves) */
 static inline void mx_tile_store_t_f32(const uint32_t *restrict buf, uint32_t *restrict out,
                                        int64_t ld, int64_t n) {
-    for (int cb = 0; cb < MX_TILE; cb += 4) {
-        if (cb >= n) break;
+    for (int cb = 0; cb < n; cb += 4) {
         for (int rb = 0; rb < MX_TILE; rb += 4) {
             __m128i a[4], t[4];
             for (int i = 0; i < 4; i++) a[i] = _mm_load_si128((const __m128i *)(buf + (rb + i) * MX_TILE + cb));

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from ida_common import native_build
 from mxfp8_codec import _native
 from mxfp8_codec.constants import ScaleRule
 from mxfp8_codec.errors import MXFP8Error
@@ -190,13 +191,6 @@ def test_concurrent_processes_build_once_into_the_cache(tmp_path: Path) -> None:
     assert KERNEL is not None and libs[0].name == KERNEL.path.name
 
 
-def _cpu_has(flag: str) -> bool:
-    try:
-        return flag in Path("/proc/cpuinfo").read_text(encoding="utf-8").split()
-    except OSError:
-        return False
-
-
 @needs_native
 @pytest.mark.parametrize(
     ("cflags", "simd"),
@@ -205,7 +199,10 @@ def _cpu_has(flag: str) -> bool:
         pytest.param(
             _native.AVX2_CFLAGS,
             "avx2",
-            marks=pytest.mark.skipif(not _cpu_has("avx2"), reason="the CPU has no AVX2: its build cannot run here"),
+            marks=pytest.mark.skipif(
+                "avx2" not in native_build.cpu_identity().split(),
+                reason="the CPU has no AVX2: its build cannot run here",
+            ),
         ),
     ],
     ids=["portable-c", "avx2"],
