@@ -30,6 +30,11 @@ Usage:
     python benchmarks/bench_hf.py --repeats 2          # interleaved repeats: best time, max memory
     python benchmarks/bench_hf.py --cold               # each load reads the checkpoint from disk
     python benchmarks/bench_hf.py --layers 2 --hidden 256 --vocab 4000   # quick smoke run
+    python benchmarks/bench_hf.py --layouts            # one projection: the [out, in] decode vs the view
+
+``--layouts`` times one ``in_out`` projection (``MXFP8Linear``, hidden -> 4 x hidden, no grad) per dtype
+under the layout rule (``hf_modules.gemm_takes_transposed``) and with the transposed view forced, and
+says whether the two give the same bits: what the rule buys and costs on this CPU.
 """
 
 from __future__ import annotations
@@ -173,6 +178,43 @@ def _child(variant: str, info: dict[str, Any], out: Path) -> None:
     (out / f"{variant}.json").write_text(json.dumps(rec))
 
 
+def _layouts(hidden: int, repeats: int = 21) -> None:
+    """Median forward of one resident projection, the rule's layout vs the forced transposed view."""
+    import torch
+
+    from mxfp8_codec import encode_mxfp8_torch, hf_modules
+
+    torch.manual_seed(0)
+    payload, scales = encode_mxfp8_torch(torch.randn(hidden, 4 * hidden) * 0.02)  # stored [in, out]
+    rule = hf_modules.gemm_takes_transposed
+
+    def median_ms(fn: Any) -> float:
+        fn()
+        samples = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t0)
+        return statistics.median(samples) * 1e3
+
+    print(f"one in_out projection [{hidden} -> {4 * hidden}], median of {repeats}; load {os.getloadavg()[0]:.2f}")
+    print(f"{'dtype':<15} {'tokens':>6} {'rule layout':>12} {'rule ms':>8} {'view ms':>8}  same bits")
+    for dtype in (torch.bfloat16, torch.float32, torch.float16):
+        m = hf_modules.MXFP8Linear(hidden, 4 * hidden, bias=None, orientation="in_out", dtype=dtype, name="proj")
+        m.payload, m.scales = payload, scales
+        for tokens in (1, 64):
+            x = torch.randn(tokens, hidden, dtype=dtype)
+            with torch.no_grad():
+                layout = "view" if rule(x.device, dtype) else "[out, in]"
+                ms, y = median_ms(lambda: m(x)), m(x)  # noqa: B023 -- called within this iteration
+                hf_modules.gemm_takes_transposed = lambda device, dtype: True
+                try:
+                    view_ms, y_view = median_ms(lambda: m(x)), m(x)  # noqa: B023
+                finally:
+                    hf_modules.gemm_takes_transposed = rule
+            print(f"{str(dtype):<15} {tokens:>6} {layout:>12} {ms:8.2f} {view_ms:8.2f}  {torch.equal(y, y_view)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--layers", type=int, default=12)
@@ -193,12 +235,20 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="drop both checkpoints from the page cache before each run (a first load from disk)",
     )
+    ap.add_argument(
+        "--layouts",
+        action="store_true",
+        help="time one resident projection per dtype, the layout rule's decode vs the transposed view, and exit",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--info", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         _child(args.child, json.loads(args.info), Path(args.out))
+        return 0
+    if args.layouts:
+        _layouts(args.hidden)
         return 0
 
     import torch

@@ -34,6 +34,7 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_var, "1")  # before numpy / torch import their thread pools
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -100,7 +101,8 @@ def _paired_ratio(fn: Callable[[], object], baseline: Callable[[], object], repe
 def _compare_old_kernel(
     rev: str, cases: list[tuple[str, np.ndarray, np.ndarray]], copy: Callable[[], object], repeats: int
 ) -> None:
-    """Paired decode ratios of the kernel source at git revision ``rev`` (same bits checked)."""
+    """Paired decode ratios of the kernel source at git revision ``rev`` (same bits checked): the bf16
+    row decode of each case, and the transposed decodes (bf16, f32) of the first case."""
     import subprocess
     import tempfile
     from pathlib import Path
@@ -123,10 +125,15 @@ def _compare_old_kernel(
         ffi.cdef(
             "void mx_decode_bf16(const uint8_t *q, const uint8_t *s, int64_t rows, int64_t k, uint16_t *out, "
             "const uint16_t *lut);"
+            + "".join(
+                f"void mx_decode_{kind}_t(const uint8_t *q, int64_t ldq, const uint8_t *s, int64_t lds, int64_t rows, "
+                f"int64_t k, {ct} *out, int64_t ld, const {ct} *lut);"
+                for kind, ct in (("bf16", "uint16_t"), ("f32", "uint32_t"))
+            )
         )
         lib = ffi.dlopen(str(lib_file))
         lut = decode_table("bf16")
-        print(f"\nkernel at {rev} (bf16 row decode into out=, paired with np.copyto):")
+        print(f"\nkernel at {rev} (decode into out=, paired with np.copyto; ours now in brackets):")
         for label, qq, ss in cases:
             out = np.zeros(qq.shape, np.uint16)
 
@@ -144,6 +151,31 @@ def _compare_old_kernel(
             ref = decode_mxfp8_numpy(qq[:256], ss[:256], dtype=ml_dtypes.bfloat16).view(np.uint16)
             same = np.array_equal(out[:256], ref)
             print(f"  {label:<46} {ratio:5.2f}x copy (same bits as numpy on a slice: {same})")
+        _, qq, ss = cases[0]
+        for kind, dtype in (("bf16", ml_dtypes.bfloat16), ("f32", np.float32)):
+            try:
+                fn = getattr(lib, f"mx_decode_{kind}_t")
+            except AttributeError:  # a revision before the transposed decode
+                continue
+            table = decode_table(kind)
+            out = np.zeros(qq.shape[::-1], table.dtype)
+            ours = np.empty(qq.shape[::-1], dtype)
+            ct = "uint16_t *" if kind == "bf16" else "uint32_t *"
+            rows, k = qq.shape
+
+            def old_t(fn=fn, qq=qq, ss=ss, out=out, table=table, ct=ct, rows=rows, k=k) -> None:
+                fn(
+                    ffi.cast("uint8_t *", qq.ctypes.data), k, ffi.cast("uint8_t *", ss.ctypes.data), ss.shape[1],
+                    rows, k, ffi.cast(ct, out.ctypes.data), rows, ffi.cast(ct, table.ctypes.data),
+                )  # fmt: skip
+
+            ratio = _paired_ratio(old_t, copy, repeats)
+            now = functools.partial(decode_mxfp8, qq, ss, dtype=dtype, out=ours, transpose=True)
+            new = _paired_ratio(now, copy, repeats)
+            same = np.array_equal(out, ours.view(table.dtype))
+            print(
+                f"  {cases[0][0] + f', transposed -> {kind}':<46} {ratio:5.2f}x copy ({new:5.2f}x; same bits: {same})"
+            )
 
 
 def _make_data(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -224,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     rout = np.empty(q.shape, ml_dtypes.bfloat16)
     qw, sw = np.empty_like(q), np.empty_like(s)
     out16_t = np.empty(q.shape[::-1], ml_dtypes.bfloat16)
+    out32_t = np.empty(q.shape[::-1], np.float32)
     results = [
         _time(
             f"baseline: numpy copy into an existing {n * 2 / 2**20:.0f} MiB array",
@@ -261,6 +294,11 @@ def main(argv: list[str] | None = None) -> int:
             lambda: decode_mxfp8(q, s, dtype=ml_dtypes.bfloat16, out=out16_t, transpose=True),
             fast,
         ),
+        _time(
+            "decode->f32   ours native, transposed into out=",  # the CPU trainer's NVFP4 operand of its master
+            lambda: decode_mxfp8(q, s, out=out32_t, transpose=True),
+            fast,
+        ),
     ]
     copy_into, copy_new = results[0].best_ms, results[1].best_ms
     print(f"\n{'method':<52} {'best ms':>9} {'median ms':>10} {'x copy into':>12} {'x copy new':>11}")
@@ -285,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     print(f"(info) encode wide-range into out= vs copy into: {results[14].best_ms / copy_into:5.2f}x")
     print(f"(info) transposed decode into out= vs copy into: {results[15].best_ms / copy_into:5.2f}x")
+    print(f"(info) transposed decode ->f32 (2x bytes) vs copy into: {results[16].best_ms / copy_into:5.2f}x")
     copy = lambda: np.copyto(dst16, src16)  # noqa: E731
     paired = [
         (

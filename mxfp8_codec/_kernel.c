@@ -351,7 +351,41 @@ static inline void mx_tile_store_t_bf16(const uint16_t *restrict buf, uint16_t *
 }
 #endif
 
-#if MX_AVX512 || MX_AVX2
+#if MX_AVX512
+/* Four 16 x 16 sub-tiles, each in 16 registers: 4 x 4 transposes within 128-bit lanes (unpack of
+ * pairs, then of halves), then the 4 x 4 grid of lanes transposed (two lane shuffles), stored as whole
+ * 64-byte lines: half an output row's 32 values each. On an AMD EPYC with AVX-512: 0.8-0.9x the time of
+ * the SSE 4 x 4 transposes below (16-byte stores); a vpermt2d butterfly like the bf16 store's took 1.2-2x. */
+static inline void mx_tile_store_t_f32(const uint32_t *restrict buf, uint32_t *restrict out,
+                                       int64_t ld, int64_t n) {
+    for (int cb = 0; cb < n; cb += 16) {
+        for (int rb = 0; rb < MX_TILE; rb += 16) {
+            __m512i a[16], t[16];
+            for (int i = 0; i < 16; i++) a[i] = _mm512_load_si512((const void *)(buf + (rb + i) * MX_TILE + cb));
+            for (int i = 0; i < 16; i += 4) { /* rows i..i+3: 4 x 4 transposes in each lane */
+                const __m512i p0 = _mm512_unpacklo_epi32(a[i], a[i + 1]), p1 = _mm512_unpackhi_epi32(a[i], a[i + 1]);
+                const __m512i p2 = _mm512_unpacklo_epi32(a[i + 2], a[i + 3]);
+                const __m512i p3 = _mm512_unpackhi_epi32(a[i + 2], a[i + 3]);
+                t[i] = _mm512_unpacklo_epi64(p0, p2), t[i + 1] = _mm512_unpackhi_epi64(p0, p2);
+                t[i + 2] = _mm512_unpacklo_epi64(p1, p3), t[i + 3] = _mm512_unpackhi_epi64(p1, p3);
+            }
+            /* t[4g + j], lane L: column 4L + j of rows 4g..4g+3; output row 4L + j takes lane L of
+             * t[j], t[4 + j], t[8 + j], t[12 + j] */
+            for (int j = 0; j < 4; j++) {
+                const __m512i u0 = _mm512_shuffle_i32x4(t[j], t[4 + j], 0x44); /* lanes 0 1 of each */
+                const __m512i u1 = _mm512_shuffle_i32x4(t[j], t[4 + j], 0xEE); /* lanes 2 3 */
+                const __m512i u2 = _mm512_shuffle_i32x4(t[8 + j], t[12 + j], 0x44);
+                const __m512i u3 = _mm512_shuffle_i32x4(t[8 + j], t[12 + j], 0xEE);
+                a[j] = _mm512_shuffle_i32x4(u0, u2, 0x88);      /* lane 0: output row j */
+                a[4 + j] = _mm512_shuffle_i32x4(u0, u2, 0xDD);  /* lane 1: row 4 + j */
+                a[8 + j] = _mm512_shuffle_i32x4(u1, u3, 0x88);  /* lane 2 */
+                a[12 + j] = _mm512_shuffle_i32x4(u1, u3, 0xDD); /* lane 3 */
+            }
+            for (int j = 0; j < 16 && cb + j < n; j++) _mm512_storeu_si512((void *)(out + (cb + j) * ld + rb), a[j]);
+        }
+    }
+}
+#elif MX_AVX2
 /* 64 transposes of 4 x 4 values (pairs, then halves) */
 static inline void mx_tile_store_t_f32(const uint32_t *restrict buf, uint32_t *restrict out,
                                        int64_t ld, int64_t n) {
