@@ -32,8 +32,8 @@
  * [out, in]). Each 32-row x 32-column tile (one scale block per row) is decoded into a small
  * buffer with the same block routines as above -- hence the same bits -- then written out
  * column by column; the buffer stays in L1 and each output row gets 32 contiguous values. With
- * AVX-512 the bf16 tile is transposed in registers and, when every tile row is a whole aligned
- * cache line, written with streaming stores (no read-for-ownership of the large output).
+ * AVX-512 or AVX2 the tile is transposed in registers (8 x 8 / 16 x 16 blocks) and each output row's
+ * 32 values are stored back to back.
  * Row strides ldq / lds / ld let a caller decode a column range of the payload (a multiple of 32
  * wide) into a row range of the output, or a row range into a column range (splitting work over
  * threads without copies).
@@ -278,42 +278,14 @@ MX_DEFINE_TEAM(mx_decode_bf16_team, mx_decode_bf16, uint16_t)
 MX_DEFINE_TEAM(mx_decode_f32_team, mx_decode_f32, uint32_t)
 
 /* Full 32 x 32 tile transpose: row c of the result (column c of buf) goes to out + c * ld, for
- * c < n. With AVX-512 BW (bf16 only) the tile lives in 32 registers and is transposed in 5
- * butterfly stages of vpermt2w: at stage s, rows i and i + s (bit s of i clear) exchange the
- * elements whose column has bit s set with those of the partner, i.e. a[i][j] <-> a[i+s][j-s]
- * for bit s of j set -- after the 5 stages every row/column bit pair is swapped. */
-#if MX_AVX512
-#define MX_SFENCE() _mm_sfence() /* order the streaming stores before returning */
-static inline void mx_tile_store_t_bf16(const uint16_t *restrict buf, uint16_t *restrict out,
-                                        int64_t ld, int64_t n) {
-    __m512i a[MX_TILE];
-    for (int i = 0; i < MX_TILE; i++) a[i] = _mm512_load_si512((const void *)(buf + i * MX_TILE));
-    for (int s = 16; s >= 1; s >>= 1) {
-        uint16_t ia[MX_TILE], ib[MX_TILE];
-        for (int j = 0; j < MX_TILE; j++) {
-            ia[j] = (uint16_t)((j & s) ? 32 + (j - s) : j);
-            ib[j] = (uint16_t)((j & s) ? 32 + j : j + s);
-        }
-        const __m512i xa = _mm512_loadu_si512((const void *)ia), xb = _mm512_loadu_si512((const void *)ib);
-        for (int i = 0; i < MX_TILE; i++) {
-            if (i & s) continue;
-            const __m512i lo = a[i], hi = a[i + s];
-            a[i] = _mm512_permutex2var_epi16(lo, xa, hi);
-            a[i + s] = _mm512_permutex2var_epi16(lo, xb, hi);
-        }
-    }
-    if ((((uintptr_t)out | (uintptr_t)(ld * 2)) & 63u) == 0) { /* full aligned lines: no RFO */
-        for (int64_t c = 0; c < n; c++) _mm512_stream_si512((void *)(out + c * ld), a[c]);
-    } else {
-        for (int64_t c = 0; c < n; c++) _mm512_storeu_si512((void *)(out + c * ld), a[c]);
-    }
-}
-#elif MX_AVX2
-#define MX_SFENCE() do { } while (0)
+ * c < n. */
+#if MX_AVX512 || MX_AVX2
 /* 16 transposes of 8 x 8 values, three unpack stages each (pairs, quads, halves): column j of a
  * sub-tile becomes 8 contiguous output values; the four sub-tiles of a column band are transposed
- * first, so that each output row's 32 values (one cache line) are stored back to back. (Streaming
- * stores, as in the AVX-512 store, took 21 ms instead of 16 for a [4096, 8192] output on an AMD EPYC.) */
+ * first, so that each output row's 32 values (one cache line) are stored back to back. Measured on AMD
+ * EPYCs: streaming stores took 21 ms instead of 16 for a [4096, 8192] output (AVX2); with AVX-512, the
+ * tile in 32 zmm registers transposed in 5 butterfly stages of vpermt2w and streamed out took 1.2-1.4x
+ * this store's time (load_model 0.63-0.67 s against 0.59-0.61 s). */
 static inline void mx_transpose8_epi16(const uint16_t *restrict src, __m128i *restrict dst) {
     __m128i a[8], t[8];
     for (int i = 0; i < 8; i++) a[i] = _mm_load_si128((const __m128i *)(src + i * MX_TILE));
@@ -343,7 +315,6 @@ static inline void mx_tile_store_t_bf16(const uint16_t *restrict buf, uint16_t *
     }
 }
 #else
-#define MX_SFENCE() do { } while (0)
 static inline void mx_tile_store_t_bf16(const uint16_t *restrict buf, uint16_t *restrict out,
                                         int64_t ld, int64_t n) {
     for (int64_t c = 0; c < n; c++)
@@ -355,7 +326,7 @@ static inline void mx_tile_store_t_bf16(const uint16_t *restrict buf, uint16_t *
 /* Four 16 x 16 sub-tiles, each in 16 registers: 4 x 4 transposes within 128-bit lanes (unpack of
  * pairs, then of halves), then the 4 x 4 grid of lanes transposed (two lane shuffles), stored as whole
  * 64-byte lines: half an output row's 32 values each. On an AMD EPYC with AVX-512: 0.8-0.9x the time of
- * the SSE 4 x 4 transposes below (16-byte stores); a vpermt2d butterfly like the bf16 store's took 1.2-2x. */
+ * the SSE 4 x 4 transposes below (16-byte stores); a butterfly of vpermt2d over 16 registers took 1.2-2x. */
 static inline void mx_tile_store_t_f32(const uint32_t *restrict buf, uint32_t *restrict out,
                                        int64_t ld, int64_t n) {
     for (int cb = 0; cb < n; cb += 16) {
@@ -452,7 +423,6 @@ void NAME(const uint8_t *q, int64_t ldq, const uint8_t *s, int64_t lds, int64_t 
         }                                                                                       \
       }                                                                                         \
     }                                                                                           \
-    MX_SFENCE();                                                                                \
     MX_FP_EXIT();                                                                               \
 }
 
