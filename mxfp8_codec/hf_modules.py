@@ -278,6 +278,33 @@ def _onednn_bf16() -> bool:
 
 
 _ONEDNN_BF16 = _onednn_bf16()  # at import: torch.compile may not trace torch.backends' functions
+_ONEDNN_BF16_CHECKED = False
+
+
+def _check_onednn_bf16_layouts() -> None:
+    """Once per process, when the first projection is built (never inside a compiled forward): where oneDNN
+    runs BF16 GEMMs, check the premise of :func:`gemm_takes_transposed` on three products, that a transposed
+    weight gets the bits of the contiguous one (measured on AMD EPYC and Intel Xeon; another CPU or torch may
+    differ). Where it does not hold, the projections decode into ``[out, in]`` instead, and a warning says so."""
+    global _ONEDNN_BF16, _ONEDNN_BF16_CHECKED
+    if _ONEDNN_BF16_CHECKED or not _ONEDNN_BF16 or not torch.backends.mkldnn.enabled:
+        return
+    _ONEDNN_BF16_CHECKED = True
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for tokens, k in ((1, 512), (7, 512), (64, 1024)):  # device="cpu": models are built under a meta device
+            w = torch.randn(k, 256, generator=g, device="cpu").to(torch.bfloat16)  # a decoded [in, out] weight
+            x = torch.randn(tokens, k, generator=g, device="cpu").to(torch.bfloat16)
+            if not torch.equal(F.linear(x, w.t()), F.linear(x, w.t().contiguous())):
+                _ONEDNN_BF16 = False
+                warnings.warn(
+                    f"mxfp8_codec: torch {torch.__version__}'s oneDNN BF16 GEMM sums a transposed weight in another "
+                    f"order on this CPU ({tokens} x {k} x 256): resident projections decode into [out, in] "
+                    "(the bits of dequantize=True, slower)",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                return
 
 
 def gemm_takes_transposed(device: torch.device, dtype: torch.dtype) -> bool:
@@ -289,6 +316,7 @@ def gemm_takes_transposed(device: torch.device, dtype: torch.dtype) -> bool:
     * CUDA: yes (cuBLAS; bit-identical logits on the H200, scripts/device_check.sh).
     * CPU, BF16, torch's GEMM on oneDNN (AVX-512 CPUs, ``torch.backends.mkldnn.enabled``): yes, measured
       bit-identical on AMD EPYC and Intel Xeon (docs/format.md), and faster than the transposing decode.
+      Checked again on this CPU when the first projection is built (``_check_onednn_bf16_layouts``).
     * CPU otherwise: no. Without oneDNN (AVX2 CPUs) torch's own BF16 GEMM sums a transposed operand in
       another order and takes ~60x as long (an AMD EPYC with AVX2: 3.8 s against 61 ms for a [64, 1536] x
       [1536, 6144] product); MKL's float32 GEMM on a single row differs by layout too.
@@ -356,6 +384,7 @@ class MXFP8Linear(nn.Module):
         self.fused_max_tokens = 0
         self.register_buffer("payload", None, persistent=False)
         self.register_buffer("scales", None, persistent=False)
+        _check_onednn_bf16_layouts()
 
     def extra_repr(self) -> str:
         return (

@@ -9,6 +9,7 @@ import os
 import shutil
 import struct
 import threading
+import warnings
 from copy import deepcopy
 from pathlib import Path
 
@@ -310,6 +311,36 @@ def test_a_resident_projection_gives_the_bits_of_its_dequantized_linear(orientat
             assert torch.equal(lin(x), F.linear(x, dense)), tokens
     x = torch.randn(5, n_in, generator=g).to(dtype).requires_grad_()  # autograd: a fresh weight, same bits
     assert torch.equal(lin(x), F.linear(x, dense))
+
+
+def test_the_first_projection_checks_that_onednn_sums_both_layouts_alike(monkeypatch):
+    """The transposed view's premise is checked on the CPU at hand when the first projection is built: here it
+    holds (nothing changes, no warning); a GEMM that sums a transposed BF16 weight in another order (simulated:
+    torch's F.linear off by one ulp for such a weight) turns the view off, with one warning, once."""
+    monkeypatch.setattr(hf_modules, "_ONEDNN_BF16_CHECKED", False)
+    monkeypatch.setattr(hf_modules, "_ONEDNN_BF16", hf_modules._onednn_bf16())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.device("meta"):  # as transformers builds models: the check still computes on the CPU
+            hf_modules.MXFP8Linear(64, 32, bias=None, orientation="in_out", dtype=torch.bfloat16)
+    assert hf_modules._ONEDNN_BF16 == hf_modules._onednn_bf16()
+    assert hf_modules._ONEDNN_BF16_CHECKED == hf_modules._onednn_bf16()  # a check ran only where oneDNN runs BF16
+
+    linear = F.linear
+
+    def other_order(x, w, bias=None):
+        y = linear(x, w, bias)
+        return y if w.is_contiguous() else torch.nextafter(y, torch.full_like(y, float("inf")))
+
+    monkeypatch.setattr(F, "linear", other_order)
+    monkeypatch.setattr(hf_modules, "_ONEDNN_BF16_CHECKED", False)
+    monkeypatch.setattr(hf_modules, "_ONEDNN_BF16", True)
+    with pytest.warns(RuntimeWarning, match=r"sums a transposed weight in another order on this CPU \(1 x 512"):
+        hf_modules.MXFP8Linear(64, 32, bias=None, orientation="in_out", dtype=torch.bfloat16)
+    assert not hf_modules.gemm_takes_transposed(torch.device("cpu"), torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hf_modules.MXFP8Linear(64, 32, bias=None, orientation="in_out", dtype=torch.bfloat16)  # once a process
 
 
 @pytest.mark.parametrize(
@@ -681,6 +712,7 @@ def test_a_compiled_forward_of_resident_weights_is_one_graph_with_the_same_logit
     ``aot_eager`` backend: the graph torch.compile builds, run without code generation). Both layouts
     F.linear may get (hf_modules.gemm_takes_transposed: the CPU's answer set either way)."""
     monkeypatch.setattr(hf_modules, "_ONEDNN_BF16", onednn)
+    monkeypatch.setattr(hf_modules, "_ONEDNN_BF16_CHECKED", True)  # as set, also where oneDNN would disagree
     d = save_mxfp8_checkpoint(tiny_model(arch, len(tok), seed=3), tok, tmp_path / "c")
     model = _from_pretrained(d)
     assert any(isinstance(m, hf_modules.MXFP8Linear) for m in model.modules())
