@@ -287,24 +287,32 @@ def _check_onednn_bf16_layouts() -> None:
     weight gets the bits of the contiguous one (measured on AMD EPYC and Intel Xeon; another CPU or torch may
     differ). Where it does not hold, the projections decode into ``[out, in]`` instead, and a warning says so."""
     global _ONEDNN_BF16, _ONEDNN_BF16_CHECKED
-    if _ONEDNN_BF16_CHECKED or not _ONEDNN_BF16 or not torch.backends.mkldnn.enabled:
+    if _ONEDNN_BF16_CHECKED or not _ONEDNN_BF16:
         return
     _ONEDNN_BF16_CHECKED = True
     g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for tokens, k in ((1, 512), (7, 512), (64, 1024)):  # device="cpu": models are built under a meta device
-            w = torch.randn(k, 256, generator=g, device="cpu").to(torch.bfloat16)  # a decoded [in, out] weight
-            x = torch.randn(tokens, k, generator=g, device="cpu").to(torch.bfloat16)
-            if not torch.equal(F.linear(x, w.t()), F.linear(x, w.t().contiguous())):
-                _ONEDNN_BF16 = False
-                warnings.warn(
-                    f"mxfp8_codec: torch {torch.__version__}'s oneDNN BF16 GEMM sums a transposed weight in another "
-                    f"order on this CPU ({tokens} x {k} x 256): resident projections decode into [out, in] "
-                    "(the bits of dequantize=True, slower)",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-                return
+    enabled = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = True  # oneDNN's sums, also where a user turned it off for now
+    try:
+        with torch.no_grad():
+            same = True
+            for tokens, k in ((1, 512), (7, 512), (64, 1024)):  # device="cpu": models are built on the meta device
+                w = torch.randn(k, 256, generator=g, device="cpu").to(torch.bfloat16)  # a decoded [in, out] weight
+                x = torch.randn(tokens, k, generator=g, device="cpu").to(torch.bfloat16)
+                same = torch.equal(F.linear(x, w.t()), F.linear(x, w.t().contiguous()))
+                if not same:
+                    break
+    finally:
+        torch.backends.mkldnn.enabled = enabled
+    if not same:
+        _ONEDNN_BF16 = False
+        warnings.warn(
+            f"mxfp8_codec: torch {torch.__version__}'s oneDNN BF16 GEMM sums a transposed weight in another "
+            f"order on this CPU ({tokens} x {k} x 256): resident projections decode into [out, in] "
+            "(the bits of dequantize=True, slower)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def gemm_takes_transposed(device: torch.device, dtype: torch.dtype) -> bool:

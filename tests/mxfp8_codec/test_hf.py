@@ -319,12 +319,14 @@ def test_the_first_projection_checks_that_onednn_sums_both_layouts_alike(monkeyp
     torch's F.linear off by one ulp for such a weight) turns the view off, with one warning, once."""
     monkeypatch.setattr(hf_modules, "_ONEDNN_BF16_CHECKED", False)
     monkeypatch.setattr(hf_modules, "_ONEDNN_BF16", hf_modules._onednn_bf16())
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)  # turned off for now: oneDNN is checked anyway
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with torch.device("meta"):  # as transformers builds models: the check still computes on the CPU
             hf_modules.MXFP8Linear(64, 32, bias=None, orientation="in_out", dtype=torch.bfloat16)
     assert hf_modules._ONEDNN_BF16 == hf_modules._onednn_bf16()
     assert hf_modules._ONEDNN_BF16_CHECKED == hf_modules._onednn_bf16()  # a check ran only where oneDNN runs BF16
+    assert torch.backends.mkldnn.enabled is False  # the user's setting, restored
 
     linear = F.linear
 
