@@ -90,8 +90,8 @@ hooks, :mod:`mxfp8_codec.hf_load` the steps, :mod:`mxfp8_codec.hf_modules` the m
 
 At each forward an :class:`MXFP8Linear` decodes its weight into one scratch buffer shared by all
 projections on that device and dtype (one per thread; no allocation per call): on CPU the codec's native
-C kernel (``decode_mxfp8(..., out=)``, on torch's OpenMP team where it decodes in the file's layout: see
-:func:`mxfp8_codec.hf_modules.decode_cpu`); on other devices a Triton kernel or torch ops
+C kernel (``decode_mxfp8(..., out=)`` on torch's OpenMP team: see :func:`mxfp8_codec.hf_modules.decode_cpu`);
+on other devices a Triton kernel or torch ops
 (:func:`decode_into`). The values are those of the ``[out, in]`` matrix ``dequantize=True`` (and so
 ``ida_eval.load_model``) holds, bit for bit, and ``F.linear`` sums them as it sums that matrix: for
 ``in_out`` files it gets the transposed view of a decode in the file's layout (no transpose pass) only

@@ -185,12 +185,12 @@ def decode_cpu(
 ) -> None:
     """The codec's C kernel into ``out`` (same bits however it is split).
 
-    A forward's decode (``transpose=False``) runs on torch's own OpenMP thread team
-    (``decode_mxfp8(team=...)``), ``torch.get_num_threads()`` wide. A decode on threads of our own
-    made forwards slower, not faster: torch's OpenMP threads keep spinning after a GEMM and a
-    competing thread fought them (64-token forwards ~1.5x, greedy tokens ~1.7x slower than one
-    thread); on torch's team there is nothing to fight (benchmarks/bench_hf.py). With ``split``
-    (loading, transposing decodes) the pieces go to a thread pool, when no GEMM is running."""
+    A forward's decode (in the file's layout, or transposed where :func:`gemm_takes_transposed` says no) runs
+    on torch's own OpenMP thread team (``decode_mxfp8(team=...)``), ``torch.get_num_threads()`` wide. A decode
+    on threads of our own made forwards slower, not faster: torch's OpenMP threads keep spinning after a GEMM
+    and a competing thread fought them (64-token forwards ~1.5x, greedy tokens ~1.7x slower than one thread);
+    on torch's team there is nothing to fight (benchmarks/bench_hf.py). With ``split`` (loading) the pieces go
+    to a thread pool, when no GEMM is running."""
     if not split:  # the forward's path: no pool, no lock
         runtime = _torch_openmp_runtime()
         team = (runtime, torch.get_num_threads()) if runtime and torch.get_num_threads() > 1 else None
