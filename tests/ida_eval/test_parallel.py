@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import pytest
 
 from ida_eval.mbxp import RunDirError, main, merge_shards, read_samples
 from tests.ida_eval.support import SMALL_PROBLEMS, save_mxfp8_checkpoint, tiny_model, train_tokenizer, write_problems
+from tests.torchrun import torchrun_cmd, torchrun_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,20 +46,11 @@ def _args(d: Path, out: Path, *extra: str) -> list[str]:
     ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _torchrun(n: int, args: list[str], **kw) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}", f"--master-port={_free_port()}"]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env["PYTHONPATH"] = str(ROOT)
     return subprocess.Popen(
-        [*cmd, "-m", "ida_eval.mbxp", *args],
+        torchrun_cmd(n, "ida_eval.mbxp", *args),
         cwd=ROOT,
-        env=env,
+        env=torchrun_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
