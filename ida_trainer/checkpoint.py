@@ -8,7 +8,8 @@ Layout of ``<out>/checkpoints/ckpt-000120/``:
   else BF16. Loadable by ``ida_eval.load_model`` like any published checkpoint.
 - ``config.json``, ``generation_config.json``, tokenizer files: a complete transformers directory.
 - ``optimizer.pt``: ``optimizer.state_dict()`` (momenta, SR step counter, exact copies of whatever the
-  safetensors file cannot hold bit-exactly, e.g. the bf16 recipe's FP32 masters).
+  safetensors file cannot hold bit-exactly, e.g. the bf16 recipe's FP32 masters); full tensors also for an
+  FSDP2 run (:func:`ida_trainer.sharded.gather_full_state`), so the file does not depend on the process count.
 - ``trainer_state.json``: step, data cursor, RNG states (torch CPU/CUDA, python), config digest.
 
 Atomicity: the directory is written by :func:`ida_common.files.atomic_directory` (the one place the

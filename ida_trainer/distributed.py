@@ -30,7 +30,9 @@ FSDP2 (``--data-parallel fsdp``): :func:`apply_fsdp` calls ``fully_shard`` on ev
 on the root, with gradients reduced in float32 and *summed* (divide factor 1: the loss is already
 normalised by the global token count).  Parameters stay FP32 masters and are gathered in FP32; the
 bf16 recipe's ``torch.autocast`` casts at each GEMM, so an FSDP run performs the same computation as a
-single-process run and differs only in the order of the float32 gradient sums.  The nvfp4 recipe is
+single-process run and differs only in the order of the float32 gradient sums.  Its checkpoints hold full
+tensors, as a single-process run's (:mod:`ida_trainer.sharded`), so they resume with any number of
+processes.  The nvfp4 recipe is
 refused: its master is a pair of uint8 buffers (E4M3 payload + per-32 UE8M0 scales) updated in place by
 a fused Lion kernel, which FSDP2 can neither shard (it shards floating parameters, on dim 0, with no
 regard for 32-element scale blocks) nor gather.

@@ -57,6 +57,7 @@ import torch.nn as nn
 
 import nvfp4_cuda
 from ida_trainer.nvfp4_linear import NVFP4_BLOCK, NVFP4Linear, NVFP4LinearFunction, nvfp4_modules, tensor_id
+from ida_trainer.sharded import shard_like, shard_optimizer_state
 from mxfp8_codec import PROJECTION_NAMES, CheckpointLayout, MXFP8Tensor, decode_mxfp8, is_projection_weight
 
 if TYPE_CHECKING:
@@ -285,7 +286,7 @@ def load_state(model: nn.Module, tensors: Mapping[str, MXFP8Tensor | torch.Tenso
         value = EXPORT_LAYOUT.to_transformers(key, value)
         if tuple(value.shape) != tuple(target.shape):
             raise ValueError(f"load_state: {key}: shape {list(value.shape)}, expected {list(target.shape)}")
-        target.copy_(value.to(device=target.device, dtype=target.dtype))
+        target.copy_(shard_like(value, target))  # an FSDP2 shard: this rank's slice
 
 
 # --------------------------------------------------------------------------------------------------
@@ -336,7 +337,7 @@ class _ExactStateMixin:
                 raise ValueError(
                     f"optimizer state: parameter {n} has shape {list(saved[n].shape)}, expected {list(p.shape)}"
                 )
-            p.copy_(saved[n])
+            p.copy_(shard_like(saved[n], p))
 
 
 def _named_trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -496,7 +497,11 @@ class MXFP8Lion(_ExactStateMixin, torch.optim.Optimizer):
 
 
 class MasterAdamW(_ExactStateMixin, torch.optim.AdamW):
-    """AdamW for the bf16 recipe on FP32 master parameters; state_dict also holds the exact masters."""
+    """AdamW for the bf16 recipe on FP32 master parameters; state_dict also holds the exact masters.
+
+    Under FSDP2 its state_dict holds this rank's shards (:func:`ida_trainer.sharded.gather_full_state` makes
+    the checkpoint's full state of it); load_state_dict takes full tensors and keeps each rank's shard.
+    """
 
     def __init__(
         self, model: nn.Module, *, lr: float, betas: tuple[float, float] = ADAMW_BETAS, weight_decay: float = 0.0
@@ -524,7 +529,7 @@ class MasterAdamW(_ExactStateMixin, torch.optim.AdamW):
         extra = sd.pop("ida", None)
         if extra is None or extra.get("kind") != "master_adamw":
             raise ValueError("MasterAdamW.load_state_dict: not a MasterAdamW state (was it saved by the nvfp4 recipe?)")
-        super().load_state_dict(sd)
+        super().load_state_dict(shard_optimizer_state(sd, self.param_groups))  # full tensors -> FSDP2 shards
         self._load_extra_state(extra)
 
 

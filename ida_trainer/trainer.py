@@ -55,6 +55,7 @@ from ida_trainer.engine import (
 )
 from ida_trainer.logs import RunLogger, peak_memory_gib
 from ida_trainer.rundir import new_run_id, prepare_run_dir
+from ida_trainer.sharded import gather_full_state, holds_shards
 from ida_trainer.special_tokens import (
     UntrainedReport,
     fix_untrained_tokens,
@@ -248,12 +249,6 @@ class Trainer:
         self.data_stats.num_rows = len(self.batcher.rows)
         self._dp_size = dp_size
         if resume_dir is not None:
-            if dp_size > 1:
-                raise ValueError(
-                    f"--resume with --data-parallel fsdp is not supported yet: the optimizer state in "
-                    f"{resume_dir} holds only rank 0's shard. Resume FSDP runs from the exported "
-                    "weights with --base instead, or train single-process / pipelined."
-                )
             self._resume(resume_dir)
         self.logger = RunLogger(
             self.out,
@@ -285,6 +280,12 @@ class Trainer:
         from ida_trainer.precision import load_state
 
         loaded = ckpt.load_checkpoint(path)
+        if holds_shards(loaded.optimizer_state):
+            raise ValueError(
+                f"cannot resume from {path}: its {ckpt.OPTIM_FILE} holds one process's shard of the optimizer "
+                "state (an FSDP run of an older ida wrote it). Start a new run from its weights: "
+                f"--base {path}"
+            )
         state = loaded.trainer_state
         if state.get("config_digest") != config_digest(self.cfg):
             warnings.warn(
@@ -570,11 +571,13 @@ class Trainer:
         )
         return path
 
-    def _optimizer_state(self) -> dict[str, Any]:
+    def _optimizer_state(self) -> dict[str, Any] | None:
         gather = getattr(self.engine, "gather_optimizer_state", None)
         if gather is not None:
             return gather(self.optimizer)
         assert self.optimizer is not None
+        if self._dp_size > 1:  # FSDP2 shards -> the full state of a single-process run (every rank gathers)
+            return gather_full_state(self.optimizer.state_dict(), keep=self.is_main)
         return self.optimizer.state_dict()
 
     def _problems_path(self) -> Path:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
-import socket
 import warnings
 from pathlib import Path
 from typing import Any
@@ -19,8 +19,10 @@ from hypothesis import strategies as st
 from ida_trainer.config import OptimConfig, ParallelConfig, PrecisionConfig
 from ida_trainer.distributed import DistInfo, PipelineEngine, apply_fsdp, init_distributed, split_layers
 from ida_trainer.engine import LocalEngine, grad_norm_and_clip
-from ida_trainer.precision import apply_recipe, build_optimizer, export_state
+from ida_trainer.precision import apply_recipe, build_optimizer, export_state, load_state
+from ida_trainer.sharded import gather_full_state, holds_shards
 from mxfp8_codec import MXFP8Tensor, write_mxfp8_safetensors
+from tests.torchrun import free_port
 
 pytestmark = pytest.mark.slow  # torch.distributed process groups (gloo) per test
 
@@ -29,11 +31,11 @@ MICROBATCHES = 4
 CLIP = 0.25  # below the tiny model's gradient norms: every step is clipped
 
 
-def tiny_model(recipe: str, *, checkpointing: bool = False) -> torch.nn.Module:
+def tiny_model(recipe: str, *, checkpointing: bool = False, vocab: int = 256) -> torch.nn.Module:
     from transformers import NemotronConfig, NemotronForCausalLM
 
     cfg = NemotronConfig(
-        vocab_size=256,
+        vocab_size=vocab,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -93,17 +95,18 @@ def flat_state(state: dict[str, Any]) -> dict[str, torch.Tensor]:
     return out
 
 
-def single_process_run(recipe: str) -> tuple[list[float], dict[str, Any]]:
+def single_process_run(recipe: str, vocab: int = 256) -> tuple[list[float], dict[str, Any], dict[str, Any]]:
+    """Losses, exported state and optimizer state of STEPS steps in one process."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in the workers: CPU reductions may split differently with more threads
     try:
-        return _single_process_run(recipe)
+        return _single_process_run(recipe, vocab)
     finally:
         torch.set_num_threads(threads)
 
 
-def _single_process_run(recipe: str) -> tuple[list[float], dict[str, Any]]:
-    m = tiny_model(recipe)
+def _single_process_run(recipe: str, vocab: int) -> tuple[list[float], dict[str, Any], dict[str, Any]]:
+    m = tiny_model(recipe, vocab=vocab)
     opt = build_optimizer(m, optim_cfg(recipe), PrecisionConfig(recipe=recipe))
     engine = LocalEngine(m)
     losses, norms = [], []
@@ -114,13 +117,7 @@ def _single_process_run(recipe: str) -> tuple[list[float], dict[str, Any]]:
         opt.step()
         opt.zero_grad(set_to_none=True)
     assert min(norms) > CLIP  # clipping was active
-    return losses, export_state(m)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return losses, export_state(m), opt.state_dict()
 
 
 def _spawn_two(worker: Any, *args: Any) -> None:
@@ -134,7 +131,7 @@ def _spawn_two(worker: Any, *args: Any) -> None:
     """
     for attempt in (1, 2):
         try:
-            mp.spawn(worker, args=(_free_port(), *args), nprocs=2, join=True)
+            mp.spawn(worker, args=(free_port(), *args), nprocs=2, join=True)
             return
         except mp.ProcessExitedException as exc:
             if attempt == 2 or exc.signal_name is None:
@@ -231,12 +228,15 @@ def test_pipeline_chunked_loss_gives_the_same_loss_and_gradients(tmp_path: Path)
         torch.testing.assert_close(got["grads"][k], g, rtol=tol, atol=tol * float(g.abs().max()), msg=k)
 
 
+FSDP_VOCAB = 257  # odd: FSDP2 splits the embedding and lm_head rows unevenly (129 + 128)
+
+
 def fsdp_worker(rank: int, port: int, out: str) -> None:
     _init(rank, 2, port)
     parallel = ParallelConfig(data_parallel="fsdp", microbatches=MICROBATCHES // 2)
     info = init_distributed(parallel)
     try:
-        m = tiny_model("bf16")
+        m = tiny_model("bf16", vocab=FSDP_VOCAB)
         apply_fsdp(m, info)
         opt = build_optimizer(m, optim_cfg("bf16"), PrecisionConfig(recipe="bf16"))
         engine = LocalEngine(m)
@@ -251,8 +251,37 @@ def fsdp_worker(rank: int, port: int, out: str) -> None:
             opt.step()
             opt.zero_grad(set_to_none=True)
         state = export_state(m)  # gathers full tensors: every rank calls it
+        full = copy.deepcopy(gather_full_state(opt.state_dict(), keep=rank == 0))  # a checkpoint's (a copy: the
+        # scalar `step` tensors are the optimizer's own, and more steps follow below)
+        # a checkpoint's round trip: a fresh sharded model and optimizer loaded from the full states
+        m2 = tiny_model("bf16", vocab=FSDP_VOCAB)
+        apply_fsdp(m2, info)
+        opt2 = build_optimizer(m2, optim_cfg("bf16"), PrecisionConfig(recipe="bf16"))
+        load_state(m2, state)
+        opt2.load_state_dict(copy.deepcopy(gather_full_state(opt.state_dict())))  # as read from a file
+        again = copy.deepcopy(gather_full_state(opt2.state_dict(), keep=rank == 0))
+        for model, optim in ((m, opt), (m2, opt2)):  # one more step each: the loaded one must go on the same
+            mbs, gvt = step_data(STEPS)
+            LocalEngine(model).forward_backward(mbs[rank::2], gvt)
+            grad_norm_and_clip([q for q in model.parameters() if q.requires_grad], CLIP)
+            optim.step()
+            optim.zero_grad(set_to_none=True)
+        masters = [
+            (n, p.full_tensor(), p2.full_tensor())
+            for (n, p), (_, p2) in zip(m.named_parameters(), m2.named_parameters(), strict=True)
+        ]
         if rank == 0:
-            torch.save({"losses": losses, "state": flat_state(state)}, Path(out) / "fsdp.pt")
+            torch.save(
+                {
+                    "losses": losses,
+                    "state": flat_state(state),
+                    "optimizer": full,
+                    "optimizer_again": again,
+                    "masters_differ": [n for n, a, b in masters if not torch.equal(a, b)],
+                    "local_rows": [p.to_local().shape[0] for _, p in m.named_parameters()],
+                },
+                Path(out) / "fsdp.pt",
+            )
     finally:
         dist.destroy_process_group()
 
@@ -262,7 +291,7 @@ def fsdp_worker(rank: int, port: int, out: str) -> None:
 def test_pipeline_1f1b_equals_single_process_bit_for_bit(recipe: str, tmp_path: Path) -> None:
     _spawn_two(pipeline_worker, recipe, str(tmp_path))
     got = torch.load(tmp_path / "pipeline.pt", weights_only=False)
-    ref_losses, ref_state = single_process_run(recipe)
+    ref_losses, ref_state, _ = single_process_run(recipe)
     assert got["losses"] == ref_losses  # exact, step for step
     ref = flat_state(ref_state)
     assert got["state"].keys() == ref.keys()
@@ -280,7 +309,7 @@ def test_pipeline_1f1b_equals_single_process_bit_for_bit(recipe: str, tmp_path: 
 def test_fsdp_bf16_equals_single_process(tmp_path: Path) -> None:
     _spawn_two(fsdp_worker, str(tmp_path))
     got = torch.load(tmp_path / "fsdp.pt", weights_only=False)
-    ref_losses, ref_state = single_process_run("bf16")
+    ref_losses, ref_state, ref_opt = single_process_run("bf16", vocab=FSDP_VOCAB)
     # Same computation; only the order of float32 gradient sums differs (two ranks' partial sums are
     # reduce-scattered instead of accumulated in sequence), so results agree to float32 rounding.
     assert got["losses"] == pytest.approx(ref_losses, rel=1e-6)
@@ -288,6 +317,28 @@ def test_fsdp_bf16_equals_single_process(tmp_path: Path) -> None:
     assert got["state"].keys() == ref.keys()
     for k in ref:
         torch.testing.assert_close(got["state"][k], ref[k], rtol=1e-5, atol=2e-6, msg=k)
+    assert 129 in got["local_rows"]  # rank 0's share of the 257 embedding rows: uneven shards were tested
+
+    # The gathered optimizer state is a single-process run's: same layout, full tensors, same values
+    opt = got["optimizer"]
+    assert not holds_shards(opt)
+    assert opt["param_groups"] == ref_opt["param_groups"] and opt["state"].keys() == ref_opt["state"].keys()
+    for i, entry in ref_opt["state"].items():
+        assert entry.keys() == opt["state"][i].keys()
+        for k, v in entry.items():
+            torch.testing.assert_close(opt["state"][i][k], v, rtol=1e-4, atol=1e-9, msg=f"state {i} {k}")
+    exact, ref_exact = opt["ida"].pop("exact_params"), ref_opt["ida"].pop("exact_params")
+    assert opt["ida"] == ref_opt["ida"] and exact.keys() == ref_exact.keys()
+    for n, v in ref_exact.items():
+        torch.testing.assert_close(exact[n], v, rtol=1e-5, atol=2e-6, msg=n)
+    # ... and loading it into a fresh FSDP model and optimizer restores every bit
+    assert got["masters_differ"] == []
+    again = got["optimizer_again"]
+    again["ida"].pop("exact_params")
+    assert again["ida"] == opt["ida"] and again["param_groups"] == opt["param_groups"]
+    for i, entry in opt["state"].items():
+        for k, v in entry.items():
+            assert torch.equal(again["state"][i][k], v), (i, k)
 
 
 def test_fsdp_refuses_nvfp4_with_the_reason() -> None:

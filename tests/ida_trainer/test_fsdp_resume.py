@@ -1,0 +1,126 @@
+"""FSDP2 runs resume (``torchrun --nproc-per-node 2 -m ida_trainer --data-parallel fsdp``, gloo on the CPU).
+
+A checkpoint of an FSDP run holds the full optimizer state, laid out as a single-process run's
+(ida_trainer.sharded): killed with SIGKILL and resumed with ``--resume``, the run's loss records and last
+checkpoint equal the unkilled run's bit for bit; the same checkpoint resumes in one process too (the loss
+goes on to float32 rounding: the gradients are summed in another order). A checkpoint whose optimizer
+state holds one rank's shard (FSDP runs of an older ida wrote those) is refused in one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ida_trainer.checkpoint import OPTIM_FILE, latest_checkpoint, load_checkpoint
+from ida_trainer.logs import read_mllog, read_train_log
+from ida_trainer.sharded import holds_shards
+from tests.torchrun import ROOT, free_port, torchrun_cmd, torchrun_env
+
+pytestmark = pytest.mark.slow  # torchrun launches
+
+STEPS = 6
+ARGS = [
+    *("--recipe", "bf16", "--optim.name", "adamw", "--microbatches", "2", "--steps", str(STEPS)),
+    *("--checkpoint.every", "2", "--checkpoint.keep", "3", "--checkpoint.export", "false"),
+    *("--eval.final", "false", "--train.progress", "false", "--train.log_every", "1"),
+]
+FSDP = ["--data-parallel", "fsdp"]
+
+
+def _train(out: Path, *extra: str, processes: int = 2, kill_at: str = "") -> subprocess.CompletedProcess[str]:
+    args = ["--out", str(out), *ARGS, *extra]
+    cmd = (
+        torchrun_cmd(processes, "ida_trainer", *FSDP, *args)
+        if processes > 1
+        else [sys.executable, "-m", "ida_trainer", *args]
+    )
+    env = torchrun_env(OMP_NUM_THREADS="1", IDA_KILL_AT=kill_at)  # one thread: the same float sums every run
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+
+
+def _records(out: Path) -> list[tuple[int, float, float, float]]:
+    return [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in read_train_log(out / "train_log.jsonl")]
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("fsdp_reference") / "run"
+    res = _train(out)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out
+
+
+def test_a_killed_fsdp_run_resumes_bit_for_bit_also_in_one_process(reference: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    killed = _train(out, kill_at="checkpoint.renamed:2")  # rank 0 dies right after ckpt-4 is in place
+    assert killed.returncode != 0 and "-9" in killed.stderr, killed.stderr[-3000:]
+    newest = latest_checkpoint(out / "checkpoints")
+    assert newest is not None and newest.name == "ckpt-000004"
+    optimizer_state = load_checkpoint(newest).optimizer_state
+    assert not holds_shards(optimizer_state)  # full tensors, as a single-process run's
+    embed = optimizer_state["ida"]["exact_params"]["model.embed_tokens.weight"]
+    assert embed.shape[0] == load_checkpoint(newest).tensors["model.embed_tokens.weight"].shape[0]
+    single = tmp_path / "single"
+    shutil.copytree(out, single)
+
+    resumed = _train(out, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from {newest}" in resumed.stdout
+    assert _records(out) == _records(reference)
+    last = f"ckpt-{STEPS:06d}"
+    assert _sha(out / "checkpoints" / last / "model.safetensors") == _sha(
+        reference / "checkpoints" / last / "model.safetensors"
+    )
+    losses = [r["metadata"]["step_num"] for r in read_mllog(out / "mlperf_log.txt") if r["key"] == "train_loss"]
+    assert losses == list(range(1, STEPS + 1))
+    assert not list((out / "checkpoints").glob("*.tmp"))
+
+    # the same checkpoint in one process: a config that differs (said), the loss curve goes on
+    alone = _train(single, "--resume", processes=1)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert "config that differs" in alone.stderr
+    got, ref = _records(single), _records(reference)
+    assert got[:4] == ref[:4] and [r[0] for r in got] == list(range(1, STEPS + 1))
+    for g, r in zip(got[4:], ref[4:], strict=True):
+        assert g[1:] == pytest.approx(r[1:], rel=2e-3)
+
+
+def test_a_checkpoint_holding_one_ranks_shard_is_refused_in_one_line(reference: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)
+    for ckpt in sorted((out / "checkpoints").iterdir())[1:]:
+        shutil.rmtree(ckpt)  # resume from ckpt-2
+    ckpt = out / "checkpoints" / "ckpt-000002"
+    # what an older ida wrote: rank 0's optimizer.state_dict() with its DTensor shards (made in a 1-rank group)
+    script = (
+        "import sys, torch, torch.distributed as dist\n"
+        "from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh\n"
+        "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:%d', rank=0, world_size=1)\n"
+        "sd = torch.load(sys.argv[1], weights_only=False)\n"
+        "mesh = init_device_mesh('cpu', (1,))\n"
+        "st = sd['state'][0]\n"
+        "st['exp_avg'] = distribute_tensor(st['exp_avg'], mesh, [Shard(0)])\n"
+        "torch.save(sd, sys.argv[1])\n"
+        "dist.destroy_process_group()\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", script % free_port(), str(ckpt / OPTIM_FILE)],
+        env=torchrun_env(),
+        check=True,
+        capture_output=True,
+    )
+    res = _train(out, "--resume", processes=1)
+    assert res.returncode == 2, res.stderr[-3000:]
+    errors = [line for line in res.stderr.splitlines() if line.startswith("ida_trainer: error:")]
+    assert len(errors) == 1 and "holds one process's shard" in errors[0] and f"--base {ckpt}" in errors[0], res.stderr
+    assert "Traceback" not in res.stderr
