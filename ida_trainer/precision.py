@@ -209,8 +209,8 @@ def export_state(model: nn.Module) -> dict[str, MXFP8Tensor | torch.Tensor]:
     for key, t in model.state_dict(keep_vars=False).items():
         if key in owned or key in out:
             continue
-        if hasattr(t, "full_tensor"):  # FSDP2 DTensor shard: gather (a collective: call on every rank)
-            t = t.full_tensor()
+        if hasattr(t, "full_tensor"):  # FSDP2 DTensor shard: gather (a collective: call on every rank), then
+            t = t.full_tensor().cpu()  # to the CPU, where the writer wants it: one full tensor on the device at a time
         out[key] = EXPORT_LAYOUT.from_transformers(key, t.detach())
     return out
 
