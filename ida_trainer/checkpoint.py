@@ -276,7 +276,9 @@ def load_checkpoint(path: str | Path) -> LoadedCheckpoint:
         if not (path / name).is_file():
             raise ValueError(f"checkpoint {path} is incomplete: {name} is missing")
     tensors = read_model_tensors(path / MODEL_FILE)
-    optimizer_state = torch.load(path / OPTIM_FILE, map_location="cpu", weights_only=False)
+    # mapped, not read: the ranks of a resumed FSDP run each load the whole file and keep their shards; its
+    # pages are then shared in the page cache instead of one private copy per rank (48 GB for a 4B AdamW state)
+    optimizer_state = torch.load(path / OPTIM_FILE, map_location="cpu", weights_only=False, mmap=True)
     trainer_state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
     return LoadedCheckpoint(path, tensors, optimizer_state, trainer_state)
 
