@@ -52,6 +52,7 @@ from typing import Any
 
 # the same /proc reading and page-cache eviction as the loader benchmark (this directory is on sys.path)
 from bench_loader import _evict, _status_kib
+from timing import samples  # this directory is on sys.path
 
 VARIANTS: tuple[str, ...] = ("bf16", "mxfp8", "dequantize", "load_model")
 SEQ_LEN = 64
@@ -189,13 +190,7 @@ def _layouts(hidden: int, repeats: int = 21) -> None:
     rule = hf_modules.gemm_takes_transposed
 
     def median_ms(fn: Any) -> float:
-        fn()
-        samples = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t0)
-        return statistics.median(samples) * 1e3
+        return statistics.median(samples(fn, repeats)) * 1e3
 
     print(f"one in_out projection [{hidden} -> {4 * hidden}], median of {repeats}; load {os.getloadavg()[0]:.2f}")
     print(f"{'dtype':<15} {'tokens':>6} {'rule layout':>12} {'rule ms':>8} {'view ms':>8}  same bits")

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 import torch
+from timing import samples  # this directory is on sys.path
 
 from mxfp8_codec import _native
 from mxfp8_codec.numerics import (
@@ -71,13 +72,8 @@ class Timing:
 
 
 def _time(name: str, fn: Callable[[], object], repeats: int) -> Timing:
-    fn()  # warm-up: page faults, lazy kernel build, table construction
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) * 1e3)
-    return Timing(name, min(samples), statistics.median(samples))
+    ms = [s * 1e3 for s in samples(fn, repeats)]
+    return Timing(name, min(ms), statistics.median(ms))
 
 
 def _paired_ratio(fn: Callable[[], object], baseline: Callable[[], object], repeats: int) -> float:

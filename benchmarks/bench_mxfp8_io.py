@@ -25,7 +25,6 @@ import hashlib
 import shutil
 import sys
 import tempfile
-import time
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
@@ -33,19 +32,14 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from timing import samples  # this directory is on sys.path
 
 from mxfp8_codec import iter_mxfp8_safetensors, read_mxfp8_safetensors, rename_tensors, write_mxfp8_safetensors
 
 
 def best_of(fn: Callable[[], object], repeat: int) -> float:
     """Minimum wall time of ``repeat`` runs after one warm-up (the box is shared: the minimum is the signal)."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+    return min(samples(fn, repeat))
 
 
 def naive_torch_load(path: Path) -> None:

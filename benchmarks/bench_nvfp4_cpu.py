@@ -24,10 +24,10 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from collections.abc import Callable
 
 import torch
+from timing import samples  # this directory is on sys.path
 
 import mxfp8_codec
 import nvfp4_cuda
@@ -37,13 +37,7 @@ DEFAULT_SHAPES = ("512x1024x1024", "1024x1024x1024", "2048x2048x2048")
 
 
 def _time(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm-up (tables, allocator)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(samples(fn, repeats))
 
 
 def bench_shape(m: int, n: int, k: int, repeats: int) -> dict[str, float]:
