@@ -382,7 +382,14 @@ def test_nvfp4_modules_lists_replaced_layers() -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["ida_trainer.precision", "ida_trainer.nvfp4_linear", "ida_trainer.memory", "ida_trainer.distributed"]
+    "module",
+    [
+        "ida_trainer.precision",
+        "ida_trainer.nvfp4_linear",
+        "ida_trainer.memory",
+        "ida_trainer.distributed",
+        "ida_trainer.sharded",
+    ],
 )
 def test_docstring_examples_run(module: str) -> None:
     import doctest
