@@ -8,7 +8,9 @@ Pipeline (``--pipeline-stages S``, one process per stage, launched with ``torchr
   names stay the transformers names (``model.layers.17.mlp.up_proj``), which is what keys the
   stochastic-rounding streams and the checkpoint: a pipelined run draws the same random bits as a
   single-process run and :meth:`PipelineEngine.gather_state` assembles ONE checkpoint dict with
-  global names, identical in format to a single-process run's.
+  global names, identical in format to a single-process run's; :meth:`PipelineEngine.gather_optimizer_state`
+  merges the stages' optimizer states into a single-process run's too, so a pipelined checkpoint resumes
+  with any number of stages or in one process (each optimizer takes its parameters' part by name).
 * ``torch.distributed.pipelining``: one :class:`~torch.distributed.pipelining.PipelineStage` per
   process and a :class:`~torch.distributed.pipelining.Schedule1F1B` with ``scale_grads=False``.
   Micro-batches carry ``input_ids`` (fed to stage 0) and ``labels`` (fed to the last stage's loss);
@@ -55,7 +57,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ida_common.launch import launch_env
-from ida_trainer.precision import PIPELINE_ATTR, PIPELINE_STATES_KEY, export_state, model_recipe
+from ida_trainer.precision import PIPELINE_ATTR, export_state, merge_stage_states, model_recipe
 from mxfp8_codec import MXFP8Tensor
 
 if TYPE_CHECKING:
@@ -460,16 +462,17 @@ class PipelineEngine:
         return merged
 
     def gather_optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
-        """Every stage's ``optimizer.state_dict()`` in one dict on rank 0 (None elsewhere).
+        """Every stage's ``optimizer.state_dict()`` merged into one on rank 0 (None elsewhere), laid out as a
+        single-process run's (:func:`~ida_trainer.precision.merge_stage_states`).
 
         Every rank must call it.  :class:`~ida_trainer.precision.MXFP8Lion` and
-        :class:`~ida_trainer.precision.MasterAdamW` ``load_state_dict`` accept the result and pick the
-        entry whose parameter names are their own, so one optimizer file serves all stages.
+        :class:`~ida_trainer.precision.MasterAdamW` ``load_state_dict`` take the part whose parameter names
+        are their own, so one optimizer file serves any number of stages, or one process.
         """
         sd = optimizer.state_dict()
         parts: list[Any] = [None] * self.num_stages if self.info.is_main else []
         dist.gather_object(sd, parts if self.info.is_main else None, dst=0)
-        return {PIPELINE_STATES_KEY: parts} if self.info.is_main else None
+        return merge_stage_states(parts) if self.info.is_main else None
 
     def barrier(self) -> None:
         """Wait for every stage."""

@@ -49,7 +49,7 @@ from __future__ import annotations
 import fnmatch
 import types
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -86,7 +86,7 @@ EXPORT_LAYOUT = CheckpointLayout(orientation="in_out", norm_convention="zero_cen
 ADAMW_BETAS = (0.9, 0.95)  # bf16 recipe (the second seed's AdamW)
 RECIPE_ATTR = "ida_recipe"  # attribute set on the model by apply_recipe ("nvfp4" | "bf16")
 PIPELINE_ATTR = "ida_pipeline_stage"  # set by the pipeline engine on a model pruned to one stage
-PIPELINE_STATES_KEY = "ida_pipeline_stages"  # optimizer state gathered from all stages (list of state_dicts)
+PIPELINE_STATES_KEY = "ida_pipeline_stages"  # older ida: the stages' optimizer states side by side (a list)
 
 
 def _as_bf16(g: torch.Tensor) -> torch.Tensor:
@@ -307,24 +307,33 @@ class _ExactStateMixin:
     _names: dict[int, str]
     _exact: dict[str, torch.Tensor]
 
+    def _group_names(self) -> list[list[str]]:
+        return [[self._names[id(p)] for p in g["params"]] for g in self.param_groups]  # type: ignore[attr-defined]
+
     def _extra_state(self) -> dict[str, Any]:
         return {
             "exact_params": {n: p.detach().clone() for n, p in self._exact.items()},
             "param_names": sorted(self._names.values()),
+            "param_order": [n for g in self._group_names() for n in g],  # the state's indices, by name
         }
 
     def _own_part(self, state_dict: Mapping[str, Any]) -> dict[str, Any]:
-        """This optimizer's state_dict, also out of a pipeline-gathered one (matched by parameter names)."""
-        if PIPELINE_STATES_KEY not in state_dict:
+        """This optimizer's state_dict out of a checkpoint's: the same parameters in the same order as they
+        are (a single-process checkpoint, or an older one), else picked by name (:func:`select_state`)."""
+        if PIPELINE_STATES_KEY in state_dict:  # older ida: the pipeline stages' states side by side
+            mine = sorted(self._names.values())
+            for part in state_dict[PIPELINE_STATES_KEY]:
+                if part.get("ida", {}).get("param_names") == mine:
+                    return dict(part)
+            raise ValueError(
+                "optimizer state: none of the pipeline stages' states holds exactly this stage's parameters "
+                "(an older ida wrote this checkpoint: resume it with the number of stages it was written with)"
+            )
+        order = state_dict.get("ida", {}).get("param_order")
+        groups = self._group_names()
+        if order is None or order == [n for g in groups for n in g]:
             return dict(state_dict)
-        mine = sorted(self._names.values())
-        for part in state_dict[PIPELINE_STATES_KEY]:
-            if part.get("ida", {}).get("param_names") == mine:
-                return dict(part)
-        raise ValueError(
-            "optimizer state: none of the pipeline stages' states holds exactly this stage's parameters "
-            "(was the checkpoint written with another number of stages?)"
-        )
+        return select_state(state_dict, groups)
 
     @torch.no_grad()
     def _load_extra_state(self, extra: Mapping[str, Any]) -> None:
@@ -338,6 +347,87 @@ class _ExactStateMixin:
                     f"optimizer state: parameter {n} has shape {list(saved[n].shape)}, expected {list(p.shape)}"
                 )
             p.copy_(shard_like(saved[n], p))
+
+
+def merge_stage_states(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One optimizer state_dict out of the pipeline stages' (in stage order), laid out as a single-process
+    run's: group by group, each stage's parameters after the previous stage's (its layers follow them in the
+    model), the state re-indexed, the exact copies and the names merged. A checkpoint holding it resumes
+    with any number of stages (:func:`select_state` picks each stage's part) or in one process.
+
+    Raises:
+        ValueError: the stages disagree on what is one value for the run (parameter groups, SR step, ...).
+    """
+    kept = ("exact_params", "param_names", "param_order")
+    extras = [part["ida"] for part in parts]
+    run = {k: v for k, v in extras[0].items() if k not in kept}
+    differ = sorted({k for e in extras for k in e if k not in kept and e.get(k) != run.get(k)})
+    if differ:
+        raise ValueError(
+            f"optimizer state: the pipeline stages disagree on {differ}: {[{k: e.get(k) for k in differ} for e in extras]}"
+        )
+    if len({len(part["param_groups"]) for part in parts}) != 1:
+        raise ValueError("optimizer state: the pipeline stages have different numbers of parameter groups")
+    order: list[str] = []
+    state: dict[int, Any] = {}
+    groups = []
+    for g in range(len(parts[0]["param_groups"])):
+        hyper = [{k: v for k, v in part["param_groups"][g].items() if k != "params"} for part in parts]
+        if any(h != hyper[0] for h in hyper):
+            raise ValueError(f"optimizer state: the pipeline stages' parameter group {g} differ: {hyper}")
+        ids = []
+        for part, extra in zip(parts, extras, strict=True):
+            for i in part["param_groups"][g]["params"]:
+                if i in part["state"]:
+                    state[len(order)] = part["state"][i]
+                ids.append(len(order))
+                order.append(extra["param_order"][i])
+        groups.append({**hyper[0], "params": ids})
+    exact = {n: t for e in extras for n, t in e["exact_params"].items()}
+    return {
+        "state": state,
+        "param_groups": groups,
+        "ida": {**run, "exact_params": exact, "param_names": sorted(order), "param_order": order},
+    }
+
+
+def select_state(state_dict: Mapping[str, Any], groups: Sequence[Sequence[str]]) -> dict[str, Any]:
+    """The part of a checkpoint's optimizer state_dict (with ``ida.param_order``) that belongs to the
+    parameters named in ``groups`` (an optimizer's groups, in its order), indexed as that optimizer's own.
+
+    Raises:
+        ValueError: a parameter has no entry, or sits in another parameter group there.
+    """
+    index = {n: i for i, n in enumerate(state_dict["ida"]["param_order"])}
+    missing = [n for g in groups for n in g if n not in index]
+    if missing or len(groups) != len(state_dict["param_groups"]):
+        raise ValueError(
+            f"optimizer state: the checkpoint holds no state for {missing[:8]} or other parameter groups "
+            f"({len(state_dict['param_groups'])} there, {len(groups)} here): a checkpoint of another model?"
+        )
+    state: dict[int, Any] = {}
+    out_groups = []
+    k = 0
+    for g, names in enumerate(groups):
+        saved = state_dict["param_groups"][g]
+        members = set(saved["params"])
+        ids = []
+        for n in names:
+            if index[n] not in members:
+                raise ValueError(f"optimizer state: parameter {n} is in another parameter group in the checkpoint")
+            if index[n] in state_dict["state"]:
+                state[k] = state_dict["state"][index[n]]
+            ids.append(k)
+            k += 1
+        out_groups.append({**{key: v for key, v in saved.items() if key != "params"}, "params": ids})
+    mine = [n for g in groups for n in g]
+    extra = dict(state_dict["ida"])
+    extra.update(
+        exact_params={n: t for n, t in extra["exact_params"].items() if n in set(mine)},
+        param_names=sorted(mine),
+        param_order=mine,
+    )
+    return {"state": state, "param_groups": out_groups, "ida": extra}
 
 
 def _named_trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:

@@ -291,7 +291,7 @@ def fsdp_worker(rank: int, port: int, out: str) -> None:
 def test_pipeline_1f1b_equals_single_process_bit_for_bit(recipe: str, tmp_path: Path) -> None:
     _spawn_two(pipeline_worker, recipe, str(tmp_path))
     got = torch.load(tmp_path / "pipeline.pt", weights_only=False)
-    ref_losses, ref_state, _ = single_process_run(recipe)
+    ref_losses, ref_state, ref_opt = single_process_run(recipe)
     assert got["losses"] == ref_losses  # exact, step for step
     ref = flat_state(ref_state)
     assert got["state"].keys() == ref.keys()
@@ -303,6 +303,19 @@ def test_pipeline_1f1b_equals_single_process_bit_for_bit(recipe: str, tmp_path: 
         hashlib.sha256((tmp_path / f).read_bytes()).hexdigest() for f in ("pipeline.safetensors", "single.safetensors")
     ]
     assert digest[0] == digest[1]
+    # one optimizer file, the stages' states merged: a single-process run's state, bit for bit
+    opt = torch.load(tmp_path / "optimizer.pt", weights_only=False)
+    assert opt["param_groups"] == ref_opt["param_groups"] and opt["state"].keys() == ref_opt["state"].keys()
+    for i, entry in ref_opt["state"].items():
+        assert entry.keys() == opt["state"][i].keys()
+        for k, v in entry.items():
+            assert torch.equal(opt["state"][i][k], v) if isinstance(v, torch.Tensor) else opt["state"][i][k] == v, (
+                i,
+                k,
+            )
+    exact, ref_exact = opt["ida"].pop("exact_params"), ref_opt["ida"].pop("exact_params")
+    assert opt["ida"] == ref_opt["ida"] and exact.keys() == ref_exact.keys()
+    assert all(torch.equal(exact[n], t) for n, t in ref_exact.items())
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import nvfp4_cuda
 from ida_trainer.config import OptimConfig, PrecisionConfig
 from ida_trainer.precision import (
+    PIPELINE_STATES_KEY,
     MasterAdamW,
     MXFP8Lion,
     NVFP4Linear,
@@ -21,7 +22,9 @@ from ida_trainer.precision import (
     build_optimizer,
     export_state,
     load_state,
+    merge_stage_states,
     nvfp4_modules,
+    select_state,
 )
 from mxfp8_codec import MXFP8Tensor
 
@@ -371,6 +374,46 @@ def test_lion_state_dict_keeps_float32_compensation_and_rejects_foreign_state() 
     adam = build_optimizer(mb, OptimConfig(name="adamw", lr=1e-3), PrecisionConfig(recipe="bf16"))
     with pytest.raises(ValueError, match="MXFP8Lion"):
         opt2.load_state_dict(adam.state_dict())
+
+
+def test_optimizer_state_splits_by_name_and_merges_back_and_older_pipeline_files_still_load() -> None:
+    """What lets a checkpoint resume with another number of pipeline stages: select_state cuts an optimizer
+    state into stages' parts by parameter name, merge_stage_states puts the parts back together, bit for bit."""
+    prec = PrecisionConfig(recipe="nvfp4", writeback="compensated")  # momentum + float32 compensation
+    m = Toy(bias=True)
+    apply_recipe(m, prec)
+    opt = build_optimizer(m, OptimConfig(name="lion", lr=1e-4, weight_decay=0.1), prec)
+    _train(m, opt, range(2))
+    sd = copy.deepcopy(opt.state_dict())
+    groups = [[opt._names[id(p)] for p in g["params"]] for g in opt.param_groups]
+    assert len(groups) == 2 and all(len(g) >= 2 for g in groups)
+    parts = [select_state(sd, [g[: len(g) // 2] for g in groups]), select_state(sd, [g[len(g) // 2 :] for g in groups])]
+    exact_parts = [set(part["ida"]["exact_params"]) for part in parts]  # each part keeps its own exact copies
+    assert not exact_parts[0] & exact_parts[1] and exact_parts[0] | exact_parts[1] == set(sd["ida"]["exact_params"])
+    merged = merge_stage_states(parts)
+    assert merged["param_groups"] == sd["param_groups"] and merged["state"].keys() == sd["state"].keys()
+    for i, entry in sd["state"].items():
+        assert entry.keys() == merged["state"][i].keys() and all(
+            torch.equal(merged["state"][i][k], v) for k, v in entry.items()
+        )
+    exact = merged["ida"].pop("exact_params")
+    want = dict(sd["ida"])
+    assert exact.keys() == want.pop("exact_params").keys() and merged["ida"] == want
+    opt2 = build_optimizer(m, OptimConfig(name="lion", lr=1e-4, weight_decay=0.1), prec)
+    opt2.load_state_dict({**merged, "ida": {**merged["ida"], "exact_params": exact}})
+    assert all(torch.equal(opt2.state[p]["momentum"], opt.state[p]["momentum"]) for p in opt.state)
+    with pytest.raises(ValueError, match="disagree on \\['sr_step'\\]"):
+        merge_stage_states([parts[0], parts[1] | {"ida": {**parts[1]["ida"], "sr_step": 7}}])
+    with pytest.raises(ValueError, match="no state for \\['other.weight'\\]"):
+        select_state(sd, [["other.weight"], []])
+    # older ida: the stages' states side by side, each picked by its exact set of names
+    old = copy.deepcopy(sd)
+    del old["ida"]["param_order"]
+    opt3 = build_optimizer(m, OptimConfig(name="lion", lr=1e-4, weight_decay=0.1), prec)
+    opt3.load_state_dict({PIPELINE_STATES_KEY: [parts[0], old]})
+    assert torch.equal(opt3.state[m.q_proj.weight]["compensation"], opt.state[m.q_proj.weight]["compensation"])
+    with pytest.raises(ValueError, match="an older ida wrote this checkpoint"):
+        opt3.load_state_dict({PIPELINE_STATES_KEY: [parts[0], parts[1]]})
 
 
 def test_nvfp4_modules_lists_replaced_layers() -> None:

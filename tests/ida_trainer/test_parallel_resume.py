@@ -1,10 +1,16 @@
-"""FSDP2 runs resume (``torchrun --nproc-per-node 2 -m ida_trainer --data-parallel fsdp``, gloo on the CPU).
+"""Parallel runs resume, with any number of processes (``torchrun --nproc-per-node 2 -m ida_trainer``, gloo on
+the CPU).
 
-A checkpoint of an FSDP run holds the full optimizer state, laid out as a single-process run's
-(ida_trainer.sharded): killed with SIGKILL and resumed with ``--resume``, the run's loss records and last
-checkpoint equal the unkilled run's bit for bit; the same checkpoint resumes in one process too (the loss
-goes on to float32 rounding: the gradients are summed in another order). A checkpoint whose optimizer
+FSDP2 (``--data-parallel fsdp``): a checkpoint holds the full optimizer state, laid out as a single-process
+run's (ida_trainer.sharded): killed with SIGKILL and resumed with ``--resume``, the run's loss records and
+last checkpoint equal the unkilled run's bit for bit; the same checkpoint resumes in one process too (the
+loss goes on to float32 rounding: the gradients are summed in another order). A checkpoint whose optimizer
 state holds one rank's shard (FSDP runs of an older ida wrote those) is refused in one line.
+
+Pipeline (``--pipeline-stages 2``): the stages' optimizer states are merged into a single-process run's
+(ida_trainer.precision.merge_stage_states), and a pipelined run computes what one process computes, bit for
+bit; so a pipelined checkpoint resumes in one process, and a single-process one with two stages, and both
+go on exactly as the run that was not interrupted.
 """
 
 from __future__ import annotations
@@ -16,32 +22,37 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from ida_trainer.checkpoint import OPTIM_FILE, latest_checkpoint, load_checkpoint
+from ida_trainer.checkpoint import OPTIM_FILE, latest_checkpoint, load_checkpoint, read_model_tensors
 from ida_trainer.logs import read_mllog, read_train_log
 from ida_trainer.sharded import holds_shards
+from mxfp8_codec import MXFP8Tensor
 from tests.torchrun import ROOT, free_port, torchrun_cmd, torchrun_env
 
 pytestmark = pytest.mark.slow  # torchrun launches
 
 STEPS = 6
-ARGS = [
-    *("--recipe", "bf16", "--optim.name", "adamw", "--microbatches", "2", "--steps", str(STEPS)),
+RUN = [  # a checkpoint every 2 steps, all kept; no export, no eval
     *("--checkpoint.every", "2", "--checkpoint.keep", "3", "--checkpoint.export", "false"),
     *("--eval.final", "false", "--train.progress", "false", "--train.log_every", "1"),
 ]
+ARGS = ["--recipe", "bf16", "--optim.name", "adamw", "--microbatches", "2", "--steps", str(STEPS), *RUN]
 FSDP = ["--data-parallel", "fsdp"]
+ONE_PROCESS = [sys.executable, "-m", "ida_trainer"]
+
+
+def _run(cmd: list[str], out: Path, *args: str, kill_at: str = "") -> subprocess.CompletedProcess[str]:
+    env = torchrun_env(OMP_NUM_THREADS="1", IDA_KILL_AT=kill_at)  # one thread: the same float sums every run
+    return subprocess.run(
+        [*cmd, "--out", str(out), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
 
 
 def _train(out: Path, *extra: str, processes: int = 2, kill_at: str = "") -> subprocess.CompletedProcess[str]:
-    args = ["--out", str(out), *ARGS, *extra]
-    cmd = (
-        torchrun_cmd(processes, "ida_trainer", *FSDP, *args)
-        if processes > 1
-        else [sys.executable, "-m", "ida_trainer", *args]
-    )
-    env = torchrun_env(OMP_NUM_THREADS="1", IDA_KILL_AT=kill_at)  # one thread: the same float sums every run
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    """The FSDP run of ARGS (``processes=1``: the same in one process)."""
+    cmd = torchrun_cmd(processes, "ida_trainer", *FSDP) if processes > 1 else ONE_PROCESS
+    return _run(cmd, out, *ARGS, *extra, kill_at=kill_at)
 
 
 def _records(out: Path) -> list[tuple[int, float, float, float]]:
@@ -124,3 +135,28 @@ def test_a_checkpoint_holding_one_ranks_shard_is_refused_in_one_line(reference: 
     errors = [line for line in res.stderr.splitlines() if line.startswith("ida_trainer: error:")]
     assert len(errors) == 1 and "holds one process's shard" in errors[0] and f"--base {ckpt}" in errors[0], res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_pipelined_and_single_process_checkpoints_resume_each_other_bit_for_bit(tmp_path: Path) -> None:
+    args = ["--microbatches", "2", "--steps", "4", *RUN]  # the nvfp4 demo
+    pipeline = torchrun_cmd(2, "ida_trainer", "--pipeline-stages", "2")
+    runs = {"pipeline": tmp_path / "pipeline", "single": tmp_path / "single"}
+    for name, cmd in (("pipeline", pipeline), ("single", ONE_PROCESS)):
+        res = _run(cmd, runs[name], *args)
+        assert res.returncode == 0, res.stderr[-3000:]
+    assert _records(runs["pipeline"]) == _records(runs["single"])  # the same computation, bit for bit
+    last = Path("checkpoints") / "ckpt-000004" / "model.safetensors"
+    for src, cmd in (("pipeline", ONE_PROCESS), ("single", pipeline)):  # each resumed by the other
+        out = tmp_path / f"{src}-resumed"
+        shutil.copytree(runs[src], out)
+        shutil.rmtree(out / last.parent)
+        res = _run(cmd, out, *args, "--resume")
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert f"resumed from {out / 'checkpoints' / 'ckpt-000002'}" in res.stdout
+        assert _records(out) == _records(runs[src]), src
+        # the same tensors, bit for bit (the files' headers differ: the config digest names the parallelism)
+        got, want = read_model_tensors(out / last), read_model_tensors(runs[src] / last)
+        assert got.keys() == want.keys()
+        for name, t in want.items():
+            parts = zip(got[name], t, strict=True) if isinstance(t, MXFP8Tensor) else [(got[name], t)]
+            assert all(torch.equal(torch.as_tensor(a), torch.as_tensor(b)) for a, b in parts), (src, name)
