@@ -50,6 +50,7 @@ LONGEST_FIRST = (
     "tests/ida_eval/test_execute.py",
     "tests/ida_eval/test_mbxp_e2e.py",
     "tests/ida_trainer/test_kill.py",
+    "tests/ida_trainer/test_parallel_resume.py",
 )
 
 
