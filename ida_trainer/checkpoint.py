@@ -35,6 +35,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import pickle
 import random
 import shutil
 from collections.abc import Callable, Mapping
@@ -62,13 +63,39 @@ def checkpoint_name(step: int) -> str:
     return f"{CKPT_PREFIX}{step:06d}"
 
 
+def damaged(path: Path, name: str, why: object) -> ValueError:
+    """The error for a checkpoint file that cannot be read: names it, says why and what to do."""
+    text = str(why).strip()
+    reason = text.splitlines()[0].split(". ")[0].rstrip(".") if text else type(why).__name__  # the first sentence
+    return ValueError(
+        f"{path / name} is damaged ({reason}); move {path.name} out of {path.parent} to resume from the "
+        "checkpoint before it"
+    )
+
+
+def read_trainer_state(path: str | Path) -> dict[str, Any]:
+    """A checkpoint's ``trainer_state.json``.
+
+    Raises:
+        ValueError: the file is not a JSON object (:func:`damaged`).
+    """
+    path = Path(path)
+    try:
+        state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise damaged(path, STATE_FILE, exc) from exc
+    if not isinstance(state, dict):
+        raise damaged(path, STATE_FILE, f"a JSON {type(state).__name__}, not an object")
+    return state
+
+
 def checkpoint_run_id(path: str | Path) -> str | None:
     """The run id recorded in a checkpoint's ``trainer_state.json`` (None: none recorded or unreadable)."""
     try:
-        state = json.loads((Path(path) / STATE_FILE).read_text(encoding="utf-8"))
+        state = read_trainer_state(path)
     except (OSError, ValueError):
         return None
-    run_id = state.get("run_id") if isinstance(state, dict) else None
+    run_id = state.get("run_id")
     return run_id if isinstance(run_id, str) else None
 
 
@@ -269,17 +296,20 @@ def load_checkpoint(path: str | Path) -> LoadedCheckpoint:
     """Read a checkpoint directory written by :func:`save_checkpoint`.
 
     Raises:
-        ValueError: the directory is incomplete (names the missing file).
+        ValueError: the directory is incomplete (names the missing file) or a file is damaged (names it).
     """
     path = Path(path)
     for name in (MODEL_FILE, OPTIM_FILE, STATE_FILE):
         if not (path / name).is_file():
             raise ValueError(f"checkpoint {path} is incomplete: {name} is missing")
-    tensors = read_model_tensors(path / MODEL_FILE)
-    # mapped, not read: the ranks of a resumed FSDP run each load the whole file and keep their shards; its
-    # pages are then shared in the page cache instead of one private copy per rank (48 GB for a 4B AdamW state)
-    optimizer_state = torch.load(path / OPTIM_FILE, map_location="cpu", weights_only=False, mmap=True)
-    trainer_state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+    trainer_state = read_trainer_state(path)
+    tensors = read_model_tensors(path / MODEL_FILE)  # the codec's reader names a damaged file itself
+    try:
+        # mapped, not read: the ranks of a resumed FSDP run each load the whole file and keep their shards;
+        # its pages are shared in the page cache instead of one private copy per rank (48 GB: a 4B AdamW state)
+        optimizer_state = torch.load(path / OPTIM_FILE, map_location="cpu", weights_only=False, mmap=True)
+    except (RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:  # zip, pickle, storage errors
+        raise damaged(path, OPTIM_FILE, exc) from exc
     return LoadedCheckpoint(path, tensors, optimizer_state, trainer_state)
 
 

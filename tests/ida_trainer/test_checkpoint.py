@@ -201,6 +201,11 @@ def test_incomplete_checkpoint_is_named(tok, tmp_path):
     with pytest.raises(ValueError, match="optimizer.pt is missing"):
         ckpt.load_checkpoint(path)
     assert ckpt.list_checkpoints(tmp_path / "ck") != []  # model + state still present: listed, load explains
+    path = _save(tmp_path / "ck", 2, model, opt, tok)
+    (path / "trainer_state.json").write_text("[]")
+    with pytest.raises(ValueError, match=r"trainer_state.json is damaged \(a JSON list, not an object\)"):
+        ckpt.load_checkpoint(path)
+    assert ckpt.checkpoint_run_id(path) is None  # pruning never takes it for the run's own
 
 
 def test_export_renames_header_only_with_sha256_proof(tok, tmp_path):

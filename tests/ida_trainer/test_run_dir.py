@@ -115,6 +115,24 @@ def test_resume_refuses_checkpoints_of_two_runs(old_run, tmp_path):
         _run(out, 5, "--resume")
 
 
+def test_a_damaged_checkpoint_is_named_not_taken_for_another_run(old_run, tmp_path):
+    """A torn trainer_state.json used to read as "checkpoints of 2 different runs", a torn optimizer.pt as an
+    internal error: each is now one line naming the file and the way on (resume from the checkpoint before)."""
+    for name, damage in (("trainer_state.json", b'{"step": 4,'), ("optimizer.pt", None)):
+        out = tmp_path / name / "run"
+        shutil.copytree(old_run, out)
+        f = out / "checkpoints" / "ckpt-000004" / name
+        if damage is None:
+            with f.open("r+b") as fh:
+                fh.truncate(1000)
+        else:
+            f.write_bytes(damage)
+        with pytest.raises(ValueError, match=rf"ckpt-000004/{name} is damaged \(.+\); move ckpt-000004 out of"):
+            _run(out, 6, "--resume")
+        shutil.move(out / "checkpoints" / "ckpt-000004", tmp_path / name / "aside")  # what the line says
+        assert _run(out, 6, "--resume")["resumed_from"].endswith("ckpt-000003")
+
+
 def test_the_demo_replaces_its_own_previous_output_and_says_so(tmp_path, monkeypatch, capsys):
     """A newcomer runs the demo twice: the second run replaces the first demo's runs/demo, in one line."""
     monkeypatch.chdir(tmp_path)
