@@ -75,13 +75,20 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def config_digest(cfg: JobConfig) -> str:
-    """sha256 of the config's TOML form minus run-control fields (resume, overwrite, out): identifies the run."""
+def config_digest(cfg: JobConfig, *, any_stages: bool = False) -> str:
+    """sha256 of the config's TOML form minus run-control fields (resume, overwrite, out): identifies the run.
+
+    ``any_stages``: also without ``parallel.pipeline_stages``, which does not change a bit of what is computed
+    (a pipelined run computes what one process computes: tests/ida_trainer/test_parallel_resume.py), so a
+    resume with another number of stages continues the run exactly.
+    """
     d = to_dict(cfg)
     d.pop("out")
     d["checkpoint"].pop("resume")
     d["checkpoint"].pop("overwrite")
     d["train"].pop("progress")
+    if any_stages:
+        d["parallel"].pop("pipeline_stages")
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
 
@@ -289,7 +296,12 @@ class Trainer:
                 f"--base {path}"
             )
         state = loaded.trainer_state
-        if state.get("config_digest") != config_digest(self.cfg):
+        exact = (  # checkpoints of an older ida record only the full digest
+            state["computation_digest"] == config_digest(self.cfg, any_stages=True)
+            if "computation_digest" in state
+            else state.get("config_digest") == config_digest(self.cfg)
+        )
+        if not exact:
             warnings.warn(
                 f"resuming {path} with a config that differs from the one it was saved with; "
                 "the loss curve will not continue exactly",
@@ -556,6 +568,7 @@ class Trainer:
             "data_cursor": self.batcher.state_dict(),
             "rng": ckpt.rng_state(),
             "config_digest": config_digest(cfg),
+            "computation_digest": config_digest(cfg, any_stages=True),  # what --resume compares
             "evals": self.evals,
             "run_id": self.run_id,
         }
