@@ -10,7 +10,6 @@ every step's ``train_loss`` exactly once.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import subprocess
@@ -20,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from ida_trainer.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
-from ida_trainer.logs import read_mllog, read_train_log
+from ida_trainer.logs import read_mllog
+from tests.ida_trainer.support import loss_records, sha256_of
 
 STEPS = 6
 ARGS = [
@@ -67,14 +67,6 @@ def _train(out: Path, *extra: str, kill_at: str = "") -> subprocess.CompletedPro
     )
 
 
-def _records(out: Path) -> list[tuple[int, float, float, float]]:
-    return [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in read_train_log(out / "train_log.jsonl")]
-
-
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("reference") / "run"
@@ -98,15 +90,17 @@ def test_killed_then_resumed_equals_the_unkilled_run(reference, tmp_path, kill_a
     newest = latest_checkpoint(out / "checkpoints")
     assert newest is not None and newest.name == f"ckpt-{last_complete:06d}"
     load_checkpoint(newest)  # intact and loadable ...
-    assert _sha(newest / "model.safetensors") == _sha(reference / "checkpoints" / newest.name / "model.safetensors")
+    assert sha256_of(newest / "model.safetensors") == sha256_of(
+        reference / "checkpoints" / newest.name / "model.safetensors"
+    )
     if kill_at.startswith("train_log"):
         assert not (out / "train_log.jsonl").read_bytes().endswith(b"\n")  # the torn line is really there
     resumed = _train(out, "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed from {newest}" in resumed.stdout
-    assert _records(out) == _records(reference)
+    assert loss_records(out) == loss_records(reference)
     last = f"ckpt-{STEPS:06d}"
-    assert _sha(out / "checkpoints" / last / "model.safetensors") == _sha(
+    assert sha256_of(out / "checkpoints" / last / "model.safetensors") == sha256_of(
         reference / "checkpoints" / last / "model.safetensors"
     )
     assert [s for s, _ in list_checkpoints(out / "checkpoints")] == [2, 4, 6]
@@ -129,4 +123,4 @@ def test_an_overwrite_killed_midway_leaves_nothing_stuck(reference, tmp_path):
     rerun = _train(out)
     assert rerun.returncode == 0, rerun.stderr
     assert not list(tmp_path.glob(".run.overwritten-*.tmp"))
-    assert _records(out) == _records(reference)
+    assert loss_records(out) == loss_records(reference)

@@ -15,7 +15,6 @@ go on exactly as the run that was not interrupted.
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import subprocess
 import sys
@@ -25,9 +24,10 @@ import pytest
 import torch
 
 from ida_trainer.checkpoint import OPTIM_FILE, latest_checkpoint, load_checkpoint, read_model_tensors
-from ida_trainer.logs import read_mllog, read_train_log
+from ida_trainer.logs import read_mllog
 from ida_trainer.sharded import holds_shards
 from mxfp8_codec import MXFP8Tensor
+from tests.ida_trainer.support import loss_records, sha256_of
 from tests.torchrun import ROOT, free_port, torchrun_cmd, torchrun_env
 
 pytestmark = pytest.mark.slow  # torchrun launches
@@ -55,14 +55,6 @@ def _train(out: Path, *extra: str, processes: int = 2, kill_at: str = "") -> sub
     return _run(cmd, out, *ARGS, *extra, kill_at=kill_at)
 
 
-def _records(out: Path) -> list[tuple[int, float, float, float]]:
-    return [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in read_train_log(out / "train_log.jsonl")]
-
-
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("fsdp_reference") / "run"
@@ -87,9 +79,9 @@ def test_a_killed_fsdp_run_resumes_bit_for_bit_also_in_one_process(reference: Pa
     resumed = _train(out, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {newest}" in resumed.stdout
-    assert _records(out) == _records(reference)
+    assert loss_records(out) == loss_records(reference)
     last = f"ckpt-{STEPS:06d}"
-    assert _sha(out / "checkpoints" / last / "model.safetensors") == _sha(
+    assert sha256_of(out / "checkpoints" / last / "model.safetensors") == sha256_of(
         reference / "checkpoints" / last / "model.safetensors"
     )
     losses = [r["metadata"]["step_num"] for r in read_mllog(out / "mlperf_log.txt") if r["key"] == "train_loss"]
@@ -100,7 +92,7 @@ def test_a_killed_fsdp_run_resumes_bit_for_bit_also_in_one_process(reference: Pa
     alone = _train(single, "--resume", processes=1)
     assert alone.returncode == 0, alone.stderr[-3000:]
     assert "config that differs" in alone.stderr
-    got, ref = _records(single), _records(reference)
+    got, ref = loss_records(single), loss_records(reference)
     assert got[:4] == ref[:4] and [r[0] for r in got] == list(range(1, STEPS + 1))
     for g, r in zip(got[4:], ref[4:], strict=True):
         assert g[1:] == pytest.approx(r[1:], rel=2e-3)
@@ -144,7 +136,7 @@ def test_pipelined_and_single_process_checkpoints_resume_each_other_bit_for_bit(
     for name, cmd in (("pipeline", pipeline), ("single", ONE_PROCESS)):
         res = _run(cmd, runs[name], *args)
         assert res.returncode == 0, res.stderr[-3000:]
-    assert _records(runs["pipeline"]) == _records(runs["single"])  # the same computation, bit for bit
+    assert loss_records(runs["pipeline"]) == loss_records(runs["single"])  # the same computation, bit for bit
     last = Path("checkpoints") / "ckpt-000004" / "model.safetensors"
     for src, cmd in (("pipeline", ONE_PROCESS), ("single", pipeline)):  # each resumed by the other
         out = tmp_path / f"{src}-resumed"
@@ -154,7 +146,7 @@ def test_pipelined_and_single_process_checkpoints_resume_each_other_bit_for_bit(
         assert res.returncode == 0, res.stderr[-3000:]
         assert f"resumed from {out / 'checkpoints' / 'ckpt-000002'}" in res.stdout
         assert "config that differs" not in res.stderr  # another number of stages computes the same
-        assert _records(out) == _records(runs[src]), src
+        assert loss_records(out) == loss_records(runs[src]), src
         # the same tensors, bit for bit (the files' headers differ: the config digest names the parallelism)
         got, want = read_model_tensors(out / last), read_model_tensors(runs[src] / last)
         assert got.keys() == want.keys()

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from ida_trainer.cli import parse_args
-from ida_trainer.logs import read_train_log
 from ida_trainer.trainer import run
+from tests.ida_trainer.support import loss_records
 
 STEPS = 10
 ARGS = [
@@ -60,10 +60,6 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _steps(path: Path) -> list[tuple[int, float, float, float]]:
-    return [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in read_train_log(path / "train_log.jsonl")]
-
-
 @pytest.mark.slow
 def test_sigkill_then_resume_reproduces_the_loss_curve(tmp_path):
     full, killed = tmp_path / "full", tmp_path / "killed"
@@ -76,7 +72,7 @@ def test_sigkill_then_resume_reproduces_the_loss_curve(tmp_path):
         time.sleep(0.01)
     victim.send_signal(signal.SIGKILL)
     assert victim.wait() == -signal.SIGKILL
-    done_before_kill = [s for s, *_ in _steps(killed)]
+    done_before_kill = [s for s, *_ in loss_records(killed)]
     assert done_before_kill and max(done_before_kill) < STEPS
     _, err = ref.communicate(timeout=300)
     assert ref.returncode == 0, err
@@ -85,8 +81,8 @@ def test_sigkill_then_resume_reproduces_the_loss_curve(tmp_path):
     )
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from" in resumed.stdout
-    assert _steps(killed) == _steps(full)  # every step's loss, grad norm and lr, exactly
-    assert [s for s, *_ in _steps(full)] == list(range(1, STEPS + 1))
+    assert loss_records(killed) == loss_records(full)  # every step's loss, grad norm and lr, exactly
+    assert [s for s, *_ in loss_records(full)] == list(range(1, STEPS + 1))
     last = f"checkpoints/ckpt-{STEPS:06d}"
     for name in ("model.safetensors",):
         assert (killed / last / name).read_bytes() == (full / last / name).read_bytes()
@@ -129,7 +125,7 @@ def test_bf16_recipe_resume_is_exact_in_process(tmp_path):
         f.write(json.dumps({"step": 5, "loss": 0.0}) + "\n")  # a record the resumed run must drop
     report = run(parse_args([*common, "--out", str(tmp_path / "b"), "--resume"]))
     assert report["resumed_from"].endswith("ckpt-000002")
-    assert _steps(tmp_path / "b") == _steps(tmp_path / "a")
+    assert loss_records(tmp_path / "b") == loss_records(tmp_path / "a")
     a = (tmp_path / "a" / "checkpoints" / "ckpt-000004" / "model.safetensors").read_bytes()
     b = (tmp_path / "b" / "checkpoints" / "ckpt-000004" / "model.safetensors").read_bytes()
     assert a == b
