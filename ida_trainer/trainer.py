@@ -64,8 +64,9 @@ from ida_trainer.special_tokens import (
 
 DEMO_NOTE = (
     "NOTE: the demo shows that every stage of the pipeline runs end to end (tokenizer training, NVFP4 "
-    "compute with an MXFP8 master, atomic MXFP8 checkpoint, header-only export, sandboxed MBXP-style "
-    "execution). A tiny model memorising 48 functions it was trained on says nothing about model quality."
+    "compute with an MXFP8 master unless --recipe bf16, atomic MXFP8 checkpoint, header-only export, "
+    "sandboxed MBXP-style execution). A tiny model memorising 48 functions it was trained on says nothing "
+    "about model quality."
 )
 
 
