@@ -400,10 +400,13 @@ def select_state(state_dict: Mapping[str, Any], groups: Sequence[Sequence[str]])
     """
     index = {n: i for i, n in enumerate(state_dict["ida"]["param_order"])}
     missing = [n for g in groups for n in g if n not in index]
-    if missing or len(groups) != len(state_dict["param_groups"]):
+    if missing:
         raise ValueError(
-            f"optimizer state: the checkpoint holds no state for {missing[:8]} or other parameter groups "
-            f"({len(state_dict['param_groups'])} there, {len(groups)} here): a checkpoint of another model?"
+            f"optimizer state: the checkpoint holds no state for {missing[:8]}: a checkpoint of another model?"
+        )
+    if len(groups) != len(state_dict["param_groups"]):
+        raise ValueError(
+            f"optimizer state: {len(state_dict['param_groups'])} parameter groups in the checkpoint, {len(groups)} here"
         )
     state: dict[int, Any] = {}
     out_groups = []
@@ -421,9 +424,10 @@ def select_state(state_dict: Mapping[str, Any], groups: Sequence[Sequence[str]])
             k += 1
         out_groups.append({**{key: v for key, v in saved.items() if key != "params"}, "params": ids})
     mine = [n for g in groups for n in g]
+    names = set(mine)
     extra = dict(state_dict["ida"])
     extra.update(
-        exact_params={n: t for n, t in extra["exact_params"].items() if n in set(mine)},
+        exact_params={n: t for n, t in extra["exact_params"].items() if n in names},
         param_names=sorted(mine),
         param_order=mine,
     )
