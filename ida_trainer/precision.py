@@ -57,7 +57,7 @@ import torch.nn as nn
 
 import nvfp4_cuda
 from ida_trainer.nvfp4_linear import NVFP4_BLOCK, NVFP4Linear, NVFP4LinearFunction, nvfp4_modules, tensor_id
-from ida_trainer.sharded import shard_like, shard_optimizer_state
+from ida_trainer.sharded import gather_full_state, shard_like, shard_optimizer_state
 from mxfp8_codec import PROJECTION_NAMES, CheckpointLayout, MXFP8Tensor, decode_mxfp8, is_projection_weight
 
 if TYPE_CHECKING:
@@ -187,14 +187,16 @@ def _owned_entries(model: nn.Module) -> set[str]:
     return owned
 
 
-def export_state(model: nn.Module) -> dict[str, MXFP8Tensor | torch.Tensor]:
+def export_state(model: nn.Module, *, keep: bool = True) -> dict[str, MXFP8Tensor | torch.Tensor]:
     """The model's weights for a checkpoint, under transformers names.
 
     NVFP4 masters are returned as :class:`mxfp8_codec.MXFP8Tensor` (the live payload/scale bytes, stored
     byte for byte by the writer); other projection weights (bf16 recipe, kept-BF16 layers) as float
     tensors transposed to the native ``[in, out]`` orientation (the writer quantizes them); everything
     else (embeddings, norms, lm_head, biases, persistent buffers) as is.  Tensors are detached views,
-    not copies: write them before the next optimizer step.
+    not copies: write them before the next optimizer step.  FSDP2 shards are gathered into full tensors
+    on the CPU (a collective: every rank calls it; :func:`ida_trainer.sharded.gather_full_state`);
+    ``keep=False``, on the ranks that write nothing, gathers and keeps nothing (returns an empty dict).
 
     Example:
         >>> import torch.nn as nn
@@ -209,10 +211,10 @@ def export_state(model: nn.Module) -> dict[str, MXFP8Tensor | torch.Tensor]:
     for key, t in model.state_dict(keep_vars=False).items():
         if key in owned or key in out:
             continue
-        if hasattr(t, "full_tensor"):  # FSDP2 DTensor shard: gather (a collective: call on every rank), then
-            t = t.full_tensor().cpu()  # to the CPU, where the writer wants it: one full tensor on the device at a time
-        out[key] = EXPORT_LAYOUT.from_transformers(key, t.detach())
-    return out
+        t = gather_full_state(t.detach(), keep=keep)  # an FSDP2 shard: the full tensor, on the CPU
+        if keep:
+            out[key] = EXPORT_LAYOUT.from_transformers(key, t)
+    return out if keep else {}
 
 
 def _as_float(value: MXFP8Tensor | torch.Tensor, name: str) -> torch.Tensor:

@@ -548,7 +548,7 @@ class Trainer:
 
         cfg = self.cfg
         gather = getattr(self.engine, "gather_state", None)
-        tensors = gather() if gather is not None else export_state(self.model)
+        tensors = gather() if gather is not None else export_state(self.model, keep=self.is_main)
         optimizer_state = self._optimizer_state()
         if not self.is_main:
             return None
