@@ -253,6 +253,8 @@ def fsdp_worker(rank: int, port: int, out: str) -> None:
         state = export_state(m)  # gathers full tensors: every rank calls it
         full = copy.deepcopy(gather_full_state(opt.state_dict(), keep=rank == 0))  # a checkpoint's (a copy: the
         # scalar `step` tensors are the optimizer's own, and more steps follow below)
+        kept = export_state(m, keep=rank == 0)  # what the trainer's save does: the writing rank keeps the weights
+        assert (full is None and kept == {}) if rank else (full is not None and kept.keys() == state.keys())
         # a checkpoint's round trip: a fresh sharded model and optimizer loaded from the full states
         m2 = tiny_model("bf16", vocab=FSDP_VOCAB)
         apply_fsdp(m2, info)
