@@ -10,7 +10,8 @@ Layout of ``<out>/checkpoints/ckpt-000120/``:
 - ``optimizer.pt``: ``optimizer.state_dict()`` (momenta, SR step counter, exact copies of whatever the
   safetensors file cannot hold bit-exactly, e.g. the bf16 recipe's FP32 masters); full tensors also for an
   FSDP2 run (:func:`ida_trainer.sharded.gather_full_state`), so the file does not depend on the process count.
-- ``trainer_state.json``: step, data cursor, RNG states (torch CPU/CUDA, python), config digest.
+- ``trainer_state.json``: step, data cursor, RNG states (torch CPU/CUDA, python), config digest (and the
+  digest without the pipeline stage count, which ``--resume`` compares).
 
 Atomicity: the directory is written by :func:`ida_common.files.atomic_directory` (the one place the
 project makes durable directories): into a hidden, locked ``.ckpt-000120.XXXXXXXX.tmp/``, every file
