@@ -49,6 +49,7 @@ import torch
 
 from ida_common.files import atomic_directory, atomic_write_text, sweep_stale, temp_owner
 from ida_common.killpoint import kill_point
+from ida_trainer.sharded import holds_shards
 
 CKPT_PREFIX = "ckpt-"
 TMP_SUFFIX = ".tmp"  # every temporary (ours: ida_common.files.temp_pattern) and those of older versions
@@ -64,13 +65,16 @@ def checkpoint_name(step: int) -> str:
     return f"{CKPT_PREFIX}{step:06d}"
 
 
+def _first_sentence(why: object) -> str:
+    text = str(why).strip()
+    return text.splitlines()[0].split(". ")[0].rstrip(".") if text else type(why).__name__
+
+
 def damaged(path: Path, name: str, why: object) -> ValueError:
     """The error for a checkpoint file that cannot be read: names it, says why and what to do."""
-    text = str(why).strip()
-    reason = text.splitlines()[0].split(". ")[0].rstrip(".") if text else type(why).__name__  # the first sentence
     return ValueError(
-        f"{path / name} is damaged ({reason}); move {path.name} out of {path.parent} to resume from the "
-        "checkpoint before it"
+        f"{path / name} is damaged ({_first_sentence(why)}); move {path.name} out of {path.parent} to resume from "
+        "the checkpoint before it"
     )
 
 
@@ -306,11 +310,23 @@ def load_checkpoint(path: str | Path) -> LoadedCheckpoint:
     trainer_state = read_trainer_state(path)
     tensors = read_model_tensors(path / MODEL_FILE)  # the codec's reader names a damaged file itself
     try:
-        # mapped, not read: the ranks of a resumed FSDP run each load the whole file and keep their shards;
-        # its pages are shared in the page cache instead of one private copy per rank (48 GB: a 4B AdamW state)
-        optimizer_state = torch.load(path / OPTIM_FILE, map_location="cpu", weights_only=False, mmap=True)
-    except (RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:  # zip, pickle, storage errors
+        # tensors, numbers, strings and containers only (torch's weights-only unpickler: no code runs from the
+        # file); mapped, not read: the ranks of a resumed FSDP run each load the whole file and keep their
+        # shards, and its pages are shared in the page cache instead of one private copy per rank (48 GB: a 4B
+        # AdamW state)
+        optimizer_state = torch.load(path / OPTIM_FILE, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as exc:  # an object the weights-only unpickler does not construct
+        raise ValueError(
+            f"{path / OPTIM_FILE} holds objects other than tensors, numbers and strings ({_first_sentence(exc)}): "
+            "ida never writes such a file and runs no code from one"
+        ) from exc
+    except (RuntimeError, EOFError, ValueError) as exc:  # zip and storage errors: a torn or damaged file
         raise damaged(path, OPTIM_FILE, exc) from exc
+    if holds_shards(optimizer_state):  # torch's weights-only unpickler accepts DTensors
+        raise ValueError(
+            f"cannot resume from {path}: its {OPTIM_FILE} holds one process's shard of the optimizer state (an "
+            f"FSDP run of an older ida wrote it). Start a new run from its weights: --base {path}"
+        )
     return LoadedCheckpoint(path, tensors, optimizer_state, trainer_state)
 
 

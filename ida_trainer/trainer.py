@@ -55,7 +55,7 @@ from ida_trainer.engine import (
 )
 from ida_trainer.logs import RunLogger, peak_memory_gib
 from ida_trainer.rundir import new_run_id, prepare_run_dir
-from ida_trainer.sharded import gather_full_state, holds_shards
+from ida_trainer.sharded import gather_full_state
 from ida_trainer.special_tokens import (
     UntrainedReport,
     fix_untrained_tokens,
@@ -290,12 +290,6 @@ class Trainer:
         from ida_trainer.precision import load_state
 
         loaded = ckpt.load_checkpoint(path)
-        if holds_shards(loaded.optimizer_state):
-            raise ValueError(
-                f"cannot resume from {path}: its {ckpt.OPTIM_FILE} holds one process's shard of the optimizer "
-                "state (an FSDP run of an older ida wrote it). Start a new run from its weights: "
-                f"--base {path}"
-            )
         state = loaded.trainer_state
         exact = (  # checkpoints of an older ida record only the full digest
             state["computation_digest"] == config_digest(self.cfg, any_stages=True)

@@ -208,6 +208,25 @@ def test_incomplete_checkpoint_is_named(tok, tmp_path):
     assert ckpt.checkpoint_run_id(path) is None  # pruning never takes it for the run's own
 
 
+class _Payload:
+    """What a hostile optimizer.pt could hold: unpickling it would run os.system."""
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("touch ran",))
+
+
+def test_an_optimizer_state_is_read_without_running_code_from_the_file(tok, tmp_path, monkeypatch):
+    model, opt = _trained(tok, recipe="bf16")
+    path = _save(tmp_path / "ck", 1, model, opt, tok)
+    torch.save({"state": {}, "param_groups": [], "ida": _Payload()}, path / "optimizer.pt")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"optimizer.pt holds objects other than tensors.*runs no code from one"):
+        ckpt.load_checkpoint(path)
+    assert not (tmp_path / "ran").exists()
+
+
 def test_export_renames_header_only_with_sha256_proof(tok, tmp_path):
     from mxfp8_codec import open_mxfp8
 
