@@ -70,7 +70,7 @@ def _first_sentence(why: object) -> str:
     return text.splitlines()[0].split(". ")[0].rstrip(".") if text else type(why).__name__
 
 
-def damaged(path: Path, name: str, why: object) -> ValueError:
+def _damaged(path: Path, name: str, why: object) -> ValueError:
     """The error for a checkpoint file that cannot be read: names it, says why and what to do."""
     return ValueError(
         f"{path / name} is damaged ({_first_sentence(why)}); move {path.name} out of {path.parent} to resume from "
@@ -82,15 +82,15 @@ def read_trainer_state(path: str | Path) -> dict[str, Any]:
     """A checkpoint's ``trainer_state.json``.
 
     Raises:
-        ValueError: the file is not a JSON object (:func:`damaged`).
+        ValueError: the file is not a JSON object (:func:`_damaged`).
     """
     path = Path(path)
     try:
         state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise damaged(path, STATE_FILE, exc) from exc
+        raise _damaged(path, STATE_FILE, exc) from exc
     if not isinstance(state, dict):
-        raise damaged(path, STATE_FILE, f"a JSON {type(state).__name__}, not an object")
+        raise _damaged(path, STATE_FILE, f"a JSON {type(state).__name__}, not an object")
     return state
 
 
@@ -321,7 +321,7 @@ def load_checkpoint(path: str | Path) -> LoadedCheckpoint:
             "ida never writes such a file and runs no code from one"
         ) from exc
     except (RuntimeError, EOFError, ValueError) as exc:  # zip and storage errors: a torn or damaged file
-        raise damaged(path, OPTIM_FILE, exc) from exc
+        raise _damaged(path, OPTIM_FILE, exc) from exc
     if holds_shards(optimizer_state):  # torch's weights-only unpickler accepts DTensors
         raise ValueError(
             f"cannot resume from {path}: its {OPTIM_FILE} holds one process's shard of the optimizer state (an "

@@ -586,9 +586,8 @@ class Trainer:
         if gather is not None:
             return gather(self.optimizer)
         assert self.optimizer is not None
-        if self._dp_size > 1:  # FSDP2 shards -> the full state of a single-process run (every rank gathers)
-            return gather_full_state(self.optimizer.state_dict(), keep=self.is_main)
-        return self.optimizer.state_dict()
+        # FSDP2 shards -> the full state of a single-process run (every rank gathers); else as it is
+        return gather_full_state(self.optimizer.state_dict(), keep=self.is_main)
 
     def _problems_path(self) -> Path:
         from ida_trainer.demo import problems_path
