@@ -33,7 +33,6 @@ every float sum runs in the same order). Results with the command and load go to
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import random
@@ -48,6 +47,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from ida_common.checksums import file_sha256  # after the path set-up
 
 TRAIN_STEPS = 4
 TRAIN_ARGS = [
@@ -82,14 +83,6 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _is_temp(rel: str) -> bool:
     name = rel.rsplit("/", 1)[-1]
     return name.endswith((".tmp", ".tmp.png")) or ".tmp/" in rel + "/" or name.startswith(".")
@@ -99,7 +92,7 @@ def _files(root: Path) -> dict[str, str]:
     """Relative path -> sha256 of every file under ``root`` (temporaries included)."""
     if not root.exists():
         return {}
-    return {str(p.relative_to(root)): _sha(p) for p in sorted(root.rglob("*")) if p.is_file()}
+    return {str(p.relative_to(root)): file_sha256(p) for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @dataclass
@@ -256,7 +249,7 @@ class Train:
                 done = proc.poll() is not None
                 for _, path in list_checkpoints(self.ref / "checkpoints"):
                     if path.name not in self.ckpt_sha:
-                        self.ckpt_sha[path.name] = _sha(path / "model.safetensors")
+                        self.ckpt_sha[path.name] = file_sha256(path / "model.safetensors")
                 if done:
                     break
                 time.sleep(0.01)
@@ -270,7 +263,10 @@ class Train:
         self.work_s = (self.ref / "report.json").stat().st_mtime - (self.ref / "config.toml").stat().st_mtime
         self.ref_records = _records(self.ref)
         last = f"ckpt-{TRAIN_STEPS:06d}"
-        self.final_sha = {"checkpoint": self.ckpt_sha[last], "export": _sha(self.ref / "export" / "model.safetensors")}
+        self.final_sha = {
+            "checkpoint": self.ckpt_sha[last],
+            "export": file_sha256(self.ref / "export" / "model.safetensors"),
+        }
 
     def _cmd(self, out: Path, *extra: str) -> list[str]:
         return [sys.executable, "-m", "ida_trainer", "--out", str(out), *TRAIN_ARGS, *extra]
@@ -293,7 +289,7 @@ class Train:
             except Exception as err:  # noqa: BLE001 - any failure to load is a loss
                 why_lost.append(f"{path.name} does not load: {err}")
                 continue
-            if _sha(path / "model.safetensors") != self.ckpt_sha.get(path.name):
+            if file_sha256(path / "model.safetensors") != self.ckpt_sha.get(path.name):
                 why_lost.append(f"{path.name} differs from the reference checkpoint of that step")
         res = _run(self._cmd(out, "--resume"))
         if res.returncode != 0:
@@ -315,9 +311,9 @@ class Train:
             why_lost.append(f"mlperf_log.txt train_loss steps {_mllog_steps(out)}")
         ckpts = list_checkpoints(out / "checkpoints")
         last = out / "checkpoints" / f"ckpt-{TRAIN_STEPS:06d}"
-        if not last.is_dir() or _sha(last / "model.safetensors") != self.final_sha["checkpoint"]:
+        if not last.is_dir() or file_sha256(last / "model.safetensors") != self.final_sha["checkpoint"]:
             why_lost.append("the final checkpoint differs from the reference")
-        if _sha(out / "export" / "model.safetensors") != self.final_sha["export"]:
+        if file_sha256(out / "export" / "model.safetensors") != self.final_sha["export"]:
             why_lost.append("the export differs from the reference")
         if [s for s, _ in ckpts] != [TRAIN_STEPS - 1, TRAIN_STEPS]:
             why_stuck.append(f"checkpoints left: {[p.name for _, p in ckpts]}")
