@@ -21,7 +21,6 @@ a checkpoint for results files (:func:`describe_checkpoint`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import warnings
 from contextlib import contextmanager
@@ -31,12 +30,11 @@ from typing import Any
 
 import torch
 
+from ida_common.checksums import SUMS_FILE, ChecksumError, file_sha256, read_sums, verify_sums
 from mxfp8_codec import WEIGHTS_DTYPE, MXFP8Error, checkpoint_files, open_mxfp8
+from mxfp8_codec.checkpoint import is_side_file
 from mxfp8_codec.hf_load import listed_names
 from mxfp8_codec.layout import file_norm_convention, file_orientation
-
-HASH_CHUNK = 8 << 20  # 8 MiB read size for sha256
-
 
 # load_model(weights=...): decoded once / MXFP8-resident / MXFP8-resident with the fused kernel for few-token forwards
 WEIGHTS_CHOICES: tuple[str, ...] = ("bf16", "mxfp8", "mxfp8-fused")
@@ -244,37 +242,37 @@ def load_model(
     return model, tokenizer
 
 
-def file_sha256(path: str | Path) -> str:
-    """sha256 of a whole file, streamed."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(HASH_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def describe_checkpoint(checkpoint_dir: str | Path, *, hash_files: bool = True) -> dict[str, Any]:
+def describe_checkpoint(checkpoint_dir: str | Path) -> dict[str, Any]:
     """Provenance of a checkpoint for results files: weight files with sha256, format, precision metadata.
+
+    A directory with a ``SHA256SUMS`` (:mod:`ida_common.checksums`: ida_trainer's checkpoints and exports)
+    is checked against it first: the weight files and the side files the model is built from, so a score
+    is the score of the bytes that were written.
 
     Returns:
         ``{"path", "format": "mxfp8"|"plain", "architectures", "files": [{"name", "bytes", "sha256"}],
         "precision": {...metadata of the first file...}}``.
+
+    Raises:
+        CheckpointLoadError: a file differs from its recorded sha256 (a damaged copy), or is missing.
     """
     ckpt = Path(checkpoint_dir)
     files = _weight_files(ckpt)
+    hashed = {f.path.name: file_sha256(f.path) for f in files}
+    try:
+        sums = read_sums(ckpt)
+        if sums is not None:
+            verify_sums(ckpt, [n for n in sums if n in hashed or is_side_file(n)], hashed=hashed)
+    except ChecksumError as exc:
+        raise CheckpointLoadError(
+            f"{exc}; copy the checkpoint again (sha256sum -c {SUMS_FILE} checks a copy)"
+        ) from None
     config = json.loads((ckpt / "config.json").read_text()) if (ckpt / "config.json").is_file() else {}
     return {
         "path": str(ckpt.resolve()),
         "format": "mxfp8" if any(f.mxfp8 for f in files) else "plain",
         "architectures": config.get("architectures"),
-        "files": [
-            {
-                "name": f.path.name,
-                "bytes": f.path.stat().st_size,
-                **({"sha256": file_sha256(f.path)} if hash_files else {}),
-            }
-            for f in files
-        ],
+        "files": [{"name": f.path.name, "bytes": f.path.stat().st_size, "sha256": hashed[f.path.name]} for f in files],
         "precision": {
             **files[0].metadata,
             "orientation": files[0].orientation,

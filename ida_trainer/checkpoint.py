@@ -12,6 +12,10 @@ Layout of ``<out>/checkpoints/ckpt-000120/``:
   FSDP2 run (:func:`ida_trainer.sharded.gather_full_state`), so the file does not depend on the process count.
 - ``trainer_state.json``: step, data cursor, RNG states (torch CPU/CUDA, python), config digest (and the
   digest without the pipeline stage count, which ``--resume`` compares).
+- ``SHA256SUMS``: the sha256 of every file above, written last (:mod:`ida_common.checksums`, the format of
+  coreutils' ``sha256sum -c``). :func:`load_checkpoint` (``--resume``), :func:`export_checkpoint` and
+  ``ida_eval`` check the files they read against it, so a byte damaged on disk or in a copy is named instead
+  of loading as another number; checkpoints of an older ida have none and are read as they are.
 
 Atomicity: the directory is written by :func:`ida_common.files.atomic_directory` (the one place the
 project makes durable directories): into a hidden, locked ``.ckpt-000120.XXXXXXXX.tmp/``, every file
@@ -28,7 +32,7 @@ Kill points (:mod:`ida_common.killpoint`): ``checkpoint.files_written`` (before 
 Export (:func:`export_checkpoint`): the publishable directory is produced with the codec's header-only
 rename (:func:`mxfp8_codec.rename_tensors`: new JSON header, data section copied byte for byte, a
 sha256 per tensor before and after compared), so the published weights are provably the trained
-bytes; the rename report is stored as ``export_manifest.json``.
+bytes; the rename report is stored as ``export_manifest.json``, and the export directory has its own ``SHA256SUMS``.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ida_common.checksums import ChecksumError, read_sums, verify_sums, write_sums
 from ida_common.files import atomic_directory, atomic_write_text, sweep_stale, temp_owner
 from ida_common.killpoint import kill_point
 from ida_trainer.sharded import holds_shards
@@ -78,13 +83,25 @@ def _damaged(path: Path, name: str, why: object) -> ValueError:
     )
 
 
+def _verify(path: Path, only: Callable[[str], bool] | None = None) -> None:
+    """Check a checkpoint's files against its ``SHA256SUMS`` (every listed file, or those ``only`` selects);
+    checkpoints of an older ida have none and are read as they are."""
+    try:
+        sums = read_sums(path)
+        if sums is not None:
+            verify_sums(path, [n for n in sums if only is None or only(n)])
+    except ChecksumError as exc:
+        raise _damaged(path, exc.path.relative_to(path).as_posix(), exc.why) from None
+
+
 def read_trainer_state(path: str | Path) -> dict[str, Any]:
     """A checkpoint's ``trainer_state.json``.
 
     Raises:
-        ValueError: the file is not a JSON object (:func:`_damaged`).
+        ValueError: the file differs from its sha256 in ``SHA256SUMS`` or is not a JSON object (:func:`_damaged`).
     """
     path = Path(path)
+    _verify(path, lambda n: n == STATE_FILE)
     try:
         state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -251,6 +268,7 @@ def save_checkpoint(
         tokenizer.save_pretrained(tmp)
         torch.save(dict(optimizer_state), tmp / OPTIM_FILE)
         atomic_write_text(tmp / STATE_FILE, json.dumps(dict(trainer_state), indent=1, sort_keys=True) + "\n")
+        write_sums(tmp, sync=True)  # last: every file's sha256, checked by --resume, the export and ida_eval
         if before_rename is not None:
             before_rename(tmp)
         kill_point("checkpoint.files_written")
@@ -301,12 +319,14 @@ def load_checkpoint(path: str | Path) -> LoadedCheckpoint:
     """Read a checkpoint directory written by :func:`save_checkpoint`.
 
     Raises:
-        ValueError: the directory is incomplete (names the missing file) or a file is damaged (names it).
+        ValueError: the directory is incomplete (names the missing file) or a file is damaged (names it): it
+            cannot be read, or its bytes differ from the sha256 recorded in ``SHA256SUMS`` when it was written.
     """
     path = Path(path)
     for name in (MODEL_FILE, OPTIM_FILE, STATE_FILE):
         if not (path / name).is_file():
             raise ValueError(f"checkpoint {path} is incomplete: {name} is missing")
+    _verify(path)
     trainer_state = read_trainer_state(path)
     tensors = read_model_tensors(path / MODEL_FILE)  # the codec's reader names a damaged file itself
     try:
@@ -356,12 +376,14 @@ def export_checkpoint(
         whole data section's ``data_sha256``.
 
     Raises:
+        ValueError: a file of ``ckpt_dir`` differs from the sha256 its ``SHA256SUMS`` recorded when it was written.
         mxfp8_codec.MXFP8Error: a tensor's bytes differ after the rename.
     """
     from mxfp8_codec import rename_tensors
-    from mxfp8_codec.checkpoint import copy_side_files
+    from mxfp8_codec.checkpoint import copy_side_files, is_side_file
 
     ckpt_dir, export_dir = Path(ckpt_dir), Path(export_dir)
+    _verify(ckpt_dir, lambda n: n == MODEL_FILE or is_side_file(n))  # the bytes the trainer wrote, before copying
     with atomic_directory(export_dir, overwrite=True) as tmp:  # complete under its name, or the old one
         report = rename_tensors(ckpt_dir / MODEL_FILE, tmp / MODEL_FILE, rename or (lambda n: n))
         copy_side_files(ckpt_dir, tmp)  # the codec's side-file policy: no weights, no training state
@@ -371,4 +393,5 @@ def export_checkpoint(
             "tensors": [{"old": old, "new": new, "sha256": sha} for old, new, sha in report.tensors],
         }
         atomic_write_text(tmp / MANIFEST_FILE, json.dumps(manifest, indent=1) + "\n")
+        write_sums(tmp, sync=True)
     return manifest

@@ -12,8 +12,9 @@ shares (:mod:`mxfp8_codec.export`, the trainer's export):
   layout (projections transposed back, folded norms unfolded where the architecture's norms add 1:
   :class:`~mxfp8_codec.layout.CheckpointLayout`), loadable by ``from_pretrained``.
 * :func:`copy_side_files`: config, tokenizer and generation files go along with the weights; weight
-  files (:data:`WEIGHT_SUFFIXES`: optimizer states too), the shard index and training state
-  (:data:`TRAINING_STATE_FILES`) do not.
+  files (:data:`WEIGHT_SUFFIXES`: optimizer states too), the shard index, training state
+  (:data:`TRAINING_STATE_FILES`) and ``SHA256SUMS`` (:mod:`ida_common.checksums`: it lists the bytes of
+  its own directory) do not (:func:`is_side_file`).
 * :class:`CheckpointTensors`: the name -> array view over all shards that both directions stream
   through, one tensor in memory at a time.
 
@@ -33,6 +34,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from ida_common.checksums import SUMS_FILE
 from ida_common.files import atomic_directory, atomic_write_text, check_output, copy_file_atomic
 from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.header import DTYPES, read_header
@@ -47,6 +49,7 @@ __all__ = [
     "WEIGHT_SUFFIXES",
     "copy_side_files",
     "dequantize_checkpoint",
+    "is_side_file",
     "printable",
     "quantize_checkpoint",
 ]
@@ -110,14 +113,19 @@ class CheckpointTensors(Mapping[str, np.ndarray]):
         return len(self._where)
 
 
+def is_side_file(name: str) -> bool:
+    """A config/tokenizer/generation file that goes along with a checkpoint's weights: every file but weights,
+    the shard index, training state and ``SHA256SUMS`` (it describes its own directory's bytes)."""
+    return not name.endswith(WEIGHT_SUFFIXES) and name not in (INDEX_FILE, SUMS_FILE, *TRAINING_STATE_FILES)
+
+
 def copy_side_files(src: Path, dst: Path) -> list[str]:
-    """Copy config/tokenizer/generation files (every file but weights, the shard index and training
-    state), each atomically (temp + fsync + rename): a kill mid-copy never leaves a truncated file
-    under its final name; returns the names copied. A file that links outside ``src``
-    is refused (it would be copied without anyone noticing where it came from)."""
+    """Copy the side files (:func:`is_side_file`), each atomically (temp + fsync + rename): a kill mid-copy
+    never leaves a truncated file under its final name; returns the names copied. A file that links outside
+    ``src`` is refused (it would be copied without anyone noticing where it came from)."""
     copied = []
     for f in sorted(src.iterdir()):
-        if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and f.name not in (INDEX_FILE, *TRAINING_STATE_FILES):
+        if f.is_file() and is_side_file(f.name):
             check_inside_checkpoint(src, f)
             copy_file_atomic(f, dst / f.name)
             copied.append(f.name)

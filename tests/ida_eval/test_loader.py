@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ida_common.checksums import read_sums, write_sums
 from ida_eval import CheckpointLoadError, describe_checkpoint, load_model
 from ida_eval.loader import FUSED_MAX_TOKENS
 from tests.ida_eval.support import (
@@ -207,6 +208,28 @@ def test_not_a_checkpoint(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{}")
     with pytest.raises(CheckpointLoadError, match="no loadable safetensors"):
         load_model(tmp_path)
+
+
+def test_a_checkpoint_is_checked_against_its_sha256sums_before_it_is_scored(tok, tmp_path):
+    """ida_trainer's checkpoints and exports list every file's sha256 (SHA256SUMS): a weight or tokenizer file
+    damaged since is named before anything is generated; the training state, which no eval reads, is not hashed."""
+    ckpt = save_mxfp8_checkpoint(tiny_model("llama", len(tok)), tok, tmp_path / "m")
+    (ckpt / "optimizer.pt").write_bytes(b"training state")
+    write_sums(ckpt)
+    info = describe_checkpoint(ckpt)
+    assert info["files"][0]["sha256"] == read_sums(ckpt)["model.safetensors"]
+    (ckpt / "optimizer.pt").write_bytes(b"damaged, and never read by an eval")
+    describe_checkpoint(ckpt)
+    for name in ("tokenizer.json", "model.safetensors"):
+        data = bytearray((ckpt / name).read_bytes())
+        data[len(data) // 2] ^= 0x01
+        (ckpt / name).write_bytes(bytes(data))
+        with pytest.raises(CheckpointLoadError, match=rf"^{ckpt / name}: its bytes differ from the sha256 recorded"):
+            describe_checkpoint(ckpt)
+        data[len(data) // 2] ^= 0x01
+        (ckpt / name).write_bytes(bytes(data))
+    (ckpt / "SHA256SUMS").unlink()  # a directory without one (any transformers checkpoint) is read as it is
+    assert describe_checkpoint(ckpt) == info
 
 
 @pytest.mark.gpu

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from ida_trainer.logs import read_train_log
@@ -11,7 +10,3 @@ from ida_trainer.logs import read_train_log
 def loss_records(run_dir: Path) -> list[tuple[int, float, float, float]]:
     """(step, loss, grad norm, lr) of every record in a run's ``train_log.jsonl``: what "the same run" compares."""
     return [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in read_train_log(run_dir / "train_log.jsonl")]
-
-
-def sha256_of(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
+import subprocess
 
 import pytest
 import torch
 
+from ida_common.checksums import SUMS_FILE, read_sums, verify_sums, write_sums
 from ida_trainer import checkpoint as ckpt
 from ida_trainer.config import ModelConfig, OptimConfig, PrecisionConfig
 from ida_trainer.demo import build_demo_model, corpus_texts
@@ -203,6 +206,9 @@ def test_incomplete_checkpoint_is_named(tok, tmp_path):
     assert ckpt.list_checkpoints(tmp_path / "ck") != []  # model + state still present: listed, load explains
     path = _save(tmp_path / "ck", 2, model, opt, tok)
     (path / "trainer_state.json").write_text("[]")
+    with pytest.raises(ValueError, match=r"trainer_state.json is damaged \(its bytes differ from the sha256 recorded"):
+        ckpt.load_checkpoint(path)
+    (path / SUMS_FILE).unlink()  # a checkpoint of an older ida: the reader's own checks name the damage
     with pytest.raises(ValueError, match=r"trainer_state.json is damaged \(a JSON list, not an object\)"):
         ckpt.load_checkpoint(path)
     assert ckpt.checkpoint_run_id(path) is None  # pruning never takes it for the run's own
@@ -221,6 +227,7 @@ def test_an_optimizer_state_is_read_without_running_code_from_the_file(tok, tmp_
     model, opt = _trained(tok, recipe="bf16")
     path = _save(tmp_path / "ck", 1, model, opt, tok)
     torch.save({"state": {}, "param_groups": [], "ida": _Payload()}, path / "optimizer.pt")
+    write_sums(path)  # whoever planted it can list its sha256 too
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match=r"optimizer.pt holds objects other than tensors.*runs no code from one"):
         ckpt.load_checkpoint(path)
@@ -252,3 +259,57 @@ def test_export_renames_header_only_with_sha256_proof(tok, tmp_path):
     ckpt.export_checkpoint(path, tmp_path / "same")
     with open_mxfp8(tmp_path / "same" / "model.safetensors") as dst:
         assert "model.embed_tokens.weight" in list(dst.keys())
+
+
+def _flip_middle(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.skipif(shutil.which("sha256sum") is None, reason="coreutils' sha256sum is not installed")
+def test_a_byte_damaged_after_the_save_is_named_not_loaded(tok, tmp_path):
+    """Nothing in a torch zip archive or a safetensors file detects a flipped byte: it loads as another number.
+    SHA256SUMS, written last into every checkpoint (and export), is checked by resume and export, and by
+    coreutils' ``sha256sum -c`` where ida is not installed."""
+    model, opt = _trained(tok, recipe="bf16")
+    path = _save(tmp_path / "ck", 2, model, opt, tok)
+    listed = (path / SUMS_FILE).read_text()
+    assert sorted(line.split("  ", 1)[1] for line in listed.splitlines()) == sorted(
+        p.name for p in path.iterdir() if p.name != SUMS_FILE
+    )
+    check = ["sha256sum", "-c", "--quiet", SUMS_FILE]
+    assert subprocess.run(check, cwd=path, capture_output=True, check=False).returncode == 0
+    good = torch.load(path / "optimizer.pt", weights_only=True)
+    _flip_middle(path / "optimizer.pt")
+    flipped = torch.load(path / "optimizer.pt", weights_only=True)  # torch reads it without a word
+    assert any(
+        not torch.equal(a, b)
+        for s_good, s_bad in zip(good["state"].values(), flipped["state"].values(), strict=True)
+        for a, b in zip(s_good.values(), s_bad.values(), strict=True)
+        if isinstance(a, torch.Tensor)
+    )
+    res = subprocess.run(check, cwd=path, capture_output=True, text=True, check=False)
+    assert res.returncode == 1 and "optimizer.pt: FAILED" in res.stdout
+    with pytest.raises(ValueError, match=r"ckpt-000002/optimizer.pt is damaged \(its bytes differ from the sha256"):
+        ckpt.load_checkpoint(path)
+    ckpt.export_checkpoint(path, tmp_path / "export")  # the export reads no training state: it goes on
+
+    path = _save(tmp_path / "ck", 3, model, opt, tok)
+    _flip_middle(path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"ckpt-000003/model.safetensors is damaged \(its bytes differ"):
+        ckpt.export_checkpoint(path, tmp_path / "export2")
+    assert not (tmp_path / "export2").exists()
+    (path / SUMS_FILE).unlink()  # an older ida's checkpoint: read as it is
+    assert ckpt.load_checkpoint(path).trainer_state["step"] == 3
+
+
+def test_the_export_lists_its_own_files(tok, tmp_path):
+    model, opt = _trained(tok)
+    path = _save(tmp_path / "ck", 2, model, opt, tok)
+    out = tmp_path / "export"
+    ckpt.export_checkpoint(path, out)
+    listed = read_sums(out)
+    assert listed is not None and sorted(listed) == sorted(p.name for p in out.iterdir() if p.name != SUMS_FILE)
+    assert "export_manifest.json" in listed and "optimizer.pt" not in listed
+    assert verify_sums(out)

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from ida_common.checksums import file_sha256
 from ida_trainer.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from ida_trainer.logs import read_mllog
-from tests.ida_trainer.support import loss_records, sha256_of
+from tests.ida_trainer.support import loss_records
 
 STEPS = 6
 ARGS = [
@@ -90,7 +91,7 @@ def test_killed_then_resumed_equals_the_unkilled_run(reference, tmp_path, kill_a
     newest = latest_checkpoint(out / "checkpoints")
     assert newest is not None and newest.name == f"ckpt-{last_complete:06d}"
     load_checkpoint(newest)  # intact and loadable ...
-    assert sha256_of(newest / "model.safetensors") == sha256_of(
+    assert file_sha256(newest / "model.safetensors") == file_sha256(
         reference / "checkpoints" / newest.name / "model.safetensors"
     )
     if kill_at.startswith("train_log"):
@@ -100,7 +101,7 @@ def test_killed_then_resumed_equals_the_unkilled_run(reference, tmp_path, kill_a
     assert f"resumed from {newest}" in resumed.stdout
     assert loss_records(out) == loss_records(reference)
     last = f"ckpt-{STEPS:06d}"
-    assert sha256_of(out / "checkpoints" / last / "model.safetensors") == sha256_of(
+    assert file_sha256(out / "checkpoints" / last / "model.safetensors") == file_sha256(
         reference / "checkpoints" / last / "model.safetensors"
     )
     assert [s for s, _ in list_checkpoints(out / "checkpoints")] == [2, 4, 6]

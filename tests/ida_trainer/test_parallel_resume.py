@@ -23,11 +23,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from ida_common.checksums import SUMS_FILE, file_sha256
 from ida_trainer.checkpoint import OPTIM_FILE, latest_checkpoint, load_checkpoint, read_model_tensors
 from ida_trainer.logs import read_mllog
 from ida_trainer.sharded import holds_shards
 from mxfp8_codec import MXFP8Tensor
-from tests.ida_trainer.support import loss_records, sha256_of
+from tests.ida_trainer.support import loss_records
 from tests.torchrun import ROOT, free_port, torchrun_cmd, torchrun_env
 
 pytestmark = pytest.mark.slow  # torchrun launches
@@ -81,7 +82,7 @@ def test_a_killed_fsdp_run_resumes_bit_for_bit_also_in_one_process(reference: Pa
     assert f"resumed from {newest}" in resumed.stdout
     assert loss_records(out) == loss_records(reference)
     last = f"ckpt-{STEPS:06d}"
-    assert sha256_of(out / "checkpoints" / last / "model.safetensors") == sha256_of(
+    assert file_sha256(out / "checkpoints" / last / "model.safetensors") == file_sha256(
         reference / "checkpoints" / last / "model.safetensors"
     )
     losses = [r["metadata"]["step_num"] for r in read_mllog(out / "mlperf_log.txt") if r["key"] == "train_loss"]
@@ -104,6 +105,7 @@ def test_a_checkpoint_holding_one_ranks_shard_is_refused_in_one_line(reference: 
     for ckpt in sorted((out / "checkpoints").iterdir())[1:]:
         shutil.rmtree(ckpt)  # resume from ckpt-2
     ckpt = out / "checkpoints" / "ckpt-000002"
+    (ckpt / SUMS_FILE).unlink()  # an older ida wrote none
     # what an older ida wrote: rank 0's optimizer.state_dict() with its DTensor shards (made in a 1-rank group)
     script = (
         "import sys, torch, torch.distributed as dist\n"

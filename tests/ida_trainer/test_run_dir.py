@@ -13,6 +13,7 @@ import shutil
 
 import pytest
 
+from ida_common.checksums import SUMS_FILE
 from ida_trainer.__main__ import main
 from ida_trainer.checkpoint import checkpoint_run_id, list_checkpoints
 from ida_trainer.cli import parse_args
@@ -115,19 +116,25 @@ def test_resume_refuses_checkpoints_of_two_runs(old_run, tmp_path):
         _run(out, 5, "--resume")
 
 
-def test_a_damaged_checkpoint_is_named_not_taken_for_another_run(old_run, tmp_path):
+@pytest.mark.parametrize("sums", [True, False], ids=["with SHA256SUMS", "older checkpoint without"])
+def test_a_damaged_checkpoint_is_named_not_taken_for_another_run(old_run, tmp_path, sums):
     """A torn trainer_state.json used to read as "checkpoints of 2 different runs", a torn optimizer.pt as an
-    internal error: each is now one line naming the file and the way on (resume from the checkpoint before)."""
+    internal error: each is now one line naming the file and the way on (resume from the checkpoint before).
+    SHA256SUMS names it first; a checkpoint without one (an older ida's) is named by the file's reader."""
     for name, damage in (("trainer_state.json", b'{"step": 4,'), ("optimizer.pt", None)):
         out = tmp_path / name / "run"
         shutil.copytree(old_run, out)
+        if not sums:
+            for listed in (out / "checkpoints").glob(f"*/{SUMS_FILE}"):
+                listed.unlink()
         f = out / "checkpoints" / "ckpt-000004" / name
         if damage is None:
             with f.open("r+b") as fh:
                 fh.truncate(1000)
         else:
             f.write_bytes(damage)
-        with pytest.raises(ValueError, match=rf"ckpt-000004/{name} is damaged \(.+\); move ckpt-000004 out of"):
+        why = "its bytes differ from the sha256 recorded in SHA256SUMS" if sums else "(?!its bytes).+"
+        with pytest.raises(ValueError, match=rf"ckpt-000004/{name} is damaged \({why}.*\); move ckpt-000004 out of"):
             _run(out, 6, "--resume")
         shutil.move(out / "checkpoints" / "ckpt-000004", tmp_path / name / "aside")  # what the line says
         assert _run(out, 6, "--resume")["resumed_from"].endswith("ckpt-000003")

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ida_common.checksums import SUMS_FILE, write_sums
 from mxfp8_codec import MXFP8Tensor, write_mxfp8_safetensors, write_safetensors
 from mxfp8_codec.cli import main
 
@@ -264,6 +265,19 @@ def test_a_shard_or_side_file_linked_outside_the_checkpoint_is_refused(
             (blobs / f.name).write_bytes(f.read_bytes())
             (snap / f.name).symlink_to(Path("..", "..", "blobs", f.name))
     assert main(["quantize", str(snap), str(tmp_path / "mx")]) == 0
+
+
+def test_a_sums_file_and_training_state_do_not_travel_with_the_side_files(tmp_path: Path) -> None:
+    """A SHA256SUMS lists the bytes of its own directory (ida_common.checksums): copied beside converted
+    weights it would call them damaged. Training state is not a model file either."""
+    hf = _hf_dir(tmp_path / "hf")
+    write_sums(hf)
+    (hf / "trainer_state.json").write_text("{}")
+    assert main(["quantize", str(hf), str(tmp_path / "mx")]) == 0
+    assert main(["dequantize", str(tmp_path / "mx"), str(tmp_path / "bf16")]) == 0
+    for out in (tmp_path / "mx", tmp_path / "bf16"):
+        names = {p.name for p in out.iterdir()}
+        assert "tokenizer.json" in names and not names & {SUMS_FILE, "trainer_state.json"}, names
 
 
 def test_lone_surrogate_names_are_one_line_in_every_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
