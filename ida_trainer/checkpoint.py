@@ -38,6 +38,7 @@ bytes; the rename report is stored as ``export_manifest.json``, and the export d
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import os
 import pickle
@@ -109,6 +110,32 @@ def read_trainer_state(path: str | Path) -> dict[str, Any]:
     if not isinstance(state, dict):
         raise _damaged(path, STATE_FILE, f"a JSON {type(state).__name__}, not an object")
     return state
+
+
+def _is_count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def check_resume_state(path: str | Path, state: Mapping[str, Any]) -> None:
+    """What ``--resume`` takes from ``trainer_state.json`` has the types and values :func:`save_checkpoint` writes:
+    the step of the directory's name, a data cursor inside its rows, RNG states (loaded by :func:`set_rng_state`).
+
+    Raises:
+        ValueError: names ``trainer_state.json`` as damaged and says which field (:func:`_damaged`).
+    """
+    path = Path(path)
+    step, cursor = state.get("step"), state.get("data_cursor")
+    named = path.name[len(CKPT_PREFIX) :] if path.name.startswith(CKPT_PREFIX) else ""
+    if not _is_count(step) or (named.isdigit() and step != int(named)):
+        raise _damaged(path, STATE_FILE, f"its step {step!r} is not the step {path.name} was saved at")
+    if not (
+        isinstance(cursor, dict)
+        and all(_is_count(cursor.get(k)) for k in ("epoch", "position", "num_rows"))
+        and cursor["position"] <= cursor["num_rows"]
+    ):
+        raise _damaged(path, STATE_FILE, f"its data cursor {cursor!r} is not epoch, position <= num_rows")
+    if not isinstance(state.get("rng"), dict):
+        raise _damaged(path, STATE_FILE, "it holds no RNG states")
 
 
 def checkpoint_run_id(path: str | Path) -> str | None:
@@ -201,15 +228,28 @@ def _bytes_tensor(b64: str) -> torch.Tensor:
     return torch.from_numpy(np.frombuffer(base64.b64decode(b64), dtype=np.uint8).copy())
 
 
-def set_rng_state(state: Mapping[str, Any]) -> None:
-    """Restore what :func:`rng_state` captured."""
-    torch.set_rng_state(_bytes_tensor(state["torch_cpu"]))
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    n = state["numpy"]
-    np.random.set_state((n["name"], np.array(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"], n["cached"]))
-    if "torch_cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([_bytes_tensor(s) for s in state["torch_cuda"]])
+def set_rng_state(state: Mapping[str, Any], *, checkpoint: str | Path | None = None) -> None:
+    """Restore what :func:`rng_state` captured.
+
+    Raises:
+        ValueError: with ``checkpoint`` (where ``state`` was read), states that do not load name its
+            ``trainer_state.json`` as damaged (:func:`_damaged`) instead of a KeyError or IndexError deep in torch
+            or numpy.
+    """
+    try:
+        torch.set_rng_state(_bytes_tensor(state["torch_cpu"]))
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
+        n = state["numpy"]
+        np.random.set_state((n["name"], np.array(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"], n["cached"]))
+        if "torch_cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([_bytes_tensor(s) for s in state["torch_cuda"]])
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError, binascii.Error) as exc:
+        if checkpoint is None:
+            raise
+        raise _damaged(
+            Path(checkpoint), STATE_FILE, f"its RNG states do not load: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def save_checkpoint(

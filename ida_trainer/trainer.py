@@ -291,6 +291,7 @@ class Trainer:
 
         loaded = ckpt.load_checkpoint(path)
         state = loaded.trainer_state
+        ckpt.check_resume_state(path, state)
         exact = (  # checkpoints of an older ida record only the full digest
             state["computation_digest"] == config_digest(self.cfg, any_stages=True)
             if "computation_digest" in state
@@ -306,7 +307,7 @@ class Trainer:
         load_state(self.model, loaded.tensors)
         self.optimizer.load_state_dict(loaded.optimizer_state)
         self.batcher.load_state_dict(state["data_cursor"])
-        ckpt.set_rng_state(state["rng"])
+        ckpt.set_rng_state(state["rng"], checkpoint=path)
         self.start_step = int(state["step"])
         self.run_id = state.get("run_id") or self.run_id  # checkpoints of older versions carry none
         self.evals = list(state.get("evals", []))

@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from ida_common.checksums import SUMS_FILE
+from ida_common.checksums import SUMS_FILE, write_sums
 from ida_trainer.__main__ import main
 from ida_trainer.checkpoint import checkpoint_run_id, list_checkpoints
 from ida_trainer.cli import parse_args
@@ -138,6 +138,31 @@ def test_a_damaged_checkpoint_is_named_not_taken_for_another_run(old_run, tmp_pa
             _run(out, 6, "--resume")
         shutil.move(out / "checkpoints" / "ckpt-000004", tmp_path / name / "aside")  # what the line says
         assert _run(out, 6, "--resume")["resumed_from"].endswith("ckpt-000003")
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        (lambda s: s.update(step=-3), r"its step -3 is not the step ckpt-000004 was saved at"),
+        (lambda s: s.update(step=10**6), r"its step 1000000 is not the step ckpt-000004 was saved at"),
+        (lambda s: s["data_cursor"].update(position=10**9), r"its data cursor .* is not epoch, position <= num_rows"),
+        (lambda s: s.pop("rng"), r"it holds no RNG states"),
+        (lambda s: s["rng"]["numpy"].update(keys=[1, 2]), r"its RNG states do not load: IndexError: .*"),
+    ],
+    ids=["negative step", "step of another checkpoint", "cursor past the rows", "no rng", "short numpy state"],
+)
+def test_a_trainer_state_that_cannot_resume_is_named(old_run, tmp_path, edit, why):
+    """Valid JSON that is not what the trainer wrote (edited, with SHA256SUMS rewritten to match, or an older
+    checkpoint) used to resume at the wrong step, wrap the data cursor silently, or end in an internal error."""
+    out = tmp_path / "run"
+    shutil.copytree(old_run, out)
+    ckpt = out / "checkpoints" / "ckpt-000004"
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    edit(state)
+    (ckpt / "trainer_state.json").write_text(json.dumps(state))
+    write_sums(ckpt)
+    with pytest.raises(ValueError, match=rf"ckpt-000004/trainer_state.json is damaged \({why}\); move ckpt-000004 out"):
+        _run(out, 6, "--resume")
 
 
 def test_the_demo_replaces_its_own_previous_output_and_says_so(tmp_path, monkeypatch, capsys):
