@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
-from ida_common.checksums import SUMS_FILE, ChecksumError, file_sha256, read_sums, verify_sums
+from ida_common.checksums import file_sha256
 from mxfp8_codec import WEIGHTS_DTYPE, MXFP8Error, checkpoint_files, open_mxfp8
-from mxfp8_codec.checkpoint import is_side_file
+from mxfp8_codec.checkpoint import check_sums
 from mxfp8_codec.hf_load import listed_names
 from mxfp8_codec.layout import file_norm_convention, file_orientation
 
@@ -260,13 +260,9 @@ def describe_checkpoint(checkpoint_dir: str | Path) -> dict[str, Any]:
     files = _weight_files(ckpt)
     hashed = {f.path.name: file_sha256(f.path) for f in files}
     try:
-        sums = read_sums(ckpt)
-        if sums is not None:
-            verify_sums(ckpt, [n for n in sums if n in hashed or is_side_file(n)], hashed=hashed)
-    except ChecksumError as exc:
-        raise CheckpointLoadError(
-            f"{exc}; copy the checkpoint again (sha256sum -c {SUMS_FILE} checks a copy)"
-        ) from None
+        check_sums(ckpt, hashed=hashed)
+    except MXFP8Error as exc:
+        raise CheckpointLoadError(str(exc)) from None
     config = json.loads((ckpt / "config.json").read_text()) if (ckpt / "config.json").is_file() else {}
     return {
         "path": str(ckpt.resolve()),

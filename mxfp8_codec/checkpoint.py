@@ -34,7 +34,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from ida_common.checksums import SUMS_FILE
+from ida_common.checksums import SUMS_FILE, ChecksumError, read_sums, verify_sums, write_sums
 from ida_common.files import atomic_directory, atomic_write_text, check_output, copy_file_atomic
 from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.header import DTYPES, read_header
@@ -47,6 +47,7 @@ __all__ = [
     "CheckpointTensors",
     "TRAINING_STATE_FILES",
     "WEIGHT_SUFFIXES",
+    "check_sums",
     "copy_side_files",
     "dequantize_checkpoint",
     "is_side_file",
@@ -119,6 +120,30 @@ def is_side_file(name: str) -> bool:
     return not name.endswith(WEIGHT_SUFFIXES) and name not in (INDEX_FILE, SUMS_FILE, *TRAINING_STATE_FILES)
 
 
+def check_sums(directory: str | os.PathLike[str], *, hashed: Mapping[str, str] | None = None) -> bool:
+    """Where ``directory`` has a ``SHA256SUMS`` (ida's checkpoints, exports and conversions list every file in
+    it: :mod:`ida_common.checksums`), check the files a reader of the model takes from it: weights, the shard
+    index and side files (not training state). ``hashed``: sha256 the caller already computed. Returns False
+    when there is no ``SHA256SUMS``.
+
+    Raises:
+        MXFP8Error: a listed file is missing or its bytes differ from its recorded sha256 (names it, and
+            what to do: copy it again, or, after an edit on purpose, delete the list).
+    """
+    directory = Path(directory)
+    try:
+        sums = read_sums(directory)
+        if sums is None:
+            return False
+        model_files = [n for n in sums if n.endswith(".safetensors") or n == INDEX_FILE or is_side_file(n)]
+        verify_sums(directory, model_files, hashed=hashed)
+    except ChecksumError as exc:
+        raise MXFP8Error(
+            f"{exc}: a damaged copy? copy the checkpoint again; changed on purpose? delete {directory / SUMS_FILE}"
+        ) from None
+    return True
+
+
 def copy_side_files(src: Path, dst: Path) -> list[str]:
     """Copy the side files (:func:`is_side_file`), each atomically (temp + fsync + rename): a kill mid-copy
     never leaves a truncated file under its final name; returns the names copied. A file that links outside
@@ -150,6 +175,7 @@ def quantize_checkpoint(
     """
     src, out = Path(src_dir), Path(out_dir)
     check_output(out, inputs=[src], overwrite=overwrite, kind="dir", what="OUT_DIR")
+    check_sums(src)
     files = checkpoint_files(src)
     readers = [open_mxfp8(f) for f in files]
     try:
@@ -174,6 +200,7 @@ def quantize_checkpoint(
             copy_side_files(src, tmp)
             if (tmp / "config.json").is_file():  # record the method, orientation and norm convention
                 write_config_json(tmp, tmp / "model.safetensors")
+            write_sums(tmp, sync=True)
     finally:
         for r in readers:
             r.close()
@@ -230,6 +257,7 @@ def dequantize_checkpoint(
     if not src_p.is_dir():
         _dequantize_file(src_p, out_p, model_type)
         return [out_p]
+    check_sums(src_p)
     files = checkpoint_files(src_p)
     names = ["model.safetensors" if len(files) == 1 else f.name for f in files]
     with atomic_directory(out_p, overwrite=overwrite) as tmp:
@@ -247,6 +275,7 @@ def dequantize_checkpoint(
             index["weight_map"] = weight_map
             index.setdefault("metadata", {})["total_size"] = sum(read_header(tmp / n).data_size for n in names)
             atomic_write_text(tmp / INDEX_FILE, json.dumps(index, indent=2))
+        write_sums(tmp, sync=True)
     return [out_p / name for name in names]
 
 

@@ -5,7 +5,8 @@
   (scale byte ``b`` means ``2^(b - 127)``), which shows at a glance whether a checkpoint's weights
   sit at sane magnitudes (a trained 4B model's projections have bytes around 118-122).
 * ``verify PATH [--values] [--allow-plain]``: every validation rule of docs/format.md; exit 1 with
-  the reason on failure. ``--values`` also scans for NaN codes/scales and non-finite floats.
+  the reason on failure. ``--values`` also scans for NaN codes/scales and non-finite floats. A directory's
+  ``SHA256SUMS`` (ida writes one into every directory it writes) is checked first.
 * ``rename SRC DST --map JSON | --prefix OLD=NEW``: header-only rename with the sha256 proof.
 * ``quantize HF_DIR OUT_DIR``: a transformers BF16/F32 checkpoint directory (single file or
   sharded) -> MXFP8 directory. Projection weights (``is_projection_weight``, 2-D) are transposed to
@@ -49,9 +50,10 @@ from typing import TextIO
 
 import numpy as np
 
+from ida_common.checksums import SUMS_FILE
 from ida_common.cli import ArgumentParser, CheckFailed, Run, check_output_dir, run_main
 from ida_common.files import atomic_directory, check_output
-from mxfp8_codec.checkpoint import dequantize_checkpoint, printable, quantize_checkpoint
+from mxfp8_codec.checkpoint import check_sums, dequantize_checkpoint, printable, quantize_checkpoint
 from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.export import export_compressed_tensors
 from mxfp8_codec.header import SCALE_RULES, SCALE_SUFFIX, read_header
@@ -150,6 +152,13 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if not path.exists():  # nothing to check is bad input (status 2), not a failed check
         raise ValueError(f"{path}: no such file or directory")
     files = _files(path)
+    if path.is_dir():
+        try:
+            listed = check_sums(path)
+        except MXFP8Error as exc:  # bytes changed since they were written: the check failed (status 1)
+            raise CheckFailed(str(exc)) from None
+        if listed:
+            print(f"OK {path / SUMS_FILE}: the weights, index and side files match their recorded sha256")
     any_mxfp8 = False
     for f in files:
         try:

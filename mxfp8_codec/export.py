@@ -51,8 +51,9 @@ from typing import Any
 
 import numpy as np
 
+from ida_common.checksums import write_sums
 from ida_common.files import atomic_directory, check_output
-from mxfp8_codec.checkpoint import copy_side_files
+from mxfp8_codec.checkpoint import check_sums, copy_side_files
 from mxfp8_codec.constants import BLOCK_SIZE, WEIGHTS_DTYPE
 from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.layout import CheckpointLayout, is_projection_weight, model_type_of
@@ -223,6 +224,7 @@ def export_compressed_tensors(
     if not (src_p / "config.json").is_file():
         raise MXFP8Error(f"{src_p}: no config.json (export needs a checkpoint directory)")
     check_output(dst_p, inputs=[src_p], overwrite=overwrite, kind="dir", what="DST")
+    check_sums(src_p)
     files = checkpoint_files(src_p)
     mt = model_type or model_type_of(src_p)
     orientation, layout = _plan(files, mt)
@@ -281,6 +283,7 @@ def export_compressed_tensors(
                     if got != expected[name][1]:
                         raise MXFP8Error(f"{tmp / fname}: tensor {name!r}: written sha256 {got} != {expected[name][1]}")
         _copy_side_files_and_config(src_p, tmp, len(files) > 1, weight_map)
+        write_sums(tmp, sync=True)
     return report
 
 

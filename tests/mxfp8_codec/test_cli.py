@@ -289,7 +289,7 @@ def test_dequantize_sharded_mxfp8_directory(tmp_path: Path) -> None:
     (src / "config.json").write_text("{}")
     assert main(["dequantize", str(src), str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        [shard1, shard2, "model.safetensors.index.json", "config.json"]
+        [shard1, shard2, "model.safetensors.index.json", "config.json", "SHA256SUMS"]
     )
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert index["weight_map"] == weight_map

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ida_common.checksums import SUMS_FILE, write_sums
+from ida_common.checksums import SUMS_FILE, read_sums, verify_sums, write_sums
 from mxfp8_codec import MXFP8Tensor, write_mxfp8_safetensors, write_safetensors
 from mxfp8_codec.cli import main
 
@@ -267,17 +267,40 @@ def test_a_shard_or_side_file_linked_outside_the_checkpoint_is_refused(
     assert main(["quantize", str(snap), str(tmp_path / "mx")]) == 0
 
 
-def test_a_sums_file_and_training_state_do_not_travel_with_the_side_files(tmp_path: Path) -> None:
-    """A SHA256SUMS lists the bytes of its own directory (ida_common.checksums): copied beside converted
-    weights it would call them damaged. Training state is not a model file either."""
+def test_each_output_lists_its_own_files_and_a_damaged_input_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """quantize, dequantize and export write a SHA256SUMS of their own output (a source's list names other
+    bytes: never copied); verify, dequantize and export check a source's list before they trust its bytes."""
     hf = _hf_dir(tmp_path / "hf")
     write_sums(hf)
     (hf / "trainer_state.json").write_text("{}")
-    assert main(["quantize", str(hf), str(tmp_path / "mx")]) == 0
-    assert main(["dequantize", str(tmp_path / "mx"), str(tmp_path / "bf16")]) == 0
-    for out in (tmp_path / "mx", tmp_path / "bf16"):
-        names = {p.name for p in out.iterdir()}
-        assert "tokenizer.json" in names and not names & {SUMS_FILE, "trainer_state.json"}, names
+    outs = {"mx": ["quantize", str(hf)], "bf16": ["dequantize", str(tmp_path / "mx")]}
+    outs["ct"] = ["export", "--format", "compressed-tensors", str(tmp_path / "mx")]
+    for out, cmd in outs.items():
+        assert main([*cmd, str(tmp_path / out)]) == 0
+        names = {p.name for p in (tmp_path / out).iterdir()}
+        assert "tokenizer.json" in names and "trainer_state.json" not in names, names
+        assert sorted(read_sums(tmp_path / out) or {}) == sorted(names - {SUMS_FILE})
+        assert verify_sums(tmp_path / out)
+    capsys.readouterr()
+    mx = tmp_path / "mx"
+    assert main(["verify", str(mx)]) == 0
+    assert f"OK {mx / SUMS_FILE}: the weights, index and side files match" in capsys.readouterr().out
+    (mx / "notes.txt").write_text("not listed, not checked")
+    data = bytearray((mx / "tokenizer.json").read_bytes())
+    data[100] ^= 0x01
+    (mx / "tokenizer.json").write_bytes(bytes(data))
+    assert main(["verify", str(mx)]) == 1
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"{mx / 'tokenizer.json'}: its bytes differ from the sha256 recorded in SHA256SUMS" in line
+    assert f"changed on purpose? delete {mx / SUMS_FILE}" in line
+    for cmd in (["dequantize", str(mx)], ["export", "--format", "compressed-tensors", str(mx)]):
+        assert main([*cmd, str(tmp_path / "again")]) == 2
+        assert "tokenizer.json: its bytes differ" in _one_error_line(capsys.readouterr().err)
+        assert not (tmp_path / "again").exists()
+    (mx / SUMS_FILE).unlink()  # what the line says to do after an edit on purpose
+    assert main(["verify", str(mx)]) == 0
 
 
 def test_lone_surrogate_names_are_one_line_in_every_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
