@@ -25,6 +25,9 @@ other work still does it. The cases:
   ``MXFP8Config()`` (was: raw E4M3 codes in plain ``nn.Linear``);
 - **unwritable-destination**: ``quantize`` / ``dequantize`` onto a destination under a regular file:
   exit 2, one line naming the destination given (was: the hidden temporary).
+- **flipped-byte** (2026-12-07): one bit flipped in the middle of a copy of the demo's MXFP8 weights, then
+  ``verify`` on the copy: exit 1, one line naming the file and its ``SHA256SUMS`` (was: the flipped byte
+  passed every structural check and decoded as another E4M3 value).
 
 The tests cover each case too (docs/reliability.md names them); this script is the campaign's
 reproduction, in the user's words, to rerun after a change. Exit status 0 when every case holds.
@@ -214,6 +217,16 @@ def build_cases(work: Path) -> list[Case]:
     for how in ("no", "null"):
         ckpt = work / f"{how}-config"
         cases.append(Case(f"{how}-quantization-config", "", [_NO_CONFIG_CHECK, str(demo / "mxfp8"), str(ckpt), how], 0))
+    cases.append(
+        Case(
+            "flipped-byte",
+            "",
+            [_FLIP_THEN_VERIFY, str(demo / "mxfp8"), str(work / "flipped")],
+            1,
+            None,
+            "model.safetensors: its bytes differ from the sha256 recorded in SHA256SUMS",
+        )
+    )
     blocker = work / "a-file"
     blocker.write_text("x")
     for cmd in ("quantize", "dequantize"):
@@ -254,6 +267,22 @@ same = torch.equal(model(ids).logits, ref(ids).logits)
 n = len(list(mh.mxfp8_modules(model)))
 print(f"mxfp8 modules {n}, logits bit-identical {same}, warned {any('quantization_config' in str(w.message) for w in caught)}")
 sys.exit(0 if same and n > 0 else 1)
+"""
+
+
+# a copy of the demo's MXFP8 directory with one bit flipped in the middle of its weights, then `verify` on it
+_FLIP_THEN_VERIFY = """
+import shutil, sys
+from mxfp8_codec.cli import main
+src, dst = sys.argv[1:3]
+shutil.copytree(src, dst)
+with open(dst + "/model.safetensors", "r+b") as f:
+    f.seek(0, 2)
+    f.seek(f.tell() // 2)
+    byte = f.read(1)[0]
+    f.seek(-1, 1)
+    f.write(bytes([byte ^ 0x04]))
+sys.exit(main(["verify", dst]))
 """
 
 
