@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor
 
 __all__ = ["gather_full_state", "holds_shards", "shard_like", "shard_optimizer_state"]
 
@@ -59,12 +59,19 @@ def holds_shards(obj: Any) -> bool:
 def shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``full`` as ``like`` holds it: on its device, in its dtype, and this rank's shard when ``like`` is a
     DTensor. Every rank holds ``full`` (read from the checkpoint) and takes its own slice: no communication.
+    The slice is cut on the CPU, where ``full`` is, and only it goes to the device: a rank of N moves 1/N of
+    the bytes and never holds the full tensor there. Its offsets and sizes are the DTensor's own
+    (``__create_chunk_list__``, what torch's distributed checkpointing reads and writes shards by).
     """
     if not isinstance(like, DTensor):
         return full.to(device=like.device, dtype=like.dtype)
-    local = like.to_local()
-    return distribute_tensor(
-        full.to(device=local.device, dtype=like.dtype), like.device_mesh, like.placements, src_data_rank=None
+    if tuple(full.shape) != tuple(like.shape):
+        raise ValueError(f"shard_like: a full tensor of shape {list(full.shape)} for a DTensor of {list(like.shape)}")
+    (chunk,) = like.__create_chunk_list__()
+    part = full[tuple(slice(o, o + n) for o, n in zip(chunk.offsets, chunk.sizes, strict=True))]
+    local = part.to(device=like.to_local().device, dtype=like.dtype).contiguous()
+    return DTensor.from_local(
+        local, like.device_mesh, like.placements, run_check=False, shape=like.shape, stride=like.stride()
     )
 
 
