@@ -13,7 +13,7 @@ and the readers check it before trusting the bytes. Anyone can check a copy with
 ``cd ckpt-000120 && sha256sum -c SHA256SUMS``.
 
 The files are hashed in parallel threads (``hashlib`` releases the GIL on large buffers): a save pays for
-the largest file's hash (~1.8 GB/s with SHA extensions), not the sum of all of them.
+the largest file's hash (~1.7 GB/s with SHA extensions), not the sum of all of them.
 
 Example:
     >>> import tempfile, pathlib
@@ -110,7 +110,8 @@ def read_sums(directory: str | os.PathLike[str]) -> dict[str, str] | None:
     """``directory/SHA256SUMS`` as name -> sha256, or None when there is none (written before ida recorded them).
 
     Raises:
-        ChecksumError: a line that is not ``<64 hex digits>  <name>`` (names the line), or a name listed twice.
+        ChecksumError: a line that is not ``<64 hex digits>  <name>`` (names the line), a name listed twice,
+            or one outside the directory (absolute, or with a ``..``: a list never makes ida read elsewhere).
     """
     path = Path(directory) / SUMS_FILE
     try:
@@ -124,9 +125,12 @@ def read_sums(directory: str | os.PathLike[str]) -> dict[str, str] | None:
         m = _LINE.fullmatch(line)
         if m is None:
             raise ChecksumError(path, f"line {i} is not '<sha256>  <file name>': {line[:80]!r}")
-        if m.group(2) in sums:
-            raise ChecksumError(path, f"line {i} lists {m.group(2)} a second time")
-        sums[m.group(2)] = m.group(1)
+        name = m.group(2)
+        if name.startswith("/") or ".." in name.split("/"):
+            raise ChecksumError(path, f"line {i} names a file outside its directory: {name[:80]!r}")
+        if name in sums:
+            raise ChecksumError(path, f"line {i} lists {name} a second time")
+        sums[name] = m.group(1)
     return sums
 
 

@@ -81,6 +81,8 @@ def test_no_sums_file_means_nothing_to_check(tmp_path: Path) -> None:
         ("garbled", r"SHA256SUMS: line 2 is not '<sha256>  <file name>': 'not a sum'"),
         ("twice", r"SHA256SUMS: line 5 lists config.json a second time"),
         ("latin1", r"SHA256SUMS: not UTF-8 text"),
+        ("outside", r"SHA256SUMS: line 2 names a file outside its directory: '../secret'"),
+        ("absolute", r"SHA256SUMS: line 2 names a file outside its directory: '/etc/passwd'"),
     ],
 )
 def test_each_damage_is_one_error_naming_the_file(tmp_path: Path, damage: str, message: str) -> None:
@@ -96,6 +98,9 @@ def test_each_damage_is_one_error_naming_the_file(tmp_path: Path, damage: str, m
         sums_file.write_text(lines[0] + "not a sum\n")
     elif damage == "twice":
         sums_file.write_text("".join(lines) + lines[0])
+    elif damage in ("outside", "absolute"):
+        name = "../secret" if damage == "outside" else "/etc/passwd"
+        sums_file.write_text(lines[0] + f"{'0' * 64}  {name}\n")
     else:
         sums_file.write_bytes(b"\xff\xfe\n")
     with pytest.raises(ChecksumError, match=message) as caught:
