@@ -416,14 +416,14 @@ def export_checkpoint(
         whole data section's ``data_sha256``.
 
     Raises:
-        ValueError: a file of ``ckpt_dir`` differs from the sha256 its ``SHA256SUMS`` recorded when it was written.
-        mxfp8_codec.MXFP8Error: a tensor's bytes differ after the rename.
+        mxfp8_codec.MXFP8Error: a weight or side file of ``ckpt_dir`` differs from the sha256 its ``SHA256SUMS``
+            recorded when it was written, or a tensor's bytes differ after the rename.
     """
     from mxfp8_codec import rename_tensors
-    from mxfp8_codec.checkpoint import copy_side_files, is_side_file
+    from mxfp8_codec.checkpoint import check_sums, copy_side_files
 
     ckpt_dir, export_dir = Path(ckpt_dir), Path(export_dir)
-    _verify(ckpt_dir, lambda n: n == MODEL_FILE or is_side_file(n))  # the bytes the trainer wrote, before copying
+    check_sums(ckpt_dir)  # the weights and side files are the bytes the trainer wrote, before copying
     with atomic_directory(export_dir, overwrite=True) as tmp:  # complete under its name, or the old one
         report = rename_tensors(ckpt_dir / MODEL_FILE, tmp / MODEL_FILE, rename or (lambda n: n))
         copy_side_files(ckpt_dir, tmp)  # the codec's side-file policy: no weights, no training state
