@@ -251,7 +251,7 @@ def describe_checkpoint(checkpoint_dir: str | Path) -> dict[str, Any]:
 
     Returns:
         ``{"path", "format": "mxfp8"|"plain", "architectures", "files": [{"name", "bytes", "sha256"}],
-        "precision": {...metadata of the first file...}}``.
+        "sha256sums": checked against a SHA256SUMS (bool), "precision": {...metadata of the first file...}}``.
 
     Raises:
         CheckpointLoadError: a file differs from its recorded sha256 (a damaged copy), or is missing.
@@ -260,7 +260,7 @@ def describe_checkpoint(checkpoint_dir: str | Path) -> dict[str, Any]:
     files = _weight_files(ckpt)
     hashed = {f.path.name: file_sha256(f.path) for f in files}
     try:
-        check_sums(ckpt, hashed=hashed)
+        listed = check_sums(ckpt, hashed=hashed)
     except MXFP8Error as exc:
         raise CheckpointLoadError(str(exc)) from None
     config = json.loads((ckpt / "config.json").read_text()) if (ckpt / "config.json").is_file() else {}
@@ -269,6 +269,7 @@ def describe_checkpoint(checkpoint_dir: str | Path) -> dict[str, Any]:
         "format": "mxfp8" if any(f.mxfp8 for f in files) else "plain",
         "architectures": config.get("architectures"),
         "files": [{"name": f.path.name, "bytes": f.path.stat().st_size, "sha256": hashed[f.path.name]} for f in files],
+        "sha256sums": listed,  # True: the files matched the SHA256SUMS written with them; False: none there
         "precision": {
             **files[0].metadata,
             "orientation": files[0].orientation,
