@@ -6,7 +6,7 @@
   sit at sane magnitudes (a trained 4B model's projections have bytes around 118-122).
 * ``verify PATH [--values] [--allow-plain]``: every validation rule of docs/format.md; exit 1 with
   the reason on failure. ``--values`` also scans for NaN codes/scales and non-finite floats. A directory's
-  ``SHA256SUMS`` (ida writes one into every directory it writes) is checked first.
+  ``SHA256SUMS`` (ida writes one beside every model it writes) is checked first.
 * ``rename SRC DST --map JSON | --prefix OLD=NEW``: header-only rename with the sha256 proof.
 * ``quantize HF_DIR OUT_DIR``: a transformers BF16/F32 checkpoint directory (single file or
   sharded) -> MXFP8 directory. Projection weights (``is_projection_weight``, 2-D) are transposed to
@@ -50,7 +50,7 @@ from typing import TextIO
 
 import numpy as np
 
-from ida_common.checksums import SUMS_FILE
+from ida_common.checksums import SUMS_FILE, write_sums
 from ida_common.cli import ArgumentParser, CheckFailed, Run, check_output_dir, run_main
 from ida_common.files import atomic_directory, check_output
 from mxfp8_codec.checkpoint import check_sums, dequantize_checkpoint, printable, quantize_checkpoint
@@ -266,6 +266,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
     with atomic_directory(hf_dir, overwrite=args.overwrite) as tmp:
         model.save_pretrained(tmp)
+        write_sums(tmp, sync=True)
     print(f"[1/4] random Llama checkpoint ({sum(p.numel() for p in model.parameters())} parameters) -> {hf_dir}")
     quantize_checkpoint(hf_dir, mx_dir, overwrite=args.overwrite)
     print(f"[2/4] quantized -> {mx_dir}")
