@@ -57,7 +57,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ida_common.launch import launch_env
-from ida_trainer.precision import PIPELINE_ATTR, export_state, merge_stage_states, model_recipe
+from ida_trainer.precision import PIPELINE_ATTR, bf16_autocast, export_state, merge_stage_states, model_recipe
 from mxfp8_codec import MXFP8Tensor
 
 if TYPE_CHECKING:
@@ -231,11 +231,7 @@ class _StageModule(nn.Module):
         mb = self.side[self.calls]
         self.calls += 1
         base = self.lm.model
-        ctx = (
-            torch.autocast(device_type=self.autocast_device, dtype=torch.bfloat16)
-            if self.autocast_device
-            else _nullcontext()
-        )
+        ctx = bf16_autocast(self.autocast_device) if self.autocast_device else _nullcontext()
         with ctx:
             h = base.embed_tokens(x) if self.is_first else x
             pos = mb.get("position_ids")
@@ -395,7 +391,7 @@ class PipelineEngine:
         device_type = self.module.autocast_device
 
         def piece(hc: torch.Tensor, yc: torch.Tensor) -> torch.Tensor:
-            ctx = torch.autocast(device_type=device_type, dtype=torch.bfloat16) if device_type else _nullcontext()
+            ctx = bf16_autocast(device_type) if device_type else _nullcontext()
             with ctx:
                 logits = lm_head(hc)
             return F.cross_entropy(logits.float(), yc, reduction="sum", ignore_index=IGNORE_INDEX)

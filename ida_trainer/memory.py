@@ -13,6 +13,12 @@ bf16: every parameter (FP32 master)     4           4 (FP32)  8 (AdamW m, v)    
 bf16: + autocast's BF16 weight copies   2 (held from forward to backward)       18 B
 =====================================  ==========  ========  ================  =========
 
+The BF16 copies of the last row are held for backward by the GEMMs that save them: ``lm_head``'s always, a
+decoder layer's only without activation checkpointing. With it (the default), a layer's copies live while it
+is computed or recomputed and count as a transient of its stage: autocast's weight-cast cache, which would
+keep every copy until the forward ends, is off (:func:`ida_trainer.precision.bf16_autocast`). Embedding
+lookups run in FP32 and make no copy (unless the embedding is also the tied ``lm_head``).
+
 The weights and gradients are not taken from this table: :func:`stage_memory` applies the recipe on the
 ``meta`` device and sums ``numel * element_size`` of the actual parameters and buffers of each stage's
 modules (an NVFP4 layer's uint8 payload and scales, its BF16 gradient, BF16 or FP32 parameters).  Only the
@@ -32,13 +38,14 @@ rules, stated here:
   recomputed in backward (see :mod:`ida_trainer.distributed`): then only one chunk's logits count,
   plus the final hidden states and their gradient (``tokens x hidden x 2 x boundary bytes``).
 * **NVFP4 transients** (nvfp4, the largest layer): its MXFP8 master decoded to FP32 while quantizing
-  (4 B/param) and the two quantized weight layouts (2 x 0.5625 B/param).
+  (4 B/param) and the two quantized weight layouts (2 x 0.5625 B/param). **bf16 transients**: the BF16
+  copies of the largest layer's weights (with activation checkpointing; see above).
 * **Runtime**: 0.75 GiB for the CUDA context, cuBLAS workspace and allocator fragmentation.
 
 The 4B preset is Minitron-4B (hidden 3072, intermediate 9216, 32 layers, 24 heads, 8 KV heads, head
 dim 128, vocabulary 256000, untied embeddings: 4.19 B parameters).  With two pipeline stages and
 1024 tokens per micro-batch, the nvfp4 recipe needs about 11-15 GiB per stage (below 16 GiB: two 16 GB
-cards), the bf16 recipe 36-40 GiB per stage (it does not fit).
+cards), the bf16 recipe 33-36 GiB per stage (it does not fit).
 
 Example:
     >>> from ida_trainer.config import PrecisionConfig
@@ -77,7 +84,7 @@ GIB = 2**30
 LION_STATE_BYTES = 2  # one BF16 momentum per element
 COMPENSATION_BYTES = 4  # FP32 residual per master element (writeback="compensated")
 ADAMW_STATE_BYTES = 8  # two FP32 moments per element
-AUTOCAST_COPY_BYTES = 2  # BF16 copy of each FP32 weight held by autocast from forward to backward
+AUTOCAST_COPY_BYTES = 2  # BF16 copy of an FP32 weight made by autocast for a GEMM
 LOGIT_BYTES = 14  # per token x vocab entry: BF16 logits 2 + FP32 copy 4 + log-softmax 4 + grad 4
 NVFP4_TRANSIENT_BYTES = 4 + 2 * 0.5625  # per param of the largest layer: FP32 decode + W and W^T in NVFP4
 RUNTIME_BYTES = int(0.75 * GIB)  # CUDA context, cuBLAS workspace, allocator fragmentation
@@ -226,6 +233,8 @@ def stage_memory(
     params = [0] * stages
     largest = [0] * stages
     masters = dict(nvfp4_modules(model))
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    layer_copies: dict[tuple[int, int], int] = {}  # (stage, layer) -> BF16 copies of its weights (bf16 recipe)
     anchors = {id(m.weight) for m in masters.values()}
     for name, mod in masters.items():
         s = _stage_of(name + ".", bounds)
@@ -246,8 +255,13 @@ def stage_memory(
             optim[s] += p.numel() * LION_STATE_BYTES
         else:
             optim[s] += p.numel() * ADAMW_STATE_BYTES
-            if isinstance(p, nn.Parameter) and p.dim() >= 2:
-                weights[s] += p.numel() * AUTOCAST_COPY_BYTES
+            if p.dim() >= 2 and ("embed_tokens" not in name or tied):  # embedding lookups run in FP32: no copy
+                layer = _LAYER_RE.search(name)
+                if layer and activations.checkpointing:  # a recomputed layer's copies live for its GEMMs only
+                    key = (s, int(layer.group(1)))
+                    layer_copies[key] = layer_copies.get(key, 0) + p.numel() * AUTOCAST_COPY_BYTES
+                else:  # saved for backward: lm_head's, and every layer's without checkpointing
+                    weights[s] += p.numel() * AUTOCAST_COPY_BYTES
     for name, b in model.named_buffers():
         if not any(name.startswith(n + ".") for n in masters):
             weights[_stage_of(name, bounds)] += _bytes(b)
@@ -267,7 +281,10 @@ def stage_memory(
         else:
             act = in_flight * len(layers) * layer_working
         logits = _logits_bytes(tokens, int(config.vocab_size), hidden, boundary) if s == stages - 1 else 0
-        transient = int(largest[s] * NVFP4_TRANSIENT_BYTES) if recipe == "nvfp4" else 0
+        if recipe == "nvfp4":
+            transient = int(largest[s] * NVFP4_TRANSIENT_BYTES)
+        else:  # the layer being computed (or recomputed): its weights' BF16 copies
+            transient = max((b for (st, _), b in layer_copies.items() if st == s), default=0)
         out.append(
             StageMemory(
                 stage=s,

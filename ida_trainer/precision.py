@@ -71,6 +71,7 @@ __all__ = [
     "EXPORT_LAYOUT",
     "PROJECTION_NAMES",
     "apply_recipe",
+    "bf16_autocast",
     "build_optimizer",
     "count_parameters",
     "export_state",
@@ -105,6 +106,19 @@ def model_recipe(model: nn.Module) -> str:
     return str(recipe)
 
 
+def bf16_autocast(device_type: str) -> torch.autocast:
+    """The bf16 recipe's autocast region: BF16 GEMMs on FP32 masters, with autocast's weight-cast cache off.
+
+    The cache keeps the BF16 copy of every FP32 weight cast inside the region until the region ends: for a
+    forward, a copy of the whole model (2 B per parameter; under FSDP2, of every gathered layer, unsharded),
+    even where activation checkpointing saves nothing for backward (measured on the CPU with a tracking
+    dispatch mode: all of a checkpointed model's weight casts alive at the end of its forward with the cache,
+    none without). A forward uses each weight once, so without the cache it casts the same number of times,
+    to the same bits; the copies are freed after their GEMM, or kept by autograd where it needs them.
+    """
+    return torch.autocast(device_type=device_type, dtype=torch.bfloat16, cache_enabled=False)
+
+
 def _autocast_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     """The model class's forward under BF16 autocast (bound to the instance by the bf16 recipe).
 
@@ -112,7 +126,7 @@ def _autocast_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     copy; the device type is read from the instance at call time (it follows ``model.to``).
     """
     device_type = next((p.device.type for p in self.parameters()), "cpu")
-    with torch.autocast(device_type=device_type, dtype=torch.bfloat16):
+    with bf16_autocast(device_type):
         return type(self).forward(self, *args, **kwargs)
 
 

@@ -440,3 +440,58 @@ def test_docstring_examples_run(module: str) -> None:
 
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_a_bf16_forward_holds_no_bf16_copy_of_the_whole_model(tok):
+    """With activation checkpointing nothing is saved for backward, yet autocast's weight-cast cache kept the
+    BF16 copy of every weight until the forward ended (2 B per parameter; under FSDP2, unsharded). The bf16
+    recipe turns the cache off: when the last layer runs, only its own casts are alive, and the loss and the
+    gradients are the cached forward's, bit for bit."""
+    import weakref
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from ida_trainer.config import ModelConfig
+    from ida_trainer.demo import build_demo_model, corpus_texts
+    from ida_trainer.engine import enable_activation_checkpointing
+    from ida_trainer.precision import _autocast_forward
+
+    model = build_demo_model(ModelConfig(hidden_size=32, intermediate_size=64, num_layers=4, num_heads=2), tok, seed=0)
+    apply_recipe(model, PrecisionConfig(recipe="bf16"))
+    enable_activation_checkpointing(model)
+    model.train()
+    weights = {id(p) for n, p in model.named_parameters() if p.dim() == 2 and "layers." in n}
+    casts: list = []
+
+    class Track(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten._to_copy.default and out.dtype == torch.bfloat16 and args[0].dim() == 2:
+                casts.append(weakref.ref(out))
+            return out
+
+    alive_at_last_layer = []
+    last = model.model.layers[-1]
+    last.register_forward_pre_hook(lambda *_: alive_at_last_layer.append(sum(r() is not None for r in casts)))
+    ids = torch.tensor([tok(corpus_texts()[0])["input_ids"][:32]])
+
+    def loss_and_grads(cached: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        casts.clear()
+        with Track():
+            if cached:  # what the recipe did before: autocast's default, the cache on
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = type(model).forward(model, input_ids=ids, labels=ids).loss
+            else:
+                loss = _autocast_forward(model, input_ids=ids, labels=ids).loss
+            loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    per_layer = len(weights) // 4
+    want_loss, want_grads = loss_and_grads(cached=True)
+    assert alive_at_last_layer[-1] >= 3 * per_layer  # the first three layers' copies, all still held
+    got_loss, got_grads = loss_and_grads(cached=False)
+    assert alive_at_last_layer[-1] == 0
+    assert torch.equal(got_loss, want_loss) and all(
+        torch.equal(a, b) for a, b in zip(got_grads, want_grads, strict=True)
+    )
