@@ -51,7 +51,8 @@ MEMORY_TARGET = 0.5  # nvfp4 peak / bf16 peak, at most
 RECIPES = ("nvfp4", "bf16")  # table order; the bf16 recipe (the larger) is measured first
 EXIT_OUT_OF_MEMORY = 3  # a child that ran out of memory (the project's "this machine cannot" status)
 LAYER_STEP = 8  # decoder layers dropped at a time when the bf16 recipe does not fit at 1 row per micro-batch
-PREDICTION_MARGIN = 1.05  # measured / ida_trainer.memory's count, bf16 recipe at 4B (78.8 / 75.1 GiB, H200)
+PREDICTION_MARGIN = 1.05  # measured / ida_trainer.memory's count, bf16 recipe at 4B (78.8 / 75.1 GiB, H200;
+# measured with autocast's weight-cast cache on, counted then with every layer's BF16 copy held: recalibrate)
 OUTSIDE_TORCH_GIB = 1.0  # device memory torch's allocator does not count: the CUDA context, cuBLAS workspaces
 
 

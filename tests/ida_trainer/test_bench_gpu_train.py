@@ -41,9 +41,11 @@ def test_after_running_out_of_memory_the_bf16_recipe_tries_fewer_rows_then_fewer
     finally:
         sys.path.remove(str(SCRIPT.parent))
     # what the parent skips on a GPU: the count (meta device) times the margin the H200 measured at 4B, 2 rows
+    # (78.8 GiB with autocast's weight-cast cache on; without it, since 2026-12-07, the count no longer holds a
+    # BF16 copy of every layer: 72.3 predicted, not yet measured)
     four_b = argparse.Namespace(hidden=3072, layers=32, heads=24, kv_heads=8, intermediate=9216, vocab=256000, seq=2048)
     need = [bench.bf16_predicted_gib(four_b, m, n) for m, n in ((2, 32), (1, 32), (1, 24), (1, 16))]
-    assert abs(need[0] - 78.8) < 0.5 and need == sorted(need, reverse=True)
+    assert abs(need[0] - 72.3) < 0.5 and need == sorted(need, reverse=True)
     tried, setting = [], (4, 2, 32)
     while setting is not None:
         tried.append(setting)
