@@ -35,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -135,11 +135,16 @@ def read_sums(directory: str | os.PathLike[str]) -> dict[str, str] | None:
 
 
 def verify_sums(
-    directory: str | os.PathLike[str], names: Iterable[str] | None = None, *, hashed: Mapping[str, str] | None = None
+    directory: str | os.PathLike[str],
+    names: Iterable[str] | None = None,
+    *,
+    only: Callable[[str], bool] | None = None,
+    hashed: Mapping[str, str] | None = None,
 ) -> bool:
     """Check files of ``directory`` against its ``SHA256SUMS``: ``names`` (each must be listed), or every
-    file listed. ``hashed``: sha256 the caller has already computed for some of them (not read again).
-    Returns False when the directory has no ``SHA256SUMS`` (nothing to check), True when every file matches.
+    file listed; of those, the ones ``only`` selects. ``hashed``: sha256 the caller has already computed for
+    some of them (not read again). Returns False when the directory has no ``SHA256SUMS`` (nothing to
+    check), True when every file matches.
 
     Raises:
         ChecksumError: the first file (in name order) that is missing, not listed, or whose bytes differ.
@@ -148,7 +153,7 @@ def verify_sums(
     sums = read_sums(directory)
     if sums is None:
         return False
-    wanted = sorted(sums if names is None else set(names))
+    wanted = sorted(n for n in (sums if names is None else set(names)) if only is None or only(n))
     for name in wanted:
         if name not in sums:
             raise ChecksumError(directory / name, f"not listed in {SUMS_FILE}")

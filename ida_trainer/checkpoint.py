@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ida_common.checksums import ChecksumError, read_sums, verify_sums, write_sums
+from ida_common.checksums import ChecksumError, verify_sums, write_sums
 from ida_common.files import atomic_directory, atomic_write_text, sweep_stale, temp_owner
 from ida_common.killpoint import kill_point
 from ida_trainer.sharded import holds_shards
@@ -88,9 +88,7 @@ def _verify(path: Path, only: Callable[[str], bool] | None = None) -> None:
     """Check a checkpoint's files against its ``SHA256SUMS`` (every listed file, or those ``only`` selects);
     checkpoints of an older ida have none and are read as they are."""
     try:
-        sums = read_sums(path)
-        if sums is not None:
-            verify_sums(path, [n for n in sums if only is None or only(n)])
+        verify_sums(path, only=only)
     except ChecksumError as exc:
         raise _damaged(path, exc.path.relative_to(path).as_posix(), exc.why) from None
 
@@ -366,8 +364,8 @@ def load_checkpoint(path: str | Path) -> LoadedCheckpoint:
     for name in (MODEL_FILE, OPTIM_FILE, STATE_FILE):
         if not (path / name).is_file():
             raise ValueError(f"checkpoint {path} is incomplete: {name} is missing")
-    _verify(path)
-    trainer_state = read_trainer_state(path)
+    _verify(path, lambda n: n != STATE_FILE)
+    trainer_state = read_trainer_state(path)  # checks its own file
     tensors = read_model_tensors(path / MODEL_FILE)  # the codec's reader names a damaged file itself
     try:
         # tensors, numbers, strings and containers only (torch's weights-only unpickler: no code runs from the

@@ -34,7 +34,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from ida_common.checksums import SUMS_FILE, ChecksumError, read_sums, verify_sums, write_sums
+from ida_common.checksums import SUMS_FILE, ChecksumError, verify_sums, write_sums
 from ida_common.files import atomic_directory, atomic_write_text, check_output, copy_file_atomic
 from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.header import DTYPES, read_header
@@ -132,16 +132,13 @@ def check_sums(directory: str | os.PathLike[str], *, hashed: Mapping[str, str] |
     """
     directory = Path(directory)
     try:
-        sums = read_sums(directory)
-        if sums is None:
-            return False
-        model_files = [n for n in sums if n.endswith(".safetensors") or n == INDEX_FILE or is_side_file(n)]
-        verify_sums(directory, model_files, hashed=hashed)
+        return verify_sums(
+            directory, only=lambda n: n.endswith(".safetensors") or n == INDEX_FILE or is_side_file(n), hashed=hashed
+        )
     except ChecksumError as exc:
         raise MXFP8Error(
             f"{exc}: a damaged copy? copy the checkpoint again; changed on purpose? delete {directory / SUMS_FILE}"
         ) from None
-    return True
 
 
 def copy_side_files(src: Path, dst: Path) -> list[str]:
