@@ -44,7 +44,7 @@ from ida_common.files import atomic_write_text, fsync_tree
 __all__ = ["SUMS_FILE", "ChecksumError", "file_sha256", "read_sums", "verify_sums", "write_sums"]
 
 SUMS_FILE = "SHA256SUMS"
-HASH_CHUNK = 8 << 20  # 8 MiB reads
+HASH_CHUNK = 1 << 20  # 1 MiB reads into one buffer per thread: as fast as 8 MiB (it stays in cache), 1/8 the memory
 MAX_THREADS = 8
 _LINE = re.compile(r"([0-9a-f]{64}) [ *](.+)")  # sha256sum's text (" ") and binary ("*") markers
 
@@ -61,9 +61,10 @@ class ChecksumError(ValueError):
 def file_sha256(path: str | os.PathLike[str]) -> str:
     """sha256 of a whole file, streamed."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(HASH_CHUNK):
-            h.update(chunk)
+    view = memoryview(bytearray(HASH_CHUNK))
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(view):
+            h.update(view[:n])
     return h.hexdigest()
 
 
