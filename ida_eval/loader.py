@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,6 +160,7 @@ def load_model(
     device_map: Any = None,
     progress: bool = False,
     weights: str = "bf16",
+    check_sums: bool = True,
 ) -> tuple[Any, Any]:
     """Load a checkpoint directory (our MXFP8 format or plain transformers safetensors).
 
@@ -178,6 +180,10 @@ def load_model(
             ``"mxfp8-fused"``: as ``"mxfp8"``, and on a GPU forwards of up to :data:`FUSED_MAX_TOKENS` tokens
             decode the weight inside one Triton GEMM kernel (:func:`mxfp8_codec.hf_modules.use_fused_linear`:
             faster decoding steps, logits not bit-identical to ``"bf16"``'s; the CPU forward is unchanged).
+        check_sums: where the directory has a ``SHA256SUMS`` (ida's checkpoints, exports and conversions),
+            check the weights and side files against it first (:func:`mxfp8_codec.checkpoint.check_sums`;
+            it reads every byte once). False where the caller has just checked (:func:`describe_checkpoint`
+            does).
 
     Returns:
         ``(model, tokenizer)``, the model in eval mode (parameters require grad, as with
@@ -185,7 +191,7 @@ def load_model(
 
     Raises:
         CheckpointLoadError: no weights, bad metadata, wrong shapes, or missing/unexpected keys
-            (all listed in one message).
+            (all listed in one message); a file differs from its recorded sha256, or is missing.
 
     Example:
         >>> model, tok = load_model("runs/sft/checkpoint-1000")  # doctest: +SKIP
@@ -200,6 +206,8 @@ def load_model(
         raise CheckpointLoadError(f"weights={weights!r}, expected one of {WEIGHTS_CHOICES}")
     ckpt = check_checkpoint_dir(checkpoint_dir)
     files = _weight_files(ckpt)
+    if check_sums:  # here, not by the quantizer: plain checkpoints have lists too
+        _check_listed(ckpt)
     mxfp8 = any(f.mxfp8 for f in files)
     if weights != "bf16" and not mxfp8:
         warnings.warn(f"{ckpt}: a plain checkpoint has no MXFP8 weights; loading it with weights='bf16'", stacklevel=2)
@@ -214,7 +222,8 @@ def load_model(
     tokenizer = AutoTokenizer.from_pretrained(ckpt)
     kwargs: dict[str, Any] = {"dtype": dtype, "output_loading_info": True}
     if mxfp8:  # config.json's own quantization_config (if any) is checked against the files by the quantizer
-        kwargs["quantization_config"] = mxhf.MXFP8Config(dequantize=weights == "bf16")  # "mxfp8*": resident
+        # "mxfp8*": resident; the list is checked above
+        kwargs["quantization_config"] = mxhf.MXFP8Config(dequantize=weights == "bf16", check_sums=False)
     if device_map is not None:
         kwargs["device_map"] = device_map
     try:
@@ -242,6 +251,14 @@ def load_model(
     return model, tokenizer
 
 
+def _check_listed(ckpt: Path, *, hashed: Mapping[str, str] | None = None) -> bool:
+    """:func:`mxfp8_codec.checkpoint.check_sums`, its error as :class:`CheckpointLoadError`."""
+    try:
+        return check_sums(ckpt, hashed=hashed)
+    except MXFP8Error as exc:
+        raise CheckpointLoadError(str(exc)) from None
+
+
 def describe_checkpoint(checkpoint_dir: str | Path) -> dict[str, Any]:
     """Provenance of a checkpoint for results files: weight files with sha256, format, precision metadata.
 
@@ -259,10 +276,7 @@ def describe_checkpoint(checkpoint_dir: str | Path) -> dict[str, Any]:
     ckpt = Path(checkpoint_dir)
     files = _weight_files(ckpt)
     hashed = {f.path.name: file_sha256(f.path) for f in files}
-    try:
-        listed = check_sums(ckpt, hashed=hashed)
-    except MXFP8Error as exc:
-        raise CheckpointLoadError(str(exc)) from None
+    listed = _check_listed(ckpt, hashed=hashed)
     config = json.loads((ckpt / "config.json").read_text()) if (ckpt / "config.json").is_file() else {}
     return {
         "path": str(ckpt.resolve()),

@@ -538,8 +538,15 @@ def _lazy_model(
                 f"load: {checkpoint_dir} ({kind + ' ' if kind else ''}safetensors -> "
                 f"{str(dtype).removeprefix('torch.')} model, weights {weights})"
             )
-            loaded.extend(
-                load_model(checkpoint_dir, dtype=dtype, device_map=device_map, progress=progress, weights=weights)
+            loaded.extend(  # describe_checkpoint has checked the files against their SHA256SUMS
+                load_model(
+                    checkpoint_dir,
+                    dtype=dtype,
+                    device_map=device_map,
+                    progress=progress,
+                    weights=weights,
+                    check_sums=info is None,
+                )
             )
         return loaded[0], loaded[1]
 

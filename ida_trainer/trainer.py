@@ -155,12 +155,10 @@ class Trainer:
             self.model = build_demo_model(cfg.model, self.tokenizer, seed=cfg.train.seed)
             return
         from ida_eval import load_model
-        from mxfp8_codec.checkpoint import check_sums
 
-        if resume_dir is None:  # a base that ida wrote lists its files' sha256 (a resume takes the checkpoint's)
-            check_sums(cfg.model.base)
         dtype = torch.bfloat16 if cfg.precision.recipe == "nvfp4" else torch.float32
-        self.model, self.tokenizer = load_model(cfg.model.base, dtype=dtype)
+        # a base that ida wrote lists its files' sha256 (a resume checks the checkpoint's own list instead)
+        self.model, self.tokenizer = load_model(cfg.model.base, dtype=dtype, check_sums=resume_dir is None)
         if resume_dir is not None:
             from transformers import AutoTokenizer
 

@@ -56,7 +56,10 @@ How loading works (transformers 5.x, the quantizer hooks every 5.x release has; 
 hooks, :mod:`mxfp8_codec.hf_load` the steps, :mod:`mxfp8_codec.hf_modules` the modules):
 
 1. **Plan and validate before any weight is read** (``_process_model_before_weight_loading``, which
-   receives the checkpoint files): every file header is parsed and validated by the codec; the
+   receives the checkpoint files): where the directory has a ``SHA256SUMS`` (every model directory ida
+   writes), the weights and side files are checked against it first (``MXFP8Config(check_sums=False)``
+   skips that), so a damaged copy is named instead of loading as other weights; every file header is
+   parsed and validated by the codec; the
    file metadata must agree with config.json's ``quantization_config`` (orientation, norm
    convention, format version); every tensor the model expects must be stored, with its shape
    (in the file's orientation for projections); nothing unexpected may be stored; only projection
@@ -165,6 +168,11 @@ class MXFP8Config(QuantizationConfigMixin):
         scale_rule: recorded only (decoding never depends on it).
         dequantize: False (default) keeps projection weights in MXFP8 (:class:`MXFP8Linear`);
             True decodes them once into plain ``nn.Linear`` of the model dtype.
+        check_sums: True (default): where the checkpoint's directory has a ``SHA256SUMS`` (every model
+            directory ida writes), its weights and side files are checked against it before anything is
+            read, so a damaged copy is :class:`MXFP8LoadError` naming the file, not other numbers
+            (:func:`mxfp8_codec.checkpoint.check_sums`: it reads every byte once). False skips that, e.g.
+            where the caller has just checked. A loading option: never written to config.json.
 
     Example:
         >>> MXFP8Config().to_dict()["quant_method"]
@@ -179,6 +187,7 @@ class MXFP8Config(QuantizationConfigMixin):
         weights_dtype: str = WEIGHTS_DTYPE,
         scale_rule: str | None = None,
         dequantize: bool = False,
+        check_sums: bool = True,
         **kwargs: Any,
     ) -> None:
         self.quant_method = QUANT_METHOD
@@ -188,6 +197,7 @@ class MXFP8Config(QuantizationConfigMixin):
         self.weights_dtype = weights_dtype
         self.scale_rule = scale_rule
         self.dequantize = dequantize
+        self.check_sums = check_sums
         unknown = sorted(k for k in kwargs if k != "quant_method")
         if unknown:
             raise ValueError(f"MXFP8Config: unknown fields {unknown}")
@@ -195,8 +205,9 @@ class MXFP8Config(QuantizationConfigMixin):
 
     def post_init(self) -> None:
         """Validate every field's type and value (actionable ``ValueError`` naming the key)."""
-        if not isinstance(self.dequantize, bool):  # "dequantize": "no" in a config.json must not mean True
-            raise ValueError(f"MXFP8Config: dequantize must be true or false, got {self.dequantize!r}")
+        for key in ("dequantize", "check_sums"):  # "dequantize": "no" in a config.json must not mean True
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"MXFP8Config: {key} must be true or false, got {getattr(self, key)!r}")
         for key in ("orientation", "norm_convention", "scale_rule"):
             if getattr(self, key) is not None and not isinstance(getattr(self, key), str):
                 raise ValueError(f"MXFP8Config: {key} must be a string or null, got {getattr(self, key)!r}")
@@ -234,7 +245,7 @@ class MXFP8Config(QuantizationConfigMixin):
     def get_loading_attributes(self) -> dict[str, Any]:
         """What ``from_pretrained(..., quantization_config=MXFP8Config(dequantize=True))`` may change
         on a checkpoint whose config.json already names the method."""
-        return {"dequantize": self.dequantize}
+        return {"dequantize": self.dequantize, "check_sums": self.check_sums}
 
 
 def _allow_loading_attributes() -> None:

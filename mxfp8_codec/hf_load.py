@@ -3,7 +3,10 @@
 :class:`mxfp8_codec.hf.MXFP8HfQuantizer` keeps transformers' hooks and nothing else; each hook calls
 one function here:
 
-1. :func:`plan_load` (before any weight is read): every file header parsed and validated by the codec,
+1. :func:`plan_load` (before any weight is read): where the directory has a ``SHA256SUMS`` (and
+   ``check_sums`` is on), its weights and side files checked against it
+   (:func:`mxfp8_codec.checkpoint.check_sums`: a damaged copy is named, not loaded as other numbers); every
+   file header parsed and validated by the codec,
    the file metadata checked against config.json's ``quantization_config``, every tensor the model
    expects found with its shape (in the file's orientation for projections), nothing unexpected
    stored, only projection weights quantized, and a stored copy of a tied weight equal to its source.
@@ -37,6 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from mxfp8_codec.checkpoint import check_sums
 from mxfp8_codec.constants import WEIGHTS_DTYPE
 from mxfp8_codec.convert import numpy_dtype_of, torch_dtype_of
 from mxfp8_codec.errors import MXFP8Error
@@ -133,15 +137,21 @@ def listed_names(keys: Sequence[str]) -> str:
 
 
 def plan_load(model: Any, files: Sequence[str], qc: Any) -> LoadPlan:
-    """Read and validate every header against ``qc`` (an :class:`mxfp8_codec.hf.MXFP8Config`: its
+    """Check the files against their directory's ``SHA256SUMS`` (where there is one and ``qc.check_sums``),
+    then read and validate every header against ``qc`` (an :class:`mxfp8_codec.hf.MXFP8Config`: its
     ``orientation``, ``norm_convention``, ``format_version``) and the model (built on the meta device).
 
     Raises:
+        MXFP8Error: a listed file is missing or its bytes differ from its recorded sha256 (the quantizer's
+            hooks raise every codec error as :class:`MXFP8LoadError`).
         MXFP8LoadError: the first problem of a file (naming it and the tensor); the tensors the model
             needs but no file stores and those stored but not the model's, all listed in one message.
     """
     if not files:
         raise MXFP8LoadError("no checkpoint files to load (mxfp8_codec reads safetensors checkpoints)")
+    if qc.check_sums:  # the root cause first: a damaged copy, before what its bytes would make of a header
+        for directory in sorted({Path(f).parent for f in files}):
+            check_sums(directory)
     plan = LoadPlan()
     mxfp8_files = 0
     for f in files:

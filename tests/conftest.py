@@ -119,3 +119,11 @@ def processes_with(marker: str) -> list[int]:
         except OSError:
             pass
     return found
+
+
+def flip_bit(path: Path, offset: int | None = None, mask: int = 0x01) -> None:
+    """Damage ``path`` as a bad disk or copy would: XOR the byte at ``offset`` (default: the middle) with
+    ``mask``; the size stays. Calling it again restores the file."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2 if offset is None else offset] ^= mask
+    path.write_bytes(bytes(data))

@@ -11,6 +11,7 @@ import torch
 from ida_common.checksums import read_sums, write_sums
 from ida_eval import CheckpointLoadError, describe_checkpoint, load_model
 from ida_eval.loader import FUSED_MAX_TOKENS
+from tests.conftest import flip_bit
 from tests.ida_eval.support import (
     ARCHS,
     logits_of,
@@ -212,7 +213,8 @@ def test_not_a_checkpoint(tmp_path):
 
 def test_a_checkpoint_is_checked_against_its_sha256sums_before_it_is_scored(tok, tmp_path):
     """ida_trainer's checkpoints and exports list every file's sha256 (SHA256SUMS): a weight or tokenizer file
-    damaged since is named before anything is generated; the training state, which no eval reads, is not hashed."""
+    damaged since is named before anything is generated or loaded; the training state, which no eval reads, is not
+    hashed."""
     ckpt = save_mxfp8_checkpoint(tiny_model("llama", len(tok)), tok, tmp_path / "m")
     (ckpt / "optimizer.pt").write_bytes(b"training state")
     write_sums(ckpt)
@@ -221,13 +223,16 @@ def test_a_checkpoint_is_checked_against_its_sha256sums_before_it_is_scored(tok,
     (ckpt / "optimizer.pt").write_bytes(b"damaged, and never read by an eval")
     describe_checkpoint(ckpt)
     for name in ("tokenizer.json", "model.safetensors"):
-        data = bytearray((ckpt / name).read_bytes())
-        data[len(data) // 2] ^= 0x01
-        (ckpt / name).write_bytes(bytes(data))
-        with pytest.raises(CheckpointLoadError, match=rf"^{ckpt / name}: its bytes differ from the sha256 recorded"):
-            describe_checkpoint(ckpt)
-        data[len(data) // 2] ^= 0x01
-        (ckpt / name).write_bytes(bytes(data))
+        flip_bit(ckpt / name)
+        for check in (describe_checkpoint, load_model, lambda d: load_model(d, weights="mxfp8")):
+            with pytest.raises(
+                CheckpointLoadError, match=rf"^{ckpt / name}: its bytes differ from the sha256 recorded"
+            ):
+                check(ckpt)
+        flip_bit(ckpt / name)
+    flip_bit(ckpt / "model.safetensors")
+    load_model(ckpt, check_sums=False)  # the caller has checked (ida_eval.mbxp: describe_checkpoint)
+    flip_bit(ckpt / "model.safetensors")
     (ckpt / "SHA256SUMS").unlink()  # a directory without one (any transformers checkpoint) is read as it is
     assert describe_checkpoint(ckpt) == {**info, "sha256sums": False}
 

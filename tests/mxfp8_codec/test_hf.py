@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import mxfp8_codec.hf as mxhf
+from ida_common.checksums import write_sums
 from ida_eval import load_model
 from mxfp8_codec import (
     decode_mxfp8,
@@ -28,7 +29,8 @@ from mxfp8_codec import (
     open_mxfp8,
     write_mxfp8_safetensors,
 )
-from mxfp8_codec.header import sniff_mxfp8
+from mxfp8_codec.header import read_header, sniff_mxfp8
+from tests.conftest import flip_bit
 from tests.ida_eval.support import (
     ARCHS,
     logits_of,
@@ -173,6 +175,43 @@ def test_no_quantization_config_still_loads_through_the_quantizer(config_says, s
     deq = _from_pretrained(bare, quantization_config=mxhf.MXFP8Config(dequantize=True))  # an explicit choice holds
     assert type(deq.model.layers[0].self_attn.q_proj) is torch.nn.Linear
     assert torch.equal(logits_of(deq, ids), want)
+
+
+@pytest.mark.filterwarnings("ignore:.*has no quantization_config:UserWarning")  # tested above
+@pytest.mark.parametrize("named", [True, False], ids=["config-names-the-method", "no-quantization-config"])
+def test_a_byte_damaged_since_the_sums_were_written_is_named_not_loaded(named, tok, ids, tmp_path):
+    """A flipped payload bit is another valid E4M3 code: nothing in a safetensors file detects it, and
+    from_pretrained loaded it as other numbers. Where the directory has a SHA256SUMS (every model
+    directory ida writes) the quantizer checks the weights and side files against it before reading
+    anything: MXFP8LoadError naming the file, resident or dequantized. MXFP8Config(check_sums=False)
+    skips the check (what it catches: other logits), is never written to a config, and a directory
+    without a list loads as before."""
+    d = save_mxfp8_checkpoint(tiny_model("llama", len(tok)), tok, tmp_path / "c")
+    if named:
+        _set_quantization_config(
+            d, mxhf.quantization_config_dict(orientation="in_out", norm_convention="zero_centered")
+        )
+    write_sums(d)
+    want = logits_of(_from_pretrained(d), ids)
+    weights = d / "model.safetensors"
+    h = read_header(weights)
+    flip_bit(weights, h.data_start + h.entries["model.layers.0.self_attn.q_proj.weight"].begin)
+    for kw in ({}, {"quantization_config": mxhf.MXFP8Config(dequantize=True)}):
+        with pytest.raises(mxhf.MXFP8LoadError) as info:
+            _from_pretrained(d, **kw)
+        assert str(info.value) == (
+            f"{weights}: its bytes differ from the sha256 recorded in SHA256SUMS when it was written: a damaged "
+            f"copy? copy the checkpoint again; changed on purpose? delete {d / 'SHA256SUMS'}"
+        )
+    unchecked = _from_pretrained(d, quantization_config=mxhf.MXFP8Config(check_sums=False))
+    assert not torch.equal(logits_of(unchecked, ids), want)
+    assert "check_sums" not in unchecked.config.quantization_config.to_dict()
+    flip_bit(weights, h.data_start + h.entries["model.layers.0.self_attn.q_proj.weight"].begin)
+    flip_bit(d / "tokenizer.json")  # a side file the model is built with is checked too
+    with pytest.raises(mxhf.MXFP8LoadError, match=rf"^{d / 'tokenizer.json'}: its bytes differ"):
+        _from_pretrained(d)
+    (d / "SHA256SUMS").unlink()
+    assert torch.equal(logits_of(_from_pretrained(d), ids), want)
 
 
 def test_the_from_pretrained_hooks_are_installed_once():
