@@ -3,7 +3,7 @@
 A random model (default: NemotronForCausalLM, ~400 M parameters) is saved twice: as a plain
 transformers BF16 checkpoint (``save_pretrained``) and in our MXFP8 format (projections in the
 native [in, out] orientation, or [out, in] with ``--orientation out_in``; config.json naming
-``quant_method = "mxfp8_codec"``). Each variant
+``quant_method = "mxfp8_codec"``; a ``SHA256SUMS``, as every model directory ida writes has). Each variant
 runs in a fresh subprocess (same imports before the clock) and reports:
 
 * ``added peak RSS``: peak resident set (``VmHWM``, reset after the imports) minus the resident
@@ -18,6 +18,8 @@ drops both from it before each run, as on the first load after a download or a r
 Variants:
   bf16        AutoModelForCausalLM.from_pretrained(bf16_dir, dtype=bf16)          (the baseline)
   mxfp8       import mxfp8_codec.hf; from_pretrained(mxfp8_dir)   -- weights stay MXFP8 in memory
+  unchecked   from_pretrained(mxfp8_dir, quantization_config=MXFP8Config(check_sums=False)): the same
+              without checking the files against their SHA256SUMS (what the check costs)
   dequantize  from_pretrained(mxfp8_dir, quantization_config=MXFP8Config(dequantize=True))
   load_model  ida_eval.load_model(mxfp8_dir)
 
@@ -54,7 +56,7 @@ from typing import Any
 from bench_loader import _evict, _status_kib
 from timing import samples  # this directory is on sys.path
 
-VARIANTS: tuple[str, ...] = ("bf16", "mxfp8", "dequantize", "load_model")
+VARIANTS: tuple[str, ...] = ("bf16", "mxfp8", "unchecked", "dequantize", "load_model")
 SEQ_LEN = 64
 MEMORY_TARGET = 0.6  # mxfp8: added peak RSS / BF16 bytes
 FORWARD_TARGET = 1.5  # mxfp8 forward / bf16 forward
@@ -66,6 +68,7 @@ def _build(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import AutoModelForCausalLM, NemotronConfig, PreTrainedTokenizerFast
 
+    from ida_common.checksums import write_sums
     from mxfp8_codec import is_projection_weight, write_mxfp8_safetensors
     from mxfp8_codec.hf_config import write_config_json
 
@@ -105,6 +108,7 @@ def _build(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         native = sd
     write_mxfp8_safetensors(mx_dir / "model.safetensors", native, orientation=args.orientation)
     write_config_json(mx_dir, mx_dir / "model.safetensors")
+    write_sums(mx_dir)
     return {
         "n_params": n_params,
         "bf16_bytes": 2 * n_params,
@@ -137,6 +141,11 @@ def _child(variant: str, info: dict[str, Any], out: Path) -> None:
         AutoTokenizer.from_pretrained(info["bf16_dir"])
     elif variant == "mxfp8":
         model = AutoModelForCausalLM.from_pretrained(info["mxfp8_dir"])
+        AutoTokenizer.from_pretrained(info["mxfp8_dir"])
+    elif variant == "unchecked":
+        model = AutoModelForCausalLM.from_pretrained(
+            info["mxfp8_dir"], quantization_config=mxhf.MXFP8Config(check_sums=False)
+        )
         AutoTokenizer.from_pretrained(info["mxfp8_dir"])
     elif variant == "dequantize":
         model = AutoModelForCausalLM.from_pretrained(
@@ -317,7 +326,13 @@ def main(argv: list[str] | None = None) -> int:
                     f"{'OK' if ld <= LOAD_TARGET else 'MISSED'}"
                 )
                 ok &= fw <= FORWARD_TARGET and ld <= LOAD_TARGET
-        same = [v for v in ("mxfp8", "dequantize", "load_model") if v in results]
+        if "mxfp8" in results and "unchecked" in results:
+            print(
+                f"SHA256SUMS check: mxfp8 load+first forward {results['mxfp8']['first']:.2f} s = "
+                f"{results['mxfp8']['first'] / results['unchecked']['first']:.2f}x unchecked's "
+                f"({results['unchecked']['first']:.2f} s)"
+            )
+        same = [v for v in ("mxfp8", "unchecked", "dequantize", "load_model") if v in results]
         if len(same) > 1:
             ref = torch.load(root / f"{same[0]}.logits.pt")
             eq = all(torch.equal(ref, torch.load(root / f"{v}.logits.pt")) for v in same[1:])
