@@ -12,6 +12,7 @@ import pytest
 
 from ida_common import checksums
 from ida_common.checksums import SUMS_FILE, ChecksumError, read_sums, verify_sums, write_sums
+from tests.conftest import flip_bit
 
 SHA256SUM = shutil.which("sha256sum")
 
@@ -23,12 +24,6 @@ def _tree(root: Path) -> Path:
     (root / "sub" / "notes.txt").write_text("x")
     (root / "empty").write_bytes(b"")
     return root
-
-
-def _flip(path: Path, offset: int) -> None:
-    data = bytearray(path.read_bytes())
-    data[offset] ^= 0x01
-    path.write_bytes(bytes(data))
 
 
 def test_doctests() -> None:
@@ -54,7 +49,7 @@ def test_coreutils_checks_our_file_and_we_read_its_file(tmp_path: Path) -> None:
     write_sums(root)
     ok = subprocess.run([SHA256SUM, "-c", SUMS_FILE], cwd=root, capture_output=True, text=True, check=False)
     assert ok.returncode == 0 and ok.stdout.count(": OK") == 4, ok.stdout + ok.stderr
-    _flip(root / "model.safetensors", 500_000)
+    flip_bit(root / "model.safetensors", 500_000)
     bad = subprocess.run([SHA256SUM, "-c", SUMS_FILE], cwd=root, capture_output=True, text=True, check=False)
     assert bad.returncode == 1 and "model.safetensors: FAILED" in bad.stdout, bad.stdout
     with pytest.raises(ChecksumError, match=r"/model.safetensors: its bytes differ from the sha256 recorded"):
@@ -91,7 +86,7 @@ def test_each_damage_is_one_error_naming_the_file(tmp_path: Path, damage: str, m
     sums_file = root / SUMS_FILE
     lines = sums_file.read_text().splitlines(keepends=True)
     if damage == "flip":
-        _flip(root / "config.json", 3)
+        flip_bit(root / "config.json", 3)
     elif damage == "delete":
         (root / "sub" / "notes.txt").unlink()
     elif damage == "garbled":

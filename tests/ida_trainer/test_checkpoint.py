@@ -20,6 +20,7 @@ from ida_trainer.precision import (
     export_state,
     load_state,
 )
+from tests.conftest import flip_bit
 
 TINY = ModelConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2)
 
@@ -261,12 +262,6 @@ def test_export_renames_header_only_with_sha256_proof(tok, tmp_path):
         assert "model.embed_tokens.weight" in list(dst.keys())
 
 
-def _flip_middle(path):
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x40
-    path.write_bytes(bytes(data))
-
-
 @pytest.mark.skipif(shutil.which("sha256sum") is None, reason="coreutils' sha256sum is not installed")
 def test_a_byte_damaged_after_the_save_is_named_not_loaded(tok, tmp_path):
     """Nothing in a torch zip archive or a safetensors file detects a flipped byte: it loads as another number.
@@ -281,7 +276,7 @@ def test_a_byte_damaged_after_the_save_is_named_not_loaded(tok, tmp_path):
     check = ["sha256sum", "-c", "--quiet", SUMS_FILE]
     assert subprocess.run(check, cwd=path, capture_output=True, check=False).returncode == 0
     good = torch.load(path / "optimizer.pt", weights_only=True)
-    _flip_middle(path / "optimizer.pt")
+    flip_bit(path / "optimizer.pt", mask=0x40)
     flipped = torch.load(path / "optimizer.pt", weights_only=True)  # torch reads it without a word
     assert any(
         not torch.equal(a, b)
@@ -296,7 +291,7 @@ def test_a_byte_damaged_after_the_save_is_named_not_loaded(tok, tmp_path):
     ckpt.export_checkpoint(path, tmp_path / "export")  # the export reads no training state: it goes on
 
     path = _save(tmp_path / "ck", 3, model, opt, tok)
-    _flip_middle(path / "model.safetensors")
+    flip_bit(path / "model.safetensors", mask=0x40)
     with pytest.raises(ValueError, match=r"ckpt-000003/model.safetensors: its bytes differ from the sha256"):
         ckpt.export_checkpoint(path, tmp_path / "export2")
     assert not (tmp_path / "export2").exists()

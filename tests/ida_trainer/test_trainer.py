@@ -28,6 +28,7 @@ from ida_trainer.engine import (
     lr_at,
 )
 from ida_trainer.trainer import Trainer, run
+from tests.conftest import flip_bit
 
 TINY = ModelConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2)
 
@@ -254,10 +255,7 @@ def test_fine_tune_a_base_directory_with_chat_data_and_broken_marker_rows(tok, t
     )
     assert report2["untrained_tokens"]["reinitialised"] == [] and math.isfinite(report2["final_loss"])
     # a base whose bytes changed since the export wrote them (its SHA256SUMS) is named before any training
-    weights = tmp_path / "r1" / "export" / "model.safetensors"
-    raw = bytearray(weights.read_bytes())
-    raw[len(raw) // 2] ^= 0x10
-    weights.write_bytes(bytes(raw))
+    flip_bit(tmp_path / "r1" / "export" / "model.safetensors", mask=0x10)
     with pytest.raises(ValueError, match=r"export/model.safetensors: its bytes differ from the sha256 recorded"):
         run(parse_args([*common, "--base", str(tmp_path / "r1" / "export"), "--out", str(tmp_path / "r3")]))
     assert not (tmp_path / "r3" / "checkpoints").exists()

@@ -24,6 +24,7 @@ import pytest
 from ida_common.checksums import SUMS_FILE, read_sums, verify_sums, write_sums
 from mxfp8_codec import MXFP8Tensor, write_mxfp8_safetensors, write_safetensors
 from mxfp8_codec.cli import main
+from tests.conftest import flip_bit
 
 pytestmark = pytest.mark.slow  # each case kills a real quantize process
 
@@ -288,9 +289,7 @@ def test_each_output_lists_its_own_files_and_a_damaged_input_is_named(
     assert main(["verify", str(mx)]) == 0
     assert f"OK {mx / SUMS_FILE}: the weights, index and side files match" in capsys.readouterr().out
     (mx / "notes.txt").write_text("not listed, not checked")
-    data = bytearray((mx / "tokenizer.json").read_bytes())
-    data[100] ^= 0x01
-    (mx / "tokenizer.json").write_bytes(bytes(data))
+    flip_bit(mx / "tokenizer.json", 100)
     assert main(["verify", str(mx)]) == 1
     line = _one_error_line(capsys.readouterr().err)
     assert f"{mx / 'tokenizer.json'}: its bytes differ from the sha256 recorded in SHA256SUMS" in line

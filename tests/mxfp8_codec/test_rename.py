@@ -24,6 +24,7 @@ from mxfp8_codec import (
     write_mxfp8_safetensors,
 )
 from mxfp8_codec.rename import COPY_BUFFER_BYTES
+from tests.conftest import flip_bit
 
 
 def _ckpt(path: Path, seed: int = 0) -> dict[str, np.ndarray]:
@@ -116,9 +117,7 @@ def test_verify_renamed_detects_changed_bytes(tmp_path: Path) -> None:
     report = rename_tensors(src, dst, prefix_mapping({"blk.": "layers."}))
     h = read_header(dst)
     target = h.entries["layers.0.norm.weight"]
-    blob = bytearray(dst.read_bytes())
-    blob[h.data_start + target.begin + 3] ^= 0x01  # one bit of one BF16 value
-    dst.write_bytes(bytes(blob))
+    flip_bit(dst, h.data_start + target.begin + 3)  # one bit of one BF16 value
     validate(dst)  # structurally still fine ...
     with pytest.raises(MXFP8Error, match="'layers.0.norm.weight': sha256"):  # ... but not the same weights
         verify_renamed(dst, report)
