@@ -634,13 +634,6 @@ def evaluate_checkpoint(
     """
     check_output_dir(out_dir, "--out")  # checks before work: nothing loaded or created until they pass
     problems = select_problems(load_problems(find_problems_file(problems_path)), limit)
-    check_checkpoint_dir(checkpoint_dir, "--checkpoint")
-    info = describe_checkpoint(checkpoint_dir)
-    model_and_tokenizer = _lazy_model(
-        checkpoint_dir, info, dtype, _device_map_for(device, device_map, ranks), progress, weights
-    )
-
-    pass_at_ks(pass_at, samples_per_task)  # bad --pass-at before any load
     settings = dict(
         batch_size=batch_size,
         max_new_tokens=max_new_tokens,
@@ -655,7 +648,26 @@ def evaluate_checkpoint(
         cache=cache,
         ranks=ranks,
     )
+    info, model_and_tokenizer = _checkpoint_for(checkpoint_dir, settings, dtype, device, device_map, weights)
     return _evaluate_loaded(problems, Path(out_dir), info, model_and_tokenizer, settings)
+
+
+def _checkpoint_for(
+    checkpoint_dir: str | Path,
+    settings: Mapping[str, Any],
+    dtype: torch.dtype,
+    device: str,
+    device_map: Any,
+    weights: str,
+) -> tuple[dict[str, Any], Any]:
+    """The checks of a checkpoint run before work (the directory, ``--pass-at``; then its files against their
+    ``SHA256SUMS`` while :func:`describe_checkpoint` hashes them), its description for results files, and the
+    function that loads the model on first need (:func:`_lazy_model`)."""
+    check_checkpoint_dir(checkpoint_dir, "--checkpoint")
+    pass_at_ks(settings["pass_at"], settings["samples_per_task"])  # bad --pass-at before hashing or loading
+    info = describe_checkpoint(checkpoint_dir)
+    device_map = _device_map_for(device, device_map, settings["ranks"])
+    return info, _lazy_model(checkpoint_dir, info, dtype, device_map, settings["progress"], weights)
 
 
 def _evaluate_loaded(
@@ -713,13 +725,6 @@ def evaluate_checkpoint_languages(
     failure-class counts. ``on_language(language, summary)`` is called after each language.
     """
     check_output_dir(out_dir, "--out")
-    check_checkpoint_dir(checkpoint_dir, "--checkpoint")
-    info = describe_checkpoint(checkpoint_dir)
-    model_and_tokenizer = _lazy_model(
-        checkpoint_dir, info, dtype, _device_map_for(device, device_map, ranks), progress, weights
-    )
-
-    ks = pass_at_ks(pass_at, samples_per_task)
     settings = dict(
         batch_size=batch_size,
         max_new_tokens=max_new_tokens,
@@ -734,6 +739,8 @@ def evaluate_checkpoint_languages(
         cache=cache,
         ranks=ranks,
     )
+    info, model_and_tokenizer = _checkpoint_for(checkpoint_dir, settings, dtype, device, device_map, weights)
+    ks = pass_at_ks(pass_at, samples_per_task)
     out = Path(out_dir)
     table: dict[str, Any] = {}
     per_task_counts: dict[str, dict[str, tuple[int, int]]] = {}
