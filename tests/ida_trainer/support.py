@@ -6,6 +6,9 @@ from pathlib import Path
 
 from ida_trainer.logs import read_train_log
 
+# the smallest model the run-level tests train: hidden 32, MLP 64, 2 heads (the demo's other settings)
+TINY_MODEL = ["--model.hidden_size", "32", "--model.intermediate_size", "64", "--model.num_heads", "2"]
+
 
 def loss_records(run_dir: Path) -> list[tuple[int, float, float, float]]:
     """(step, loss, grad norm, lr) of every record in a run's ``train_log.jsonl``: what "the same run" compares."""

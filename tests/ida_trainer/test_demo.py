@@ -19,6 +19,7 @@ from ida_trainer.demo import (
     train_demo_tokenizer,
 )
 from ida_trainer.logs import read_mllog, read_train_log
+from tests.ida_trainer.support import TINY_MODEL
 
 
 def _problems():
@@ -88,12 +89,7 @@ def test_demo_pipeline_end_to_end(tmp_path, capsys):
             "24",
             "--train.global_batch_size",
             "2",
-            "--model.hidden_size",
-            "32",
-            "--model.intermediate_size",
-            "64",
-            "--model.num_heads",
-            "2",
+            *TINY_MODEL,
             "--train.progress",
             "false",
         ]

@@ -21,16 +21,11 @@ import pytest
 from ida_common.checksums import file_sha256
 from ida_trainer.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from ida_trainer.logs import read_mllog
-from tests.ida_trainer.support import loss_records
+from tests.ida_trainer.support import TINY_MODEL, loss_records
 
 STEPS = 6
 ARGS = [
-    "--model.hidden_size",
-    "32",
-    "--model.intermediate_size",
-    "64",
-    "--model.num_heads",
-    "2",
+    *TINY_MODEL,
     "--train.global_batch_size",
     "2",
     "--steps",

@@ -21,16 +21,11 @@ import pytest
 
 from ida_trainer.cli import parse_args
 from ida_trainer.trainer import run
-from tests.ida_trainer.support import loss_records
+from tests.ida_trainer.support import TINY_MODEL, loss_records
 
 STEPS = 10
 ARGS = [
-    "--model.hidden_size",
-    "32",
-    "--model.intermediate_size",
-    "64",
-    "--model.num_heads",
-    "2",
+    *TINY_MODEL,
     "--train.global_batch_size",
     "2",
     "--steps",
@@ -96,12 +91,7 @@ def test_bf16_recipe_resume_is_exact_in_process(tmp_path):
     common = [
         "--recipe",
         "bf16",
-        "--model.hidden_size",
-        "32",
-        "--model.intermediate_size",
-        "64",
-        "--model.num_heads",
-        "2",
+        *TINY_MODEL,
         "--train.global_batch_size",
         "2",
         "--steps",

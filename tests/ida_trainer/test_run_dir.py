@@ -19,14 +19,10 @@ from ida_trainer.checkpoint import checkpoint_run_id, list_checkpoints
 from ida_trainer.cli import parse_args
 from ida_trainer.logs import read_train_log
 from ida_trainer.trainer import run
+from tests.ida_trainer.support import TINY_MODEL
 
 TINY = [
-    "--model.hidden_size",
-    "32",
-    "--model.intermediate_size",
-    "64",
-    "--model.num_heads",
-    "2",
+    *TINY_MODEL,
     "--train.global_batch_size",
     "2",
     "--checkpoint.every",

@@ -29,6 +29,7 @@ from ida_trainer.engine import (
 )
 from ida_trainer.trainer import Trainer, run
 from tests.conftest import flip_bit
+from tests.ida_trainer.support import TINY_MODEL
 
 TINY = ModelConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2)
 
@@ -156,12 +157,7 @@ def test_nan_loss_fails_fast_naming_step_and_batch(tmp_path):
             str(tmp_path / "run"),
             "--train.global_batch_size",
             "2",
-            "--model.hidden_size",
-            "32",
-            "--model.intermediate_size",
-            "64",
-            "--model.num_heads",
-            "2",
+            *TINY_MODEL,
             "--train.progress",
             "false",
             "--eval.final",
