@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -46,6 +47,7 @@ __all__ = ["SUMS_FILE", "ChecksumError", "file_sha256", "read_sums", "verify_sum
 SUMS_FILE = "SHA256SUMS"
 HASH_CHUNK = 1 << 20  # 1 MiB reads into one buffer per thread: as fast as 8 MiB (it stays in cache), 1/8 the memory
 MAX_THREADS = 8
+MAX_SUMS_BYTES = 16 << 20  # ~160,000 lines: a model directory lists tens of files
 _LINE = re.compile(r"([0-9a-f]{64}) [ *](.+)")  # sha256sum's text (" ") and binary ("*") markers
 
 
@@ -112,13 +114,25 @@ def read_sums(directory: str | os.PathLike[str]) -> dict[str, str] | None:
 
     Raises:
         ChecksumError: a line that is not ``<64 hex digits>  <name>`` (names the line), a name listed twice,
-            or one outside the directory (absolute, or with a ``..``: a list never makes ida read elsewhere).
+            or one outside the directory (absolute, or with a ``..``: a list never makes ida read elsewhere);
+            a ``SHA256SUMS`` that is not a regular file (a FIFO, a device, a directory, a dangling link) or
+            is larger than :data:`MAX_SUMS_BYTES`.
     """
     path = Path(directory) / SUMS_FILE
     try:
-        text = path.read_text(encoding="utf-8")
+        st = path.stat()
     except FileNotFoundError:
+        if path.is_symlink():
+            raise ChecksumError(path, "a link to a file that does not exist") from None
         return None
+    if not stat.S_ISREG(st.st_mode):  # a FIFO would block the reader, /dev/zero would never end
+        raise ChecksumError(path, "not a regular file")
+    with open(path, "rb") as f:
+        data = f.read(MAX_SUMS_BYTES + 1)
+    if len(data) > MAX_SUMS_BYTES:
+        raise ChecksumError(path, f"larger than {MAX_SUMS_BYTES >> 20} MiB, far more than a list of files needs")
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ChecksumError(path, f"not UTF-8 text ({exc.reason})") from None
     sums: dict[str, str] = {}
@@ -158,8 +172,9 @@ def verify_sums(
     for name in wanted:
         if name not in sums:
             raise ChecksumError(directory / name, f"not listed in {SUMS_FILE}")
-        if not (directory / name).is_file():
-            raise ChecksumError(directory / name, f"missing (listed in {SUMS_FILE})")
+        if not (directory / name).is_file():  # never opened: a FIFO listed would block the hash
+            what = "not a regular file" if os.path.lexists(directory / name) else "missing"
+            raise ChecksumError(directory / name, f"{what} (listed in {SUMS_FILE})")
     hashed = dict(hashed or {})
     got = {**hashed, **_hash_all(directory, [n for n in wanted if n not in hashed])}
     for name in wanted:

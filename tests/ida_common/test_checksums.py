@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import doctest
 import hashlib
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -78,6 +79,13 @@ def test_no_sums_file_means_nothing_to_check(tmp_path: Path) -> None:
         ("latin1", r"SHA256SUMS: not UTF-8 text"),
         ("outside", r"SHA256SUMS: line 2 names a file outside its directory: '../secret'"),
         ("absolute", r"SHA256SUMS: line 2 names a file outside its directory: '/etc/passwd'"),
+        # a list that is not a regular file is refused before it is opened: a FIFO would block, /dev/zero never end
+        ("fifo", r"SHA256SUMS: not a regular file"),
+        ("device", r"SHA256SUMS: not a regular file"),
+        ("directory", r"SHA256SUMS: not a regular file"),
+        ("dangling", r"SHA256SUMS: a link to a file that does not exist"),
+        ("huge", r"SHA256SUMS: larger than 16 MiB"),
+        ("listed-fifo", r"sub/notes.txt: not a regular file \(listed in SHA256SUMS\)"),
     ],
 )
 def test_each_damage_is_one_error_naming_the_file(tmp_path: Path, damage: str, message: str) -> None:
@@ -96,6 +104,19 @@ def test_each_damage_is_one_error_naming_the_file(tmp_path: Path, damage: str, m
     elif damage in ("outside", "absolute"):
         name = "../secret" if damage == "outside" else "/etc/passwd"
         sums_file.write_text(lines[0] + f"{'0' * 64}  {name}\n")
+    elif damage in ("fifo", "device", "directory", "dangling"):
+        sums_file.unlink()
+        {
+            "fifo": lambda: os.mkfifo(sums_file),
+            "device": lambda: sums_file.symlink_to("/dev/zero"),
+            "directory": sums_file.mkdir,
+            "dangling": lambda: sums_file.symlink_to(root / "gone"),
+        }[damage]()
+    elif damage == "huge":
+        sums_file.write_text("".join(lines) * (checksums.MAX_SUMS_BYTES // len("".join(lines)) + 1))
+    elif damage == "listed-fifo":
+        (root / "sub" / "notes.txt").unlink()
+        os.mkfifo(root / "sub" / "notes.txt")
     else:
         sums_file.write_bytes(b"\xff\xfe\n")
     with pytest.raises(ChecksumError, match=message) as caught:
