@@ -21,11 +21,12 @@ Pipeline (``--pipeline-stages S``, one process per stage, launched with ``torchr
   built per micro-batch shape (the data pads every micro-batch of a step to one length).
 * Loss: each micro-batch's ``cross_entropy(logits.float(), labels, reduction="sum", ignore_index=-100)
   / global_valid_tokens`` on the last stage, exactly as the single-process engine computes it; the step
-  loss is broadcast to every rank.  When a micro-batch's logits would exceed ``LOGITS_CHUNK_ENTRIES``
-  (2**27 tokens x vocabulary entries: 1.75 GiB at 14 B each; 1024 tokens of a 256000-word vocabulary
-  is 2x that), the last stage returns the final-norm hidden states and the loss runs lm_head + cross-
-  entropy over token chunks, each recomputed in backward, so only one chunk's logits are alive (same
-  math; float32 sums in another order, so not bit-identical to the single-process loss).
+  loss is broadcast to every rank.  When a micro-batch's logits would exceed
+  :data:`~ida_trainer.engine.LOGITS_CHUNK_ENTRIES` (2**27 tokens x vocabulary entries: 1.75 GiB at 14 B
+  each; 1024 tokens of a 256000-word vocabulary is 2x that), the last stage returns the final-norm hidden
+  states and the loss runs lm_head + cross-entropy over token chunks, each recomputed in backward, so only
+  one chunk's logits are alive (:func:`~ida_trainer.engine.chunked_loss_sum`, which the single-process and
+  FSDP engine runs too; float32 sums in another order, so not bit-identical to an unchunked loss).
 * Backends: gloo on CPU (and for host-staged transfers), NCCL when CUDA is available.
 
 FSDP2 (``--data-parallel fsdp``): :func:`apply_fsdp` calls ``fully_shard`` on every decoder layer and
@@ -48,15 +49,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ida_common.launch import launch_env
+from ida_trainer.engine import causal_lm_loss_sum, chunked_loss_sum, logits_are_chunked
 from ida_trainer.precision import PIPELINE_ATTR, bf16_autocast, export_state, merge_stage_states, model_recipe
 from mxfp8_codec import MXFP8Tensor
 
@@ -69,13 +71,10 @@ __all__ = [
     "apply_fsdp",
     "init_distributed",
     "split_layers",
-    "token_loss",
 ]
 
-IGNORE_INDEX = -100  # labels the loss skips
 BACKEND_ENV = "IDA_DIST_BACKEND"  # override the process-group backend ("gloo" | "nccl")
 MAX_SCHEDULES = 4  # cached (shape -> PipelineStage + schedule) entries per engine
-LOGITS_CHUNK_ENTRIES = 2**27  # above this many tokens x vocab logits per micro-batch, the last stage chunks
 
 
 @dataclass(frozen=True)
@@ -182,15 +181,6 @@ def split_layers(num_layers: int, num_stages: int) -> list[range]:
     return out
 
 
-def token_loss(logits: torch.Tensor, labels: torch.Tensor, global_valid_tokens: int) -> torch.Tensor:
-    """``cross_entropy(logits.float(), labels, reduction="sum", ignore_index=-100) / global_valid_tokens``.
-
-    Labels are pre-shifted (``labels[b, t]`` is the target at position ``t``), so nothing is sliced.
-    """
-    ce = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum", ignore_index=IGNORE_INDEX)
-    return ce / global_valid_tokens
-
-
 def _decoder(model: nn.Module) -> nn.Module:
     base = getattr(model, "model", None)
     if base is None or not hasattr(base, "layers") or not hasattr(model, "lm_head"):
@@ -231,8 +221,7 @@ class _StageModule(nn.Module):
         mb = self.side[self.calls]
         self.calls += 1
         base = self.lm.model
-        ctx = bf16_autocast(self.autocast_device) if self.autocast_device else _nullcontext()
-        with ctx:
+        with bf16_autocast(self.autocast_device) if self.autocast_device else nullcontext():
             h = base.embed_tokens(x) if self.is_first else x
             pos = mb.get("position_ids")
             if pos is None:
@@ -257,14 +246,6 @@ class _StageModule(nn.Module):
                     return h.to(self.boundary_dtype)
                 return self.lm.lm_head(h).float()
         return h.to(self.boundary_dtype)
-
-
-class _nullcontext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 class PipelineEngine:
@@ -370,36 +351,12 @@ class PipelineEngine:
 
     def _chunked(self, b: int, t: int) -> bool:
         """Whether the last stage returns hidden states and chunks lm_head + loss for this shape."""
-        return self.is_last and b * t * self.vocab_size > LOGITS_CHUNK_ENTRIES
+        return self.is_last and logits_are_chunked(b * t, self.vocab_size)
 
     def _loss(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if not self.module.return_hidden:
-            return token_loss(output, labels, self._gvt)
-        return self._chunked_loss(output, labels)
-
-    def _chunked_loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """lm_head + cross-entropy over token chunks, each recomputed in backward (bounded logits memory).
-
-        Same math as :func:`token_loss`; the float32 sums run in another order (not bit-identical).
-        """
-        from torch.utils.checkpoint import checkpoint
-
-        h = hidden.flatten(0, 1)
-        y = labels.flatten()
-        chunk = max(1, LOGITS_CHUNK_ENTRIES // self.vocab_size)
-        lm_head = self.model.lm_head
-        device_type = self.module.autocast_device
-
-        def piece(hc: torch.Tensor, yc: torch.Tensor) -> torch.Tensor:
-            ctx = bf16_autocast(device_type) if device_type else _nullcontext()
-            with ctx:
-                logits = lm_head(hc)
-            return F.cross_entropy(logits.float(), yc, reduction="sum", ignore_index=IGNORE_INDEX)
-
-        total = hidden.new_zeros((), dtype=torch.float32)
-        for start in range(0, h.shape[0], chunk):
-            total = total + checkpoint(piece, h[start : start + chunk], y[start : start + chunk], use_reentrant=False)
-        return total / self._gvt
+            return causal_lm_loss_sum(output, labels) / self._gvt
+        return chunked_loss_sum(output, labels, self.model.lm_head, self.module.autocast_device) / self._gvt
 
     def forward_backward(self, microbatches: list[dict[str, torch.Tensor]], global_valid_tokens: int) -> float:
         """Run one optimizer step's micro-batches through the 1F1B schedule; gradients accumulate.

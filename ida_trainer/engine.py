@@ -12,6 +12,12 @@ Schedule (:func:`lr_at`, for 0-based step ``s`` of ``S``, warmup ``W``): ``lr * 
 ``s < W``, then cosine from ``lr`` to ``lr * min_lr_ratio`` over the remaining ``S - W`` steps. The
 optimizer reads ``param_groups[i]["lr"]``, which the loop sets before every step.
 
+Logits: a micro-batch of T tokens over a vocabulary of V makes T x V logits, ~14 B each with their FP32
+copy, log-softmax and gradient (27 GiB for 8192 tokens of Minitron's 256000; 65 GiB for 32768 of Qwen3's
+151936). Above :data:`LOGITS_CHUNK_ENTRIES` both engines take the final-norm hidden states instead and run
+``lm_head`` + cross-entropy over token chunks, each recomputed in backward (:func:`chunked_loss_sum`): one
+chunk's logits alive at a time, the same loss to float32 rounding.
+
 Engines: :class:`LocalEngine` (whole model on this rank; also used under FSDP) and
 ``ida_trainer.distributed.PipelineEngine`` share ``forward_backward(microbatches, global_valid_tokens) ->
 float`` and ``parameters()``. Gradient clipping (:func:`grad_norm_and_clip`) returns the global norm
@@ -22,7 +28,9 @@ float`` and ``parameters()``. Gradient clipping (:func:`grad_norm_and_clip`) ret
 from __future__ import annotations
 
 import math
+import types
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -30,11 +38,15 @@ import torch.nn.functional as F
 
 from ida_trainer.config import OptimConfig
 from ida_trainer.data import IGNORE_INDEX
+from ida_trainer.precision import RECIPE_ATTR, bf16_autocast
 
 __all__ = [
+    "LOGITS_CHUNK_ENTRIES",
     "LocalEngine",
     "NonFiniteError",
     "causal_lm_loss_sum",
+    "chunked_loss_sum",
+    "logits_are_chunked",
     "enable_activation_checkpointing",
     "grad_norm_and_clip",
     "lr_at",
@@ -71,6 +83,55 @@ def causal_lm_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tens
     )
 
 
+LOGITS_CHUNK_ENTRIES = 2**27  # above this many tokens x vocab logits in a micro-batch, lm_head + loss run in chunks
+
+
+def logits_are_chunked(tokens: int, vocab: int) -> bool:
+    """Whether a micro-batch of ``tokens`` tokens runs ``lm_head`` + loss in chunks (:func:`chunked_loss_sum`)."""
+    return tokens * vocab > LOGITS_CHUNK_ENTRIES
+
+
+def chunked_loss_sum(
+    hidden: torch.Tensor, labels: torch.Tensor, lm_head: torch.nn.Module, autocast_device: str | None
+) -> torch.Tensor:
+    """:func:`causal_lm_loss_sum` of ``lm_head(hidden)``, over chunks of ``LOGITS_CHUNK_ENTRIES // vocab`` tokens,
+    each recomputed in backward: one chunk's logits (and their FP32 copies) alive at a time, not the micro-batch's.
+
+    The same math; its float32 sums run in another order (equal to float32 rounding, not bit for bit), and
+    ``lm_head``'s weight gradient is a sum of per-chunk products. ``autocast_device``: run ``lm_head`` under the
+    bf16 recipe's autocast on that device type (None: as it is).
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    h = hidden.flatten(0, 1)
+    y = labels.flatten().to(h.device)
+    chunk = max(1, LOGITS_CHUNK_ENTRIES // lm_head.out_features)
+
+    def piece(hc: torch.Tensor, yc: torch.Tensor) -> torch.Tensor:
+        with bf16_autocast(autocast_device) if autocast_device else nullcontext():
+            logits = lm_head(hc)
+        return F.cross_entropy(logits.float(), yc, reduction="sum", ignore_index=IGNORE_INDEX)
+
+    total = h.new_zeros((), dtype=torch.float32)
+    for start in range(0, h.shape[0], chunk):
+        total = total + checkpoint(piece, h[start : start + chunk], y[start : start + chunk], use_reentrant=False)
+    return total
+
+
+def _chunked_causal_lm_loss_sum(
+    self: torch.nn.Module, inputs: dict[str, torch.Tensor], labels: torch.Tensor
+) -> torch.Tensor:
+    """The whole model's :func:`causal_lm_loss_sum` through :func:`chunked_loss_sum`: the decoder's final-norm
+    hidden states, then ``lm_head`` + loss in chunks. Bound to the model by :class:`LocalEngine` as a method that
+    FSDP2 treats as a forward (its root gathers the embeddings, final norm and ``lm_head`` around it)."""
+    device_type = None
+    if getattr(self, RECIPE_ATTR, None) == "bf16":  # the recipe's forward runs under autocast: so does this one
+        device_type = next(p.device.type for p in self.parameters())
+    with bf16_autocast(device_type) if device_type else nullcontext():
+        hidden = self.get_decoder()(**inputs, use_cache=False).last_hidden_state
+    return chunked_loss_sum(hidden, labels, self.get_output_embeddings(), device_type)
+
+
 def _model_inputs(mb: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
     return {k: mb[k].to(device) for k in ("input_ids", "attention_mask", "position_ids") if k in mb}
 
@@ -90,8 +151,13 @@ class LocalEngine:
     """
 
     def __init__(self, model: torch.nn.Module, *, device: torch.device | str = "cpu"):
+        from torch.distributed.fsdp import register_fsdp_forward_method
+
         self.model = model
         self.device = torch.device(device)
+        self._vocab = model.get_output_embeddings().out_features
+        model.ida_chunked_loss_sum = types.MethodType(_chunked_causal_lm_loss_sum, model)  # type: ignore[assignment]
+        register_fsdp_forward_method(model, "ida_chunked_loss_sum")  # a no-op unless model is FSDP2's root
 
     def forward_backward(self, microbatches: Sequence[dict[str, torch.Tensor]], global_valid_tokens: int) -> float:
         """Forward + backward over the micro-batches (gradients accumulate); returns the step's mean token loss.
@@ -105,8 +171,12 @@ class LocalEngine:
             raise ValueError("forward_backward: the step has no supervised tokens")
         total = 0.0
         for mb in microbatches:
-            out = self.model(**_model_inputs(mb, self.device), use_cache=False)
-            loss = causal_lm_loss_sum(out.logits, mb["labels"]) / global_valid_tokens
+            inputs = _model_inputs(mb, self.device)
+            if logits_are_chunked(mb["input_ids"].numel(), self._vocab):
+                loss = self.model.ida_chunked_loss_sum(inputs, mb["labels"]) / global_valid_tokens
+            else:
+                out = self.model(**inputs, use_cache=False)
+                loss = causal_lm_loss_sum(out.logits, mb["labels"]) / global_valid_tokens
             loss.backward()
             total += float(loss.detach())
         return total

@@ -34,9 +34,9 @@ rules, stated here:
   SDPA/flash: no [tokens x tokens] matrix).
 * **Logits** (last stage): ``tokens x vocab x 14 B``: BF16 lm_head output (2), the FP32 copy the stage
   returns (4), cross-entropy's FP32 log-softmax (4) and FP32 gradient (4).  Above
-  ``LOGITS_CHUNK_ENTRIES`` (2**27) the pipeline's last stage computes lm_head + loss in token chunks
-  recomputed in backward (see :mod:`ida_trainer.distributed`): then only one chunk's logits count,
-  plus the final hidden states and their gradient (``tokens x hidden x 2 x boundary bytes``).
+  ``LOGITS_CHUNK_ENTRIES`` (2**27) every engine computes lm_head + loss in token chunks recomputed in
+  backward (:func:`ida_trainer.engine.chunked_loss_sum`): then only one chunk's logits count, plus the
+  final hidden states and their gradient (``tokens x hidden x 2 x boundary bytes``).
 * **NVFP4 transients** (nvfp4, the largest layer): its MXFP8 master decoded to FP32 while quantizing
   (4 B/param) and the two quantized weight layouts (2 x 0.5625 B/param). **bf16 transients**: the BF16
   copies of the largest layer's weights (with activation checkpointing; see above).
@@ -65,7 +65,8 @@ import torch
 import torch.nn as nn
 
 from ida_common.cli import ArgumentParser, Run, run_main
-from ida_trainer.distributed import LOGITS_CHUNK_ENTRIES, split_layers
+from ida_trainer.distributed import split_layers
+from ida_trainer.engine import LOGITS_CHUNK_ENTRIES
 from ida_trainer.precision import apply_recipe, nvfp4_modules
 
 if TYPE_CHECKING:

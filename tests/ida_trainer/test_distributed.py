@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ida_trainer.config import OptimConfig, ParallelConfig, PrecisionConfig
 from ida_trainer.distributed import DistInfo, PipelineEngine, apply_fsdp, init_distributed, split_layers
@@ -188,9 +189,9 @@ def pipeline_worker(rank: int, port: int, recipe: str, out: str) -> None:
 
 def chunked_grad_worker(rank: int, port: int, out: str) -> None:
     _init(rank, 2, port)
-    import ida_trainer.distributed as d
+    import ida_trainer.engine
 
-    d.LOGITS_CHUNK_ENTRIES = 2**12  # 256-word vocabulary: 16-token chunks, two per 2 x 16-token micro-batch
+    ida_trainer.engine.LOGITS_CHUNK_ENTRIES = 2**12  # 256-word vocabulary: 16-token chunks, two per 2 x 16 tokens
     parallel = ParallelConfig(pipeline_stages=2, microbatches=MICROBATCHES)
     info = init_distributed(parallel)
     try:
@@ -226,6 +227,97 @@ def test_pipeline_chunked_loss_gives_the_same_loss_and_gradients(tmp_path: Path)
         # lm_head's weight gradient is a sum of per-chunk BF16 (autocast) products instead of one
         tol = 1e-2 if k == "lm_head.weight" else 1e-5
         torch.testing.assert_close(got["grads"][k], g, rtol=tol, atol=tol * float(g.abs().max()), msg=k)
+
+
+class _LogitRows(TorchDispatchMode):
+    """The most rows of vocabulary-wide values (logits, their FP32 copies, log-softmax, gradients) that one
+    op made: a micro-batch's T tokens when its whole logits exist, one chunk's when they never do (lm_head's
+    weight, [vocab, 64], and its transposes are not counted)."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.vocab, self.rows = vocab, 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if (
+                isinstance(t, torch.Tensor)
+                and t.dim() >= 2
+                and t.shape[-1] == self.vocab
+                and t.shape[-2:] != (64, self.vocab)
+            ):
+                self.rows = max(self.rows, t.numel() // self.vocab)
+        return out
+
+
+def _grads(m: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {
+        n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone() for n, p in m.named_parameters()
+    }
+
+
+def _assert_chunked_equals_whole(loss: float, grads: dict[str, torch.Tensor], ref_loss: float, ref: dict) -> None:
+    assert loss == pytest.approx(ref_loss, rel=1e-6)  # float32 sums in another order
+    assert grads.keys() == ref.keys()
+    for k, g in ref.items():
+        # lm_head's weight gradient is a sum of per-chunk BF16 products instead of one
+        tol = 1e-2 if k == "lm_head.weight" else 1e-5
+        torch.testing.assert_close(grads[k], g, rtol=tol, atol=tol * float(g.abs().max()), msg=k)
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "nvfp4"])
+def test_local_engine_runs_lm_head_and_loss_in_chunks_above_the_threshold(recipe: str, monkeypatch) -> None:
+    """The single-process and FSDP engine made every micro-batch's whole logits: ~14 B per token x vocabulary
+    entry, 65 GiB for the qwen3-4b preset's 8 rows of 4096 tokens on 2 ranks (vocabulary 151936), where only the
+    pipeline's last stage chunked. Above LOGITS_CHUNK_ENTRIES it now runs lm_head + loss over recomputed token
+    chunks as the pipeline does: no op makes more than one chunk's rows of logits, and the loss and gradients
+    are the unchunked engine's (to float32 rounding; lm_head's to the rounding of its per-chunk products)."""
+    import ida_trainer.engine
+
+    mbs, gvt = step_data(0)  # 2 x 16 tokens per micro-batch
+    ref_model = tiny_model(recipe)
+    with _LogitRows(256) as whole:
+        ref_loss = LocalEngine(ref_model).forward_backward(mbs, gvt)
+    monkeypatch.setattr(ida_trainer.engine, "LOGITS_CHUNK_ENTRIES", 2**12)  # 16-token chunks: two per micro-batch
+    m = tiny_model(recipe, checkpointing=True)
+    with _LogitRows(256) as chunked:
+        loss = LocalEngine(m).forward_backward(mbs, gvt)
+    assert (whole.rows, chunked.rows) == (32, 16)
+    _assert_chunked_equals_whole(loss, _grads(m), ref_loss, _grads(ref_model))
+
+
+def fsdp_chunked_worker(rank: int, port: int, out: str) -> None:
+    _init(rank, 2, port)
+    import ida_trainer.engine
+
+    ida_trainer.engine.LOGITS_CHUNK_ENTRIES = 2**12  # 257-word vocabulary: 15-token chunks, three per micro-batch
+    info = init_distributed(ParallelConfig(data_parallel="fsdp", microbatches=MICROBATCHES // 2))
+    try:
+        m = tiny_model("bf16", vocab=FSDP_VOCAB)
+        apply_fsdp(m, info)
+        mbs, gvt = step_data(0)
+        with _LogitRows(FSDP_VOCAB) as chunked:
+            loss = torch.tensor([LocalEngine(m).forward_backward(mbs[rank::2], gvt)], dtype=torch.float64)
+        dist.all_reduce(loss)
+        grads = _grads(m)  # gathers the reduce-scattered gradients: every rank calls it
+        if rank == 0:
+            torch.save({"loss": float(loss), "grads": grads, "rows": chunked.rows}, Path(out) / "fsdp_chunked.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp_runs_lm_head_and_loss_in_chunks_through_the_root(tmp_path: Path) -> None:
+    """Under FSDP2 the chunked loss bypasses the root's forward (it calls the decoder, then lm_head): it is
+    registered as an FSDP forward method, so the root still gathers the embeddings, final norm and lm_head
+    around it and reduce-scatters their gradients; the result is the single-process unchunked step's."""
+    _spawn_two(fsdp_chunked_worker, str(tmp_path))
+    got = torch.load(tmp_path / "fsdp_chunked.pt", weights_only=False)
+    m = tiny_model("bf16", vocab=FSDP_VOCAB)
+    mbs, gvt = step_data(0)
+    ref_loss = LocalEngine(m).forward_backward(mbs, gvt)
+    assert got["rows"] == 15
+    _assert_chunked_equals_whole(got["loss"], got["grads"], ref_loss, _grads(m))
 
 
 FSDP_VOCAB = 257  # odd: FSDP2 splits the embedding and lm_head rows unevenly (129 + 128)
