@@ -47,6 +47,12 @@ dim 128, vocabulary 256000, untied embeddings: 4.19 B parameters).  With two pip
 1024 tokens per micro-batch, the nvfp4 recipe needs about 11-15 GiB per stage (below 16 GiB: two 16 GB
 cards), the bf16 recipe 33-36 GiB per stage (it does not fit).
 
+**FSDP2** (``--data-parallel fsdp``, the bf16 recipe, the ``qwen3-4b`` preset): :func:`fsdp_memory` counts one
+rank: its shard of the 16 B/param (exact, from the meta model's shapes and FSDP2's dim-0 chunks), the root's
+parameters gathered for the whole step, one or two gathered layers, and the rank's micro-batch. The
+``qwen3-4b`` preset on 2 ranks (8 rows of up to 4096 tokens per micro-batch) needs about 56 GiB per rank
+(``python -m ida_trainer.memory --model qwen3-4b --recipe bf16 --data-parallel fsdp --ranks 2 --tokens 32768``).
+
 Example:
     >>> from ida_trainer.config import PrecisionConfig
     >>> report = stage_memory(minitron_4b_config(), PrecisionConfig(recipe="nvfp4"), stages=2)
@@ -76,8 +82,10 @@ __all__ = [
     "ActivationSpec",
     "StageMemory",
     "build_meta_model",
+    "fsdp_memory",
     "main",
     "minitron_4b_config",
+    "qwen3_4b_config",
     "stage_memory",
 ]
 
@@ -89,6 +97,9 @@ AUTOCAST_COPY_BYTES = 2  # BF16 copy of an FP32 weight made by autocast for a GE
 LOGIT_BYTES = 14  # per token x vocab entry: BF16 logits 2 + FP32 copy 4 + log-softmax 4 + grad 4
 NVFP4_TRANSIENT_BYTES = 4 + 2 * 0.5625  # per param of the largest layer: FP32 decode + W and W^T in NVFP4
 RUNTIME_BYTES = int(0.75 * GIB)  # CUDA context, cuBLAS workspace, allocator fragmentation
+# FSDP2, per element of the largest decoder layer: gathered + prefetched FP32 params (2 x 4), its unsharded FP32
+# gradient and the previous layer's in its reduce-scatter (2 x 4), its BF16 autocast copies (2)
+FSDP_LAYER_TRANSIENT_BYTES = 18
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
@@ -170,6 +181,26 @@ def minitron_4b_config() -> Any:
     )
 
 
+def qwen3_4b_config() -> Any:
+    """The Qwen3-4B architecture as a ``transformers.Qwen3Config`` (no weights): the ``qwen3-4b`` preset's."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=151936,
+        hidden_size=2560,
+        intermediate_size=9728,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=True,
+        max_position_embeddings=40960,
+    )
+
+
+ARCHITECTURES = {"minitron-4b": ("Minitron-4B", minitron_4b_config), "qwen3-4b": ("Qwen3-4B", qwen3_4b_config)}
+
+
 def build_meta_model(config: Any, precision: PrecisionConfig) -> nn.Module:
     """The causal LM of ``config`` on the meta device (no memory), with the recipe applied."""
     from transformers import AutoModelForCausalLM
@@ -200,6 +231,15 @@ def _logits_bytes(tokens: int, vocab: int, hidden: int, boundary: int) -> int:
 
 def _bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+def _layer_working_bytes(config: Any, tokens: int) -> int:
+    """One decoder layer's recompute working set for ``tokens`` tokens, gradients included (module docstring)."""
+    hidden = int(config.hidden_size)
+    head_dim = int(getattr(config, "head_dim", None) or hidden // int(config.num_attention_heads))
+    q_width = int(config.num_attention_heads) * head_dim
+    kv_width = int(getattr(config, "num_key_value_heads", config.num_attention_heads)) * head_dim
+    return 2 * tokens * 2 * (4 * hidden + 2 * q_width + 2 * kv_width + 3 * int(config.intermediate_size))
 
 
 def stage_memory(
@@ -267,13 +307,9 @@ def stage_memory(
         if not any(name.startswith(n + ".") for n in masters):
             weights[_stage_of(name, bounds)] += _bytes(b)
     hidden = int(config.hidden_size)
-    inter = int(config.intermediate_size)
-    head_dim = int(getattr(config, "head_dim", None) or hidden // int(config.num_attention_heads))
-    q_width = int(config.num_attention_heads) * head_dim
-    kv_width = int(getattr(config, "num_key_value_heads", config.num_attention_heads)) * head_dim
     tokens = activations.tokens_per_microbatch
     boundary = 2 if recipe == "nvfp4" else 4
-    layer_working = 2 * tokens * 2 * (4 * hidden + 2 * q_width + 2 * kv_width + 3 * inter)
+    layer_working = _layer_working_bytes(config, tokens)
     out = []
     for s, layers in enumerate(bounds):
         in_flight = stages - s
@@ -303,6 +339,68 @@ def stage_memory(
     return out
 
 
+def fsdp_memory(
+    config: Any, precision: PrecisionConfig, *, ranks: int, activations: ActivationSpec = ActivationSpec()
+) -> StageMemory:
+    """Training memory of one FSDP2 rank (``--data-parallel fsdp``: every decoder layer and the root
+    ``fully_shard``-ed, FP32 masters gathered in FP32, gradients reduce-scattered in FP32), counted on the meta
+    device; rank 0, which holds the largest shard (dim 0 is split in chunks of ``ceil(rows / ranks)``).
+
+    * **Sharded** (``weights``, ``grads``, ``optimizer``): 4 + 4 + 8 B per element of the rank's shard (FP32
+      master, FP32 gradient, AdamW's two FP32 moments); buffers (rotary ``inv_freq``) are whole on every rank.
+    * **Gathered** (``transients``): the root's parameters (embeddings, final norm, ``lm_head``) stay gathered
+      from the forward to the end of the backward (FSDP2 does not reshard its root after the forward), with
+      their unsharded FP32 gradients before the reduce-scatter (4 + 4 B per element) and ``lm_head``'s BF16
+      autocast copy (2 B); plus :data:`FSDP_LAYER_TRANSIENT_BYTES` per element of the largest layer: the layer
+      being computed gathered and the next one prefetched (2 x 4 B), its unsharded gradient and the previous
+      layer's in its reduce-scatter (2 x 4 B), and its BF16 autocast copies (2 B).
+    * **Activations** and **logits** of the rank's micro-batch, as for one pipeline stage holding every layer
+      (the residual stream is FP32 under autocast; above ``LOGITS_CHUNK_ENTRIES`` one chunk's logits).
+
+    Rules, not a measurement on a GPU: the sharded part is exact (tested against a 2-process FSDP2 run's own
+    shards), the gathered part follows FSDP2's documented prefetch and reshard behaviour.
+
+    Raises:
+        ValueError: the nvfp4 recipe (FSDP shards the bf16 recipe only: :func:`ida_trainer.distributed.apply_fsdp`),
+            or ``ranks`` < 1.
+    """
+    if precision.recipe != "bf16":
+        raise ValueError("fsdp_memory: --data-parallel fsdp runs the bf16 recipe only; use --stages for nvfp4")
+    if ranks < 1:
+        raise ValueError(f"fsdp_memory: ranks must be >= 1, got {ranks}")
+    model = build_meta_model(config, precision)
+    shard = 0
+    root = 0
+    layers: dict[int, int] = {}
+    for name, p in model.named_parameters():  # a tied lm_head is the embedding: counted once
+        rows = p.shape[0] if p.dim() else 1
+        shard += -(-rows // ranks) * (p.numel() // max(rows, 1))
+        layer = _LAYER_RE.search(name)
+        if layer:
+            layers[int(layer.group(1))] = layers.get(int(layer.group(1)), 0) + p.numel()
+        else:
+            root += p.numel()
+    buffers = sum(_bytes(b) for _, b in model.named_buffers())
+    lm_head = model.get_output_embeddings().weight.numel()
+    tokens = activations.tokens_per_microbatch
+    hidden = int(config.hidden_size)
+    working = _layer_working_bytes(config, tokens)
+    n_layers = int(config.num_hidden_layers)
+    act = (n_layers * tokens * hidden * 4 + working) if activations.checkpointing else n_layers * working
+    return StageMemory(
+        stage=0,
+        layers=range(n_layers),
+        params=shard,
+        weights_bytes=4 * shard + buffers,
+        grads_bytes=4 * shard,
+        optimizer_bytes=ADAMW_STATE_BYTES * shard,
+        transient_bytes=root * 8 + lm_head * AUTOCAST_COPY_BYTES + max(layers.values()) * FSDP_LAYER_TRANSIENT_BYTES,
+        activation_bytes=act,
+        logits_bytes=_logits_bytes(tokens, int(config.vocab_size), hidden, 4),
+        runtime_bytes=RUNTIME_BYTES,
+    )
+
+
 TABLE_HEADER = (
     "| stage | layers | params | weights | grads | optimizer | transients | activations | logits | "
     "runtime | total (GiB) |\n|---|---|---|---|---|---|---|---|---|---|---|"
@@ -310,7 +408,8 @@ TABLE_HEADER = (
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m ida_trainer.memory [--recipe nvfp4] [--stages 2] [--tokens 1024]``: print the 4B table."""
+    """``python -m ida_trainer.memory [--model minitron-4b|qwen3-4b] [--recipe nvfp4] [--stages 2 | --data-parallel
+    fsdp --ranks 2] [--tokens 1024]``: print the table."""
     return run_main("ida_trainer.memory", _run, argv)
 
 
@@ -320,6 +419,9 @@ def _run(run: Run) -> int:
     ap = ArgumentParser(
         prog="python -m ida_trainer.memory", short_prog="ida_trainer.memory", description=__doc__.split("\n")[0]
     )
+    ap.add_argument(
+        "--model", choices=sorted(ARCHITECTURES), default="minitron-4b", help="architecture (default minitron-4b)"
+    )
     ap.add_argument("--recipe", choices=("nvfp4", "bf16"), default="nvfp4", help="precision recipe (default nvfp4)")
     ap.add_argument(
         "--writeback",
@@ -328,22 +430,34 @@ def _run(run: Run) -> int:
         help="MXFP8 master write-back of the nvfp4 recipe (default stochastic)",
     )
     ap.add_argument("--stages", type=int, default=2, help="pipeline stages (default 2)")
+    ap.add_argument(
+        "--data-parallel",
+        choices=("none", "fsdp"),
+        default="none",
+        help="fsdp: one FSDP2 rank's memory instead of pipeline stages (bf16 recipe)",
+    )
+    ap.add_argument("--ranks", type=int, default=2, help="FSDP ranks (default 2)")
     ap.add_argument("--tokens", type=int, default=1024, help="tokens per micro-batch (default 1024)")
     ap.add_argument("--no-checkpointing", action="store_true", help="activation checkpointing off")
     args = ap.parse_args(run.argv)
     prec = PrecisionConfig(recipe=args.recipe, writeback=args.writeback)
-    report = stage_memory(
-        minitron_4b_config(),
-        prec,
-        stages=args.stages,
-        activations=ActivationSpec(args.tokens, not args.no_checkpointing),
+    title, build = ARCHITECTURES[args.model]
+    config = build()
+    spec = ActivationSpec(args.tokens, not args.no_checkpointing)
+    fsdp = args.data_parallel == "fsdp"
+    if fsdp and args.recipe != "bf16":
+        ap.error("--data-parallel fsdp runs the bf16 recipe only (add --recipe bf16)")
+    report = (
+        [fsdp_memory(config, prec, ranks=args.ranks, activations=spec)]
+        if fsdp
+        else stage_memory(config, prec, stages=args.stages, activations=spec)
     )
+    where = f"FSDP2 over {args.ranks} rank(s), rank 0" if fsdp else f"{args.stages} stage(s)"
     print(
-        f"Minitron-4B, recipe {args.recipe} ({args.writeback if args.recipe == 'nvfp4' else 'fp32 master'}), "
-        f"{args.stages} stage(s), {args.tokens} tokens per micro-batch, "
-        f"checkpointing {'off' if args.no_checkpointing else 'on'}"
+        f"{title}, recipe {args.recipe} ({args.writeback if args.recipe == 'nvfp4' else 'fp32 master'}), "
+        f"{where}, {args.tokens} tokens per micro-batch, checkpointing {'off' if args.no_checkpointing else 'on'}"
     )
-    print(TABLE_HEADER)
+    print(TABLE_HEADER.replace("| stage |", "| rank |", 1) if fsdp else TABLE_HEADER)
     for s in report:
         print(s.row())
     return 0

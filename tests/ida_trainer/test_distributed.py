@@ -320,6 +320,48 @@ def test_fsdp_runs_lm_head_and_loss_in_chunks_through_the_root(tmp_path: Path) -
     _assert_chunked_equals_whole(got["loss"], got["grads"], ref_loss, _grads(m))
 
 
+def fsdp_shard_bytes_worker(rank: int, port: int, out: str) -> None:
+    _init(rank, 2, port)
+    info = init_distributed(ParallelConfig(data_parallel="fsdp", microbatches=MICROBATCHES // 2))
+    try:
+        m = tiny_model("bf16", vocab=FSDP_VOCAB)
+        apply_fsdp(m, info)
+        opt = build_optimizer(m, optim_cfg("bf16"), PrecisionConfig(recipe="bf16"))
+        mbs, gvt = step_data(0)
+        LocalEngine(m).forward_backward(mbs[rank::2], gvt)
+        opt.step()
+        params = list(m.parameters())
+        moments = [t for st in opt.state.values() for k, t in st.items() if k in ("exp_avg", "exp_avg_sq")]
+        if rank == 0:
+            local = {
+                "weights": [p.to_local() for p in params] + [b for b in m.buffers()],
+                "grads": [p.grad.to_local() for p in params],
+                "optimizer": [t.to_local() for t in moments],
+            }
+            torch.save(
+                {k: sum(t.numel() * t.element_size() for t in ts) for k, ts in local.items()},
+                Path(out) / "shard_bytes.pt",
+            )
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp_memory_counts_the_shards_a_rank_holds(tmp_path: Path) -> None:
+    """ida_trainer.memory.fsdp_memory's sharded part is what an FSDP2 rank holds after a step: rank 0's local
+    FP32 masters (and the whole buffers), gradients and AdamW moments, with the 257-row embedding and lm_head
+    split unevenly (129 + 128 rows)."""
+    from transformers import NemotronConfig
+
+    from ida_trainer.memory import fsdp_memory
+
+    _spawn_two(fsdp_shard_bytes_worker, str(tmp_path))
+    got = torch.load(tmp_path / "shard_bytes.pt", weights_only=False)
+    est = fsdp_memory(
+        NemotronConfig(**tiny_model("bf16", vocab=FSDP_VOCAB).config.to_dict()), PrecisionConfig(recipe="bf16"), ranks=2
+    )
+    assert got == {"weights": est.weights_bytes, "grads": est.grads_bytes, "optimizer": est.optimizer_bytes}
+
+
 FSDP_VOCAB = 257  # odd: FSDP2 splits the embedding and lm_head rows unevenly (129 + 128)
 
 

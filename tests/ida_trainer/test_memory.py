@@ -7,7 +7,15 @@ import torch
 from transformers import NemotronConfig, NemotronForCausalLM
 
 from ida_trainer.config import OptimConfig, PrecisionConfig
-from ida_trainer.memory import GIB, ActivationSpec, main, minitron_4b_config, stage_memory
+from ida_trainer.memory import (
+    GIB,
+    ActivationSpec,
+    fsdp_memory,
+    main,
+    minitron_4b_config,
+    qwen3_4b_config,
+    stage_memory,
+)
 from ida_trainer.precision import apply_recipe, build_optimizer, count_parameters
 
 TINY = dict(
@@ -125,3 +133,47 @@ def test_the_minitron_4b_preset_as_configured_fits_two_16gb_stages() -> None:
         assert s.total_bytes < 16 * GIB, s.row()
     # the last stage only fits because lm_head + loss run in token chunks (whole logits: 27 GiB)
     assert tokens * minitron_4b_config().vocab_size * 14 > 16 * GIB
+
+
+def test_the_qwen3_4b_preset_as_configured_fits_80gb_ranks_only_with_chunked_logits() -> None:
+    # The preset's own settings on 2 FSDP ranks: bf16 recipe, checkpointing, 8 rows of up to 4096 tokens.
+    from ida_trainer.cli import parse_args
+
+    cfg = parse_args(["--preset", "qwen3-4b", "--base", "/models/qwen3-4b", "--data", "/data/chat.jsonl"])
+    assert cfg.parallel.data_parallel == "fsdp" and cfg.model.activation_checkpointing
+    ranks = 2
+    tokens = cfg.train.global_batch_size // (cfg.parallel.microbatches * ranks) * cfg.data.max_len
+    est = fsdp_memory(
+        qwen3_4b_config(), cfg.precision, ranks=ranks, activations=ActivationSpec(tokens_per_microbatch=tokens)
+    )
+    assert est.params * ranks == pytest.approx(4.02e9, rel=2e-3)  # Qwen3-4B, embeddings tied
+    assert est.weights_bytes + est.grads_bytes + est.optimizer_bytes == pytest.approx(16 * est.params, rel=1e-6)
+    assert est.total_bytes < 64 * GIB, est.row()  # an 80 GB card, with room to spare
+    # the whole logits alone (as LocalEngine made them before it chunked) would not fit beside the rest
+    assert est.total_bytes - est.logits_bytes + tokens * qwen3_4b_config().vocab_size * 14 > 80 * GIB
+
+
+def test_fsdp_memory_refuses_nvfp4_and_the_cli_prints_a_rank(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ValueError, match="runs the bf16 recipe only"):
+        fsdp_memory(qwen3_4b_config(), PrecisionConfig(recipe="nvfp4"), ranks=2)
+    assert main(["--model", "qwen3-4b", "--recipe", "bf16", "--data-parallel", "fsdp", "--ranks", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "FSDP2 over 4 rank(s)" in out and "| rank | layers |" in out and "| 0 | 0-35 |" in out
+    assert main(["--data-parallel", "fsdp"]) == 2  # nvfp4, the default recipe
+    assert "--data-parallel fsdp runs the bf16 recipe only" in capsys.readouterr().err
+
+
+def test_the_tables_in_docs_are_the_estimates() -> None:
+    # docs/trainer_precision.md quotes both tables: each row must be what the code computes (bold aside)
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "trainer_precision.md").read_text().replace("**", "")
+    for recipe in ("nvfp4", "bf16"):
+        for s in stage_memory(minitron_4b_config(), PrecisionConfig(recipe=recipe), stages=2):
+            assert f"| {recipe} {s.row()}" in doc, s.row()
+    for ranks in (1, 2, 4, 8):
+        tokens = 16 * 4096 // ranks
+        est = fsdp_memory(
+            qwen3_4b_config(), PrecisionConfig(recipe="bf16"), ranks=ranks, activations=ActivationSpec(tokens)
+        )
+        assert f"| {ranks} | {tokens} " + est.row().removeprefix("| 0 | 0-35 ") in doc, est.row()
