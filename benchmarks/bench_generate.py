@@ -47,6 +47,7 @@ from typing import Any
 import torch
 from bench_hf import _build  # this directory is on sys.path
 
+from ida_common.checksums import write_sums
 from ida_common.cli import error_line
 from ida_common.files import atomic_write_text
 from ida_eval import DecodingConfig, generate_completions, load_model
@@ -203,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         # a byte-level BPE trained on the prompts (the demo's builder): code tokenizes as with a real
         # model's tokenizer, and transformers' stop-string matching works on it
         train_demo_tokenizer(list(prompts.values()), vocab_size=args.vocab).save_pretrained(info["mxfp8_dir"])
+        write_sums(info["mxfp8_dir"])  # the directory changed on purpose: list its files anew, as ida's writers do
         rows: list[dict[str, Any]] = []
         for w, c, t in VARIANTS:
             print(f"bench_generate: {w} {c} {'T=' + str(t) if t else 'greedy'} ...", file=sys.stderr, flush=True)
