@@ -27,7 +27,9 @@ other work still does it. The cases:
   exit 2, one line naming the destination given (was: the hidden temporary).
 - **flipped-byte** (2026-12-07): one bit flipped in the middle of a copy of the demo's MXFP8 weights, then
   ``verify`` on the copy: exit 1, one line naming the file and its ``SHA256SUMS`` (was: the flipped byte
-  passed every structural check and decoded as another E4M3 value).
+  passed every structural check and decoded as another E4M3 value);
+- **flipped-byte-from-pretrained** (2026-12-07): the same copy loaded by ``from_pretrained`` with
+  ``mxfp8_codec.hf`` imported: ``MXFP8LoadError`` naming the file (was: loaded, another weight).
 
 The tests cover each case too (docs/reliability.md names them); this script is the campaign's
 reproduction, in the user's words, to rerun after a change. Exit status 0 when every case holds.
@@ -227,6 +229,16 @@ def build_cases(work: Path) -> list[Case]:
             "model.safetensors: its bytes differ from the sha256 recorded in SHA256SUMS",
         )
     )
+    cases.append(
+        Case(
+            "flipped-byte-from-pretrained",
+            "",
+            [_FLIP_THEN_LOAD, str(demo / "mxfp8"), str(work / "flipped-load")],
+            2,
+            None,
+            "model.safetensors: its bytes differ from the sha256 recorded in SHA256SUMS",
+        )
+    )
     blocker = work / "a-file"
     blocker.write_text("x")
     for cmd in ("quantize", "dequantize"):
@@ -246,7 +258,7 @@ def build_cases(work: Path) -> list[Case]:
 
 # from_pretrained of the demo's MXFP8 checkpoint with its quantization_config removed (or null), module imported
 _NO_CONFIG_CHECK = """
-import json, shutil, sys, warnings
+import json, os, shutil, sys, warnings
 import torch
 from transformers import AutoModelForCausalLM
 import mxfp8_codec.hf as mh
@@ -258,6 +270,7 @@ if how == "no":
 else:
     cfg["quantization_config"] = None
 json.dump(cfg, open(dst + "/config.json", "w"))
+os.remove(dst + "/SHA256SUMS")  # config.json was edited on purpose: its list no longer holds (the load would say so)
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     model = AutoModelForCausalLM.from_pretrained(dst)
@@ -284,6 +297,22 @@ with open(dst + "/model.safetensors", "r+b") as f:
     f.write(bytes([byte ^ 0x04]))
 sys.exit(main(["verify", dst]))
 """
+
+
+# the same damage, then from_pretrained with mxfp8_codec.hf imported: MXFP8LoadError, reported as a CLI would
+_FLIP_THEN_LOAD = (
+    _FLIP_THEN_VERIFY.split("sys.exit(")[0]
+    + """
+from transformers import AutoModelForCausalLM
+import mxfp8_codec.hf as mh
+try:
+    AutoModelForCausalLM.from_pretrained(dst)
+except mh.MXFP8LoadError as exc:
+    print(f"from_pretrained: error: {exc}", file=sys.stderr)
+    sys.exit(2)
+sys.exit(0)
+"""
+)
 
 
 def run_case(case: Case) -> str | None:
