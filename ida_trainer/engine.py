@@ -46,9 +46,9 @@ __all__ = [
     "NonFiniteError",
     "causal_lm_loss_sum",
     "chunked_loss_sum",
-    "logits_are_chunked",
     "enable_activation_checkpointing",
     "grad_norm_and_clip",
+    "logits_are_chunked",
     "lr_at",
 ]
 

@@ -296,23 +296,47 @@ def fsdp_chunked_worker(rank: int, port: int, out: str) -> None:
     try:
         m = tiny_model("bf16", vocab=FSDP_VOCAB)
         apply_fsdp(m, info)
+        opt = build_optimizer(m, optim_cfg("bf16"), PrecisionConfig(recipe="bf16"))
         mbs, gvt = step_data(0)
         with _LogitRows(FSDP_VOCAB) as chunked:
             loss = torch.tensor([LocalEngine(m).forward_backward(mbs[rank::2], gvt)], dtype=torch.float64)
         dist.all_reduce(loss)
         grads = _grads(m)  # gathers the reduce-scattered gradients: every rank calls it
+        opt.step()  # the AdamW moments exist from here: what a rank holds while training
+        params = list(m.parameters())
+        local = {
+            "weights": [p.to_local() for p in params] + list(m.buffers()),
+            "grads": [p.grad.to_local() for p in params],
+            "optimizer": [t.to_local() for st in opt.state.values() for k, t in st.items() if k.startswith("exp_avg")],
+        }
         if rank == 0:
-            torch.save({"loss": float(loss), "grads": grads, "rows": chunked.rows}, Path(out) / "fsdp_chunked.pt")
+            torch.save(
+                {
+                    "loss": float(loss),
+                    "grads": grads,
+                    "rows": chunked.rows,
+                    "shard_bytes": {k: sum(t.numel() * t.element_size() for t in ts) for k, ts in local.items()},
+                },
+                Path(out) / "fsdp_chunked.pt",
+            )
     finally:
         dist.destroy_process_group()
 
 
-def test_fsdp_runs_lm_head_and_loss_in_chunks_through_the_root(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def fsdp_chunked_step(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One FSDP2 step of 2 gloo processes with lm_head + loss chunked (rank 0's record of it), run once for
+    the tests that read it."""
+    out = tmp_path_factory.mktemp("fsdp_chunked")
+    _spawn_two(fsdp_chunked_worker, str(out))
+    return torch.load(out / "fsdp_chunked.pt", weights_only=False)
+
+
+def test_fsdp_runs_lm_head_and_loss_in_chunks_through_the_root(fsdp_chunked_step: dict[str, Any]) -> None:
     """Under FSDP2 the chunked loss bypasses the root's forward (it calls the decoder, then lm_head): it is
     registered as an FSDP forward method, so the root still gathers the embeddings, final norm and lm_head
     around it and reduce-scatters their gradients; the result is the single-process unchunked step's."""
-    _spawn_two(fsdp_chunked_worker, str(tmp_path))
-    got = torch.load(tmp_path / "fsdp_chunked.pt", weights_only=False)
+    got = fsdp_chunked_step
     m = tiny_model("bf16", vocab=FSDP_VOCAB)
     mbs, gvt = step_data(0)
     ref_loss = LocalEngine(m).forward_backward(mbs, gvt)
@@ -320,33 +344,7 @@ def test_fsdp_runs_lm_head_and_loss_in_chunks_through_the_root(tmp_path: Path) -
     _assert_chunked_equals_whole(got["loss"], got["grads"], ref_loss, _grads(m))
 
 
-def fsdp_shard_bytes_worker(rank: int, port: int, out: str) -> None:
-    _init(rank, 2, port)
-    info = init_distributed(ParallelConfig(data_parallel="fsdp", microbatches=MICROBATCHES // 2))
-    try:
-        m = tiny_model("bf16", vocab=FSDP_VOCAB)
-        apply_fsdp(m, info)
-        opt = build_optimizer(m, optim_cfg("bf16"), PrecisionConfig(recipe="bf16"))
-        mbs, gvt = step_data(0)
-        LocalEngine(m).forward_backward(mbs[rank::2], gvt)
-        opt.step()
-        params = list(m.parameters())
-        moments = [t for st in opt.state.values() for k, t in st.items() if k in ("exp_avg", "exp_avg_sq")]
-        if rank == 0:
-            local = {
-                "weights": [p.to_local() for p in params] + [b for b in m.buffers()],
-                "grads": [p.grad.to_local() for p in params],
-                "optimizer": [t.to_local() for t in moments],
-            }
-            torch.save(
-                {k: sum(t.numel() * t.element_size() for t in ts) for k, ts in local.items()},
-                Path(out) / "shard_bytes.pt",
-            )
-    finally:
-        dist.destroy_process_group()
-
-
-def test_fsdp_memory_counts_the_shards_a_rank_holds(tmp_path: Path) -> None:
+def test_fsdp_memory_counts_the_shards_a_rank_holds(fsdp_chunked_step: dict[str, Any]) -> None:
     """ida_trainer.memory.fsdp_memory's sharded part is what an FSDP2 rank holds after a step: rank 0's local
     FP32 masters (and the whole buffers), gradients and AdamW moments, with the 257-row embedding and lm_head
     split unevenly (129 + 128 rows)."""
@@ -354,8 +352,7 @@ def test_fsdp_memory_counts_the_shards_a_rank_holds(tmp_path: Path) -> None:
 
     from ida_trainer.memory import fsdp_memory
 
-    _spawn_two(fsdp_shard_bytes_worker, str(tmp_path))
-    got = torch.load(tmp_path / "shard_bytes.pt", weights_only=False)
+    got = fsdp_chunked_step["shard_bytes"]
     est = fsdp_memory(
         NemotronConfig(**tiny_model("bf16", vocab=FSDP_VOCAB).config.to_dict()), PrecisionConfig(recipe="bf16"), ranks=2
     )
