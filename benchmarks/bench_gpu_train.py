@@ -52,7 +52,8 @@ RECIPES = ("nvfp4", "bf16")  # table order; the bf16 recipe (the larger) is meas
 EXIT_OUT_OF_MEMORY = 3  # a child that ran out of memory (the project's "this machine cannot" status)
 LAYER_STEP = 8  # decoder layers dropped at a time when the bf16 recipe does not fit at 1 row per micro-batch
 PREDICTION_MARGIN = 1.05  # measured / ida_trainer.memory's count, bf16 recipe at 4B (78.8 / 75.1 GiB, H200;
-# measured with autocast's weight-cast cache on, counted then with every layer's BF16 copy held: recalibrate)
+# measured with autocast's weight-cast cache on and LocalEngine's whole logits (~13.7 GiB), counted then with every
+# layer's BF16 copy held: both are gone since 2026-12-07, recalibrate from the next run)
 OUTSIDE_TORCH_GIB = 1.0  # device memory torch's allocator does not count: the CUDA context, cuBLAS workspaces
 
 
