@@ -13,6 +13,8 @@
 #      (benchmarks/bench_generate.py); last of all (7b), one sampling draw, top_p 0.95, 256 candidates vs
 #      the whole row sorted (benchmarks/bench_sampler.py)
 #   8. a sampled MBXP run of step 4's export on the GPU (top_p 0.95, pass@1/4, tokens/s, programs/s), end to end
+#   9. after 7b, FSDP2 over NCCL (torchrun, 1 rank): a 4-layer Qwen3-4B-shaped bf16 training, its peak memory
+#      beside ida_trainer.memory.fsdp_memory's count (benchmarks/bench_fsdp_memory.py)
 #
 # Writes REPORT_DIR/report.md (the summary) and one log / JSON / XML file per step beside it.
 # On one H200 with 16 cores it took 169-219 s (three runs, 2026-12-04, before steps 5b, 5c, 7 and 8:
@@ -45,14 +47,14 @@ export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 
 # time limits per step (seconds); the build takes ~20 s there, the training benchmark ~2 min
 T_ENV=20 T_BUILD=120 T_TESTS=120 T_TRAIN=75 T_BENCH=90 T_BENCH_MXFP8=75 T_COMPARE=30 T_TRAIN_BENCH=300 T_GEN=200 T_MBXP=120
-T_BUILD_NB1=60 T_BENCH_NB1=60 T_SAMPLER=30
+T_BUILD_NB1=60 T_BENCH_NB1=60 T_SAMPLER=30 T_FSDP=90
 STEPS=20
 # the whole run's budget (seconds): each step's limit is cut to what is left of it, a step with under 20 s
 # left is skipped (and said so), and the report is always finished; the per-call limit of a lent machine
 # is 600 s: run it as `timeout 590 bash scripts/device_check.sh DIR`
 BUDGET="${DEVICE_CHECK_BUDGET:-540}"
-# DEVICE_CHECK_STEPS: which of steps 3-8 to run (default all; 1 and 2 always run, 8 brings 4: it evaluates 4's model)
-WANTED=" ${DEVICE_CHECK_STEPS:-3 4 5 6 7 8} "
+# DEVICE_CHECK_STEPS: which of steps 3-9 to run (default all; 1 and 2 always run, 8 brings 4: it evaluates 4's model)
+WANTED=" ${DEVICE_CHECK_STEPS:-3 4 5 6 7 8 9} "
 case "$WANTED" in *" 8 "*) WANTED="${WANTED}4 " ;; esac
 FAILED=0
 START=$(date +%s)
@@ -264,6 +266,12 @@ fi
 if want 7; then
     run bench_sampler "$T_SAMPLER" "$PY" benchmarks/bench_sampler.py --device cuda --vocab 32000 151936 256000
     sed -n '/^| vocab/,$p' "$OUT/bench_sampler.log" >>"$REPORT"
+fi
+
+# ---- 9. FSDP2 over NCCL, one rank: peak memory against ida_trainer.memory's count (new 2026-12-07) ---------
+if want 9; then
+    run bench_fsdp_memory "$T_FSDP" "$PY" -m torch.distributed.run --nproc-per-node 1 benchmarks/bench_fsdp_memory.py
+    grep -E "^(Qwen3-4B shape|count|measured)" "$OUT/bench_fsdp_memory.log" | sed 's/^/  - /' >>"$REPORT"
 fi
 
 note ""
