@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ida_common.checksums import ChecksumError, verify_sums, write_sums
+from ida_common.checksums import SUMS_FILE, ChecksumError, verify_sums, write_sums
 from ida_common.files import atomic_directory, atomic_write_text, sweep_stale, temp_owner
 from ida_common.killpoint import kill_point
 from ida_trainer.sharded import holds_shards
@@ -89,8 +89,9 @@ def _verify(path: Path, only: Callable[[str], bool] | None = None) -> None:
     checkpoints of an older ida have none and are read as they are."""
     try:
         verify_sums(path, only=only)
-    except ChecksumError as exc:
-        raise _damaged(path, exc.path.relative_to(path).as_posix(), exc.why) from None
+    except ChecksumError as exc:  # the codec's and ida_eval's lines say the same of an edit on purpose
+        damaged = _damaged(path, exc.path.relative_to(path).as_posix(), exc.why)
+        raise ValueError(f"{damaged}; changed on purpose? delete {path / SUMS_FILE}") from None
 
 
 def read_trainer_state(path: str | Path) -> dict[str, Any]:

@@ -286,8 +286,13 @@ def test_a_byte_damaged_after_the_save_is_named_not_loaded(tok, tmp_path):
     )
     res = subprocess.run(check, cwd=path, capture_output=True, text=True, check=False)
     assert res.returncode == 1 and "optimizer.pt: FAILED" in res.stdout
-    with pytest.raises(ValueError, match=r"ckpt-000002/optimizer.pt is damaged \(its bytes differ from the sha256"):
+    with pytest.raises(
+        ValueError, match=r"ckpt-000002/optimizer.pt is damaged \(its bytes differ from the sha256"
+    ) as info:
         ckpt.load_checkpoint(path)
+    assert str(info.value).endswith(
+        f"to resume from the checkpoint before it; changed on purpose? delete {path / SUMS_FILE}"
+    )
     ckpt.export_checkpoint(path, tmp_path / "export")  # the export reads no training state: it goes on
 
     path = _save(tmp_path / "ck", 3, model, opt, tok)
