@@ -213,6 +213,31 @@ def _recipe_defaults(recipe: str) -> dict[str, Any]:
     return {"name": "lion", "betas": LION_BETAS, "lr": DEMO_LION_LR}
 
 
+def _preset_tree(preset: str) -> dict[str, dict[str, Any]]:
+    if preset not in PRESETS:
+        raise ValueError(f"--preset {preset!r} is unknown; choose one of {', '.join(PRESETS)}")
+    tree: dict[str, dict[str, Any]] = {}
+    for section, values in PRESETS[preset].items():
+        for name, raw in values.items():
+            _merge(tree, section, name, raw, f"preset {preset}")
+    return tree
+
+
+def preset_config(preset: str) -> JobConfig:
+    """A preset's own settings for planning (``python -m ida_trainer.memory --preset``), its base model and data
+    the placeholders ``BASE`` and ``DATA``; ``parse_args(["--preset", preset, ...])`` starts from the same.
+
+    Example:
+        >>> preset_config("qwen3-4b").parallel.data_parallel
+        'fsdp'
+    """
+    tree = _preset_tree(preset)
+    if preset != "demo":
+        tree.setdefault("model", {})["base"] = "BASE"
+        tree.setdefault("data", {})["path"] = "DATA"
+    return _build(tree)
+
+
 def parse_args(argv: Sequence[str] | None = None) -> JobConfig:
     """Build the validated :class:`JobConfig` from command-line arguments.
 
@@ -262,12 +287,7 @@ def parse_args(argv: Sequence[str] | None = None) -> JobConfig:
         else:
             raise ValueError(f"command line: unknown argument {arg!r} (see python -m ida_trainer --help)")
         i += 1
-    if preset not in PRESETS:
-        raise ValueError(f"--preset {preset!r} is unknown; choose one of {', '.join(PRESETS)}")
-    tree: dict[str, dict[str, Any]] = {}
-    for section, values in PRESETS[preset].items():
-        for name, raw in values.items():
-            _merge(tree, section, name, raw, f"preset {preset}")
+    tree = _preset_tree(preset)
     if config_file is not None:
         for section, values in load_toml(config_file).items():
             for name, raw in values.items():

@@ -76,13 +76,14 @@ from ida_trainer.engine import LOGITS_CHUNK_ENTRIES
 from ida_trainer.precision import apply_recipe, nvfp4_modules
 
 if TYPE_CHECKING:
-    from ida_trainer.config import PrecisionConfig
+    from ida_trainer.config import JobConfig, PrecisionConfig
 
 __all__ = [
     "ActivationSpec",
     "StageMemory",
     "build_meta_model",
     "fsdp_memory",
+    "job_memory",
     "main",
     "minitron_4b_config",
     "qwen3_4b_config",
@@ -401,6 +402,26 @@ def fsdp_memory(
     )
 
 
+def job_memory(config: Any, job: JobConfig, *, world_size: int = 1) -> list[StageMemory]:
+    """The count for a trainer job (its recipe, parallelism, checkpointing and largest micro-batch): one row per
+    pipeline stage, or one FSDP2 rank's (``world_size`` ranks). A micro-batch holds ``global_batch_size /
+    (microbatches x data-parallel ranks)`` rows of at most ``data.max_len`` tokens (packed rows are that long;
+    the trainer pads every micro-batch of a step to its longest row).
+
+    Example:
+        >>> from ida_trainer.cli import preset_config
+        >>> [round(s.total_bytes / GIB, 1) for s in job_memory(minitron_4b_config(), preset_config("minitron-4b"))]
+        [14.5, 15.5]
+    """
+    par = job.parallel
+    fsdp = par.data_parallel == "fsdp"
+    rows = max(1, job.train.global_batch_size // (par.microbatches * (world_size if fsdp else 1)))
+    spec = ActivationSpec(rows * job.data.max_len, job.model.activation_checkpointing)
+    if fsdp:
+        return [fsdp_memory(config, job.precision, ranks=world_size, activations=spec)]
+    return stage_memory(config, job.precision, stages=par.pipeline_stages, activations=spec)
+
+
 TABLE_HEADER = (
     "| stage | layers | params | weights | grads | optimizer | transients | activations | logits | "
     "runtime | total (GiB) |\n|---|---|---|---|---|---|---|---|---|---|---|"
@@ -409,7 +430,7 @@ TABLE_HEADER = (
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m ida_trainer.memory [--model minitron-4b|qwen3-4b] [--recipe nvfp4] [--stages 2 | --data-parallel
-    fsdp --ranks 2] [--tokens 1024]``: print the table."""
+    fsdp --ranks 2] [--tokens 1024]`` or ``--preset minitron-4b|qwen3-4b [--ranks 2]``: print the table."""
     return run_main("ida_trainer.memory", _run, argv)
 
 
@@ -418,6 +439,12 @@ def _run(run: Run) -> int:
 
     ap = ArgumentParser(
         prog="python -m ida_trainer.memory", short_prog="ida_trainer.memory", description=__doc__.split("\n")[0]
+    )
+    ap.add_argument(
+        "--preset",
+        choices=sorted(ARCHITECTURES),
+        help="a trainer preset as configured: its architecture, recipe, parallelism and largest micro-batch "
+        "(FSDP over --ranks); the flags below are then ignored",
     )
     ap.add_argument(
         "--model", choices=sorted(ARCHITECTURES), default="minitron-4b", help="architecture (default minitron-4b)"
@@ -440,6 +467,8 @@ def _run(run: Run) -> int:
     ap.add_argument("--tokens", type=int, default=1024, help="tokens per micro-batch (default 1024)")
     ap.add_argument("--no-checkpointing", action="store_true", help="activation checkpointing off")
     args = ap.parse_args(run.argv)
+    if args.preset:
+        return _print_preset(args.preset, args.ranks)
     prec = PrecisionConfig(recipe=args.recipe, writeback=args.writeback)
     title, build = ARCHITECTURES[args.model]
     config = build()
@@ -460,6 +489,26 @@ def _run(run: Run) -> int:
     print(TABLE_HEADER.replace("| stage |", "| rank |", 1) if fsdp else TABLE_HEADER)
     for s in report:
         print(s.row())
+    return 0
+
+
+def _print_preset(preset: str, ranks: int) -> int:
+    from ida_trainer.cli import preset_config
+
+    job = preset_config(preset)
+    title, build = ARCHITECTURES[preset]
+    fsdp = job.parallel.data_parallel == "fsdp"
+    report = job_memory(build(), job, world_size=ranks)
+    rows = job.train.global_batch_size // (job.parallel.microbatches * (ranks if fsdp else 1))
+    where = f"FSDP2 over {ranks} rank(s), rank 0" if fsdp else f"{job.parallel.pipeline_stages} stage(s)"
+    print(
+        f"--preset {preset} ({title}), recipe {job.precision.recipe}, {where}, {rows} row(s) of up to "
+        f"{job.data.max_len} tokens per micro-batch, checkpointing {'on' if job.model.activation_checkpointing else 'off'}"
+    )
+    print(TABLE_HEADER.replace("| stage |", "| rank |", 1) if fsdp else TABLE_HEADER)
+    for s in report:
+        print(s.row())
+    print(f"largest per GPU: {max(s.total_bytes for s in report) / GIB:.1f} GiB (a count, not a measurement)")
     return 0
 
 

@@ -6,11 +6,13 @@ import pytest
 import torch
 from transformers import NemotronConfig, NemotronForCausalLM
 
+from ida_trainer.cli import preset_config
 from ida_trainer.config import OptimConfig, PrecisionConfig
 from ida_trainer.memory import (
     GIB,
     ActivationSpec,
     fsdp_memory,
+    job_memory,
     main,
     minitron_4b_config,
     qwen3_4b_config,
@@ -117,40 +119,44 @@ def test_cli_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_the_minitron_4b_preset_as_configured_fits_two_16gb_stages() -> None:
-    # The preset's own settings: keep_bf16 layers, 2 stages, checkpointing, tokens per micro-batch.
-    from ida_trainer.cli import parse_args
-
-    cfg = parse_args(["--preset", "minitron-4b", "--base", "/models/minitron-4b", "--data", "/data/sft.jsonl"])
-    assert cfg.parallel.pipeline_stages == 2 and cfg.model.activation_checkpointing
-    tokens = cfg.train.global_batch_size // cfg.parallel.microbatches * cfg.data.max_len
-    report = stage_memory(
-        minitron_4b_config(),
-        cfg.precision,
-        stages=cfg.parallel.pipeline_stages,
-        activations=ActivationSpec(tokens_per_microbatch=tokens, checkpointing=True),
-    )
+    # The preset's own settings: keep_bf16 layers, 2 stages, checkpointing, 4 packed 2048-token rows per micro-batch.
+    job = preset_config("minitron-4b")
+    assert job.parallel.pipeline_stages == 2 and job.model.activation_checkpointing
+    report = job_memory(minitron_4b_config(), job)
+    assert len(report) == 2
     for s in report:
         assert s.total_bytes < 16 * GIB, s.row()
     # the last stage only fits because lm_head + loss run in token chunks (whole logits: 27 GiB)
-    assert tokens * minitron_4b_config().vocab_size * 14 > 16 * GIB
+    assert 4 * job.data.max_len * minitron_4b_config().vocab_size * 14 > 16 * GIB
 
 
 def test_the_qwen3_4b_preset_as_configured_fits_80gb_ranks_only_with_chunked_logits() -> None:
     # The preset's own settings on 2 FSDP ranks: bf16 recipe, checkpointing, 8 rows of up to 4096 tokens.
-    from ida_trainer.cli import parse_args
-
-    cfg = parse_args(["--preset", "qwen3-4b", "--base", "/models/qwen3-4b", "--data", "/data/chat.jsonl"])
-    assert cfg.parallel.data_parallel == "fsdp" and cfg.model.activation_checkpointing
-    ranks = 2
-    tokens = cfg.train.global_batch_size // (cfg.parallel.microbatches * ranks) * cfg.data.max_len
-    est = fsdp_memory(
-        qwen3_4b_config(), cfg.precision, ranks=ranks, activations=ActivationSpec(tokens_per_microbatch=tokens)
-    )
-    assert est.params * ranks == pytest.approx(4.02e9, rel=2e-3)  # Qwen3-4B, embeddings tied
+    job = preset_config("qwen3-4b")
+    assert job.parallel.data_parallel == "fsdp" and job.model.activation_checkpointing
+    [est] = job_memory(qwen3_4b_config(), job, world_size=2)
+    assert est.params * 2 == pytest.approx(4.02e9, rel=2e-3)  # Qwen3-4B, embeddings tied
     assert est.weights_bytes + est.grads_bytes + est.optimizer_bytes == pytest.approx(16 * est.params, rel=1e-6)
     assert est.total_bytes < 64 * GIB, est.row()  # an 80 GB card, with room to spare
     # the whole logits alone (as LocalEngine made them before it chunked) would not fit beside the rest
+    tokens = 8 * job.data.max_len
     assert est.total_bytes - est.logits_bytes + tokens * qwen3_4b_config().vocab_size * 14 > 80 * GIB
+    same = fsdp_memory(qwen3_4b_config(), job.precision, ranks=2, activations=ActivationSpec(tokens))
+    assert est == same  # job_memory's micro-batch: 64 rows / (4 micro-batches x 2 ranks) x 4096 tokens
+
+
+def test_the_cli_prints_a_preset_as_configured(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--preset", "qwen3-4b", "--ranks", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "FSDP2 over 2 rank(s), rank 0, 8 row(s) of up to 4096 tokens per micro-batch" in out
+    assert "| 0 | 0-35 | 2.011 B |" in out and "largest per GPU: 55.7 GiB" in out
+    assert main(["--preset", "minitron-4b"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "2 stage(s), 4 row(s) of up to 2048 tokens" in out
+        and "| 1 | 16-31 |" in out
+        and "largest per GPU: 15.5 GiB" in out
+    )
 
 
 def test_fsdp_memory_refuses_nvfp4_and_the_cli_prints_a_rank(capsys: pytest.CaptureFixture[str]) -> None:

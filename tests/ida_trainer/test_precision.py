@@ -432,6 +432,8 @@ def test_nvfp4_modules_lists_replaced_layers() -> None:
         "ida_trainer.memory",
         "ida_trainer.distributed",
         "ida_trainer.sharded",
+        "ida_trainer.engine",
+        "ida_trainer.cli",
     ],
 )
 def test_docstring_examples_run(module: str) -> None:
