@@ -85,6 +85,7 @@ __all__ = [
     "fsdp_memory",
     "job_memory",
     "main",
+    "memory_warning",
     "minitron_4b_config",
     "qwen3_4b_config",
     "stage_memory",
@@ -420,6 +421,21 @@ def job_memory(config: Any, job: JobConfig, *, world_size: int = 1) -> list[Stag
     if fsdp:
         return [fsdp_memory(config, job.precision, ranks=world_size, activations=spec)]
     return stage_memory(config, job.precision, stages=par.pipeline_stages, activations=spec)
+
+
+def memory_warning(config: Any, job: JobConfig, *, world_size: int, device_bytes: int) -> str | None:
+    """One line when :func:`job_memory`'s count for the largest stage or rank exceeds ``device_bytes`` (a GPU's
+    memory), saying what to change; None when it fits. A count, not a measurement: the trainer warns, it does
+    not refuse."""
+    need = max(s.total_bytes for s in job_memory(config, job, world_size=world_size))
+    if need <= device_bytes:
+        return None
+    return (
+        f"this run needs about {need / GIB:.1f} GiB per GPU by ida_trainer.memory's count and the GPU has "
+        f"{device_bytes / GIB:.1f} GiB: expect it to run out of memory; lower --train.global_batch_size or raise "
+        "--microbatches (fewer rows per micro-batch), or train on more GPUs "
+        "(python -m ida_trainer.memory shows where the memory goes)"
+    )
 
 
 TABLE_HEADER = (

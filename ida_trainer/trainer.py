@@ -165,6 +165,23 @@ class Trainer:
             self.tokenizer = AutoTokenizer.from_pretrained(resume_dir)
         self.model.train()
 
+    def _warn_if_it_will_not_fit(self) -> None:
+        """On a GPU, before the recipe is applied and anything is trained: ida_trainer.memory's count of this job
+        against the GPU's memory (:func:`ida_trainer.memory.memory_warning`), one warning on rank 0."""
+        if self.device.type != "cuda" or not self.is_main:
+            return
+        from ida_common.launch import launch_env
+        from ida_trainer.memory import memory_warning
+
+        line = memory_warning(
+            self.model.config,
+            self.cfg,
+            world_size=launch_env().world_size,
+            device_bytes=torch.cuda.get_device_properties(self.device).total_memory,
+        )
+        if line is not None:
+            warnings.warn(line, UserWarning, stacklevel=2)
+
     def _data_path(self) -> Path:
         from ida_trainer.demo import corpus_path
 
@@ -220,6 +237,7 @@ class Trainer:
                 )
         _seed_everything(cfg.train.seed)
         self._load_model_and_tokenizer(resume_dir)
+        self._warn_if_it_will_not_fit()
         examples, self.data_stats = load_examples(cfg.data, self.tokenizer, path=self._data_path())
         if cfg.data.format == "chat":
             marker = end_of_turn_marker(self.tokenizer)

@@ -14,6 +14,7 @@ from ida_trainer.memory import (
     fsdp_memory,
     job_memory,
     main,
+    memory_warning,
     minitron_4b_config,
     qwen3_4b_config,
     stage_memory,
@@ -183,3 +184,13 @@ def test_the_tables_in_docs_are_the_estimates() -> None:
             qwen3_4b_config(), PrecisionConfig(recipe="bf16"), ranks=ranks, activations=ActivationSpec(tokens)
         )
         assert f"| {ranks} | {tokens} " + est.row().removeprefix("| 0 | 0-35 ") in doc, est.row()
+
+
+def test_the_trainer_warns_when_the_count_exceeds_the_gpu() -> None:
+    # what Trainer.setup warns on a GPU (rank 0) after loading the base: the qwen3-4b preset needs 103.6 GiB in one
+    # process, 55.7 per rank on two
+    job = preset_config("qwen3-4b")
+    line = memory_warning(qwen3_4b_config(), job, world_size=1, device_bytes=80 * 10**9)
+    assert line is not None and line.startswith("this run needs about 103.6 GiB per GPU")
+    assert "and the GPU has 74.5 GiB: expect it to run out of memory; lower --train.global_batch_size" in line
+    assert memory_warning(qwen3_4b_config(), job, world_size=2, device_bytes=80 * 10**9) is None
