@@ -414,13 +414,15 @@ def job_memory(config: Any, job: JobConfig, *, world_size: int = 1) -> list[Stag
         >>> [round(s.total_bytes / GIB, 1) for s in job_memory(minitron_4b_config(), preset_config("minitron-4b"))]
         [14.5, 15.5]
     """
-    par = job.parallel
-    fsdp = par.data_parallel == "fsdp"
-    rows = max(1, job.train.global_batch_size // (par.microbatches * (world_size if fsdp else 1)))
-    spec = ActivationSpec(rows * job.data.max_len, job.model.activation_checkpointing)
-    if fsdp:
+    spec = ActivationSpec(_rows_per_microbatch(job, world_size) * job.data.max_len, job.model.activation_checkpointing)
+    if job.parallel.data_parallel == "fsdp":
         return [fsdp_memory(config, job.precision, ranks=world_size, activations=spec)]
-    return stage_memory(config, job.precision, stages=par.pipeline_stages, activations=spec)
+    return stage_memory(config, job.precision, stages=job.parallel.pipeline_stages, activations=spec)
+
+
+def _rows_per_microbatch(job: JobConfig, world_size: int) -> int:
+    ranks = world_size if job.parallel.data_parallel == "fsdp" else 1
+    return max(1, job.train.global_batch_size // (job.parallel.microbatches * ranks))
 
 
 def memory_warning(config: Any, job: JobConfig, *, world_size: int, device_bytes: int) -> str | None:
@@ -502,10 +504,14 @@ def _run(run: Run) -> int:
         f"{title}, recipe {args.recipe} ({args.writeback if args.recipe == 'nvfp4' else 'fp32 master'}), "
         f"{where}, {args.tokens} tokens per micro-batch, checkpointing {'off' if args.no_checkpointing else 'on'}"
     )
+    _print_table(report, fsdp=fsdp)
+    return 0
+
+
+def _print_table(report: list[StageMemory], *, fsdp: bool) -> None:
     print(TABLE_HEADER.replace("| stage |", "| rank |", 1) if fsdp else TABLE_HEADER)
     for s in report:
         print(s.row())
-    return 0
 
 
 def _print_preset(preset: str, ranks: int) -> int:
@@ -515,15 +521,13 @@ def _print_preset(preset: str, ranks: int) -> int:
     title, build = ARCHITECTURES[preset]
     fsdp = job.parallel.data_parallel == "fsdp"
     report = job_memory(build(), job, world_size=ranks)
-    rows = job.train.global_batch_size // (job.parallel.microbatches * (ranks if fsdp else 1))
+    rows = _rows_per_microbatch(job, ranks)
     where = f"FSDP2 over {ranks} rank(s), rank 0" if fsdp else f"{job.parallel.pipeline_stages} stage(s)"
     print(
         f"--preset {preset} ({title}), recipe {job.precision.recipe}, {where}, {rows} row(s) of up to "
         f"{job.data.max_len} tokens per micro-batch, checkpointing {'on' if job.model.activation_checkpointing else 'off'}"
     )
-    print(TABLE_HEADER.replace("| stage |", "| rank |", 1) if fsdp else TABLE_HEADER)
-    for s in report:
-        print(s.row())
+    _print_table(report, fsdp=fsdp)
     print(f"largest per GPU: {max(s.total_bytes for s in report) / GIB:.1f} GiB (a count, not a measurement)")
     return 0
 
