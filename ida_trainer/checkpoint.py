@@ -137,14 +137,18 @@ def check_resume_state(path: str | Path, state: Mapping[str, Any]) -> None:
         raise _damaged(path, STATE_FILE, "it holds no RNG states")
 
 
+def state_run_id(state: Mapping[str, Any]) -> str | None:
+    """The run id a ``trainer_state.json`` records (None: none, as in checkpoints of older versions)."""
+    run_id = state.get("run_id")
+    return run_id if isinstance(run_id, str) else None
+
+
 def checkpoint_run_id(path: str | Path) -> str | None:
     """The run id recorded in a checkpoint's ``trainer_state.json`` (None: none recorded or unreadable)."""
     try:
-        state = read_trainer_state(path)
+        return state_run_id(read_trainer_state(path))
     except (OSError, ValueError):
         return None
-    run_id = state.get("run_id")
-    return run_id if isinstance(run_id, str) else None
 
 
 def list_checkpoints(root: str | Path, *, run_id: str | None = None) -> list[tuple[int, Path]]:

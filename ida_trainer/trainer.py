@@ -220,9 +220,9 @@ class Trainer:
                 for p in ckpt.remove_partial(self.ckpt_root):
                     print(f"removed incomplete checkpoint {p}", flush=True)
             resume_dir = ckpt.latest_checkpoint(self.ckpt_root)
-            for _, p in ckpt.list_checkpoints(self.ckpt_root):
-                ckpt.read_trainer_state(p)  # a damaged one is named, not counted as another run's
-            runs = {ckpt.checkpoint_run_id(p) for _, p in ckpt.list_checkpoints(self.ckpt_root)}
+            # each state read (and checked against its SHA256SUMS) once: a damaged one is named, not counted as
+            # another run's
+            runs = {ckpt.state_run_id(ckpt.read_trainer_state(p)) for _, p in ckpt.list_checkpoints(self.ckpt_root)}
             if len(runs) > 1:
                 raise ValueError(
                     f"--resume: {self.ckpt_root} holds checkpoints of {len(runs)} different runs "
