@@ -61,10 +61,11 @@ def torch_to_numpy(t: Any) -> np.ndarray:
 
 def numpy_to_torch(a: np.ndarray) -> Any:
     """A CPU tensor sharing ``a``'s memory (a C copy first if ``a`` is not C-contiguous); ml_dtypes'
-    ``bfloat16`` / ``float8_*`` arrays become the torch dtypes of the same name."""
+    ``bfloat16`` / ``float8_*`` arrays become the torch dtypes of the same name. A 0-d array stays 0-d."""
     import torch
 
-    a = np.ascontiguousarray(a)
+    if not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a)  # (which makes a 0-d array 1-d: never called on one, always contiguous)
     if a.dtype == np.dtype(ml_dtypes.bfloat16):
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     f8 = {

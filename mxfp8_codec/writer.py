@@ -113,6 +113,7 @@ def _write_items(
                     f"{path}: tensor {it.name!r}: produced shape {arr.shape} / {flat.nbytes} bytes, planned {it.shape} / {it.nbytes}"
                 )
             f.write(memoryview(flat))
+            del arr, flat  # before the next tensor is fetched: one tensor in memory at a time, not two
             kill_point("writer.tensor_written")  # crash tests: IDA_KILL_AT=writer.tensor_written:N
 
 

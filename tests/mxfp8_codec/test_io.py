@@ -127,6 +127,17 @@ def test_torch_tensors_in_and_out(tmp_path: Path) -> None:
     assert all(v.dtype == torch.float32 for v in streamed.values())
 
 
+def test_a_0d_tensor_stays_0d(tmp_path: Path) -> None:
+    """safetensors stores shape []; torch read it back as shape [1] (np.ascontiguousarray makes a 0-d array 1-d)."""
+    path = tmp_path / "s.safetensors"
+    write_safetensors(path, {"step": torch.tensor(7.0), "n": torch.tensor(3, dtype=torch.int64)})
+    with open_mxfp8(path) as r, safe_open(str(path), framework="pt") as f:
+        for name in ("step", "n"):
+            assert r.get(name, framework="pt").shape == f.get_tensor(name).shape == torch.Size([]), name
+            assert r.get(name).shape == ()
+        assert r.get("step", framework="pt").item() == 7.0
+
+
 def test_readable_by_safetensors_safe_open(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     tensors = _mixed(rng)
