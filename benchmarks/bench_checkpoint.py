@@ -9,6 +9,12 @@ run on the same files: the save without ``SHA256SUMS`` (``write_sums`` skipped: 
 one plain read of every byte (page cache warm in all three). Saves: medians of ``--repeats`` pairs; loads:
 best of ``--repeats``.
 
+A second table puts the optimizer state file alone beside the format it replaced on 2026-12-07: ``optimizer.st``
+(:func:`~ida_trainer.checkpoint.write_optimizer_state`, safetensors, written one tensor at a time, fsynced) vs
+``torch.save`` of the same state (``optimizer.pt``) plus an fsync; and the reads, each followed by one pass over
+every tensor (a mapped file reads nothing until it is touched): :func:`~ida_trainer.checkpoint.read_optimizer_state`
+vs ``torch.load(mmap=True, weights_only=True)``. Writes: medians of ``--repeats`` pairs; reads: best of.
+
 Run:  python benchmarks/bench_checkpoint.py [--hidden 1024] [--layers 8] [--intermediate 4096] [--repeats 3]
 """
 
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import shutil
 import statistics
 import sys
@@ -61,6 +68,37 @@ def _read_all(path: Path) -> None:
                 pass
 
 
+def _touch(state: object) -> None:
+    for t in ckpt.flatten_state(state)[1].values():
+        t.sum()
+
+
+def _torch_save(state: dict, path: Path) -> None:
+    torch.save(state, path)
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def _optimizer_file_rows(recipe: str, state: dict, root: Path, repeats: int) -> str:
+    new, old = root / f"{recipe}.optimizer.st", root / f"{recipe}.optimizer.pt"
+    writes: dict[str, list[float]] = {"st": [], "pt": []}
+    for _ in range(repeats + 1):  # the first pair is a warm-up
+        for variant, fn in (
+            ("st", lambda: ckpt.write_optimizer_state(new, state)),
+            ("pt", lambda: _torch_save(state, old)),
+        ):
+            t0 = time.perf_counter()
+            fn()
+            writes[variant].append(time.perf_counter() - t0)
+    w_st, w_pt = statistics.median(writes["st"][1:]), statistics.median(writes["pt"][1:])
+    r_st = min(samples(lambda: _touch(ckpt.read_optimizer_state(new)), repeats))
+    r_pt = min(samples(lambda: _touch(torch.load(old, map_location="cpu", weights_only=True, mmap=True)), repeats))
+    return (
+        f"| {recipe} | {new.stat().st_size / 2**20:.0f} MiB | {w_st:.2f} s | {w_pt:.2f} s | {w_st / w_pt:.2f}x "
+        f"| {r_st:.2f} s | {r_pt:.2f} s | {r_st / r_pt:.2f}x |"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure and print the table (exit 0: a measurement, no target)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -83,6 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "| read every byte once |"
     )
     print("|---|---|---|---|---|---|---|---|")
+    files = []
     try:
         for recipe in ("nvfp4", "bf16"):
             model, opt = _stepped(recipe, cfg, tokenizer)
@@ -121,7 +160,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"| {recipe} | {mib:.0f} MiB | {t_save:.2f} s | {t_base:.2f} s | {t_save / t_base:.2f}x | "
                 f"{t_load:.2f} s | {t_check:.2f} s | {t_read:.2f} s |"
             )
+            files.append(_optimizer_file_rows(recipe, opt.state_dict(), root, args.repeats))
             del model, opt, save
+        print(
+            "\noptimizer state file alone: optimizer.st (safetensors) vs torch.save (optimizer.pt, before 2026-12-07)"
+        )
+        print("| recipe | file | write .st | write .pt | ratio | read + touch .st | read + touch .pt | ratio |")
+        print("|---|---|---|---|---|---|---|---|")
+        print("\n".join(files))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return 0

@@ -7,7 +7,7 @@ another number (measured: one flipped bit in the middle of an ``optimizer.pt`` l
 So the writers record a sha256 of every file beside them, in the format of GNU coreutils' ``sha256sum``::
 
     3f4c...e1  model.safetensors
-    9a0b...77  optimizer.pt
+    9a0b...77  optimizer.st
 
 and the readers check it before trusting the bytes. Anyone can check a copy without ida:
 ``cd ckpt-000120 && sha256sum -c SHA256SUMS``.

@@ -7,9 +7,15 @@ Layout of ``<out>/checkpoints/ckpt-000120/``:
   masters stored byte-for-byte as the trainer holds them (native ``[in, out]`` orientation), everything
   else BF16. Loadable by ``ida_eval.load_model`` like any published checkpoint.
 - ``config.json``, ``generation_config.json``, tokenizer files: a complete transformers directory.
-- ``optimizer.pt``: ``optimizer.state_dict()`` (momenta, SR step counter, exact copies of whatever the
-  safetensors file cannot hold bit-exactly, e.g. the bf16 recipe's FP32 masters); full tensors also for an
-  FSDP2 run (:func:`ida_trainer.sharded.gather_full_state`), so the file does not depend on the process count.
+- ``optimizer.st``: ``optimizer.state_dict()`` (momenta, SR step counter, exact copies of whatever the
+  safetensors file cannot hold bit-exactly, e.g. the bf16 recipe's FP32 masters) in the safetensors format
+  (:func:`write_optimizer_state`): every tensor in its own dtype under its path in the state (``state.3.exp_avg``,
+  ``ida.exact_params.model.norm.weight``), the rest of the state as JSON in the header's metadata. Read without
+  unpickling anything, mapped rather than read, and written one tensor at a time (an FSDP2 run gathers each full
+  tensor as it is written: :func:`ida_trainer.sharded.gather_on_demand`); full tensors, so the file does not
+  depend on the process count. Not named ``*.safetensors``: vLLM and others load every ``*.safetensors`` of a
+  directory without an index as weights. Checkpoints of ida before 2026-12-07 hold ``optimizer.pt`` (a torch
+  pickle) instead, read with torch's weights-only unpickler.
 - ``trainer_state.json``: step, data cursor, RNG states (torch CPU/CUDA, python), config digest (and the
   digest without the pipeline stage count, which ``--resume`` compares).
 - ``SHA256SUMS``: the sha256 of every file above, written last (:mod:`ida_common.checksums`, the format of
@@ -44,7 +50,8 @@ import os
 import pickle
 import random
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,13 +62,15 @@ import torch
 from ida_common.checksums import SUMS_FILE, ChecksumError, verify_sums, write_sums
 from ida_common.files import atomic_directory, atomic_write_text, sweep_stale, temp_owner
 from ida_common.killpoint import kill_point
-from ida_trainer.sharded import holds_shards
+from ida_trainer.sharded import OnDemand, gather_on_demand, holds_shards
 
 CKPT_PREFIX = "ckpt-"
 TMP_SUFFIX = ".tmp"  # every temporary (ours: ida_common.files.temp_pattern) and those of older versions
 OLD_SUFFIX = ".old" + TMP_SUFFIX  # older versions: a complete checkpoint being replaced by a re-save of its step
 MODEL_FILE = "model.safetensors"
-OPTIM_FILE = "optimizer.pt"
+OPTIM_FILE = "optimizer.st"
+LEGACY_OPTIM_FILE = "optimizer.pt"  # ida before 2026-12-07: torch.save of the state_dict
+OPTIM_STATE_KEY = "ida_optimizer_state"  # the header metadata entry: the state's structure, as JSON
 STATE_FILE = "trainer_state.json"
 MANIFEST_FILE = "export_manifest.json"
 
@@ -255,6 +264,147 @@ def set_rng_state(state: Mapping[str, Any], *, checkpoint: str | Path | None = N
         ) from exc
 
 
+def flatten_state(state: Any) -> tuple[Any, dict[str, torch.Tensor]]:
+    """An optimizer state_dict as JSON data and its tensors by path: ``(skeleton, {path: tensor})``.
+
+    Dicts (str or int keys, in order), lists, tuples, numbers, strings, booleans and None are kept in the
+    skeleton (a dict as ``{"dict": [[key, value], ...]}``, a tuple as ``{"tuple": [...]}``, so that both come
+    back as they were); a tensor as ``{"tensor": PATH}``, its keys joined by dots (``state.3.exp_avg``). The
+    inverse of :func:`unflatten_state`; every rank of an FSDP2 run gets the same paths.
+
+    Raises:
+        ValueError: a value of another type, a key neither str nor int, or two tensors with one path.
+
+    Example:
+        >>> skeleton, tensors = flatten_state({"state": {0: {"m": torch.ones(1)}}, "betas": (0.9, 0.95)})
+        >>> skeleton["dict"][0][1], skeleton["dict"][1], list(tensors)
+        ({'dict': [[0, {'dict': [['m', {'tensor': 'state.0.m'}]]}]]}, ['betas', {'tuple': [0.9, 0.95]}], ['state.0.m'])
+    """
+    tensors: dict[str, torch.Tensor] = {}
+
+    def enc(x: Any, path: str) -> Any:
+        if isinstance(x, torch.Tensor):
+            if path in tensors:
+                raise ValueError(f"optimizer state: two tensors at {path!r}")
+            tensors[path] = x
+            return {"tensor": path}
+        if isinstance(x, dict):
+            bad = [k for k in x if not isinstance(k, (str, int)) or isinstance(k, bool)]
+            if bad:
+                raise ValueError(f"optimizer state: key {bad[0]!r} at {path or 'the top'!r} is neither str nor int")
+            return {"dict": [[k, enc(v, f"{path}.{k}" if path else str(k))] for k, v in x.items()]}
+        if isinstance(x, (list, tuple)):
+            items = [enc(v, f"{path}.{i}") for i, v in enumerate(x)]
+            return {"tuple": items} if isinstance(x, tuple) else items
+        if x is None or isinstance(x, (bool, int, float, str)):
+            return x
+        raise ValueError(
+            f"optimizer state: {path or 'the state'} is a {type(x).__name__}, not a tensor, number or string"
+        )
+
+    return enc(state, ""), tensors
+
+
+def unflatten_state(skeleton: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+    """The inverse of :func:`flatten_state`.
+
+    Raises:
+        ValueError: the skeleton is not one :func:`flatten_state` makes, or names a tensor ``tensors`` lacks.
+    """
+
+    def dec(x: Any) -> Any:
+        if isinstance(x, list):
+            return [dec(v) for v in x]
+        if not isinstance(x, dict):
+            return x
+        if len(x) != 1:
+            raise ValueError(f"not an optimizer state: an object with keys {sorted(x)[:4]}")
+        ((tag, v),) = x.items()
+        if tag == "tensor" and isinstance(v, str):
+            if v not in tensors:
+                raise ValueError(f"the state names a tensor {v!r} the file does not hold")
+            return tensors[v]
+        if tag == "tuple" and isinstance(v, list):
+            return tuple(dec(i) for i in v)
+        if tag == "dict" and isinstance(v, list) and all(isinstance(kv, list) and len(kv) == 2 for kv in v):
+            return {k: dec(val) for k, val in v}
+        raise ValueError(f"not an optimizer state: an object {{{tag!r}: ...}}")
+
+    return dec(skeleton)
+
+
+def write_optimizer_state(
+    path: str | Path, state: Mapping[str, Any], *, fetch: Callable[[str], torch.Tensor] | None = None
+) -> None:
+    """Write an optimizer state_dict as a safetensors file (:func:`flatten_state`), atomically, one tensor at a
+    time. ``fetch(path)`` gives each tensor as it is written (an FSDP2 run: the full tensor of a DTensor shard,
+    :func:`ida_trainer.sharded.gather_on_demand`); without it the state's own tensors are written.
+
+    Raises:
+        ValueError: the state holds FSDP2 shards and no ``fetch``, or a value :func:`flatten_state` refuses.
+    """
+    from mxfp8_codec import write_safetensors
+
+    skeleton, tensors = flatten_state(dict(state))
+    if fetch is None and holds_shards(tensors):
+        raise ValueError("write_optimizer_state: the state holds FSDP2 shards; gather them (fetch=)")
+    meta = {OPTIM_STATE_KEY: json.dumps(skeleton, separators=(",", ":"))}
+    write_safetensors(path, tensors if fetch is None else OnDemand(tensors, fetch), metadata=meta, progress=False)
+
+
+def read_optimizer_state(path: str | Path) -> dict[str, Any]:
+    """What :func:`write_optimizer_state` wrote. The tensors are copy-on-write views of the mapped file: its pages
+    are shared in the page cache by the ranks of a resumed FSDP2 run, each of which keeps its own shard, instead of
+    one private copy per rank (48 GB: a 4B model's AdamW state).
+
+    Raises:
+        ValueError: the file is not a safetensors file, or not an optimizer state (names the file).
+    """
+    from mxfp8_codec import MXFP8Error, open_mxfp8
+    from mxfp8_codec.convert import numpy_to_torch
+
+    try:
+        with open_mxfp8(path, copy_on_write=True) as reader:
+            if OPTIM_STATE_KEY not in reader.metadata:
+                raise ValueError(f"its header has no {OPTIM_STATE_KEY!r} entry: not an optimizer state")
+            skeleton = json.loads(reader.metadata[OPTIM_STATE_KEY])
+            tensors = {name: numpy_to_torch(reader.raw_view(name)) for name in reader.keys()}
+        state = unflatten_state(skeleton, tensors)
+    except MXFP8Error as exc:  # names the file itself
+        raise ValueError(str(exc)) from exc
+    except ValueError as exc:  # json.JSONDecodeError is one
+        raise ValueError(f"{path}: {exc}") from exc
+    if not isinstance(state, dict):
+        raise ValueError(f"{path}: not an optimizer state (a JSON {type(state).__name__} at the top)")
+    return state
+
+
+@contextmanager
+def streamed_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, main: bool
+) -> Iterator[tuple[Mapping[str, Any], dict[str, Any], Callable[[str], torch.Tensor]] | None]:
+    """What :func:`save_checkpoint` writes of an FSDP2 model and its optimizer, gathered one full tensor at a
+    time as it is written (:func:`ida_trainer.sharded.gather_on_demand`): rank 0 never holds more than one full
+    tensor (on its device and its CPU) beyond its own shards. A collective: every rank enters it.
+
+    Yields, on rank 0 (``main``), ``(tensors, optimizer_state, optimizer_fetch)`` for ``save_checkpoint``'s
+    ``tensors``, ``optimizer_state`` and ``optimizer_fetch`` (to be written inside the block); on every other
+    rank None, once rank 0 has written everything.
+    """
+    from ida_trainer.precision import EXPORT_LAYOUT, export_sources
+
+    weights = export_sources(model)
+    state = optimizer.state_dict()
+    sources = {f"model/{k}": v for k, v in weights.items()}
+    sources.update({f"optimizer/{k}": v for k, v in flatten_state(state)[1].items()})
+    with gather_on_demand(sources, main=main) as fetch:
+        if fetch is None:
+            yield None
+            return
+        tensors = OnDemand(weights, lambda n: fetch(f"model/{n}"), EXPORT_LAYOUT.from_transformers)
+        yield tensors, state, lambda n: fetch(f"optimizer/{n}")
+
+
 def save_checkpoint(
     root: str | Path,
     step: int,
@@ -267,6 +417,7 @@ def save_checkpoint(
     trainer_state: Mapping[str, Any],
     metadata: Mapping[str, str],
     keep: int,
+    optimizer_fetch: Callable[[str], torch.Tensor] | None = None,
     before_rename: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write one checkpoint directory atomically and prune to the newest ``keep``.
@@ -274,11 +425,13 @@ def save_checkpoint(
     Args:
         root: the checkpoints directory (created if needed).
         step: optimizer steps done.
-        tensors: :func:`ida_trainer.precision.export_state` output (HF names, native orientation).
+        tensors: :func:`ida_trainer.precision.export_state` output (HF names, native orientation), or a mapping
+            that reads each tensor when it is written (:class:`ida_trainer.sharded.OnDemand`).
         model_config: the transformers ``PretrainedConfig`` (written as ``config.json``).
         generation_config: the ``GenerationConfig`` (``generation_config.json``).
         tokenizer: saved with ``save_pretrained``.
         optimizer_state: ``optimizer.state_dict()``.
+        optimizer_fetch: how to read its tensors as they are written (:func:`write_optimizer_state`).
         trainer_state: JSON data (step, data cursor, RNG, ...).
         metadata: provenance strings for the safetensors header.
         keep: how many checkpoints to keep (this one included).
@@ -288,7 +441,7 @@ def save_checkpoint(
         The final checkpoint directory.
 
     Example:
-        >>> # save_checkpoint(run / "checkpoints", 100, tensors=export_state(model), ...)  # doctest: +SKIP
+        >>> save_checkpoint(run / "checkpoints", 100, tensors=export_state(model), ...)  # doctest: +SKIP
     """
     from ida_trainer.precision import EXPORT_LAYOUT
     from mxfp8_codec import write_mxfp8_safetensors
@@ -309,7 +462,7 @@ def save_checkpoint(
         write_config_json(tmp, tmp / MODEL_FILE, config=json.loads(model_config.to_json_string(use_diff=False)))
         atomic_write_text(tmp / "generation_config.json", generation_config.to_json_string(use_diff=True))
         tokenizer.save_pretrained(tmp)
-        torch.save(dict(optimizer_state), tmp / OPTIM_FILE)
+        write_optimizer_state(tmp / OPTIM_FILE, optimizer_state, fetch=optimizer_fetch)
         atomic_write_text(tmp / STATE_FILE, json.dumps(dict(trainer_state), indent=1, sort_keys=True) + "\n")
         write_sums(tmp, sync=True)  # last: every file's sha256, checked by --resume, the export and ida_eval
         if before_rename is not None:
@@ -366,31 +519,43 @@ def load_checkpoint(path: str | Path) -> LoadedCheckpoint:
             cannot be read, or its bytes differ from the sha256 recorded in ``SHA256SUMS`` when it was written.
     """
     path = Path(path)
-    for name in (MODEL_FILE, OPTIM_FILE, STATE_FILE):
+    legacy = not (path / OPTIM_FILE).is_file() and (path / LEGACY_OPTIM_FILE).is_file()
+    optim = LEGACY_OPTIM_FILE if legacy else OPTIM_FILE
+    for name in (MODEL_FILE, optim, STATE_FILE):
         if not (path / name).is_file():
             raise ValueError(f"checkpoint {path} is incomplete: {name} is missing")
     _verify(path, lambda n: n != STATE_FILE)
     trainer_state = read_trainer_state(path)  # checks its own file
     tensors = read_model_tensors(path / MODEL_FILE)  # the codec's reader names a damaged file itself
+    if legacy:
+        optimizer_state = _read_legacy_optimizer_state(path)
+    else:
+        try:
+            optimizer_state = read_optimizer_state(path / OPTIM_FILE)
+        except ValueError as exc:
+            raise _damaged(path, OPTIM_FILE, exc) from exc
+    return LoadedCheckpoint(path, tensors, optimizer_state, trainer_state)
+
+
+def _read_legacy_optimizer_state(path: Path) -> dict[str, Any]:
+    """``optimizer.pt`` of an ida before 2026-12-07."""
     try:
         # tensors, numbers, strings and containers only (torch's weights-only unpickler: no code runs from the
-        # file); mapped, not read: the ranks of a resumed FSDP run each load the whole file and keep their
-        # shards, and its pages are shared in the page cache instead of one private copy per rank (48 GB: a 4B
-        # AdamW state)
-        optimizer_state = torch.load(path / OPTIM_FILE, map_location="cpu", weights_only=True, mmap=True)
+        # file); mapped, not read, as read_optimizer_state's
+        optimizer_state = torch.load(path / LEGACY_OPTIM_FILE, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as exc:  # an object the weights-only unpickler does not construct
         raise ValueError(
-            f"{path / OPTIM_FILE} holds objects other than tensors, numbers and strings ({_first_sentence(exc)}): "
-            "ida never writes such a file and runs no code from one"
+            f"{path / LEGACY_OPTIM_FILE} holds objects other than tensors, numbers and strings "
+            f"({_first_sentence(exc)}): ida never writes such a file and runs no code from one"
         ) from exc
     except (RuntimeError, EOFError, ValueError) as exc:  # zip and storage errors: a torn or damaged file
-        raise _damaged(path, OPTIM_FILE, exc) from exc
+        raise _damaged(path, LEGACY_OPTIM_FILE, exc) from exc
     if holds_shards(optimizer_state):  # torch's weights-only unpickler accepts DTensors
         raise ValueError(
-            f"cannot resume from {path}: its {OPTIM_FILE} holds one process's shard of the optimizer state (an "
-            f"FSDP run of an older ida wrote it). Start a new run from its weights: --base {path}"
+            f"cannot resume from {path}: its {LEGACY_OPTIM_FILE} holds one process's shard of the optimizer state "
+            f"(an FSDP run of an older ida wrote it). Start a new run from its weights: --base {path}"
         )
-    return LoadedCheckpoint(path, tensors, optimizer_state, trainer_state)
+    return optimizer_state
 
 
 def parse_prefix_mapping(spec: str) -> Callable[[str], str]:

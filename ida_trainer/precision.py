@@ -57,7 +57,7 @@ import torch.nn as nn
 
 import nvfp4_cuda
 from ida_trainer.nvfp4_linear import NVFP4_BLOCK, NVFP4Linear, NVFP4LinearFunction, nvfp4_modules, tensor_id
-from ida_trainer.sharded import gather_full_state, shard_like, shard_optimizer_state
+from ida_trainer.sharded import shard_like, shard_optimizer_state
 from mxfp8_codec import PROJECTION_NAMES, CheckpointLayout, MXFP8Tensor, decode_mxfp8, is_projection_weight
 
 if TYPE_CHECKING:
@@ -201,16 +201,30 @@ def _owned_entries(model: nn.Module) -> set[str]:
     return owned
 
 
-def export_state(model: nn.Module, *, keep: bool = True) -> dict[str, MXFP8Tensor | torch.Tensor]:
+def export_sources(model: nn.Module) -> dict[str, MXFP8Tensor | torch.Tensor]:
+    """:func:`export_state`'s entries as the model holds them, before the checkpoint layout is applied: NVFP4
+    masters as :class:`mxfp8_codec.MXFP8Tensor`, every other tensor under its transformers layout (an FSDP2
+    shard as the DTensor it is: :func:`ida_trainer.checkpoint.streamed_state` gathers each as it is written).
+    Detached views, not copies."""
+    out: dict[str, MXFP8Tensor | torch.Tensor] = {}
+    owned = _owned_entries(model)
+    for name, mod in nvfp4_modules(model):
+        out[f"{name}.weight"] = MXFP8Tensor(mod.weight_payload.detach(), mod.weight_scales.detach())
+    for key, t in model.state_dict(keep_vars=False).items():
+        if key not in owned and key not in out:
+            out[key] = t.detach()
+    return out
+
+
+def export_state(model: nn.Module) -> dict[str, MXFP8Tensor | torch.Tensor]:
     """The model's weights for a checkpoint, under transformers names.
 
     NVFP4 masters are returned as :class:`mxfp8_codec.MXFP8Tensor` (the live payload/scale bytes, stored
     byte for byte by the writer); other projection weights (bf16 recipe, kept-BF16 layers) as float
     tensors transposed to the native ``[in, out]`` orientation (the writer quantizes them); everything
     else (embeddings, norms, lm_head, biases, persistent buffers) as is.  Tensors are detached views,
-    not copies: write them before the next optimizer step.  FSDP2 shards are gathered into full tensors
-    on the CPU (a collective: every rank calls it; :func:`ida_trainer.sharded.gather_full_state`);
-    ``keep=False``, on the ranks that write nothing, gathers and keeps nothing (returns an empty dict).
+    not copies: write them before the next optimizer step. An FSDP2 model's are streamed instead
+    (:func:`ida_trainer.checkpoint.streamed_state`).
 
     Example:
         >>> import torch.nn as nn
@@ -218,17 +232,10 @@ def export_state(model: nn.Module, *, keep: bool = True) -> dict[str, MXFP8Tenso
         >>> tuple(export_state(m)["o_proj.weight"].shape)
         (16, 32)
     """
-    out: dict[str, MXFP8Tensor | torch.Tensor] = {}
-    owned = _owned_entries(model)
-    for name, mod in nvfp4_modules(model):
-        out[f"{name}.weight"] = MXFP8Tensor(mod.weight_payload.detach(), mod.weight_scales.detach())
-    for key, t in model.state_dict(keep_vars=False).items():
-        if key in owned or key in out:
-            continue
-        t = gather_full_state(t.detach(), keep=keep)  # an FSDP2 shard: the full tensor, on the CPU
-        if keep:
-            out[key] = EXPORT_LAYOUT.from_transformers(key, t)
-    return out if keep else {}
+    return {
+        k: v if isinstance(v, MXFP8Tensor) else EXPORT_LAYOUT.from_transformers(k, v)
+        for k, v in export_sources(model).items()
+    }
 
 
 def _as_float(value: MXFP8Tensor | torch.Tensor, name: str) -> torch.Tensor:
@@ -328,7 +335,7 @@ class _ExactStateMixin:
 
     def _extra_state(self) -> dict[str, Any]:
         return {
-            "exact_params": {n: p.detach().clone() for n, p in self._exact.items()},
+            "exact_params": {n: p.detach() for n, p in self._exact.items()},  # references, as torch's own state
             "param_names": sorted(self._names.values()),
             "param_order": [n for g in self._group_names() for n in g],  # the state's indices, by name
         }
@@ -609,7 +616,7 @@ class MXFP8Lion(_ExactStateMixin, torch.optim.Optimizer):
 class MasterAdamW(_ExactStateMixin, torch.optim.AdamW):
     """AdamW for the bf16 recipe on FP32 master parameters; state_dict also holds the exact masters.
 
-    Under FSDP2 its state_dict holds this rank's shards (:func:`ida_trainer.sharded.gather_full_state` makes
+    Under FSDP2 its state_dict holds this rank's shards (:func:`ida_trainer.checkpoint.streamed_state` writes
     the checkpoint's full state of it); load_state_dict takes full tensors and keeps each rank's shard.
     """
 

@@ -2,47 +2,105 @@
 
 An FSDP2 run (``--data-parallel fsdp``, :func:`ida_trainer.distributed.apply_fsdp`) holds every parameter,
 its optimizer state and its exact master copy as DTensor shards (dim 0 split over the ranks). A checkpoint
-holds full tensors, laid out as a single-process run's: :func:`gather_full_state` before writing,
-:func:`shard_like` and :func:`shard_optimizer_state` when loading. So a checkpoint written by N processes
-resumes with N, with another number of processes or in one process, and a single-process checkpoint
-resumes under FSDP.
+holds full tensors, laid out as a single-process run's: :func:`gather_on_demand` and :class:`OnDemand` while
+writing, :func:`shard_like` and :func:`shard_optimizer_state` when loading. So a checkpoint written by N
+processes resumes with N, with another number of processes or in one process, and a single-process
+checkpoint resumes under FSDP.
+
+A save streams: the checkpoint writers plan a file from shapes and dtypes alone (:meth:`OnDemand.spec`) and
+then read one tensor at a time, and each read gathers that one full tensor, so rank 0 holds one full tensor at
+a time on its device and on its CPU beyond its own shards, not the whole state (48 GB for a 4B model's AdamW
+state: :func:`ida_trainer.checkpoint.streamed_state`).
 
 Example:
-    >>> import torch
-    >>> gather_full_state({"step": 3, "m": torch.ones(2)})  # no DTensor: returned as it is
-    {'step': 3, 'm': tensor([1., 1.])}
+    >>> with gather_on_demand({"m": torch.ones(2)}, main=True) as fetch:  # no DTensor: no collective
+    ...     fetch("m")
+    tensor([1., 1.])
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-__all__ = ["gather_full_state", "holds_shards", "shard_like", "shard_optimizer_state"]
+__all__ = ["OnDemand", "gather_on_demand", "holds_shards", "shard_like", "shard_optimizer_state"]
 
 
-def gather_full_state(obj: Any, *, keep: bool = True) -> Any:
-    """``obj`` (nested dicts, lists, tuples) with every DTensor replaced by its full tensor on the CPU.
+@contextmanager
+def gather_on_demand(
+    sources: Mapping[str, torch.Tensor], *, main: bool
+) -> Iterator[Callable[[str], torch.Tensor] | None]:
+    """Full tensors of ``sources`` (name -> DTensor shard or plain tensor; the same names on every rank), one at
+    a time, on rank 0's CPU, in whatever order rank 0 reads them.
 
-    A collective: every rank calls it on a structure of the same shape. One full tensor is on the device
-    at a time. ``keep=False`` (a rank that writes nothing): the gathers happen, nothing is kept, returns None.
+    A collective of every rank. Rank 0 (``main``) gets ``fetch(name)``: a DTensor's name is broadcast to the
+    other ranks and they gather it with rank 0 (a plain tensor is copied to the CPU without them). Every other
+    rank gets None, after it has served rank 0's gathers until rank 0 leaves the block (also by an exception).
+    """
+    if not main:
+        while True:
+            box: list[str | None] = [None]
+            dist.broadcast_object_list(box, src=0)
+            if box[0] is None:
+                break
+            sources[box[0]].full_tensor()  # type: ignore[attr-defined]  # rank 0 named a DTensor
+        yield None
+        return
+
+    def fetch(name: str) -> torch.Tensor:
+        t = sources[name]
+        if isinstance(t, DTensor):
+            dist.broadcast_object_list([name], src=0)
+            t = t.full_tensor()
+        return t.cpu()
+
+    try:
+        yield fetch
+    finally:
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast_object_list([None], src=0)
+
+
+class OnDemand(Mapping[str, torch.Tensor]):
+    """``name -> transform(name, fetch(name))``, read when it is read, for the checkpoint writers: their
+    ``spec(name)`` (shape and numpy dtype, from ``sources[name]`` run through ``transform`` on the meta device)
+    plans a file without reading anything (:func:`mxfp8_codec.write_mxfp8_safetensors`).
+
+    Example:
+        >>> m = OnDemand({"w": torch.zeros(2, 3)}, lambda n: torch.ones(2, 3), lambda n, t: t.T)
+        >>> m.spec("w"), m["w"].shape
+        (((3, 2), dtype('float32')), torch.Size([3, 2]))
     """
 
-    def walk(x: Any) -> Any:
-        if isinstance(x, DTensor):
-            full = x.full_tensor()
-            return full.cpu() if keep else None
-        if isinstance(x, dict):
-            return {k: walk(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return type(x)(walk(v) for v in x)
-        return x
+    def __init__(
+        self,
+        sources: Mapping[str, torch.Tensor],
+        fetch: Callable[[str], torch.Tensor],
+        transform: Callable[[str, torch.Tensor], torch.Tensor] = lambda name, t: t,
+    ) -> None:
+        self._sources, self._fetch, self._transform = sources, fetch, transform
 
-    out = walk(obj)
-    return out if keep else None
+    def spec(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
+        from mxfp8_codec.convert import numpy_dtype_of
+
+        src = self._sources[name]
+        out = self._transform(name, torch.empty(src.shape, dtype=src.dtype, device="meta"))
+        return tuple(out.shape), numpy_dtype_of(out)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._transform(name, self._fetch(name))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._sources)
+
+    def __len__(self) -> int:
+        return len(self._sources)
 
 
 def holds_shards(obj: Any) -> bool:

@@ -26,6 +26,7 @@ import os
 import random
 import time
 import warnings
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,6 @@ from ida_trainer.engine import (
 )
 from ida_trainer.logs import RunLogger, peak_memory_gib
 from ida_trainer.rundir import new_run_id, prepare_run_dir
-from ida_trainer.sharded import gather_full_state
 from ida_trainer.special_tokens import (
     UntrainedReport,
     fix_untrained_tokens,
@@ -558,56 +558,61 @@ class Trainer:
 
     def save(self, step: int) -> Path | None:
         """Write ``checkpoints/ckpt-<step>`` (rank 0 writes; every rank must call it)."""
+        cfg = self.cfg
+        with self._checkpoint_contents() as contents:
+            if contents is None:
+                return None
+            tensors, optimizer_state, optimizer_fetch = contents
+            assert self.batcher is not None
+            weight_p, compute_p = self._precision_names()
+            metadata = {
+                "producer": "ida_trainer",
+                "recipe": cfg.precision.recipe,
+                "writeback": cfg.precision.writeback,
+                "weight_precision": weight_p,
+                "compute_precision": compute_p,
+                "step": str(step),
+                "base_model": cfg.model.base or "demo",
+                "config_digest": config_digest(cfg),
+            }
+            state = {
+                "step": step,
+                "data_cursor": self.batcher.state_dict(),
+                "rng": ckpt.rng_state(),
+                "config_digest": config_digest(cfg),
+                "computation_digest": config_digest(cfg, any_stages=True),  # what --resume compares
+                "evals": self.evals,
+                "run_id": self.run_id,
+            }
+            return ckpt.save_checkpoint(
+                self.ckpt_root,
+                step,
+                tensors=tensors,
+                model_config=self.model.config,
+                generation_config=self.model.generation_config,
+                tokenizer=self.tokenizer,
+                optimizer_state=optimizer_state,
+                optimizer_fetch=optimizer_fetch,
+                trainer_state=state,
+                metadata=metadata,
+                keep=cfg.checkpoint.keep,
+            )
+
+    def _checkpoint_contents(self) -> AbstractContextManager[tuple[Any, Any, Any] | None]:
+        """``(tensors, optimizer_state, optimizer_fetch)`` for ``save_checkpoint`` on rank 0, None elsewhere (a
+        collective). FSDP2: streamed, one full tensor at a time (:func:`ida_trainer.checkpoint.streamed_state`);
+        a pipeline: the stages' parts, sent to rank 0; one process: the model's and optimizer's own tensors."""
         from ida_trainer.precision import export_state
 
-        cfg = self.cfg
-        gather = getattr(self.engine, "gather_state", None)
-        tensors = gather() if gather is not None else export_state(self.model, keep=self.is_main)
-        optimizer_state = self._optimizer_state()
-        if not self.is_main:
-            return None
-        assert self.batcher is not None and self.optimizer is not None
-        weight_p, compute_p = self._precision_names()
-        metadata = {
-            "producer": "ida_trainer",
-            "recipe": cfg.precision.recipe,
-            "writeback": cfg.precision.writeback,
-            "weight_precision": weight_p,
-            "compute_precision": compute_p,
-            "step": str(step),
-            "base_model": cfg.model.base or "demo",
-            "config_digest": config_digest(cfg),
-        }
-        state = {
-            "step": step,
-            "data_cursor": self.batcher.state_dict(),
-            "rng": ckpt.rng_state(),
-            "config_digest": config_digest(cfg),
-            "computation_digest": config_digest(cfg, any_stages=True),  # what --resume compares
-            "evals": self.evals,
-            "run_id": self.run_id,
-        }
-        path = ckpt.save_checkpoint(
-            self.ckpt_root,
-            step,
-            tensors=tensors,
-            model_config=self.model.config,
-            generation_config=self.model.generation_config,
-            tokenizer=self.tokenizer,
-            optimizer_state=optimizer_state,
-            trainer_state=state,
-            metadata=metadata,
-            keep=cfg.checkpoint.keep,
-        )
-        return path
-
-    def _optimizer_state(self) -> dict[str, Any] | None:
-        gather = getattr(self.engine, "gather_optimizer_state", None)
-        if gather is not None:
-            return gather(self.optimizer)
         assert self.optimizer is not None
-        # FSDP2 shards -> the full state of a single-process run (every rank gathers); else as it is
-        return gather_full_state(self.optimizer.state_dict(), keep=self.is_main)
+        if self.cfg.parallel.data_parallel == "fsdp":
+            return ckpt.streamed_state(self.model, self.optimizer, main=self.is_main)
+        gather = getattr(self.engine, "gather_state", None)
+        if gather is not None:
+            contents = (gather(), self.engine.gather_optimizer_state(self.optimizer), None)
+        else:
+            contents = (export_state(self.model), self.optimizer.state_dict(), None)
+        return nullcontext(contents if self.is_main else None)
 
     def _problems_path(self) -> Path:
         from ida_trainer.demo import problems_path

@@ -56,7 +56,9 @@ __all__ = [
 ]
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".gguf", ".ckpt")  # not copied
-TRAINING_STATE_FILES = ("trainer_state.json",)  # ida_trainer's and transformers' Trainer's: not a model file
+# ida_trainer's (its optimizer state in the safetensors format, not named *.safetensors) and transformers'
+# Trainer's: not model files
+TRAINING_STATE_FILES = ("trainer_state.json", "optimizer.st")
 
 
 def printable(text: str) -> str:

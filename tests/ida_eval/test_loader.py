@@ -216,11 +216,13 @@ def test_a_checkpoint_is_checked_against_its_sha256sums_before_it_is_scored(tok,
     damaged since is named before anything is generated or loaded; the training state, which no eval reads, is not
     hashed."""
     ckpt = save_mxfp8_checkpoint(tiny_model("llama", len(tok)), tok, tmp_path / "m")
-    (ckpt / "optimizer.pt").write_bytes(b"training state")
+    for name in ("optimizer.st", "optimizer.pt"):  # ida_trainer's, an older ida's
+        (ckpt / name).write_bytes(b"training state")
     write_sums(ckpt)
     info = describe_checkpoint(ckpt)
     assert info["files"][0]["sha256"] == read_sums(ckpt)["model.safetensors"] and info["sha256sums"] is True
-    (ckpt / "optimizer.pt").write_bytes(b"damaged, and never read by an eval")
+    for name in ("optimizer.st", "optimizer.pt"):
+        (ckpt / name).write_bytes(b"damaged, and never read by an eval")
     describe_checkpoint(ckpt)
     for name in ("tokenizer.json", "model.safetensors"):
         flip_bit(ckpt / name)

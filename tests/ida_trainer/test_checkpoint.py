@@ -9,6 +9,8 @@ import subprocess
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ida_common.checksums import SUMS_FILE, read_sums, verify_sums, write_sums
 from ida_trainer import checkpoint as ckpt
@@ -54,6 +56,104 @@ def _save(root, step, model, opt, tok, keep=2, **kw):
     )
 
 
+def assert_same_state(got, want, where="state"):
+    """Equal structure, types, values; tensors bit for bit, in their dtype and shape."""
+    assert type(got) is type(want), where
+    if isinstance(want, torch.Tensor):
+        assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want), where
+    elif isinstance(want, dict):
+        assert list(got) == list(want), where
+        for k in want:
+            assert_same_state(got[k], want[k], f"{where}.{k}")
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert_same_state(g, w, f"{where}.{i}")
+    else:
+        assert got == want or (got != got and want != want), where  # NaN equals NaN here
+
+
+@pytest.mark.parametrize("recipe", ["nvfp4", "bf16"])
+def test_the_optimizer_state_file_is_safetensors_read_back_exactly(tok, tmp_path, recipe):
+    """optimizer.st: every tensor in its own dtype under its path, the rest as JSON in the header; read back as
+    it was (int keys, tuples, None, dtypes, 0-d step tensors), and by the safetensors library itself."""
+    from safetensors import safe_open
+
+    model, opt = _trained(tok, recipe)
+    want = opt.state_dict()
+    path = tmp_path / "optimizer.st"
+    ckpt.write_optimizer_state(path, want)
+    assert_same_state(ckpt.read_optimizer_state(path), want)
+    skeleton, tensors = ckpt.flatten_state(want)
+    with safe_open(path, framework="pt") as f:  # Hugging Face's reader: the same tensors by the same names
+        assert sorted(f.keys()) == sorted(tensors)
+        for name in tensors:
+            assert torch.equal(f.get_tensor(name), tensors[name]) and f.get_tensor(name).dtype == tensors[name].dtype
+        assert json.loads(f.metadata()[ckpt.OPTIM_STATE_KEY]) == json.loads(json.dumps(skeleton))
+    assert any(t.dim() == 0 for t in tensors.values()) == (recipe == "bf16")  # AdamW's step: stays 0-d
+    # a fresh model and optimizer loaded as --resume loads them step on exactly as the ones that wrote them
+    fresh_model, fresh = _trained(tok, recipe)
+    load_state(fresh_model, export_state(model))
+    fresh.load_state_dict(ckpt.read_optimizer_state(path))
+    ids = torch.tensor([tok(corpus_texts()[1])["input_ids"]])
+    for m, o in ((model, opt), (fresh_model, fresh)):
+        m(input_ids=ids).logits.float().mean().backward()
+        o.step()
+    for (n, a), (_, b) in zip(model.state_dict().items(), fresh_model.state_dict().items(), strict=True):
+        assert torch.equal(a, b), n
+
+
+_leaves = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**62), 2**62),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.sampled_from([torch.float32, torch.bfloat16, torch.int64, torch.uint8]).map(
+        lambda dt: torch.arange(6).reshape(2, 3).to(dt)
+    ),
+    st.just(torch.tensor(3.0)),
+)
+_states = st.recursive(
+    _leaves,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.lists(inner, max_size=3).map(tuple),
+        st.dictionaries(st.one_of(st.integers(0, 9), st.text("abc_", max_size=4)), inner, max_size=3),
+    ),
+    max_leaves=12,
+)
+
+
+@given(state=st.dictionaries(st.sampled_from(["state", "param_groups", "ida"]), _states, max_size=3))
+@settings(max_examples=60, deadline=None)
+def test_any_state_of_tensors_numbers_and_strings_comes_back_as_it_was(tmp_path_factory, state):
+    try:
+        ckpt.flatten_state(state)
+    except ValueError as exc:  # two tensors at one dotted path ({"a.b": t, "a": {"b": t}}): refused, never merged
+        assert "two tensors at" in str(exc)
+        return
+    path = tmp_path_factory.mktemp("state") / "optimizer.st"
+    ckpt.write_optimizer_state(path, state)
+    assert_same_state(ckpt.read_optimizer_state(path), state)
+
+
+def test_what_the_optimizer_state_file_cannot_hold_is_refused_by_name(tmp_path):
+    with pytest.raises(ValueError, match=r"optimizer state: state\.0\.f is a set, not a tensor"):
+        ckpt.write_optimizer_state(tmp_path / "o.st", {"state": {0: {"f": {1, 2}}}})
+    with pytest.raises(ValueError, match=r"key \(1, 2\) at 'state' is neither str nor int"):
+        ckpt.write_optimizer_state(tmp_path / "o.st", {"state": {(1, 2): 0}})
+    assert not (tmp_path / "o.st").exists()
+    from mxfp8_codec import write_safetensors
+
+    write_safetensors(tmp_path / "w.st", {"x": torch.ones(2)})  # weights, not an optimizer state
+    with pytest.raises(ValueError, match=r"w\.st: its header has no 'ida_optimizer_state' entry"):
+        ckpt.read_optimizer_state(tmp_path / "w.st")
+    write_safetensors(tmp_path / "m.st", {"x": torch.ones(2)}, metadata={ckpt.OPTIM_STATE_KEY: '{"tensor": "y"}'})
+    with pytest.raises(ValueError, match=r"m\.st: the state names a tensor 'y' the file does not hold"):
+        ckpt.read_optimizer_state(tmp_path / "m.st")
+
+
 def _as_bytes(v):
     if isinstance(v, tuple):
         return tuple(_as_bytes(x) for x in v)
@@ -71,11 +171,13 @@ def test_round_trip_is_byte_exact_and_loadable_by_ida_eval(tok, tmp_path):
         "config.json",
         "generation_config.json",
         "tokenizer.json",
-        "optimizer.pt",
+        "optimizer.st",
         "trainer_state.json",
     ):
         assert (path / name).is_file(), name
+    assert [p.name for p in path.glob("*.safetensors")] == ["model.safetensors"]  # what vLLM takes for weights
     loaded = ckpt.load_checkpoint(path)
+    assert_same_state(loaded.optimizer_state, opt.state_dict())
     want = export_state(model)
     assert loaded.tensors.keys() == want.keys()
     for k in want:
@@ -201,8 +303,8 @@ def test_a_resave_killed_between_its_renames_is_recovered(tok, tmp_path):
 def test_incomplete_checkpoint_is_named(tok, tmp_path):
     model, opt = _trained(tok, recipe="bf16")
     path = _save(tmp_path / "ck", 1, model, opt, tok)
-    (path / "optimizer.pt").unlink()
-    with pytest.raises(ValueError, match="optimizer.pt is missing"):
+    (path / "optimizer.st").unlink()
+    with pytest.raises(ValueError, match="optimizer.st is missing"):
         ckpt.load_checkpoint(path)
     assert ckpt.list_checkpoints(tmp_path / "ck") != []  # model + state still present: listed, load explains
     path = _save(tmp_path / "ck", 2, model, opt, tok)
@@ -224,10 +326,24 @@ class _Payload:
         return (os.system, ("touch ran",))
 
 
+def test_an_older_checkpoints_optimizer_pt_is_read_as_before(tok, tmp_path):
+    """ida before 2026-12-07 wrote torch.save(optimizer.state_dict()) as optimizer.pt: such a checkpoint still
+    resumes, with the same state the new file holds."""
+    model, opt = _trained(tok, recipe="bf16")
+    path = _save(tmp_path / "ck", 1, model, opt, tok)
+    new = ckpt.load_checkpoint(path).optimizer_state
+    torch.save(opt.state_dict(), path / "optimizer.pt")
+    (path / "optimizer.st").unlink()
+    write_sums(path)
+    assert_same_state(ckpt.load_checkpoint(path).optimizer_state, new)
+
+
 def test_an_optimizer_state_is_read_without_running_code_from_the_file(tok, tmp_path, monkeypatch):
+    """The new file holds no pickle at all; an older checkpoint's optimizer.pt is read weights-only."""
     model, opt = _trained(tok, recipe="bf16")
     path = _save(tmp_path / "ck", 1, model, opt, tok)
     torch.save({"state": {}, "param_groups": [], "ida": _Payload()}, path / "optimizer.pt")
+    (path / "optimizer.st").unlink()  # an older checkpoint
     write_sums(path)  # whoever planted it can list its sha256 too
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match=r"optimizer.pt holds objects other than tensors.*runs no code from one"):
@@ -275,19 +391,14 @@ def test_a_byte_damaged_after_the_save_is_named_not_loaded(tok, tmp_path):
     )
     check = ["sha256sum", "-c", "--quiet", SUMS_FILE]
     assert subprocess.run(check, cwd=path, capture_output=True, check=False).returncode == 0
-    good = torch.load(path / "optimizer.pt", weights_only=True)
-    flip_bit(path / "optimizer.pt", mask=0x40)
-    flipped = torch.load(path / "optimizer.pt", weights_only=True)  # torch reads it without a word
-    assert any(
-        not torch.equal(a, b)
-        for s_good, s_bad in zip(good["state"].values(), flipped["state"].values(), strict=True)
-        for a, b in zip(s_good.values(), s_bad.values(), strict=True)
-        if isinstance(a, torch.Tensor)
-    )
+    good = {n: t.clone() for n, t in ckpt.flatten_state(ckpt.read_optimizer_state(path / "optimizer.st"))[1].items()}
+    flip_bit(path / "optimizer.st", mask=0x40)
+    flipped = ckpt.flatten_state(ckpt.read_optimizer_state(path / "optimizer.st"))[1]  # read without a word
+    assert [n for n in good if not torch.equal(good[n], flipped[n])]
     res = subprocess.run(check, cwd=path, capture_output=True, text=True, check=False)
-    assert res.returncode == 1 and "optimizer.pt: FAILED" in res.stdout
+    assert res.returncode == 1 and "optimizer.st: FAILED" in res.stdout
     with pytest.raises(
-        ValueError, match=r"ckpt-000002/optimizer.pt is damaged \(its bytes differ from the sha256"
+        ValueError, match=r"ckpt-000002/optimizer.st is damaged \(its bytes differ from the sha256"
     ) as info:
         ckpt.load_checkpoint(path)
     assert str(info.value).endswith(
@@ -311,5 +422,26 @@ def test_the_export_lists_its_own_files(tok, tmp_path):
     ckpt.export_checkpoint(path, out)
     listed = read_sums(out)
     assert listed is not None and sorted(listed) == sorted(p.name for p in out.iterdir() if p.name != SUMS_FILE)
-    assert "export_manifest.json" in listed and "optimizer.pt" not in listed
+    assert "export_manifest.json" in listed and "optimizer.st" not in listed
     assert verify_sums(out)
+
+
+def test_the_checkpoint_benchmark_runs_and_prints_both_tables():
+    """benchmarks/bench_checkpoint.py at toy size: the command docs/benchmarks.md quotes keeps running."""
+    import os
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    res = subprocess.run(
+        [sys.executable, "benchmarks/bench_checkpoint.py", "--hidden", "32", "--layers", "1", "--intermediate", "64",
+         "--repeats", "1"],
+        cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = [
+        line.split(" | ")[0]
+        for line in res.stdout.splitlines()
+        if line.startswith("| nvfp4") or line.startswith("| bf16")
+    ]
+    assert rows == ["| nvfp4", "| bf16"] * 2, res.stdout

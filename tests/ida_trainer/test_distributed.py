@@ -15,13 +15,23 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.distributed.tensor import DTensor
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ida_trainer.checkpoint import (
+    flatten_state,
+    read_model_tensors,
+    read_optimizer_state,
+    streamed_state,
+    unflatten_state,
+    write_optimizer_state,
+)
 from ida_trainer.config import OptimConfig, ParallelConfig, PrecisionConfig
 from ida_trainer.distributed import DistInfo, PipelineEngine, apply_fsdp, init_distributed, split_layers
 from ida_trainer.engine import LocalEngine, grad_norm_and_clip
 from ida_trainer.precision import apply_recipe, build_optimizer, export_state, load_state
-from ida_trainer.sharded import gather_full_state, holds_shards
+from ida_trainer.sharded import holds_shards
 from mxfp8_codec import MXFP8Tensor, write_mxfp8_safetensors
 from tests.torchrun import free_port
 
@@ -362,6 +372,44 @@ def test_fsdp_memory_counts_the_shards_a_rank_holds(fsdp_chunked_step: dict[str,
 FSDP_VOCAB = 257  # odd: FSDP2 splits the embedding and lm_head rows unevenly (129 + 128)
 
 
+class _FullTensorWatch:
+    """Counts DTensor.full_tensor calls in this process, and the most full tensors of earlier calls whose memory
+    is still held (by any tensor or array over it) at any call: what rank 0 holds beyond its shards while a
+    checkpoint is written."""
+
+    def __init__(self) -> None:
+        self.alive: list[StorageWeakRef] = []
+        self.count = self.most_alive = 0
+
+    def clear(self) -> None:
+        self.alive.clear()
+        self.count = self.most_alive = 0
+
+    def seen(self, t: torch.Tensor) -> torch.Tensor:
+        self.most_alive = max(self.most_alive, sum(not r.expired() for r in self.alive))
+        self.alive.append(StorageWeakRef(t.untyped_storage()))
+        self.count += 1
+        return t
+
+
+def _watch_full_tensors() -> _FullTensorWatch:
+    watch = _FullTensorWatch()
+    full_tensor = DTensor.full_tensor
+    DTensor.full_tensor = lambda self, **kw: watch.seen(full_tensor(self, **kw))  # type: ignore[method-assign]
+    return watch
+
+
+def _leaves(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return list(flatten_state(opt.state_dict())[1].values())
+
+
+def _full_optimizer_state(contents: tuple[Any, Any, Any]) -> Any:
+    """The optimizer state streamed_state yields, with every tensor read (full) and copied."""
+    _, state, fetch = contents
+    skeleton, tensors = flatten_state(state)
+    return unflatten_state(skeleton, {n: fetch(n).clone() for n in tensors})
+
+
 def fsdp_worker(rank: int, port: int, out: str) -> None:
     _init(rank, 2, port)
     parallel = ParallelConfig(data_parallel="fsdp", microbatches=MICROBATCHES // 2)
@@ -381,18 +429,31 @@ def fsdp_worker(rank: int, port: int, out: str) -> None:
             grad_norm_and_clip(engine.parameters(), CLIP)  # DTensor gradients: FSDP's own global norm
             opt.step()
             opt.zero_grad(set_to_none=True)
-        state = export_state(m)  # gathers full tensors: every rank calls it
-        full = copy.deepcopy(gather_full_state(opt.state_dict(), keep=rank == 0))  # a checkpoint's (a copy: the
-        # scalar `step` tensors are the optimizer's own, and more steps follow below)
-        kept = export_state(m, keep=rank == 0)  # what the trainer's save does: the writing rank keeps the weights
-        assert (full is None and kept == {}) if rank else (full is not None and kept.keys() == state.keys())
-        # a checkpoint's round trip: a fresh sharded model and optimizer loaded from the full states
+        # what the trainer's save does (ida_trainer.checkpoint.streamed_state): every rank enters, rank 0 reads
+        # the full tensors one at a time; the full weights read here, as export_state gives one process
+        gathered = _watch_full_tensors() if rank == 0 else None
+        with streamed_state(m, opt, main=rank == 0) as contents:
+            state = None if contents is None else {k: contents[0][k].clone() for k in contents[0]}
+        with streamed_state(m, opt, main=rank == 0) as contents:  # the two files of a checkpoint
+            if contents is not None:
+                assert gathered is not None
+                gathered.clear()
+                tensors, optimizer_state, fetch = contents
+                write_mxfp8_safetensors(Path(out) / "model.safetensors", tensors, orientation="in_out", progress=False)
+                write_optimizer_state(Path(out) / "optimizer.st", optimizer_state, fetch=fetch)
+                full_tensors_alive = gathered.most_alive
+                gathers = gathered.count
+        dist.barrier()
+        # a checkpoint's round trip, as --resume: a fresh sharded model and optimizer loaded from the files
+        full = read_optimizer_state(Path(out) / "optimizer.st")
+        saved = copy.deepcopy(full)  # (opt2 takes full's `step` tensors as its own, and steps on below)
         m2 = tiny_model("bf16", vocab=FSDP_VOCAB)
         apply_fsdp(m2, info)
         opt2 = build_optimizer(m2, optim_cfg("bf16"), PrecisionConfig(recipe="bf16"))
-        load_state(m2, state)
-        opt2.load_state_dict(copy.deepcopy(gather_full_state(opt.state_dict())))  # as read from a file
-        again = copy.deepcopy(gather_full_state(opt2.state_dict(), keep=rank == 0))
+        load_state(m2, read_model_tensors(Path(out) / "model.safetensors"))
+        opt2.load_state_dict(full)
+        with streamed_state(m2, opt2, main=rank == 0) as contents:
+            again = None if contents is None else _full_optimizer_state(contents)
         for model, optim in ((m, opt), (m2, opt2)):  # one more step each: the loaded one must go on the same
             mbs, gvt = step_data(STEPS)
             LocalEngine(model).forward_backward(mbs[rank::2], gvt)
@@ -408,8 +469,11 @@ def fsdp_worker(rank: int, port: int, out: str) -> None:
                 {
                     "losses": losses,
                     "state": flat_state(state),
-                    "optimizer": full,
+                    "optimizer": saved,
                     "optimizer_again": again,
+                    "full_tensors_alive": full_tensors_alive,
+                    "gathers": gathers,
+                    "dtensors": sum(isinstance(t, DTensor) for t in [*m.state_dict().values(), *_leaves(opt)]),
                     "masters_differ": [n for n, a, b in masters if not torch.equal(a, b)],
                     "local_rows": [p.to_local().shape[0] for _, p in m.named_parameters()],
                 },
@@ -465,7 +529,12 @@ def test_fsdp_bf16_equals_single_process(tmp_path: Path) -> None:
         torch.testing.assert_close(got["state"][k], ref[k], rtol=1e-5, atol=2e-6, msg=k)
     assert 129 in got["local_rows"]  # rank 0's share of the 257 embedding rows: uneven shards were tested
 
-    # The gathered optimizer state is a single-process run's: same layout, full tensors, same values
+    # A checkpoint is written one full tensor at a time: each sharded tensor is gathered once, as it is written,
+    # and none gathered before it is still held by then (before 2026-12-07 rank 0 gathered all of them first)
+    assert got["gathers"] == got["dtensors"] > 0
+    assert got["full_tensors_alive"] == 0
+
+    # The optimizer file holds a single-process run's state: same layout, full tensors, same values
     opt = got["optimizer"]
     assert not holds_shards(opt)
     assert opt["param_groups"] == ref_opt["param_groups"] and opt["state"].keys() == ref_opt["state"].keys()

@@ -2,10 +2,11 @@
 the CPU).
 
 FSDP2 (``--data-parallel fsdp``): a checkpoint holds the full optimizer state, laid out as a single-process
-run's (ida_trainer.sharded): killed with SIGKILL and resumed with ``--resume``, the run's loss records and
-last checkpoint equal the unkilled run's bit for bit; the same checkpoint resumes in one process too (the
-loss goes on to float32 rounding: the gradients are summed in another order). A checkpoint whose optimizer
-state holds one rank's shard (FSDP runs of an older ida wrote those) is refused in one line.
+run's, written one full tensor at a time (ida_trainer.checkpoint.streamed_state): killed with SIGKILL and
+resumed with ``--resume``, the run's loss records and last checkpoint equal the unkilled run's bit for bit;
+the same checkpoint resumes in one process too (the loss goes on to float32 rounding: the gradients are
+summed in another order). A checkpoint whose optimizer state holds one rank's shard (FSDP runs of an older
+ida wrote those) is refused in one line.
 
 Pipeline (``--pipeline-stages 2``): the stages' optimizer states are merged into a single-process run's
 (ida_trainer.precision.merge_stage_states), and a pipelined run computes what one process computes, bit for
@@ -24,7 +25,7 @@ import pytest
 import torch
 
 from ida_common.checksums import SUMS_FILE, file_sha256
-from ida_trainer.checkpoint import OPTIM_FILE, latest_checkpoint, load_checkpoint, read_model_tensors
+from ida_trainer.checkpoint import LEGACY_OPTIM_FILE, OPTIM_FILE, latest_checkpoint, load_checkpoint, read_model_tensors
 from ida_trainer.logs import read_mllog
 from ida_trainer.sharded import holds_shards
 from mxfp8_codec import MXFP8Tensor
@@ -106,24 +107,28 @@ def test_a_checkpoint_holding_one_ranks_shard_is_refused_in_one_line(reference: 
         shutil.rmtree(ckpt)  # resume from ckpt-2
     ckpt = out / "checkpoints" / "ckpt-000002"
     (ckpt / SUMS_FILE).unlink()  # an older ida wrote none
-    # what an older ida wrote: rank 0's optimizer.state_dict() with its DTensor shards (made in a 1-rank group)
+    # what an older ida wrote: optimizer.pt, rank 0's optimizer.state_dict() with its DTensor shards (made in a
+    # 1-rank group)
     script = (
         "import sys, torch, torch.distributed as dist\n"
         "from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh\n"
+        "from ida_trainer.checkpoint import read_optimizer_state\n"
         "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:%d', rank=0, world_size=1)\n"
-        "sd = torch.load(sys.argv[1], weights_only=False)\n"
+        "sd = read_optimizer_state(sys.argv[1])\n"
         "mesh = init_device_mesh('cpu', (1,))\n"
         "st = sd['state'][0]\n"
         "st['exp_avg'] = distribute_tensor(st['exp_avg'], mesh, [Shard(0)])\n"
-        "torch.save(sd, sys.argv[1])\n"
+        "torch.save(sd, sys.argv[2])\n"
         "dist.destroy_process_group()\n"
     )
     subprocess.run(
-        [sys.executable, "-c", script % free_port(), str(ckpt / OPTIM_FILE)],
+        [sys.executable, "-c", script % free_port(), str(ckpt / OPTIM_FILE), str(ckpt / LEGACY_OPTIM_FILE)],
+        cwd=ROOT,
         env=torchrun_env(),
         check=True,
         capture_output=True,
     )
+    (ckpt / OPTIM_FILE).unlink()
     res = _train(out, "--resume", processes=1)
     assert res.returncode == 2, res.stderr[-3000:]
     errors = [line for line in res.stderr.splitlines() if line.startswith("ida_trainer: error:")]

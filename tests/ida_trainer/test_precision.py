@@ -432,6 +432,7 @@ def test_nvfp4_modules_lists_replaced_layers() -> None:
         "ida_trainer.memory",
         "ida_trainer.distributed",
         "ida_trainer.sharded",
+        "ida_trainer.checkpoint",
         "ida_trainer.engine",
         "ida_trainer.cli",
     ],

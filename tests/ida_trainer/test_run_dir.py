@@ -114,10 +114,10 @@ def test_resume_refuses_checkpoints_of_two_runs(old_run, tmp_path):
 
 @pytest.mark.parametrize("sums", [True, False], ids=["with SHA256SUMS", "older checkpoint without"])
 def test_a_damaged_checkpoint_is_named_not_taken_for_another_run(old_run, tmp_path, sums):
-    """A torn trainer_state.json used to read as "checkpoints of 2 different runs", a torn optimizer.pt as an
+    """A torn trainer_state.json used to read as "checkpoints of 2 different runs", a torn optimizer file as an
     internal error: each is now one line naming the file and the way on (resume from the checkpoint before).
     SHA256SUMS names it first; a checkpoint without one (an older ida's) is named by the file's reader."""
-    for name, damage in (("trainer_state.json", b'{"step": 4,'), ("optimizer.pt", None)):
+    for name, damage in (("trainer_state.json", b'{"step": 4,'), ("optimizer.st", None)):
         out = tmp_path / name / "run"
         shutil.copytree(old_run, out)
         if not sums:
