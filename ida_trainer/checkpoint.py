@@ -374,6 +374,8 @@ def read_optimizer_state(path: str | Path) -> dict[str, Any]:
         raise ValueError(str(exc)) from exc
     except ValueError as exc:  # json.JSONDecodeError is one
         raise ValueError(f"{path}: {exc}") from exc
+    except RecursionError as exc:  # what torch's optimizers never make
+        raise ValueError(f"{path}: not an optimizer state: its structure is nested too deeply") from exc
     if not isinstance(state, dict):
         raise ValueError(f"{path}: not an optimizer state (a JSON {type(state).__name__} at the top)")
     return state

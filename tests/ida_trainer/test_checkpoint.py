@@ -152,6 +152,10 @@ def test_what_the_optimizer_state_file_cannot_hold_is_refused_by_name(tmp_path):
     write_safetensors(tmp_path / "m.st", {"x": torch.ones(2)}, metadata={ckpt.OPTIM_STATE_KEY: '{"tensor": "y"}'})
     with pytest.raises(ValueError, match=r"m\.st: the state names a tensor 'y' the file does not hold"):
         ckpt.read_optimizer_state(tmp_path / "m.st")
+    for deep in ("[" * 100_000 + "]" * 100_000, '{"tuple": [' * 5000 + "]}" * 5000):
+        write_safetensors(tmp_path / "d.st", {"x": torch.ones(2)}, metadata={ckpt.OPTIM_STATE_KEY: deep})
+        with pytest.raises(ValueError, match=r"d\.st: not an optimizer state: its structure is nested too deeply"):
+            ckpt.read_optimizer_state(tmp_path / "d.st")
 
 
 def _as_bytes(v):
