@@ -14,7 +14,8 @@
 #      the whole row sorted (benchmarks/bench_sampler.py)
 #   8. a sampled MBXP run of step 4's export on the GPU (top_p 0.95, pass@1/4, tokens/s, programs/s), end to end
 #   9. after 7b, FSDP2 over NCCL (torchrun, 1 rank): a 4-layer Qwen3-4B-shaped bf16 training, its peak memory
-#      beside ida_trainer.memory.fsdp_memory's count (benchmarks/bench_fsdp_memory.py)
+#      beside ida_trainer.memory.fsdp_memory's count, then the streamed checkpoint save of it (GPU and host memory
+#      it added, read back exactly) (benchmarks/bench_fsdp_memory.py)
 #
 # Writes REPORT_DIR/report.md (the summary) and one log / JSON / XML file per step beside it.
 # On one H200 with 16 cores it took 169-219 s (three runs, 2026-12-04, before steps 5b, 5c, 7 and 8:
@@ -47,7 +48,7 @@ export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 
 # time limits per step (seconds); the build takes ~20 s there, the training benchmark ~2 min
 T_ENV=20 T_BUILD=120 T_TESTS=120 T_TRAIN=75 T_BENCH=90 T_BENCH_MXFP8=75 T_COMPARE=30 T_TRAIN_BENCH=300 T_GEN=200 T_MBXP=120
-T_BUILD_NB1=60 T_BENCH_NB1=60 T_SAMPLER=30 T_FSDP=90
+T_BUILD_NB1=60 T_BENCH_NB1=60 T_SAMPLER=30 T_FSDP=150
 STEPS=20
 # the whole run's budget (seconds): each step's limit is cut to what is left of it, a step with under 20 s
 # left is skipped (and said so), and the report is always finished; the per-call limit of a lent machine
@@ -268,10 +269,10 @@ if want 7; then
     sed -n '/^| vocab/,$p' "$OUT/bench_sampler.log" >>"$REPORT"
 fi
 
-# ---- 9. FSDP2 over NCCL, one rank: peak memory against ida_trainer.memory's count (new 2026-12-07) ---------
+# ---- 9. FSDP2 over NCCL, one rank: peak memory against ida_trainer.memory's count, a streamed save (2026-12-07)
 if want 9; then
     run bench_fsdp_memory "$T_FSDP" "$PY" -m torch.distributed.run --nproc-per-node 1 benchmarks/bench_fsdp_memory.py
-    grep -E "^(Qwen3-4B shape|count|measured)" "$OUT/bench_fsdp_memory.log" | sed 's/^/  - /' >>"$REPORT"
+    grep -E "^(Qwen3-4B shape|count|measured|save)" "$OUT/bench_fsdp_memory.log" | sed 's/^/  - /' >>"$REPORT"
 fi
 
 note ""
