@@ -386,8 +386,9 @@ def streamed_state(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, main: bool
 ) -> Iterator[tuple[Mapping[str, Any], dict[str, Any], Callable[[str], torch.Tensor]] | None]:
     """What :func:`save_checkpoint` writes of an FSDP2 model and its optimizer, gathered one full tensor at a
-    time as it is written (:func:`ida_trainer.sharded.gather_on_demand`): rank 0 never holds more than one full
-    tensor (on its device and its CPU) beyond its own shards. A collective: every rank enters it.
+    time as it is written (:func:`ida_trainer.sharded.gather_on_demand`): rank 0 holds the one being written
+    and, for a moment, the previous gather's (on its device and its CPU) beyond its own shards, never the whole
+    state. A collective: every rank enters it.
 
     Yields, on rank 0 (``main``), ``(tensors, optimizer_state, optimizer_fetch)`` for ``save_checkpoint``'s
     ``tensors``, ``optimizer_state`` and ``optimizer_fetch`` (to be written inside the block); on every other
@@ -534,8 +535,8 @@ def load_checkpoint(path: str | Path) -> LoadedCheckpoint:
     else:
         try:
             optimizer_state = read_optimizer_state(path / OPTIM_FILE)
-        except ValueError as exc:
-            raise _damaged(path, OPTIM_FILE, exc) from exc
+        except ValueError as exc:  # its line names the file: _damaged names it once
+            raise _damaged(path, OPTIM_FILE, str(exc).removeprefix(f"{path / OPTIM_FILE}: ")) from exc
     return LoadedCheckpoint(path, tensors, optimizer_state, trainer_state)
 
 

@@ -8,9 +8,10 @@ processes resumes with N, with another number of processes or in one process, an
 checkpoint resumes under FSDP.
 
 A save streams: the checkpoint writers plan a file from shapes and dtypes alone (:meth:`OnDemand.spec`) and
-then read one tensor at a time, and each read gathers that one full tensor, so rank 0 holds one full tensor at
-a time on its device and on its CPU beyond its own shards, not the whole state (48 GB for a 4B model's AdamW
-state: :func:`ida_trainer.checkpoint.streamed_state`).
+then read one tensor at a time, and each read gathers that one full tensor, so rank 0 holds one or two full
+tensors on its device and on its CPU beyond its own shards (the collective's work handle lets the previous one go
+a moment later), not the whole state (48 GB for a 4B model's AdamW state:
+:func:`ida_trainer.checkpoint.streamed_state`).
 
 Example:
     >>> with gather_on_demand({"m": torch.ones(2)}, main=True) as fetch:  # no DTensor: no collective

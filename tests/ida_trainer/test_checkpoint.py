@@ -318,6 +318,14 @@ def test_incomplete_checkpoint_is_named(tok, tmp_path):
     (path / SUMS_FILE).unlink()  # a checkpoint of an older ida: the reader's own checks name the damage
     with pytest.raises(ValueError, match=r"trainer_state.json is damaged \(a JSON list, not an object\)"):
         ckpt.load_checkpoint(path)
+    path = _save(tmp_path / "ck", 3, model, opt, tok)
+    (path / SUMS_FILE).unlink()
+    with (path / "optimizer.st").open("r+b") as f:
+        f.truncate(1000)  # torn
+    with pytest.raises(ValueError) as info:
+        ckpt.load_checkpoint(path)
+    assert str(info.value).startswith(f"{path / 'optimizer.st'} is damaged (header length ")
+    assert str(info.value).count("optimizer.st") == 1 and str(info.value).endswith("before it")
     assert ckpt.checkpoint_run_id(path) is None  # pruning never takes it for the run's own
 
 

@@ -530,9 +530,11 @@ def test_fsdp_bf16_equals_single_process(tmp_path: Path) -> None:
     assert 129 in got["local_rows"]  # rank 0's share of the 257 embedding rows: uneven shards were tested
 
     # A checkpoint is written one full tensor at a time: each sharded tensor is gathered once, as it is written,
-    # and none gathered before it is still held by then (before 2026-12-07 rank 0 gathered all of them first)
+    # and none accumulate: when the next is gathered, at most the previous one is still held (the collective's
+    # work handle lets it go on a backend thread a moment later: 1 under load, 0 on an idle machine); before
+    # 2026-12-07 rank 0 gathered all of them before writing
     assert got["gathers"] == got["dtensors"] > 0
-    assert got["full_tensors_alive"] == 0
+    assert got["full_tensors_alive"] <= 1
 
     # The optimizer file holds a single-process run's state: same layout, full tensors, same values
     opt = got["optimizer"]
