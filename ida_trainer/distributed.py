@@ -58,6 +58,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ida_common.launch import launch_env
+from ida_trainer.checkpoint import flatten_state, unflatten_state
 from ida_trainer.engine import causal_lm_loss_sum, chunked_loss_sum, logits_are_chunked
 from ida_trainer.precision import PIPELINE_ATTR, bf16_autocast, export_state, merge_stage_states, model_recipe
 from mxfp8_codec import MXFP8Tensor
@@ -422,7 +423,10 @@ class PipelineEngine:
         :class:`~ida_trainer.precision.MasterAdamW` ``load_state_dict`` take the part whose parameter names
         are their own, so one optimizer file serves any number of stages, or one process.
         """
-        sd = optimizer.state_dict()
+        # on the CPU first, as gather_state's tensors: gather_object pickles a CUDA tensor with its device, and
+        # rank 0 would unpickle stage k's state onto GPU k, beside that stage's own training memory
+        skeleton, leaves = flatten_state(optimizer.state_dict())
+        sd = unflatten_state(skeleton, {n: t.cpu() for n, t in leaves.items()})
         parts: list[Any] = [None] * self.num_stages if self.info.is_main else []
         dist.gather_object(sd, parts if self.info.is_main else None, dst=0)
         return merge_stage_states(parts) if self.info.is_main else None
