@@ -209,7 +209,9 @@ def grad_norm_and_clip(params: Iterable[torch.nn.Parameter], max_norm: float, *,
         import torch.distributed as dist
 
         parts: list[Any] = [None] * dist.get_world_size(group)
-        dist.all_gather_object(parts, per_param, group=group)
+        # on the CPU: a pickled CUDA tensor unpickles on its own GPU, so every stage would open a CUDA context
+        # on every other stage's GPU (hundreds of MB each) at the first step
+        dist.all_gather_object(parts, per_param.cpu(), group=group)
         per_param = torch.cat([t.to(per_param.device) for t in parts])
     norm = per_param.sum().sqrt()
     if max_norm > 0:
