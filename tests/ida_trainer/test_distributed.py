@@ -6,6 +6,7 @@ import copy
 import hashlib
 import os
 import warnings
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -604,3 +605,42 @@ def test_split_layers() -> None:
     assert split_layers(7, 3) == [range(0, 3), range(3, 5), range(5, 7)]
     with pytest.raises(ValueError, match="at least one layer"):
         split_layers(1, 2)
+
+
+def gather_on_demand_worker(rank: int, port: int, out: str) -> None:
+    """Rank 0 reads two of three sharded tensors, in its own order, then fails while writing; the other rank
+    serves exactly those gathers, leaves the block when rank 0 does, and goes on to the next collective."""
+    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+
+    from ida_trainer.sharded import gather_on_demand
+
+    _init(rank, 2, port)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))  # a rank left waiting fails, never hangs
+    try:
+        mesh = init_device_mesh("cpu", (2,))
+        sources = {
+            n: distribute_tensor(torch.arange(6.0).reshape(3, 2) + i, mesh, [Shard(0)]) for i, n in enumerate("abc")
+        }
+        sources["step"] = torch.tensor(7.0)  # a plain tensor: no collective
+        got, failed = {}, None
+        try:
+            with gather_on_demand(sources, main=rank == 0) as fetch:
+                if fetch is not None:
+                    got = {n: fetch(n) for n in ("c", "step", "a")}
+                    raise OSError("disk full")
+        except OSError as exc:
+            failed = str(exc)
+        after = torch.tensor([rank + 1.0])
+        dist.all_reduce(after)  # every rank is past the block: no one waits for a gather that never comes
+        torch.save({"got": got, "failed": failed, "after": float(after)}, Path(out) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_gather_on_demand_serves_rank_0s_reads_and_lets_go_when_it_fails(tmp_path: Path) -> None:
+    _spawn_two(gather_on_demand_worker, str(tmp_path))
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    assert r0["failed"] == "disk full" and r1["failed"] is None and r0["after"] == r1["after"] == 3.0
+    assert list(r0["got"]) == ["c", "step", "a"] and r1["got"] == {}
+    assert torch.equal(r0["got"]["c"], torch.arange(6.0).reshape(3, 2) + 2) and float(r0["got"]["step"]) == 7.0
+    assert torch.equal(r0["got"]["a"], torch.arange(6.0).reshape(3, 2))
