@@ -7,10 +7,10 @@ Pipeline (``--pipeline-stages S``, one process per stage, launched with ``torchr
   stage the final norm and ``lm_head``), so it holds, computes and updates only its layers.  Module
   names stay the transformers names (``model.layers.17.mlp.up_proj``), which is what keys the
   stochastic-rounding streams and the checkpoint: a pipelined run draws the same random bits as a
-  single-process run and :meth:`PipelineEngine.gather_state` assembles ONE checkpoint dict with
-  global names, identical in format to a single-process run's; :meth:`PipelineEngine.gather_optimizer_state`
-  merges the stages' optimizer states into a single-process run's too, so a pipelined checkpoint resumes
-  with any number of stages or in one process (each optimizer takes its parameters' part by name).
+  single-process run and :meth:`PipelineEngine.streamed_state` writes ONE checkpoint with global names,
+  identical to a single-process run's, with the stages' optimizer states merged into a single-process run's
+  too, so a pipelined checkpoint resumes with any number of stages or in one process (each optimizer takes its
+  parameters' part by name); each tensor is sent to rank 0 as it is written.
 * ``torch.distributed.pipelining``: one :class:`~torch.distributed.pipelining.PipelineStage` per
   process and a :class:`~torch.distributed.pipelining.Schedule1F1B` with ``scale_grads=False``.
   Micro-batches carry ``input_ids`` (fed to stage 0) and ``labels`` (fed to the last stage's loss);
@@ -48,11 +48,12 @@ Example (two processes, CPU)::
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -62,6 +63,7 @@ from ida_trainer.checkpoint import flatten_state, unflatten_state
 from ida_trainer.engine import causal_lm_loss_sum, chunked_loss_sum, logits_are_chunked
 from ida_trainer.precision import PIPELINE_ATTR, bf16_autocast, export_state, merge_stage_states, model_recipe
 from mxfp8_codec import MXFP8Tensor
+from mxfp8_codec.convert import numpy_dtype_of
 
 if TYPE_CHECKING:
     from ida_trainer.config import ParallelConfig
@@ -249,6 +251,78 @@ class _StageModule(nn.Module):
         return h.to(self.boundary_dtype)
 
 
+@contextmanager
+def _sent_on_demand(
+    local: Mapping[str, torch.Tensor], *, main: bool, device: torch.device
+) -> Iterator[Callable[[int, str, tuple[int, ...], torch.dtype], torch.Tensor] | None]:
+    """Rank 0 reads tensors that other ranks hold, one at a time: ``pull(rank, name, shape, dtype)`` broadcasts
+    ``(rank, name)``, that rank sends ``local[name]`` (from ``device``: NCCL sends device memory), rank 0
+    receives it into a buffer of ``shape`` and ``dtype`` on its device and returns it on the CPU (its own are
+    copied to the CPU). Every other rank gets None, after it has sent what rank 0 asked for until rank 0 leaves
+    the block (also by an exception). A collective of every rank."""
+    if not main:
+        me = dist.get_rank()
+        while True:
+            box: list[Any] = [None]
+            dist.broadcast_object_list(box, src=0)
+            if box[0] is None:
+                break
+            rank, name = box[0]
+            if rank == me:
+                dist.send(local[name].to(device).contiguous(), dst=0)
+        yield None
+        return
+
+    def pull(rank: int, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        if rank == 0:
+            return local[name].cpu()
+        dist.broadcast_object_list([(rank, name)], src=0)
+        buf = torch.empty(shape, dtype=dtype, device=device)
+        dist.recv(buf, src=rank)
+        return buf.cpu()
+
+    try:
+        yield pull
+    finally:
+        dist.broadcast_object_list([None], src=0)
+
+
+class _StagedWeights(Mapping[str, Any]):
+    """Rank 0's view of every stage's checkpoint weights (:func:`~ida_trainer.precision.export_state` entries):
+    each read when it is read, from the stage that holds it; ``spec`` plans the file from the stages'
+    catalogs (an NVFP4 master: its payload's shape and the dtype None, an MXFP8Tensor)."""
+
+    def __init__(
+        self,
+        where: Mapping[str, int],
+        catalogs: Sequence[Mapping[str, tuple[tuple[int, ...], torch.dtype]]],
+        get: Callable[[int, str], torch.Tensor],
+    ) -> None:
+        self._where, self._catalogs, self._get = where, catalogs, get
+
+    def _mxfp8(self, name: str) -> bool:
+        return f"model/{name}#payload" in self._catalogs[self._where[name]]
+
+    def spec(self, name: str) -> tuple[tuple[int, ...], np.dtype | None]:
+        catalog = self._catalogs[self._where[name]]
+        if self._mxfp8(name):
+            return catalog[f"model/{name}#payload"][0], None
+        shape, dtype = catalog[f"model/{name}"]
+        return shape, numpy_dtype_of(torch.empty((), dtype=dtype))
+
+    def __getitem__(self, name: str) -> Any:
+        stage = self._where[name]
+        if self._mxfp8(name):
+            return MXFP8Tensor(self._get(stage, f"model/{name}#payload"), self._get(stage, f"model/{name}#scales"))
+        return self._get(stage, f"model/{name}")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
 class PipelineEngine:
     """1F1B pipeline engine with the same interface as the single-process ``LocalEngine``.
 
@@ -268,7 +342,8 @@ class PipelineEngine:
         opt = build_optimizer(engine.stage_module, optim_cfg, precision_cfg)   # this stage's parameters
         loss = engine.forward_backward(step.microbatches, step.global_valid_tokens)
         opt.step(); opt.zero_grad()
-        state = engine.gather_state()   # full export_state dict on rank 0, None elsewhere
+        with engine.streamed_state(opt) as contents:   # rank 0: what save_checkpoint writes; None elsewhere
+            ...
     """
 
     def __init__(self, model: nn.Module, parallel: ParallelConfig, info: DistInfo) -> None:
@@ -393,43 +468,62 @@ class PipelineEngine:
         self.module.side = ()
         return float(total.item())
 
-    def gather_state(self) -> dict[str, MXFP8Tensor | torch.Tensor] | None:
-        """The whole model's :func:`~ida_trainer.precision.export_state` dict on rank 0 (None elsewhere).
+    @contextmanager
+    def streamed_state(
+        self, optimizer: torch.optim.Optimizer
+    ) -> Iterator[tuple[Mapping[str, Any], dict[str, Any], Callable[[str], torch.Tensor]] | None]:
+        """What :func:`~ida_trainer.checkpoint.save_checkpoint` writes of the whole model and its optimizer, each
+        tensor sent to rank 0 by the stage that holds it as it is written: rank 0 holds its own stage and one
+        tensor of another at a time, never every stage's state. A collective: every stage enters it.
 
-        Every rank must call it.  Tensors arrive on the CPU; names are global, so the result written by
-        the codec is the same file a single-process run writes.
+        Yields, on rank 0, ``(tensors, optimizer_state, optimizer_fetch)`` for ``save_checkpoint``: the weights
+        under global names (one checkpoint file, the same a single-process run writes) and the stages' optimizer
+        states merged into a single-process run's (:func:`~ida_trainer.precision.merge_stage_states`; its
+        tensors are placeholders on the meta device that ``optimizer_fetch`` reads), so one optimizer file serves
+        any number of stages, or one process. None on the other stages, once rank 0 has written everything.
         """
-        local = {
-            k: (MXFP8Tensor(v.payload.cpu(), v.scales.cpu()) if isinstance(v, MXFP8Tensor) else v.cpu())
-            for k, v in export_state(self.model).items()
-        }
-        parts: list[Any] = [None] * self.num_stages if self.info.is_main else []
-        dist.gather_object(local, parts if self.info.is_main else None, dst=0)
-        if not self.info.is_main:
-            return None
-        merged: dict[str, MXFP8Tensor | torch.Tensor] = {}
-        for part in parts:
-            for k, v in part.items():
-                if k in merged:
-                    raise RuntimeError(f"gather_state: tensor {k} is held by two pipeline stages")
-                merged[k] = v
-        return merged
-
-    def gather_optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
-        """Every stage's ``optimizer.state_dict()`` merged into one on rank 0 (None elsewhere), laid out as a
-        single-process run's (:func:`~ida_trainer.precision.merge_stage_states`).
-
-        Every rank must call it.  :class:`~ida_trainer.precision.MXFP8Lion` and
-        :class:`~ida_trainer.precision.MasterAdamW` ``load_state_dict`` take the part whose parameter names
-        are their own, so one optimizer file serves any number of stages, or one process.
-        """
-        # on the CPU first, as gather_state's tensors: gather_object pickles a CUDA tensor with its device, and
-        # rank 0 would unpickle stage k's state onto GPU k, beside that stage's own training memory
+        weights = export_state(self.model)  # this stage's entries, global names
         skeleton, leaves = flatten_state(optimizer.state_dict())
-        sd = unflatten_state(skeleton, {n: t.cpu() for n, t in leaves.items()})
+        local: dict[str, torch.Tensor] = {}
+        for name, v in weights.items():
+            if isinstance(v, MXFP8Tensor):
+                local[f"model/{name}#payload"], local[f"model/{name}#scales"] = v.payload, v.scales
+            else:
+                local[f"model/{name}"] = v
+        local.update({f"optimizer/{path}": t for path, t in leaves.items()})
+        mine = (skeleton, {n: (tuple(t.shape), t.dtype) for n, t in local.items()}, sorted(weights))
         parts: list[Any] = [None] * self.num_stages if self.info.is_main else []
-        dist.gather_object(sd, parts if self.info.is_main else None, dst=0)
-        return merge_stage_states(parts) if self.info.is_main else None
+        dist.gather_object(mine, parts if self.info.is_main else None, dst=0)
+        with _sent_on_demand(local, main=self.info.is_main, device=self.info.device) as pull:
+            if pull is None:
+                yield None
+                return
+            catalogs = [catalog for _, catalog, _ in parts]
+            where: dict[str, int] = {}
+            for stage, (_, _, names) in enumerate(parts):
+                for name in names:
+                    if name in where:
+                        raise RuntimeError(f"streamed_state: tensor {name} is held by two pipeline stages")
+                    where[name] = stage
+            placeholders: dict[int, tuple[int, str]] = {}  # id of a meta tensor -> (stage, its name there)
+            states = []
+            for stage, (skel, catalog, _) in enumerate(parts):
+                metas = {}
+                for n, (shape, dtype) in catalog.items():
+                    if n.startswith("optimizer/"):
+                        metas[n.removeprefix("optimizer/")] = t = torch.empty(shape, dtype=dtype, device="meta")
+                        placeholders[id(t)] = (stage, n)
+                states.append(unflatten_state(skel, metas))
+            merged = merge_stage_states(states)
+            merged_leaves = flatten_state(merged)[1]
+
+            def get(stage: int, n: str) -> torch.Tensor:
+                return pull(stage, n, *catalogs[stage][n])
+
+            def optimizer_fetch(path: str) -> torch.Tensor:
+                return get(*placeholders[id(merged_leaves[path])])
+
+            yield _StagedWeights(where, catalogs, get), merged, optimizer_fetch
 
     def barrier(self) -> None:
         """Wait for every stage."""
@@ -440,8 +534,8 @@ def apply_fsdp(model: nn.Module, info: DistInfo) -> nn.Module:
     """Shard ``model`` with FSDP2 ``fully_shard`` (each decoder layer, then the root); returns it.
 
     Gradients are reduced in float32 and summed across ranks (the loss is normalised by the global
-    supervised-token count).  Export with :func:`~ida_trainer.precision.export_state` on every rank
-    (it gathers full tensors).
+    supervised-token count).  Checkpoints hold full tensors, gathered one at a time as they are written
+    (:func:`ida_trainer.checkpoint.streamed_state`, every rank enters it).
 
     Raises:
         ValueError: the model uses the nvfp4 recipe (see the module docstring for why), or the

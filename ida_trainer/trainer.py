@@ -600,19 +600,19 @@ class Trainer:
 
     def _checkpoint_contents(self) -> AbstractContextManager[tuple[Any, Any, Any] | None]:
         """``(tensors, optimizer_state, optimizer_fetch)`` for ``save_checkpoint`` on rank 0, None elsewhere (a
-        collective). FSDP2: streamed, one full tensor at a time (:func:`ida_trainer.checkpoint.streamed_state`);
-        a pipeline: the stages' parts, sent to rank 0; one process: the model's and optimizer's own tensors."""
+        collective). Streamed, one tensor at a time, in parallel runs: FSDP2 gathers each full tensor
+        (:func:`ida_trainer.checkpoint.streamed_state`), a pipeline stage sends each of its tensors
+        (:meth:`ida_trainer.distributed.PipelineEngine.streamed_state`); one process: the model's and optimizer's
+        own tensors."""
         from ida_trainer.precision import export_state
 
         assert self.optimizer is not None
         if self.cfg.parallel.data_parallel == "fsdp":
             return ckpt.streamed_state(self.model, self.optimizer, main=self.is_main)
-        gather = getattr(self.engine, "gather_state", None)
-        if gather is not None:
-            contents = (gather(), self.engine.gather_optimizer_state(self.optimizer), None)
-        else:
-            contents = (export_state(self.model), self.optimizer.state_dict(), None)
-        return nullcontext(contents if self.is_main else None)
+        streamed = getattr(self.engine, "streamed_state", None)
+        if streamed is not None:
+            return streamed(self.optimizer)
+        return nullcontext((export_state(self.model), self.optimizer.state_dict(), None))
 
     def _problems_path(self) -> Path:
         from ida_trainer.demo import problems_path

@@ -140,11 +140,11 @@ def _quantized_items(
 def _describe(tensors: Mapping[str, Any], name: str) -> tuple[Any, tuple[int, ...], np.dtype | None]:
     """``(value, shape, numpy dtype)`` of ``tensors[name]``; value is None when the mapping's
     optional ``spec(name) -> (shape, numpy dtype)`` answered without loading. dtype is None for
-    an :class:`MXFP8Tensor`."""
+    an :class:`MXFP8Tensor` (which ``spec`` announces with the dtype None and the payload's shape)."""
     spec = getattr(tensors, "spec", None)
     if callable(spec):
         shape, dt = spec(name)
-        return None, tuple(int(d) for d in shape), np.dtype(dt)
+        return None, tuple(int(d) for d in shape), None if dt is None else np.dtype(dt)
     value = tensors[name]
     if isinstance(value, MXFP8Tensor):
         return value, (), None
@@ -191,7 +191,8 @@ def write_mxfp8_safetensors(
     bool tensors are written unchanged. The layout is planned before anything is encoded, then each
     tensor is fetched again, encoded and written, so a lazy Mapping that loads on ``__getitem__``
     keeps peak memory at one tensor; if it also has ``spec(name) -> (shape, numpy dtype)`` the
-    planning pass loads nothing (such a mapping must not hold MXFP8Tensor values).
+    planning pass loads nothing (``spec`` gives the dtype None and the payload's shape for an
+    MXFP8Tensor value; its payload and scales shapes are checked when it is written).
 
     Args:
         path: output file.
@@ -246,19 +247,24 @@ def write_mxfp8_safetensors(
             raise MXFP8Error(f"{path}: invalid tensor name {name!r}")
         value, shape, dt = _describe(tensors, name)
         if dt is None:  # an MXFP8Tensor, stored byte-for-byte
-            p = as_u8(value.payload, name, "payload")
-            s = as_u8(value.scales, name, "scales")
-            if p.ndim == 0 or s.shape != scales_shape(p.shape):
-                want = scales_shape(p.shape) if p.ndim else "(rank >= 1 payload)"
-                raise MXFP8Error(
-                    f"{path}: tensor {name!r}: MXFP8Tensor scales shape {s.shape} does not match payload {p.shape} (expected {want})"
-                )
+            if value is None:  # announced by spec(): the shapes it produces are checked as it is written
+                if not shape:
+                    raise MXFP8Error(f"{path}: tensor {name!r}: an MXFP8Tensor payload needs rank >= 1")
+            else:
+                p = as_u8(value.payload, name, "payload")
+                s = as_u8(value.scales, name, "scales")
+                if p.ndim == 0 or s.shape != scales_shape(p.shape):
+                    want = scales_shape(p.shape) if p.ndim else "(rank >= 1 payload)"
+                    raise MXFP8Error(
+                        f"{path}: tensor {name!r}: MXFP8Tensor scales shape {s.shape} does not match payload {p.shape} (expected {want})"
+                    )
+                shape = tuple(int(d) for d in p.shape)
 
             def enc_raw(n: str = name) -> tuple[np.ndarray, np.ndarray]:
                 v = tensors[n]
                 return as_u8(v.payload, n, "payload"), as_u8(v.scales, n, "scales")
 
-            items += _quantized_items(name, tuple(int(d) for d in p.shape), enc_raw)
+            items += _quantized_items(name, shape, enc_raw)
         elif quantize is not None and is_float_dtype(dt) and dt.itemsize > 1 and len(shape) >= 1 and quantize(name):
 
             def enc(n: str = name) -> tuple[np.ndarray, np.ndarray]:

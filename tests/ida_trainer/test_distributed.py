@@ -179,16 +179,34 @@ def pipeline_worker(rank: int, port: int, recipe: str, out: str) -> None:
             grad_norm_and_clip(engine.parameters(), CLIP, group=engine.group)
             opt.step()
             opt.zero_grad(set_to_none=True)
-        state = engine.gather_state()
-        gathered = engine.gather_optimizer_state(opt)
+        # what the trainer's save does: every stage enters, rank 0 reads each tensor from the stage holding it
+        with engine.streamed_state(opt) as contents:  # the weights, read here as export_state gives one process
+            state = None if contents is None else {k: contents[0][k] for k in contents[0]}
+        received = _watch_received() if rank == 0 else None
+        with engine.streamed_state(opt) as contents:  # the two files of a checkpoint
+            if contents is not None:
+                tensors, optimizer_state, fetch = contents
+                write_mxfp8_safetensors(Path(out) / "pipeline.safetensors", tensors, metadata={"run": "x"})
+                write_optimizer_state(Path(out) / "optimizer.st", optimizer_state, fetch=fetch)
+        stage_1 = [*export_state(engine.stage_module).values(), *_leaves(opt)] if rank == 1 else []
+        counts: list[Any] = [None, None] if rank == 0 else []
+        dist.gather_object(sum(2 if isinstance(v, MXFP8Tensor) else 1 for v in stage_1), counts or None, dst=0)
         if rank == 0:
-            torch.save({"losses": losses, "state": flat_state(state)}, Path(out) / "pipeline.pt")
-            write_mxfp8_safetensors(Path(out) / "pipeline.safetensors", state, metadata={"run": "x"})
-            torch.save(gathered, Path(out) / "optimizer.pt")
+            assert received is not None
+            torch.save(
+                {
+                    "losses": losses,
+                    "state": flat_state(state),
+                    "received": received.count,
+                    "stage_1_tensors": counts[1],
+                    "received_alive": received.most_alive,
+                },
+                Path(out) / "pipeline.pt",
+            )
         dist.barrier()
         # every stage restores its own part of the one optimizer file, exactly
         fresh = build_optimizer(engine.stage_module, optim_cfg(recipe), prec)
-        fresh.load_state_dict(torch.load(Path(out) / "optimizer.pt", weights_only=False))
+        fresh.load_state_dict(read_optimizer_state(Path(out) / "optimizer.st"))
         for p in opt.state:
             for k, v in opt.state[p].items():
                 if isinstance(v, torch.Tensor):
@@ -393,6 +411,20 @@ class _FullTensorWatch:
         return t
 
 
+def _watch_received() -> _FullTensorWatch:
+    """The same count for the tensors this process receives with dist.recv (a pipeline save's rank 0)."""
+    watch = _FullTensorWatch()
+    recv = dist.recv
+
+    def watched(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        out = recv(tensor, *args, **kwargs)
+        watch.seen(tensor)
+        return out
+
+    dist.recv = watched  # type: ignore[assignment]
+    return watch
+
+
 def _watch_full_tensors() -> _FullTensorWatch:
     watch = _FullTensorWatch()
     full_tensor = DTensor.full_tensor
@@ -491,6 +523,9 @@ def test_pipeline_1f1b_equals_single_process_bit_for_bit(recipe: str, tmp_path: 
     got = torch.load(tmp_path / "pipeline.pt", weights_only=False)
     ref_losses, ref_state, ref_opt = single_process_run(recipe)
     assert got["losses"] == ref_losses  # exact, step for step
+    # the save streams: each of stage 1's tensors (an MXFP8 master: payload and scales) is sent to rank 0 once, as
+    # it is written, and none accumulate there (at most the previous one is still held at the next)
+    assert got["received"] == got["stage_1_tensors"] > 0 and got["received_alive"] <= 1
     ref = flat_state(ref_state)
     assert got["state"].keys() == ref.keys()
     for k in ref:
@@ -502,7 +537,7 @@ def test_pipeline_1f1b_equals_single_process_bit_for_bit(recipe: str, tmp_path: 
     ]
     assert digest[0] == digest[1]
     # one optimizer file, the stages' states merged: a single-process run's state, bit for bit
-    opt = torch.load(tmp_path / "optimizer.pt", weights_only=False)
+    opt = read_optimizer_state(tmp_path / "optimizer.st")
     assert opt["param_groups"] == ref_opt["param_groups"] and opt["state"].keys() == ref_opt["state"].keys()
     for i, entry in ref_opt["state"].items():
         assert entry.keys() == opt["state"][i].keys()

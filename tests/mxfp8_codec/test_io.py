@@ -532,3 +532,35 @@ def test_prefetch_pages_reads_a_cold_tensor_ahead(tmp_path: Path) -> None:
         assert np.array_equal(r.get("l0.o_proj.weight"), decode_mxfp8(*encode_mxfp8(w)))
         with pytest.raises(MXFP8Error, match="'nope': no such tensor"):
             r.prefetch_pages("nope")
+
+
+class _Lazy(dict):
+    """A mapping that answers ``spec`` from shapes alone and counts what the writer reads."""
+
+    def __init__(self, items: dict, specs: dict) -> None:
+        super().__init__(items)
+        self.specs, self.reads = specs, []
+
+    def spec(self, name: str):
+        return self.specs[name]
+
+    def __getitem__(self, name: str):
+        self.reads.append(name)
+        return super().__getitem__(name)
+
+
+def test_a_lazy_mapping_announces_mxfp8_tensors_by_spec(tmp_path: Path) -> None:
+    """spec(name) -> (payload shape, None) plans an MXFP8Tensor entry without reading it: the file equals the one
+    written from the tensors themselves, each entry is read once, and bytes of another shape are refused."""
+    rng = np.random.default_rng(5)
+    p, s = encode_mxfp8(rng.standard_normal((8, 64)).astype(np.float32))
+    items = {"l.q_proj.weight": MXFP8Tensor(p, s), "l.norm.weight": np.ones(64, np.float32)}
+    write_mxfp8_safetensors(tmp_path / "eager.safetensors", items)
+    lazy = _Lazy(items, {"l.q_proj.weight": ((8, 64), None), "l.norm.weight": ((64,), np.float32)})
+    write_mxfp8_safetensors(tmp_path / "lazy.safetensors", lazy)
+    assert (tmp_path / "lazy.safetensors").read_bytes() == (tmp_path / "eager.safetensors").read_bytes()
+    assert sorted(lazy.reads) == sorted(items)
+    lazy = _Lazy(items, {"l.q_proj.weight": ((8, 32), None), "l.norm.weight": ((64,), np.float32)})
+    with pytest.raises(MXFP8Error, match=r"tensor 'l.q_proj.weight': produced shape \(8, 64\) / 512 bytes, planned"):
+        write_mxfp8_safetensors(tmp_path / "bad.safetensors", lazy)
+    assert not (tmp_path / "bad.safetensors").exists()
