@@ -30,17 +30,15 @@ Run (one GPU, ~30 s)::
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from timing import rss_growth_during
 
 
 def _config(args: argparse.Namespace) -> Any:
@@ -52,29 +50,6 @@ def _config(args: argparse.Namespace) -> Any:
         cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size = args.hidden, 4 * args.hidden, args.vocab
         cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim = 4, 2, args.hidden // 4
     return cfg
-
-
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _peak_rss_during(fn: Callable[[], Any]) -> tuple[Any, int]:
-    """``fn()`` and the most this process's RSS grew over it (sampled every 2 ms), in bytes."""
-    before, peak, stop = _rss(), [0], threading.Event()
-
-    def watch() -> None:
-        while not stop.wait(0.002):
-            peak[0] = max(peak[0], _rss())
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    try:
-        out = fn()
-    finally:
-        stop.set()
-        thread.join()
-    return out, max(peak[0], _rss()) - before
 
 
 def _save_and_reload(model: torch.nn.Module, opt: torch.optim.Optimizer, info: Any, *, baseline: bool) -> None:
@@ -116,7 +91,7 @@ def _save_and_reload(model: torch.nn.Module, opt: torch.optim.Optimizer, info: A
             torch.cuda.reset_peak_memory_stats()
         gpu_before = torch.cuda.memory_allocated() if cuda else 0
         t0 = time.perf_counter()
-        path, host = _peak_rss_during(lambda: save(gathered_first))
+        path, host = rss_growth_during(lambda: save(gathered_first))
         seconds = time.perf_counter() - t0
         dist.barrier()
         return path, seconds, (torch.cuda.max_memory_allocated() - gpu_before if cuda else 0), host
