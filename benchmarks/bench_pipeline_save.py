@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = _config(args)
     prec = PrecisionConfig(recipe="nvfp4")
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg).train()
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).train()  # the recipe's dtype, as loaded
     apply_recipe(model, prec)
     engine = PipelineEngine(model, parallel, info)
     opt = build_optimizer(engine.stage_module, OptimConfig(name="lion", lr=1e-5), prec)
