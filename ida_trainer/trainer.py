@@ -557,8 +557,10 @@ class Trainer:
     # checkpoints and eval
 
     def save(self, step: int) -> Path | None:
-        """Write ``checkpoints/ckpt-<step>`` (rank 0 writes; every rank must call it)."""
+        """Write ``checkpoints/ckpt-<step>`` (rank 0 writes and says where, how big, how long; every rank must
+        call it)."""
         cfg = self.cfg
+        t0 = time.perf_counter()
         with self._checkpoint_contents() as contents:
             if contents is None:
                 return None
@@ -584,7 +586,7 @@ class Trainer:
                 "evals": self.evals,
                 "run_id": self.run_id,
             }
-            return ckpt.save_checkpoint(
+            path = ckpt.save_checkpoint(
                 self.ckpt_root,
                 step,
                 tensors=tensors,
@@ -597,6 +599,10 @@ class Trainer:
                 metadata=metadata,
                 keep=cfg.checkpoint.keep,
             )
+        size = sum(f.stat().st_size for f in path.iterdir())
+        shown = f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
+        self._say(f"checkpoint: {path} ({shown} in {time.perf_counter() - t0:.1f} s)")
+        return path
 
     def _checkpoint_contents(self) -> AbstractContextManager[tuple[Any, Any, Any] | None]:
         """``(tensors, optimizer_state, optimizer_fetch)`` for ``save_checkpoint`` on rank 0, None elsewhere (a

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -76,6 +77,8 @@ def test_sigkill_then_resume_reproduces_the_loss_curve(tmp_path):
     )
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from" in resumed.stdout
+    # each save says where it went, how big and how long (a 4B save takes minutes: not a silent stall)
+    assert re.search(r"^checkpoint: \S+/checkpoints/ckpt-\d{6} \(\d+\.\d MiB in \d+\.\d s\)$", resumed.stdout, re.M)
     assert loss_records(killed) == loss_records(full)  # every step's loss, grad norm and lr, exactly
     assert [s for s, *_ in loss_records(full)] == list(range(1, STEPS + 1))
     last = f"checkpoints/ckpt-{STEPS:06d}"
