@@ -62,6 +62,7 @@ from ida_common.launch import launch_env
 from ida_trainer.checkpoint import flatten_state, unflatten_state
 from ida_trainer.engine import causal_lm_loss_sum, chunked_loss_sum, logits_are_chunked
 from ida_trainer.precision import PIPELINE_ATTR, bf16_autocast, export_state, merge_stage_states, model_recipe
+from ida_trainer.sharded import rank_0_requests
 from mxfp8_codec import MXFP8Tensor
 from mxfp8_codec.convert import numpy_dtype_of
 
@@ -255,36 +256,32 @@ class _StageModule(nn.Module):
 def _sent_on_demand(
     local: Mapping[str, torch.Tensor], *, main: bool, device: torch.device
 ) -> Iterator[Callable[[int, str, tuple[int, ...], torch.dtype], torch.Tensor] | None]:
-    """Rank 0 reads tensors that other ranks hold, one at a time: ``pull(rank, name, shape, dtype)`` broadcasts
-    ``(rank, name)``, that rank sends ``local[name]`` (from ``device``: NCCL sends device memory), rank 0
-    receives it into a buffer of ``shape`` and ``dtype`` on its device and returns it on the CPU (its own are
-    copied to the CPU). Every other rank gets None, after it has sent what rank 0 asked for until rank 0 leaves
-    the block (also by an exception). A collective of every rank."""
-    if not main:
-        me = dist.get_rank()
-        while True:
-            box: list[Any] = [None]
-            dist.broadcast_object_list(box, src=0)
-            if box[0] is None:
-                break
-            rank, name = box[0]
-            if rank == me:
-                dist.send(local[name].to(device).contiguous(), dst=0)
-        yield None
-        return
+    """Rank 0 reads tensors that other ranks hold, one at a time (:func:`~ida_trainer.sharded.rank_0_requests`):
+    ``pull(rank, name, shape, dtype)`` asks for ``(rank, name)``, that rank sends ``local[name]`` (from
+    ``device``: NCCL sends device memory), rank 0 receives it into a buffer of ``shape`` and ``dtype`` on its
+    device and returns it on the CPU (its own are copied to the CPU). Every other rank gets None, after it has
+    sent what rank 0 asked for until rank 0 leaves the block. A collective of every rank."""
+    me = dist.get_rank()
 
-    def pull(rank: int, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        if rank == 0:
-            return local[name].cpu()
-        dist.broadcast_object_list([(rank, name)], src=0)
-        buf = torch.empty(shape, dtype=dtype, device=device)
-        dist.recv(buf, src=rank)
-        return buf.cpu()
+    def serve(request: tuple[int, str]) -> None:
+        rank, name = request
+        if rank == me:
+            dist.send(local[name].to(device).contiguous(), dst=0)
 
-    try:
+    with rank_0_requests(serve, main=main) as ask:
+        if ask is None:
+            yield None
+            return
+
+        def pull(rank: int, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+            if rank == 0:
+                return local[name].cpu()
+            ask((rank, name))
+            buf = torch.empty(shape, dtype=dtype, device=device)
+            dist.recv(buf, src=rank)
+            return buf.cpu()
+
         yield pull
-    finally:
-        dist.broadcast_object_list([None], src=0)
 
 
 class _StagedWeights(Mapping[str, Any]):

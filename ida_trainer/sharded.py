@@ -30,7 +30,32 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-__all__ = ["OnDemand", "gather_on_demand", "holds_shards", "shard_like", "shard_optimizer_state"]
+__all__ = ["OnDemand", "gather_on_demand", "holds_shards", "rank_0_requests", "shard_like", "shard_optimizer_state"]
+
+
+@contextmanager
+def rank_0_requests(serve: Callable[[Any], object], *, main: bool) -> Iterator[Callable[[Any], None] | None]:
+    """Rank 0 asks, every other rank serves, one request at a time, for as long as rank 0 stays in the block.
+
+    A collective of every rank. Rank 0 (``main``) gets ``ask(request)``: the request (any picklable object)
+    is broadcast and every other rank calls ``serve(request)`` with it, in rank 0's order (a collective inside
+    ``serve`` pairs with rank 0's part of it after ``ask``). Every other rank gets None, once rank 0 has left
+    the block, also by an exception: the others are released, never left waiting.
+    """
+    if not main:
+        while True:
+            box: list[Any] = [None]
+            dist.broadcast_object_list(box, src=0)
+            if box[0] is None:
+                break
+            serve(box[0])
+        yield None
+        return
+    try:
+        yield lambda request: dist.broadcast_object_list([request], src=0)
+    finally:
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast_object_list([None], src=0)
 
 
 @contextmanager
@@ -40,32 +65,23 @@ def gather_on_demand(
     """Full tensors of ``sources`` (name -> DTensor shard or plain tensor; the same names on every rank), one at
     a time, on rank 0's CPU, in whatever order rank 0 reads them.
 
-    A collective of every rank. Rank 0 (``main``) gets ``fetch(name)``: a DTensor's name is broadcast to the
-    other ranks and they gather it with rank 0 (a plain tensor is copied to the CPU without them). Every other
-    rank gets None, after it has served rank 0's gathers until rank 0 leaves the block (also by an exception).
+    A collective of every rank (:func:`rank_0_requests`). Rank 0 (``main``) gets ``fetch(name)``: a DTensor's
+    name is sent to the other ranks and they gather it with rank 0 (a plain tensor is copied to the CPU without
+    them). Every other rank gets None, after it has served rank 0's gathers until rank 0 leaves the block.
     """
-    if not main:
-        while True:
-            box: list[str | None] = [None]
-            dist.broadcast_object_list(box, src=0)
-            if box[0] is None:
-                break
-            sources[box[0]].full_tensor()  # type: ignore[attr-defined]  # rank 0 named a DTensor
-        yield None
-        return
+    with rank_0_requests(lambda name: sources[name].full_tensor(), main=main) as ask:  # type: ignore[attr-defined]
+        if ask is None:
+            yield None
+            return
 
-    def fetch(name: str) -> torch.Tensor:
-        t = sources[name]
-        if isinstance(t, DTensor):
-            dist.broadcast_object_list([name], src=0)
-            t = t.full_tensor()
-        return t.cpu()
+        def fetch(name: str) -> torch.Tensor:
+            t = sources[name]
+            if isinstance(t, DTensor):
+                ask(name)
+                t = t.full_tensor()
+            return t.cpu()
 
-    try:
         yield fetch
-    finally:
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.broadcast_object_list([None], src=0)
 
 
 class OnDemand(Mapping[str, torch.Tensor]):
