@@ -71,6 +71,7 @@ MODEL_FILE = "model.safetensors"
 OPTIM_FILE = "optimizer.st"
 LEGACY_OPTIM_FILE = "optimizer.pt"  # ida before 2026-12-07: torch.save of the state_dict
 OPTIM_STATE_KEY = "ida_optimizer_state"  # the header metadata entry: the state's structure, as JSON
+MAPPED_MIN_BYTES = 1 << 16  # read_optimizer_state: smaller tensors are copied out of the mapped file
 STATE_FILE = "trainer_state.json"
 MANIFEST_FILE = "export_manifest.json"
 
@@ -355,7 +356,9 @@ def write_optimizer_state(
 def read_optimizer_state(path: str | Path) -> dict[str, Any]:
     """What :func:`write_optimizer_state` wrote. The tensors are copy-on-write views of the mapped file: its pages
     are shared in the page cache by the ranks of a resumed FSDP2 run, each of which keeps its own shard, instead of
-    one private copy per rank (48 GB: a 4B model's AdamW state).
+    one private copy per rank (48 GB: a 4B model's AdamW state). Tensors under :data:`MAPPED_MIN_BYTES` are
+    copied out instead: torch's optimizers keep a CPU ``step`` tensor as they are given it, and a view would keep
+    the whole file mapped for the rest of the run, and its disk space in use after the checkpoint is pruned.
 
     Raises:
         ValueError: the file is not a safetensors file, or not an optimizer state (names the file).
@@ -368,7 +371,8 @@ def read_optimizer_state(path: str | Path) -> dict[str, Any]:
             if OPTIM_STATE_KEY not in reader.metadata:
                 raise ValueError(f"its header has no {OPTIM_STATE_KEY!r} entry: not an optimizer state")
             skeleton = json.loads(reader.metadata[OPTIM_STATE_KEY])
-            tensors = {name: numpy_to_torch(reader.raw_view(name)) for name in reader.keys()}
+            views = {name: reader.raw_view(name) for name in reader.keys()}
+            tensors = {n: numpy_to_torch(v if v.nbytes >= MAPPED_MIN_BYTES else v.copy()) for n, v in views.items()}
         state = unflatten_state(skeleton, tensors)
     except MXFP8Error as exc:  # names the file itself
         raise ValueError(str(exc)) from exc

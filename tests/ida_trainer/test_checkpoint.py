@@ -457,3 +457,23 @@ def test_the_checkpoint_benchmark_runs_and_prints_both_tables():
         if line.startswith("| nvfp4") or line.startswith("| bf16")
     ]
     assert rows == ["| nvfp4", "| bf16"] * 2, res.stdout
+
+
+def test_what_an_optimizer_keeps_on_the_cpu_does_not_keep_the_file_mapped(tok, tmp_path):
+    """AdamW keeps its 0-d `step` tensors as it is given them: as views of the mapped optimizer.st, they kept the
+    whole file mapped for the rest of the run (and its disk space in use after the checkpoint was pruned)."""
+
+    def mapped(path):
+        return any(str(path) in line for line in open("/proc/self/maps", encoding="utf-8"))
+
+    model, opt = _trained(tok, recipe="bf16")
+    path = _save(tmp_path / "ck", 1, model, opt, tok) / "optimizer.st"
+    state = ckpt.read_optimizer_state(path)
+    assert mapped(path)  # the moments are mapped, not read
+    fresh_model, fresh = _trained(tok, recipe="bf16")
+    fresh.load_state_dict(state)
+    assert any(torch.is_tensor(s.get("step")) for s in fresh.state.values())
+    del state
+    for s in fresh.state.values():  # what a GPU run does: the moments go to the device, the steps stay
+        s["exp_avg"], s["exp_avg_sq"] = s["exp_avg"].clone(), s["exp_avg_sq"].clone()
+    assert not mapped(path)
