@@ -30,6 +30,10 @@ other work still does it. The cases:
   passed every structural check and decoded as another E4M3 value);
 - **flipped-byte-from-pretrained** (2026-12-07): the same copy loaded by ``from_pretrained`` with
   ``mxfp8_codec.hf`` imported: ``MXFP8LoadError`` naming the file (was: loaded, another weight).
+- **hostile-optimizer-state** (2026-12-07): a 2-step trainer run whose newest checkpoint gets an
+  ``optimizer.st`` nested 100,000 deep (its ``SHA256SUMS`` rewritten, as whoever planted it would), then
+  ``--resume``: exit 2, one line naming the file and the way on; moved aside as the line says, the run resumes
+  from the checkpoint before it.
 
 The tests cover each case too (docs/reliability.md names them); this script is the campaign's
 reproduction, in the user's words, to rerun after a change. Exit status 0 when every case holds.
@@ -239,6 +243,24 @@ def build_cases(work: Path) -> list[Case]:
             "model.safetensors: its bytes differ from the sha256 recorded in SHA256SUMS",
         )
     )
+    run = work / "trainer-run"
+
+    def resumes_from_the_one_before(_res: subprocess.CompletedProcess[str]) -> str | None:
+        (run / "checkpoints" / "ckpt-000002").rename(work / "aside")  # what the line says
+        again = _run("ida_trainer", [*_TRAIN_2_STEPS.split(), "--out", str(run), "--resume"])
+        ok = again.returncode == 0 and "resumed from" in again.stdout and "ckpt-000001" in again.stdout
+        return None if ok else f"after moving it aside: exit {again.returncode}: {again.stderr.strip()[-300:]}"
+
+    cases.append(
+        Case(
+            "hostile-optimizer-state",
+            "",
+            [_PLANT_OPTIMIZER_STATE, str(run)],
+            2,
+            resumes_from_the_one_before,
+            "ckpt-000002/optimizer.st is damaged (not an optimizer state: its structure is nested too deeply)",
+        )
+    )
     blocker = work / "a-file"
     blocker.write_text("x")
     for cmd in ("quantize", "dequantize"):
@@ -313,6 +335,31 @@ except mh.MXFP8LoadError as exc:
 sys.exit(0)
 """
 )
+
+
+_TRAIN_2_STEPS = (
+    "--train.steps 2 --checkpoint.every 1 --checkpoint.export false --eval.final false --train.progress false"
+)
+
+# the demo trained 2 steps, its newest checkpoint's optimizer.st replaced by one nested 100,000 deep (the list
+# rewritten), then --resume; the resume's stderr and exit status are this script's
+_PLANT_OPTIMIZER_STATE = f"""
+import subprocess, sys
+from pathlib import Path
+import torch
+from ida_common.checksums import write_sums
+from ida_trainer.checkpoint import OPTIM_FILE, OPTIM_STATE_KEY
+from mxfp8_codec import write_safetensors
+run = ["-m", "ida_trainer", *{_TRAIN_2_STEPS.split()!r}, "--out", sys.argv[1]]
+subprocess.run([sys.executable, *run], check=True, capture_output=True)
+ckpt = Path(sys.argv[1]) / "checkpoints" / "ckpt-000002"
+deep = "[" * 100_000 + "]" * 100_000
+write_safetensors(ckpt / OPTIM_FILE, {{"x": torch.ones(2)}}, metadata={{OPTIM_STATE_KEY: deep}})
+write_sums(ckpt)
+res = subprocess.run([sys.executable, *run, "--resume"], capture_output=True, text=True)
+sys.stderr.write(res.stderr)
+sys.exit(res.returncode)
+"""
 
 
 def run_case(case: Case) -> str | None:
