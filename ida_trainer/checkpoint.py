@@ -562,7 +562,8 @@ def _read_legacy_optimizer_state(path: Path) -> dict[str, Any]:
             f"cannot resume from {path}: its {LEGACY_OPTIM_FILE} holds one process's shard of the optimizer state "
             f"(an FSDP run of an older ida wrote it). Start a new run from its weights: --base {path}"
         )
-    return optimizer_state
+    skeleton, leaves = flatten_state(optimizer_state)  # small tensors out of the map, as read_optimizer_state's
+    return unflatten_state(skeleton, {n: t.clone() if t.nbytes < MAPPED_MIN_BYTES else t for n, t in leaves.items()})
 
 
 def parse_prefix_mapping(spec: str) -> Callable[[str], str]:

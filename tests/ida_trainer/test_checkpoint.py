@@ -467,13 +467,18 @@ def test_what_an_optimizer_keeps_on_the_cpu_does_not_keep_the_file_mapped(tok, t
         return any(str(path) in line for line in open("/proc/self/maps", encoding="utf-8"))
 
     model, opt = _trained(tok, recipe="bf16")
-    path = _save(tmp_path / "ck", 1, model, opt, tok) / "optimizer.st"
-    state = ckpt.read_optimizer_state(path)
-    assert mapped(path)  # the moments are mapped, not read
-    fresh_model, fresh = _trained(tok, recipe="bf16")
-    fresh.load_state_dict(state)
-    assert any(torch.is_tensor(s.get("step")) for s in fresh.state.values())
-    del state
-    for s in fresh.state.values():  # what a GPU run does: the moments go to the device, the steps stay
-        s["exp_avg"], s["exp_avg_sq"] = s["exp_avg"].clone(), s["exp_avg_sq"].clone()
-    assert not mapped(path)
+    ck = _save(tmp_path / "ck", 1, model, opt, tok)
+    legacy = _save(tmp_path / "legacy", 1, model, opt, tok)  # an older ida's checkpoint: optimizer.pt
+    torch.save(opt.state_dict(), legacy / "optimizer.pt")
+    (legacy / "optimizer.st").unlink()
+    write_sums(legacy)
+    for path in (ck / "optimizer.st", legacy / "optimizer.pt"):
+        state = ckpt.load_checkpoint(path.parent).optimizer_state
+        assert mapped(path)  # the moments are mapped, not read
+        fresh_model, fresh = _trained(tok, recipe="bf16")
+        fresh.load_state_dict(state)
+        assert any(torch.is_tensor(s.get("step")) for s in fresh.state.values())
+        del state
+        for s in fresh.state.values():  # what a GPU run does: the moments go to the device, the steps stay
+            s["exp_avg"], s["exp_avg_sq"] = s["exp_avg"].clone(), s["exp_avg_sq"].clone()
+        assert not mapped(path), path.name
