@@ -71,7 +71,7 @@ MODEL_FILE = "model.safetensors"
 OPTIM_FILE = "optimizer.st"
 LEGACY_OPTIM_FILE = "optimizer.pt"  # ida before 2026-12-07: torch.save of the state_dict
 OPTIM_STATE_KEY = "ida_optimizer_state"  # the header metadata entry: the state's structure, as JSON
-MAPPED_MIN_BYTES = 1 << 16  # read_optimizer_state: smaller tensors are copied out of the mapped file
+MAPPED_MIN_BYTES = 1 << 16  # optimizer state files: smaller tensors are copied out of the map (_unmapped_if_small)
 STATE_FILE = "trainer_state.json"
 MANIFEST_FILE = "export_manifest.json"
 
@@ -353,6 +353,12 @@ def write_optimizer_state(
     write_safetensors(path, tensors if fetch is None else OnDemand(tensors, fetch), metadata=meta, progress=False)
 
 
+def _unmapped_if_small(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or under :data:`MAPPED_MIN_BYTES` a copy of it: a small tensor an optimizer keeps on the CPU (AdamW's
+    ``step``) must not keep a whole mapped optimizer file alive (:func:`read_optimizer_state`)."""
+    return t if t.nbytes >= MAPPED_MIN_BYTES else t.clone()
+
+
 def read_optimizer_state(path: str | Path) -> dict[str, Any]:
     """What :func:`write_optimizer_state` wrote. The tensors are copy-on-write views of the mapped file: its pages
     are shared in the page cache by the ranks of a resumed FSDP2 run, each of which keeps its own shard, instead of
@@ -371,8 +377,7 @@ def read_optimizer_state(path: str | Path) -> dict[str, Any]:
             if OPTIM_STATE_KEY not in reader.metadata:
                 raise ValueError(f"its header has no {OPTIM_STATE_KEY!r} entry: not an optimizer state")
             skeleton = json.loads(reader.metadata[OPTIM_STATE_KEY])
-            views = {name: reader.raw_view(name) for name in reader.keys()}
-            tensors = {n: numpy_to_torch(v if v.nbytes >= MAPPED_MIN_BYTES else v.copy()) for n, v in views.items()}
+            tensors = {name: _unmapped_if_small(numpy_to_torch(reader.raw_view(name))) for name in reader.keys()}
         state = unflatten_state(skeleton, tensors)
     except MXFP8Error as exc:  # names the file itself
         raise ValueError(str(exc)) from exc
@@ -562,8 +567,8 @@ def _read_legacy_optimizer_state(path: Path) -> dict[str, Any]:
             f"cannot resume from {path}: its {LEGACY_OPTIM_FILE} holds one process's shard of the optimizer state "
             f"(an FSDP run of an older ida wrote it). Start a new run from its weights: --base {path}"
         )
-    skeleton, leaves = flatten_state(optimizer_state)  # small tensors out of the map, as read_optimizer_state's
-    return unflatten_state(skeleton, {n: t.clone() if t.nbytes < MAPPED_MIN_BYTES else t for n, t in leaves.items()})
+    skeleton, leaves = flatten_state(optimizer_state)
+    return unflatten_state(skeleton, {n: _unmapped_if_small(t) for n, t in leaves.items()})
 
 
 def parse_prefix_mapping(spec: str) -> Callable[[str], str]:
