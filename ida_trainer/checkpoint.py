@@ -282,28 +282,29 @@ def flatten_state(state: Any) -> tuple[Any, dict[str, torch.Tensor]]:
         ({'dict': [[0, {'dict': [['m', {'tensor': 'state.0.m'}]]}]]}, ['betas', {'tuple': [0.9, 0.95]}], ['state.0.m'])
     """
     tensors: dict[str, torch.Tensor] = {}
+    return _encode(state, "", tensors), tensors
 
-    def enc(x: Any, path: str) -> Any:
-        if isinstance(x, torch.Tensor):
-            if path in tensors:
-                raise ValueError(f"optimizer state: two tensors at {path!r}")
-            tensors[path] = x
-            return {"tensor": path}
-        if isinstance(x, dict):
-            bad = [k for k in x if not isinstance(k, (str, int)) or isinstance(k, bool)]
-            if bad:
-                raise ValueError(f"optimizer state: key {bad[0]!r} at {path or 'the top'!r} is neither str nor int")
-            return {"dict": [[k, enc(v, f"{path}.{k}" if path else str(k))] for k, v in x.items()]}
-        if isinstance(x, (list, tuple)):
-            items = [enc(v, f"{path}.{i}") for i, v in enumerate(x)]
-            return {"tuple": items} if isinstance(x, tuple) else items
-        if x is None or isinstance(x, (bool, int, float, str)):
-            return x
-        raise ValueError(
-            f"optimizer state: {path or 'the state'} is a {type(x).__name__}, not a tensor, number or string"
-        )
 
-    return enc(state, ""), tensors
+def _encode(x: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
+    """:func:`flatten_state` of ``x`` at ``path``, its tensors added to ``tensors``. (Not a closure: a recursive
+    closure is a reference cycle, which kept the tensors, and a mapped file with them, until a garbage
+    collection.)"""
+    if isinstance(x, torch.Tensor):
+        if path in tensors:
+            raise ValueError(f"optimizer state: two tensors at {path!r}")
+        tensors[path] = x
+        return {"tensor": path}
+    if isinstance(x, dict):
+        bad = [k for k in x if not isinstance(k, (str, int)) or isinstance(k, bool)]
+        if bad:
+            raise ValueError(f"optimizer state: key {bad[0]!r} at {path or 'the top'!r} is neither str nor int")
+        return {"dict": [[k, _encode(v, f"{path}.{k}" if path else str(k), tensors)] for k, v in x.items()]}
+    if isinstance(x, (list, tuple)):
+        items = [_encode(v, f"{path}.{i}", tensors) for i, v in enumerate(x)]
+        return {"tuple": items} if isinstance(x, tuple) else items
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    raise ValueError(f"optimizer state: {path or 'the state'} is a {type(x).__name__}, not a tensor, number or string")
 
 
 def unflatten_state(skeleton: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
@@ -312,26 +313,27 @@ def unflatten_state(skeleton: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
     Raises:
         ValueError: the skeleton is not one :func:`flatten_state` makes, or names a tensor ``tensors`` lacks.
     """
+    return _decode(skeleton, tensors)
 
-    def dec(x: Any) -> Any:
-        if isinstance(x, list):
-            return [dec(v) for v in x]
-        if not isinstance(x, dict):
-            return x
-        if len(x) != 1:
-            raise ValueError(f"not an optimizer state: an object with keys {sorted(x)[:4]}")
-        ((tag, v),) = x.items()
-        if tag == "tensor" and isinstance(v, str):
-            if v not in tensors:
-                raise ValueError(f"the state names a tensor {v!r} the file does not hold")
-            return tensors[v]
-        if tag == "tuple" and isinstance(v, list):
-            return tuple(dec(i) for i in v)
-        if tag == "dict" and isinstance(v, list) and all(isinstance(kv, list) and len(kv) == 2 for kv in v):
-            return {k: dec(val) for k, val in v}
-        raise ValueError(f"not an optimizer state: an object {{{tag!r}: ...}}")
 
-    return dec(skeleton)
+def _decode(x: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+    """:func:`unflatten_state` of ``x`` (not a closure, as :func:`_encode`)."""
+    if isinstance(x, list):
+        return [_decode(v, tensors) for v in x]
+    if not isinstance(x, dict):
+        return x
+    if len(x) != 1:
+        raise ValueError(f"not an optimizer state: an object with keys {sorted(x)[:4]}")
+    ((tag, v),) = x.items()
+    if tag == "tensor" and isinstance(v, str):
+        if v not in tensors:
+            raise ValueError(f"the state names a tensor {v!r} the file does not hold")
+        return tensors[v]
+    if tag == "tuple" and isinstance(v, list):
+        return tuple(_decode(i, tensors) for i in v)
+    if tag == "dict" and isinstance(v, list) and all(isinstance(kv, list) and len(kv) == 2 for kv in v):
+        return {k: _decode(val, tensors) for k, val in v}
+    raise ValueError(f"not an optimizer state: an object {{{tag!r}: ...}}")
 
 
 def write_optimizer_state(
