@@ -179,22 +179,14 @@ def make_filesystem_read_only(work, hide=(), keep=(), fresh=(), sockets=(), disk
     mount(b"/proc/self/fd/%d/%s" % (tfd, os.path.basename(work)), work, None, MS_BIND)
     os.close(tfd)
 
-    def cover_socket(path):
-        try:
-            is_socket = stat.S_ISSOCK(os.lstat(path).st_mode)
-        except OSError:
-            return
-        if is_socket:
-            mount(b"/dev/null", path, None, MS_BIND)
-
     for path in sockets:
-        cover_socket(path)
+        _cover_socket(path, mount)
     mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     with open("/proc/self/mountinfo", "rb") as f:
         rows = [line.split() for line in f.read().splitlines()]
     points = {_unescape(row[4]) for row in rows}
     for point in points:  # a socket bind-mounted from elsewhere (e.g. another network namespace)
-        cover_socket(point)
+        _cover_socket(point, mount)
     writable = {work, *fresh}
     done = set()
     for row in reversed(rows):  # the last row for a mount point is the visible (topmost) mount
@@ -212,6 +204,23 @@ def make_filesystem_read_only(work, hide=(), keep=(), fresh=(), sockets=(), disk
             if _mount_id(point) == int(row[0]):
                 raise
             # else a mount covered by a later one (the task tmpfs under the fresh /tmp): unreachable
+
+
+def _cover_socket(path, mount):
+    """Bind ``/dev/null`` over ``path`` if it is a socket (``connect`` then fails). A socket unlinked between
+    the look and the mount (its server ended: ENOENT; the name now a directory: ENOTDIR) has nothing left to
+    cover; any other failure is the sandbox's and raises."""
+    import stat
+
+    try:
+        is_socket = stat.S_ISSOCK(os.lstat(path).st_mode)
+    except OSError:
+        return
+    if is_socket:
+        try:
+            mount(b"/dev/null", path, None, MS_BIND)
+        except (FileNotFoundError, NotADirectoryError):
+            pass
 
 
 def _mount_id(path):

@@ -1040,6 +1040,34 @@ def test_a_socket_mounted_in_from_elsewhere_is_unreachable(
     assert not res.passed and "ConnectionRefusedError" in res.stderr_tail
 
 
+@pytest.mark.parametrize("err", [errno.ENOENT, errno.ENOTDIR, errno.EPERM])
+def test_a_socket_gone_before_its_cover_is_mounted_is_skipped_and_nothing_else(tmp_path: Path, err: int) -> None:
+    """A host socket listed for covering may be unlinked before the bootstrap mounts over it (its server ended;
+    CI met it: another test's listener). Nothing is left to connect to, so that is not a setup failure; any
+    other mount error still is. ``mount`` fails as the bootstrap's own does (an OSError with the errno)."""
+    from ida_eval import _sandbox_boot as boot
+
+    path = tmp_path / "s"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    tried = []
+
+    def mount(src, dst, fstype, flags, data=None):
+        tried.append(dst)
+        raise OSError(err, f"mount {dst!r}: {os.strerror(err)}")
+
+    try:
+        if err == errno.EPERM:
+            with pytest.raises(PermissionError):
+                boot._cover_socket(str(path), mount)
+        else:
+            boot._cover_socket(str(path), mount)
+        boot._cover_socket(str(tmp_path / "never-there"), mount)  # not even looked at
+    finally:
+        listener.close()
+    assert tried == [str(path)]
+
+
 NON_ROOT_RUNNER = """
 import os, sys, types
 pkg = types.ModuleType("ida_eval")
