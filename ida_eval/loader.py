@@ -251,6 +251,28 @@ def load_model(
     return model, tokenizer
 
 
+def empty_model(checkpoint_dir: str | Path, *, dtype: torch.dtype = torch.bfloat16) -> tuple[Any, Any]:
+    """:func:`load_model`'s model built on the meta device, and its tokenizer: the same modules, parameter and
+    buffer names, shapes and dtypes (``weights="bf16"``), tied weights tied, and the checkpoint's generation
+    config, without reading a weight. The ranks of an FSDP2 run but rank 0 build this and get their shards from
+    rank 0's loaded model (:func:`ida_trainer.sharded.fill_from_rank_0`, which compares the structures first):
+    one host copy of the base per machine instead of one per rank (16 GB each for Qwen3-4B in FP32).
+
+    Raises:
+        CheckpointLoadError: the directory has no config or tokenizer files (:func:`check_checkpoint_dir`).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    ckpt = check_checkpoint_dir(checkpoint_dir)
+    config = AutoConfig.from_pretrained(ckpt)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if (ckpt / "generation_config.json").is_file():  # as from_pretrained reads it (its EOS ids stop generation)
+        model.generation_config = GenerationConfig.from_pretrained(ckpt)
+    model.eval()
+    return model, AutoTokenizer.from_pretrained(ckpt)
+
+
 def _check_listed(ckpt: Path, *, hashed: Mapping[str, str] | None = None) -> bool:
     """:func:`mxfp8_codec.checkpoint.check_sums`, its error as :class:`CheckpointLoadError`."""
     try:

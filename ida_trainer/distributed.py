@@ -62,7 +62,7 @@ from ida_common.launch import launch_env
 from ida_trainer.checkpoint import flatten_state, unflatten_state
 from ida_trainer.engine import causal_lm_loss_sum, chunked_loss_sum, logits_are_chunked
 from ida_trainer.precision import PIPELINE_ATTR, bf16_autocast, export_state, merge_stage_states, model_recipe
-from ida_trainer.sharded import rank_0_requests
+from ida_trainer.sharded import fill_from_rank_0, rank_0_requests
 from mxfp8_codec import MXFP8Tensor
 from mxfp8_codec.convert import numpy_dtype_of
 
@@ -530,13 +530,16 @@ class PipelineEngine:
 def apply_fsdp(model: nn.Module, info: DistInfo) -> nn.Module:
     """Shard ``model`` with FSDP2 ``fully_shard`` (each decoder layer, then the root); returns it.
 
+    The run starts from rank 0's weights (:func:`ida_trainer.sharded.fill_from_rank_0`): the other ranks may
+    pass their model on the meta device (:func:`ida_eval.loader.empty_model`), built but not loaded.
+
     Gradients are reduced in float32 and summed across ranks (the loss is normalised by the global
     supervised-token count).  Checkpoints hold full tensors, gathered one at a time as they are written
     (:func:`ida_trainer.checkpoint.streamed_state`, every rank enters it).
 
     Raises:
-        ValueError: the model uses the nvfp4 recipe (see the module docstring for why), or the
-            process group is not initialised.
+        ValueError: the model uses the nvfp4 recipe (see the module docstring for why), the process group is
+            not initialised, rank 0's model is (partly) on the meta device, or the ranks' models differ.
     """
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
@@ -551,11 +554,23 @@ def apply_fsdp(model: nn.Module, info: DistInfo) -> nn.Module:
     if not dist.is_initialized():
         raise ValueError("apply_fsdp: no process group; call init_distributed first (launch with torchrun)")
     base = _decoder(model)
-    model.to(info.device)
+    tensors = [*model.parameters(), *model.buffers()]
+    empty = all(t.is_meta for t in tensors)
+    if not empty and any(t.is_meta for t in tensors):
+        raise ValueError("apply_fsdp: the model is partly on the meta device; build it there whole, or load it")
+    if info.is_main and empty:
+        raise ValueError("apply_fsdp: rank 0's model is on the meta device; rank 0 holds the weights of the run")
+    full = {n: t.detach() for n, t in [*model.named_parameters(), *model.named_buffers()]} if info.is_main else None
+    if not empty:
+        model.to(info.device)
     policy = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)
     for layer in base.layers:
         fully_shard(layer, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
+    if empty:
+        model.to_empty(device=info.device)
+    fill_from_rank_0(model, full, main=info.is_main)
+    del full
     for mod in model.modules():
         if isinstance(mod, FSDPModule):
             mod.set_gradient_divide_factor(1.0)

@@ -7,6 +7,10 @@ writing, :func:`shard_like` and :func:`shard_optimizer_state` when loading. So a
 processes resumes with N, with another number of processes or in one process, and a single-process
 checkpoint resumes under FSDP.
 
+A run starts from rank 0's weights: only rank 0 loads the base, the other ranks build it on the meta device
+(:func:`ida_eval.loader.empty_model`), and :func:`fill_from_rank_0` sends each sharded model one full tensor at a
+time; a machine holds one host copy of the base, not one per rank.
+
 A save streams: the checkpoint writers plan a file from shapes and dtypes alone (:meth:`OnDemand.spec`) and
 then read one tensor at a time, and each read gathers that one full tensor, so rank 0 holds one or two full
 tensors on its device and on its CPU beyond its own shards (the collective's work handle lets the previous one go
@@ -148,6 +152,49 @@ def shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return DTensor.from_local(
         local, like.device_mesh, like.placements, run_check=False, shape=like.shape, stride=like.stride()
     )
+
+
+def _structure(tensors: Mapping[str, torch.Tensor]) -> list[tuple[str, tuple[int, ...], str]]:
+    return [(name, tuple(t.shape), str(t.dtype)) for name, t in tensors.items()]
+
+
+def fill_from_rank_0(model: torch.nn.Module, full: Mapping[str, torch.Tensor] | None, *, main: bool) -> None:
+    """Give every parameter and buffer of a ``fully_shard``-ed ``model`` rank 0's value, in place: rank 0
+    (``main``) passes ``full``, its model's tensors by name before sharding (``named_parameters`` and
+    ``named_buffers``, the non-persistent ones included); the other ranks pass None and may hold their model on
+    the meta device until ``to_empty``. A collective of every rank: the structures are compared first, then
+    each tensor is broadcast from rank 0 and every rank keeps its own shard (:func:`shard_like`), so a rank
+    holds one full tensor beyond its shards at a time.
+
+    Raises:
+        ValueError: the ranks' models differ (the first tensor whose name, shape or dtype differs, and the rank),
+            or rank 0 passed no tensors, or not the model's.
+    """
+    targets = dict(model.named_parameters())
+    targets.update(model.named_buffers())
+    mine = _structure(targets)
+    if main and (full is None or _structure(full) != mine):
+        raise ValueError("fill_from_rank_0: rank 0 must pass its model's full tensors by name, as before sharding")
+    structures: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(structures, mine)
+    for rank, other in enumerate(structures):
+        if other != structures[0]:
+            first = next((a, b) for a, b in zip(other + [None], structures[0] + [None], strict=False) if a != b)
+            raise ValueError(
+                f"FSDP: rank {rank}'s model differs from rank 0's: {first[0]} there, {first[1]} on rank 0 "
+                "(name, shape, dtype); every rank must build the same model"
+            )
+    with torch.no_grad():
+        for name, t in targets.items():
+            local = t.to_local() if isinstance(t, DTensor) else t
+            buf = (
+                full[name].to(device=local.device, dtype=t.dtype)  # type: ignore[index]
+                if main
+                else torch.empty(t.shape, dtype=t.dtype, device=local.device)
+            )
+            dist.broadcast(buf, src=0)
+            local.copy_(shard_like(buf, t).to_local() if isinstance(t, DTensor) else buf)
+            del buf
 
 
 def shard_optimizer_state(state_dict: Mapping[str, Any], param_groups: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -140,6 +140,12 @@ class Trainer:
         else:
             print(msg, flush=True)
 
+    @property
+    def _built_empty(self) -> bool:
+        """An FSDP2 rank other than 0: its model is built on the meta device and gets rank 0's weights when it is
+        sharded (:func:`ida_trainer.distributed.apply_fsdp`), so a machine holds one host copy of the base."""
+        return self.cfg.parallel.data_parallel == "fsdp" and self.cfg.parallel.pipeline_stages == 1 and not self.is_main
+
     def _load_model_and_tokenizer(self, resume_dir: Path | None) -> None:
         cfg = self.cfg
         if cfg.is_demo:
@@ -152,13 +158,18 @@ class Trainer:
             else:
                 records = read_jsonl(self._data_path(), cfg.data.format)  # validates before training on it
                 self.tokenizer = train_demo_tokenizer(record_texts(records, cfg.data.format))
-            self.model = build_demo_model(cfg.model, self.tokenizer, seed=cfg.train.seed)
+            with torch.device("meta") if self._built_empty else nullcontext():
+                self.model = build_demo_model(cfg.model, self.tokenizer, seed=cfg.train.seed)
             return
         from ida_eval import load_model
+        from ida_eval.loader import empty_model
 
         dtype = torch.bfloat16 if cfg.precision.recipe == "nvfp4" else torch.float32
-        # a base that ida wrote lists its files' sha256 (a resume checks the checkpoint's own list instead)
-        self.model, self.tokenizer = load_model(cfg.model.base, dtype=dtype, check_sums=resume_dir is None)
+        if self._built_empty:
+            self.model, self.tokenizer = empty_model(cfg.model.base, dtype=dtype)
+        else:
+            # a base that ida wrote lists its files' sha256 (a resume checks the checkpoint's own list instead)
+            self.model, self.tokenizer = load_model(cfg.model.base, dtype=dtype, check_sums=resume_dir is None)
         if resume_dir is not None:
             from transformers import AutoTokenizer
 
@@ -242,7 +253,7 @@ class Trainer:
         if cfg.data.format == "chat":
             marker = end_of_turn_marker(self.tokenizer)
             set_end_of_turn(self.model, self.tokenizer, marker)
-        if resume_dir is None:
+        if resume_dir is None and not self._built_empty:  # rank 0's fix reaches the other ranks with its weights
             used = {i for ex in examples for i in ex.input_ids}
             self.untrained = fix_untrained_tokens(self.model, self.tokenizer, used, seed=cfg.train.seed)
         if cfg.model.activation_checkpointing:

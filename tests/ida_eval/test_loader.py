@@ -10,7 +10,7 @@ import torch
 
 from ida_common.checksums import read_sums, write_sums
 from ida_eval import CheckpointLoadError, describe_checkpoint, load_model
-from ida_eval.loader import FUSED_MAX_TOKENS
+from ida_eval.loader import FUSED_MAX_TOKENS, empty_model
 from tests.conftest import flip_bit
 from tests.ida_eval.support import (
     ARCHS,
@@ -49,6 +49,37 @@ def test_tied_embeddings_share_storage(tok, tmp_path):
     loaded2, _ = load_model(save_mxfp8_checkpoint(untied, tok, tmp_path / "n"))
     assert loaded2.lm_head.weight is not loaded2.model.embed_tokens.weight
     assert torch.equal(loaded2.lm_head.weight, untied.lm_head.weight.to(torch.bfloat16))
+
+
+def _structure(model):
+    """Names, shapes and dtypes of every parameter and buffer (non-persistent included), ties as ``is``."""
+    tensors = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    names = {id(t): n for n, t in reversed(tensors)}  # a tied tensor's first name
+    return [(n, tuple(t.shape), t.dtype, names[id(t)]) for n, t in tensors]
+
+
+@pytest.mark.parametrize("arch", ["qwen3-tied", "nemotron", "mxfp8-llama"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_empty_model_is_the_loaded_one_without_its_weights(arch, dtype, tok, tmp_path):
+    """The other ranks of an FSDP2 run build this instead of loading the base: every parameter and buffer (the
+    rotary ones included), tie and dtype as load_model's, the generation config too, and nothing read."""
+    name = arch.removeprefix("mxfp8-").removesuffix("-tied")
+    model = tiny_model(name, len(tok), tie=arch.endswith("-tied"))
+    if arch.startswith("mxfp8-"):
+        ckpt = save_mxfp8_checkpoint(model, tok, tmp_path / "c")
+    else:
+        ckpt = tmp_path / "c"
+        model.save_pretrained(ckpt)
+        tok.save_pretrained(ckpt)
+    (ckpt / "generation_config.json").write_text(json.dumps({"eos_token_id": [3, 5], "pad_token_id": 0}))
+    loaded, ltok = load_model(ckpt, dtype=dtype)
+    empty, etok = empty_model(ckpt, dtype=dtype)
+    assert _structure(empty) == _structure(loaded)
+    assert all(t.is_meta for t in [*empty.parameters(), *empty.buffers()])
+    assert type(empty) is type(loaded) and not empty.training
+    assert empty.config._attn_implementation == loaded.config._attn_implementation
+    assert empty.generation_config.eos_token_id == loaded.generation_config.eos_token_id == [3, 5]
+    assert etok("def f():")["input_ids"] == ltok("def f():")["input_ids"]
 
 
 @pytest.mark.parametrize("arch", ["nemotron", "llama"])

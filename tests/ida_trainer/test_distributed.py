@@ -594,6 +594,73 @@ def test_fsdp_bf16_equals_single_process(tmp_path: Path) -> None:
             assert torch.equal(again["state"][i][k], v), (i, k)
 
 
+def fill_worker(rank: int, port: int, ckpt: str, out: str, rank_1_ckpt: str) -> None:
+    """Rank 0 loads ``ckpt`` (load_model, FP32: the trainer's bf16 recipe), rank 1 builds ``rank_1_ckpt`` empty
+    (empty_model); both shard it (apply_fsdp); each saves what it then holds, full, or the error it raised."""
+    from ida_eval import load_model
+    from ida_eval.loader import empty_model
+
+    _init(rank, 2, port)
+    info = init_distributed(ParallelConfig(data_parallel="fsdp"))
+    try:
+        if rank == 0:
+            m, _ = load_model(ckpt, dtype=torch.float32)
+            loaded = {n: t.clone() for n, t in [*m.named_parameters(), *m.named_buffers()]}
+            torch.save(loaded, Path(out) / "loaded.pt")
+        else:
+            m, _ = empty_model(rank_1_ckpt, dtype=torch.float32)
+        apply_recipe(m, PrecisionConfig(recipe="bf16"))  # as the trainer
+        try:
+            apply_fsdp(m, info)
+        except ValueError as exc:
+            (Path(out) / f"error{rank}.txt").write_text(str(exc))
+            return
+        held = {
+            n: (t.full_tensor() if isinstance(t, DTensor) else t).clone()
+            for n, t in [*m.named_parameters(), *m.named_buffers()]
+        }
+        torch.save(held, Path(out) / f"held{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny Qwen3 with tied embeddings, and the same untied."""
+    from tests.ida_eval.support import SMALL_PROBLEMS, tiny_model, train_tokenizer
+
+    tok = train_tokenizer([p["prompt"] for p in SMALL_PROBLEMS], vocab_size=300)
+    out = {}
+    for name, tie in (("tied", True), ("untied", False)):
+        out[name] = tmp_path_factory.mktemp(name) / "qwen3"
+        tiny_model("qwen3", len(tok), tie=tie).to(torch.bfloat16).save_pretrained(out[name])
+        tok.save_pretrained(out[name])
+    return out
+
+
+def test_fsdp_ranks_but_0_build_the_model_empty_and_get_rank_0s_weights(
+    checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    """One host copy of the base per machine: rank 1 builds the model on the meta device and, once sharded, holds
+    exactly rank 0's loaded weights and buffers (the rotary inv_freq, which no state dict carries), tied ones
+    tied; a rank whose model differs is named, on every rank, before anything is sent."""
+    tied = str(checkpoints["tied"])
+    _spawn_two(fill_worker, tied, str(tmp_path), tied)
+    loaded = torch.load(tmp_path / "loaded.pt", weights_only=True)
+    assert "model.rotary_emb.inv_freq" in loaded and "lm_head.weight" not in loaded  # tied: one parameter
+    for rank in (0, 1):
+        held = torch.load(tmp_path / f"held{rank}.pt", weights_only=True)
+        assert list(held) == list(loaded)
+        bad = [n for n in loaded if not torch.equal(held[n], loaded[n]) or held[n].dtype != loaded[n].dtype]
+        assert not bad, f"rank {rank}: {bad}"
+    (tmp_path / "odd").mkdir()
+    _spawn_two(fill_worker, tied, str(tmp_path / "odd"), str(checkpoints["untied"]))
+    for rank in (0, 1):
+        line = (tmp_path / "odd" / f"error{rank}.txt").read_text()
+        assert line.startswith("FSDP: rank 1's model differs from rank 0's: ('lm_head.weight', "), line
+        assert "('model.rotary_emb.inv_freq', " in line and line.endswith("every rank must build the same model")
+
+
 def test_fsdp_refuses_nvfp4_with_the_reason() -> None:
     m = tiny_model("nvfp4")
     with pytest.raises(ValueError, match="bf16 recipe only.*uint8"):

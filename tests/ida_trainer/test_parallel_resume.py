@@ -100,6 +100,46 @@ def test_a_killed_fsdp_run_resumes_bit_for_bit_also_in_one_process(reference: Pa
         assert g[1:] == pytest.approx(r[1:], rel=2e-3)
 
 
+def test_an_fsdp_run_from_a_base_starts_from_rank_0s_load(tok, tmp_path: Path) -> None:
+    """``--base`` under FSDP: only rank 0 loads the base (and re-initialises its untrained rows, some of
+    them in rank 1's shard), the
+    other rank builds the model empty and gets rank 0's weights (ida_trainer.sharded.fill_from_rank_0). The run
+    computes what one process computes from the same base: step 1 to float32 rounding (the ranks' losses are
+    summed in another order), the rest as a one-process continuation of an FSDP checkpoint goes on."""
+    import json
+
+    from ida_trainer.config import ModelConfig
+    from ida_trainer.demo import build_demo_model
+
+    base = tmp_path / "base"
+    model = build_demo_model(ModelConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2), tok, seed=0)
+    chat = [
+        [{"role": "user", "content": f"square {i}"}, {"role": "assistant", "content": f"{i * i}"}] for i in range(8)
+    ]
+    used = {i for m in chat for turn in m for i in tok(turn["content"])["input_ids"]}
+    upper = [i for i in used if i >= model.config.vocab_size // 2]  # rows in rank 1's shard
+    assert upper
+    broken = [*tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"]), *upper]
+    with torch.no_grad():
+        for w in (model.get_input_embeddings().weight, model.get_output_embeddings().weight):
+            w[broken] = w[-1].clone()  # untrained (identical) rows: rank 0's fix must reach rank 1's shard
+    model.to(torch.bfloat16).save_pretrained(base)
+    tok.save_pretrained(base)
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps({"messages": m}) + "\n" for m in chat))
+    args = [*ARGS, "--steps", "3", "--base", str(base), "--data", str(data), "--data.format", "chat"]
+    fsdp = _run(torchrun_cmd(2, "ida_trainer", *FSDP), tmp_path / "fsdp", *args)
+    assert fsdp.returncode == 0, fsdp.stderr[-3000:]
+    alone = _run(ONE_PROCESS, tmp_path / "alone", *args)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert "untrained embedding rows re-initialised" in fsdp.stdout and fsdp.stdout.count("re-initialised") == 1
+    got, ref = loss_records(tmp_path / "fsdp"), loss_records(tmp_path / "alone")
+    assert [r[0] for r in got] == [r[0] for r in ref] == [1, 2, 3]
+    assert got[0][1] == pytest.approx(ref[0][1], rel=1e-6)  # rank 1's half of the step-1 loss: rank 0's weights
+    for g, r in zip(got, ref, strict=True):
+        assert g[1:] == pytest.approx(r[1:], rel=2e-3)
+
+
 def test_a_checkpoint_holding_one_ranks_shard_is_refused_in_one_line(reference: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     shutil.copytree(reference, out)
