@@ -46,6 +46,8 @@ def _config(args: argparse.Namespace) -> Any:
 
     cfg = qwen3_4b_config()
     cfg.num_hidden_layers = args.layers
+    if getattr(cfg, "layer_types", None):  # one per layer (checked when the config is saved)
+        cfg.layer_types = cfg.layer_types[: args.layers]
     if args.hidden:  # a toy shape (the CPU smoke run): width, heads and vocabulary scaled down together
         cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size = args.hidden, 4 * args.hidden, args.vocab
         cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim = 4, 2, args.hidden // 4
