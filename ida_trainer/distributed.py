@@ -62,7 +62,7 @@ from ida_common.launch import launch_env
 from ida_trainer.checkpoint import flatten_state, unflatten_state
 from ida_trainer.engine import causal_lm_loss_sum, chunked_loss_sum, logits_are_chunked
 from ida_trainer.precision import PIPELINE_ATTR, bf16_autocast, export_state, merge_stage_states, model_recipe
-from ida_trainer.sharded import fill_from_rank_0, rank_0_requests
+from ida_trainer.sharded import fill_from_rank_0, named_tensors, rank_0_requests
 from mxfp8_codec import MXFP8Tensor
 from mxfp8_codec.convert import numpy_dtype_of
 
@@ -325,7 +325,9 @@ class PipelineEngine:
 
     Args:
         model: the full causal LM with the precision recipe applied; pruned IN PLACE to this stage
-            (also available as ``engine.stage_module``; build the optimizer on it).
+            (also available as ``engine.stage_module``; build the optimizer on it). Its weights are rank 0's
+            (:func:`ida_trainer.sharded.fill_from_rank_0`): the other stages may pass it built on the meta device
+            (:func:`ida_eval.loader.empty_model`).
         parallel: ``pipeline_stages`` (> 1) and ``microbatches`` (>= stages) per optimizer step.
         info: this rank's :class:`DistInfo` (rank = stage index).
 
@@ -359,6 +361,7 @@ class PipelineEngine:
             )
         base = _decoder(model)
         recipe = model_recipe(model)
+        empty, full = _rank_0s_tensors(model, info, "PipelineEngine")
         self.info = info
         self.model = model
         self.stage_index = info.rank
@@ -376,7 +379,12 @@ class PipelineEngine:
             base.norm = None
             model.lm_head = None
         setattr(model, PIPELINE_ATTR, self.stage_index)
-        model.to(info.device)
+        if empty:
+            model.to_empty(device=info.device)
+        else:
+            model.to(info.device)
+        fill_from_rank_0(model, full, main=info.is_main, whole=False)
+        del full
         self.stage_module = model
         self.group = dist.group.WORLD
         autocast = info.device.type if recipe == "bf16" else None
@@ -527,6 +535,26 @@ class PipelineEngine:
         dist.barrier()
 
 
+def _rank_0s_tensors(model: nn.Module, info: DistInfo, who: str) -> tuple[bool, dict[str, torch.Tensor] | None]:
+    """Whether ``model`` was built on the meta device (:func:`ida_eval.loader.empty_model`: every rank but 0 may),
+    and on rank 0 its tensors by name, for :func:`ida_trainer.sharded.fill_from_rank_0`.
+
+    Raises:
+        ValueError: the model is partly on the meta device, or rank 0's is.
+    """
+    tensors = [*model.parameters(), *model.buffers()]
+    empty = all(t.is_meta for t in tensors)
+    if not empty and any(t.is_meta for t in tensors):
+        raise ValueError(f"{who}: the model is partly on the meta device; build it there whole, or load it")
+    if info.is_main and empty:
+        raise ValueError(f"{who}: rank 0's model is on the meta device; rank 0 holds the weights of the run")
+    full = None
+    if info.is_main:  # detached now: the CPU copies, whatever moving and sharding do to the parameters
+        detached: dict[int, torch.Tensor] = {}
+        full = {name: detached.setdefault(id(t), t.detach()) for name, t in named_tensors(model).items()}
+    return empty, full
+
+
 def apply_fsdp(model: nn.Module, info: DistInfo) -> nn.Module:
     """Shard ``model`` with FSDP2 ``fully_shard`` (each decoder layer, then the root); returns it.
 
@@ -554,13 +582,7 @@ def apply_fsdp(model: nn.Module, info: DistInfo) -> nn.Module:
     if not dist.is_initialized():
         raise ValueError("apply_fsdp: no process group; call init_distributed first (launch with torchrun)")
     base = _decoder(model)
-    tensors = [*model.parameters(), *model.buffers()]
-    empty = all(t.is_meta for t in tensors)
-    if not empty and any(t.is_meta for t in tensors):
-        raise ValueError("apply_fsdp: the model is partly on the meta device; build it there whole, or load it")
-    if info.is_main and empty:
-        raise ValueError("apply_fsdp: rank 0's model is on the meta device; rank 0 holds the weights of the run")
-    full = {n: t.detach() for n, t in [*model.named_parameters(), *model.named_buffers()]} if info.is_main else None
+    empty, full = _rank_0s_tensors(model, info, "apply_fsdp")
     if not empty:
         model.to(info.device)
     policy = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)

@@ -154,46 +154,98 @@ def shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     )
 
 
-def _structure(tensors: Mapping[str, torch.Tensor]) -> list[tuple[str, tuple[int, ...], str]]:
-    return [(name, tuple(t.shape), str(t.dtype)) for name, t in tensors.items()]
+Spec = list[tuple[tuple[str, ...], tuple[int, ...], torch.dtype]]
+"""A model's tensors as :func:`fill_from_rank_0` compares and sends them: ``(names, shape, dtype)`` per tensor, its
+names all those it has (tied weights: one tensor, several names)."""
 
 
-def fill_from_rank_0(model: torch.nn.Module, full: Mapping[str, torch.Tensor] | None, *, main: bool) -> None:
-    """Give every parameter and buffer of a ``fully_shard``-ed ``model`` rank 0's value, in place: rank 0
-    (``main``) passes ``full``, its model's tensors by name before sharding (``named_parameters`` and
-    ``named_buffers``, the non-persistent ones included); the other ranks pass None and may hold their model on
-    the meta device until ``to_empty``. A collective of every rank: the structures are compared first, then
-    each tensor is broadcast from rank 0 and every rank keeps its own shard (:func:`shard_like`), so a rank
-    holds one full tensor beyond its shards at a time.
+def named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer of ``model`` (non-persistent ones included) under every name it has, tied ones
+    as one object; without the broadcast views (a zero stride along a dimension of more than one element: one
+    value seen many times, e.g. NVFP4Linear's gradient anchor), which hold nothing to send and cannot be written.
+    """
+    pairs = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    return {
+        name: t
+        for name, t in pairs
+        if not any(step == 0 and size > 1 for step, size in zip(t.stride(), t.shape, strict=True))
+    }
+
+
+def _spec(tensors: Mapping[str, torch.Tensor]) -> Spec:
+    names: dict[int, list[str]] = {}
+    first: dict[int, torch.Tensor] = {}
+    for name, t in tensors.items():
+        names.setdefault(id(t), []).append(name)
+        first.setdefault(id(t), t)
+    return [(tuple(group), tuple(first[i].shape), first[i].dtype) for i, group in names.items()]
+
+
+def _differs(mine: Spec, theirs: Spec, *, whole: bool) -> str | None:
+    """Where ``mine`` (a rank's :func:`_spec`) is not rank 0's ``theirs`` (``whole``), or not a part of it (tied
+    tensors tied as there)."""
+    if whole:
+        first = next(((a, b) for a, b in zip([*mine, None], [*theirs, None], strict=False) if a != b), None)
+    else:
+        entry_of = {name: k for k, entry in enumerate(theirs) for name in entry[0]}
+        taken: set[int] = set()
+        first = None
+        for names, shape, dtype in mine:
+            k = entry_of.get(names[0])
+            entry = None if k is None else theirs[k]
+            if entry is None or entry[1:] != (shape, dtype) or not set(names) <= set(entry[0]) or k in taken:
+                first = ((names, shape, dtype), entry)
+                break
+            taken.add(k)  # type: ignore[arg-type]
+    return None if first is None else f"{first[0]} there, {first[1]} on rank 0 (names, shape, dtype)"
+
+
+def fill_from_rank_0(
+    model: torch.nn.Module, full: Mapping[str, torch.Tensor] | None, *, main: bool, whole: bool = True
+) -> None:
+    """Give every parameter and buffer of ``model`` rank 0's value, in place: rank 0 (``main``) passes ``full``,
+    its model's :func:`named_tensors` from before it was sharded or pruned (detached, tied ones still one
+    object); the other ranks pass None and may have built their model on the meta device (then ``to_empty``).
+    ``whole``: every rank holds all of rank 0's tensors, as DTensor shards or whole (FSDP2); else each holds some
+    of them (a pipeline stage: its layers).
+
+    A collective of every rank: the structures are compared first, then each of rank 0's tensors is broadcast in
+    turn (a tied one once) and every rank that holds it keeps its part (:func:`shard_like`), so a rank holds one
+    full tensor beyond its own at a time.
 
     Raises:
-        ValueError: the ranks' models differ (the first tensor whose name, shape or dtype differs, and the rank),
-            or rank 0 passed no tensors, or not the model's.
+        ValueError: on every rank, a rank's model differs from rank 0's tensors (names the rank and the first
+            tensor whose names, shape, dtype or tying differ), or rank 0 passed none.
     """
-    targets = dict(model.named_parameters())
-    targets.update(model.named_buffers())
-    mine = _structure(targets)
-    if main and (full is None or _structure(full) != mine):
-        raise ValueError("fill_from_rank_0: rank 0 must pass its model's full tensors by name, as before sharding")
-    structures: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(structures, mine)
-    for rank, other in enumerate(structures):
-        if other != structures[0]:
-            first = next((a, b) for a, b in zip(other + [None], structures[0] + [None], strict=False) if a != b)
+    targets = named_tensors(model)
+    if main and full is None:
+        raise ValueError("fill_from_rank_0: rank 0 passes its model's full tensors by name")
+    box: list[Any] = [_spec(full) if main else None]  # type: ignore[arg-type]
+    dist.broadcast_object_list(box, src=0)
+    (spec,) = box
+    problems: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, _differs(_spec(targets), spec, whole=whole))
+    for rank, problem in enumerate(problems):
+        if problem is not None:
             raise ValueError(
-                f"FSDP: rank {rank}'s model differs from rank 0's: {first[0]} there, {first[1]} on rank 0 "
-                "(name, shape, dtype); every rank must build the same model"
+                f"rank {rank}'s model differs from rank 0's: {problem}; every rank must build the same model"
             )
+    local_of = {name: t.to_local() if isinstance(t, DTensor) else t for name, t in targets.items()}
+    device = next(iter(local_of.values())).device
     with torch.no_grad():
-        for name, t in targets.items():
-            local = t.to_local() if isinstance(t, DTensor) else t
+        for names, shape, dtype in spec:
             buf = (
-                full[name].to(device=local.device, dtype=t.dtype)  # type: ignore[index]
+                full[names[0]].to(device=device, dtype=dtype)  # type: ignore[index]
                 if main
-                else torch.empty(t.shape, dtype=t.dtype, device=local.device)
+                else torch.empty(shape, dtype=dtype, device=device)
             )
             dist.broadcast(buf, src=0)
-            local.copy_(shard_like(buf, t).to_local() if isinstance(t, DTensor) else buf)
+            done: set[int] = set()
+            for name in names:
+                t = targets.get(name)
+                if t is not None and id(t) not in done:
+                    done.add(id(t))
+                    local_of[name].copy_(shard_like(buf, t).to_local() if isinstance(t, DTensor) else buf)
             del buf
 
 

@@ -142,9 +142,11 @@ class Trainer:
 
     @property
     def _built_empty(self) -> bool:
-        """An FSDP2 rank other than 0: its model is built on the meta device and gets rank 0's weights when it is
-        sharded (:func:`ida_trainer.distributed.apply_fsdp`), so a machine holds one host copy of the base."""
-        return self.cfg.parallel.data_parallel == "fsdp" and self.cfg.parallel.pipeline_stages == 1 and not self.is_main
+        """A parallel run's rank other than 0: its model is built on the meta device and gets rank 0's weights
+        when it is sharded or pruned to its stage (:func:`ida_trainer.distributed.apply_fsdp`, ``PipelineEngine``),
+        so a machine holds one host copy of the base."""
+        parallel = self.cfg.parallel
+        return (parallel.data_parallel == "fsdp" or parallel.pipeline_stages > 1) and not self.is_main
 
     def _load_model_and_tokenizer(self, resume_dir: Path | None) -> None:
         cfg = self.cfg

@@ -594,71 +594,89 @@ def test_fsdp_bf16_equals_single_process(tmp_path: Path) -> None:
             assert torch.equal(again["state"][i][k], v), (i, k)
 
 
-def fill_worker(rank: int, port: int, ckpt: str, out: str, rank_1_ckpt: str) -> None:
-    """Rank 0 loads ``ckpt`` (load_model, FP32: the trainer's bf16 recipe), rank 1 builds ``rank_1_ckpt`` empty
-    (empty_model); both shard it (apply_fsdp); each saves what it then holds, full, or the error it raised."""
+def fill_worker(rank: int, port: int, ckpt: str, out: str, rank_1_ckpt: str, mode: str) -> None:
+    """Rank 0 loads ``ckpt`` (load_model), rank 1 builds ``rank_1_ckpt`` empty (empty_model), as the trainer does;
+    both shard it (``mode`` "fsdp": apply_fsdp, bf16 recipe) or prune it to their stage ("pipeline": PipelineEngine,
+    nvfp4 recipe); each saves what it then holds, full, or the error it raised."""
     from ida_eval import load_model
     from ida_eval.loader import empty_model
+    from ida_trainer.sharded import named_tensors
 
     _init(rank, 2, port)
-    info = init_distributed(ParallelConfig(data_parallel="fsdp"))
+    pipeline = mode == "pipeline"
+    parallel = ParallelConfig(pipeline_stages=2, microbatches=2) if pipeline else ParallelConfig(data_parallel="fsdp")
+    info = init_distributed(parallel)
+    dtype = torch.bfloat16 if pipeline else torch.float32
     try:
+        m, _ = load_model(ckpt, dtype=dtype) if rank == 0 else empty_model(rank_1_ckpt, dtype=dtype)
+        apply_recipe(m, PrecisionConfig(recipe="nvfp4" if pipeline else "bf16"))  # as the trainer
         if rank == 0:
-            m, _ = load_model(ckpt, dtype=torch.float32)
-            loaded = {n: t.clone() for n, t in [*m.named_parameters(), *m.named_buffers()]}
-            torch.save(loaded, Path(out) / "loaded.pt")
-        else:
-            m, _ = empty_model(rank_1_ckpt, dtype=torch.float32)
-        apply_recipe(m, PrecisionConfig(recipe="bf16"))  # as the trainer
+            torch.save({n: t.clone() for n, t in named_tensors(m).items()}, Path(out) / "loaded.pt")
         try:
-            apply_fsdp(m, info)
+            held = PipelineEngine(m, parallel, info).stage_module if pipeline else apply_fsdp(m, info)
         except ValueError as exc:
             (Path(out) / f"error{rank}.txt").write_text(str(exc))
             return
-        held = {
-            n: (t.full_tensor() if isinstance(t, DTensor) else t).clone()
-            for n, t in [*m.named_parameters(), *m.named_buffers()]
-        }
-        torch.save(held, Path(out) / f"held{rank}.pt")
+        full = {n: (t.full_tensor() if isinstance(t, DTensor) else t).clone() for n, t in named_tensors(held).items()}
+        torch.save(full, Path(out) / f"held{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A tiny Qwen3 with tied embeddings, and the same untied."""
+    """A tiny Qwen3 with tied embeddings, the same untied, and the same with 4 layers instead of 2."""
     from tests.ida_eval.support import SMALL_PROBLEMS, tiny_model, train_tokenizer
 
     tok = train_tokenizer([p["prompt"] for p in SMALL_PROBLEMS], vocab_size=300)
     out = {}
-    for name, tie in (("tied", True), ("untied", False)):
+    for name, kw in (("tied", {"tie": True}), ("untied", {"tie": False}), ("deeper", {"tie": True, "layers": 4})):
         out[name] = tmp_path_factory.mktemp(name) / "qwen3"
-        tiny_model("qwen3", len(tok), tie=tie).to(torch.bfloat16).save_pretrained(out[name])
+        tiny_model("qwen3", len(tok), **kw).to(torch.bfloat16).save_pretrained(out[name])
         tok.save_pretrained(out[name])
     return out
 
 
-def test_fsdp_ranks_but_0_build_the_model_empty_and_get_rank_0s_weights(
-    checkpoints: dict[str, Path], tmp_path: Path
+@pytest.mark.parametrize("mode", ["fsdp", "pipeline"])
+def test_ranks_but_0_build_the_model_empty_and_get_rank_0s_weights(
+    mode: str, checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
-    """One host copy of the base per machine: rank 1 builds the model on the meta device and, once sharded, holds
-    exactly rank 0's loaded weights and buffers (the rotary inv_freq, which no state dict carries), tied ones
-    tied; a rank whose model differs is named, on every rank, before anything is sent."""
+    """One host copy of the base per machine: rank 1 builds the model on the meta device and, once sharded (FSDP2)
+    or pruned to its stage (pipeline), holds exactly rank 0's loaded weights and buffers: the rotary inv_freq,
+    which no state dict carries, the tied lm_head of the last stage, the nvfp4 recipe's MXFP8 masters. A rank
+    whose model differs is named, on every rank, before anything is sent: untied (FSDP2), 4 layers (pipeline: rank 1,
+    the last stage, holds layers 2 and 3, which rank 0's 2-layer model has not)."""
     tied = str(checkpoints["tied"])
-    _spawn_two(fill_worker, tied, str(tmp_path), tied)
+    _spawn_two(fill_worker, tied, str(tmp_path), tied, mode)
     loaded = torch.load(tmp_path / "loaded.pt", weights_only=True)
-    assert "model.rotary_emb.inv_freq" in loaded and "lm_head.weight" not in loaded  # tied: one parameter
+    assert {"model.rotary_emb.inv_freq", "lm_head.weight", "model.embed_tokens.weight"} <= set(loaded)
+    if mode == "pipeline":
+        assert any(n.endswith("weight_payload") for n in loaded) and not any(n.endswith("proj.weight") for n in loaded)
+    names = set()
     for rank in (0, 1):
         held = torch.load(tmp_path / f"held{rank}.pt", weights_only=True)
-        assert list(held) == list(loaded)
-        bad = [n for n in loaded if not torch.equal(held[n], loaded[n]) or held[n].dtype != loaded[n].dtype]
+        assert set(held) <= set(loaded) and (mode == "pipeline" or set(held) == set(loaded))
+        bad = [n for n in held if not torch.equal(held[n], loaded[n]) or held[n].dtype != loaded[n].dtype]
         assert not bad, f"rank {rank}: {bad}"
+        names |= set(held)
+    assert names == set(loaded)  # every tensor is somewhere
+    if mode == "pipeline":
+        assert "lm_head.weight" in held and "model.embed_tokens.weight" not in held  # rank 1: the last stage
     (tmp_path / "odd").mkdir()
-    _spawn_two(fill_worker, tied, str(tmp_path / "odd"), str(checkpoints["untied"]))
+    odd = checkpoints["deeper" if mode == "pipeline" else "untied"]
+    _spawn_two(fill_worker, tied, str(tmp_path / "odd"), str(odd), mode)
+    want = (
+        "(('model.layers.2.self_attn.q_norm.weight',), (16,), torch.bfloat16) there, None on rank 0"
+        if mode == "pipeline"
+        else "(('model.embed_tokens.weight',), (300, 64), torch.float32) there, "
+        "(('model.embed_tokens.weight', 'lm_head.weight'), (300, 64), torch.float32) on rank 0"  # tied there
+    )
     for rank in (0, 1):
         line = (tmp_path / "odd" / f"error{rank}.txt").read_text()
-        assert line.startswith("FSDP: rank 1's model differs from rank 0's: ('lm_head.weight', "), line
-        assert "('model.rotary_emb.inv_freq', " in line and line.endswith("every rank must build the same model")
+        assert (
+            line
+            == f"rank 1's model differs from rank 0's: {want} (names, shape, dtype); every rank must build the same model"
+        )
 
 
 def test_fsdp_refuses_nvfp4_with_the_reason() -> None:
