@@ -331,6 +331,10 @@ class PipelineEngine:
         parallel: ``pipeline_stages`` (> 1) and ``microbatches`` (>= stages) per optimizer step.
         info: this rank's :class:`DistInfo` (rank = stage index).
 
+    Raises:
+        ValueError: the stage or micro-batch counts do not fit, the model ties its ``lm_head`` to its input
+            embeddings (Qwen3; the first and last stages would train two copies), or a stage's model differs.
+
     Attributes:
         group: the process group of the stages (sum squared gradient norms over it).
 
@@ -358,6 +362,14 @@ class PipelineEngine:
             raise ValueError(
                 f"a {info.pipeline_stages}-stage 1F1B pipeline needs >= {info.pipeline_stages} "
                 f"micro-batches per step, got {microbatches}"
+            )
+        head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+        if head is not None and embed is not None and head.weight is embed.weight:
+            raise ValueError(
+                f"--pipeline-stages: {type(model).__name__} ties its lm_head to its input embeddings "
+                "(tie_word_embeddings); the first and the last stage would each update a copy of that one matrix, "
+                "and the run would no longer train the model it loaded. Train it in one process, or with "
+                "--data-parallel fsdp (bf16 recipe)"
             )
         base = _decoder(model)
         recipe = model_recipe(model)

@@ -625,12 +625,12 @@ def fill_worker(rank: int, port: int, ckpt: str, out: str, rank_1_ckpt: str, mod
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A tiny Qwen3 with tied embeddings, the same untied, and the same with 4 layers instead of 2."""
+    """A tiny Qwen3 with tied embeddings, the same untied, and untied with 4 layers instead of 2."""
     from tests.ida_eval.support import SMALL_PROBLEMS, tiny_model, train_tokenizer
 
     tok = train_tokenizer([p["prompt"] for p in SMALL_PROBLEMS], vocab_size=300)
     out = {}
-    for name, kw in (("tied", {"tie": True}), ("untied", {"tie": False}), ("deeper", {"tie": True, "layers": 4})):
+    for name, kw in (("tied", {"tie": True}), ("untied", {"tie": False}), ("deeper", {"tie": False, "layers": 4})):
         out[name] = tmp_path_factory.mktemp(name) / "qwen3"
         tiny_model("qwen3", len(tok), **kw).to(torch.bfloat16).save_pretrained(out[name])
         tok.save_pretrained(out[name])
@@ -643,11 +643,11 @@ def test_ranks_but_0_build_the_model_empty_and_get_rank_0s_weights(
 ) -> None:
     """One host copy of the base per machine: rank 1 builds the model on the meta device and, once sharded (FSDP2)
     or pruned to its stage (pipeline), holds exactly rank 0's loaded weights and buffers: the rotary inv_freq,
-    which no state dict carries, the tied lm_head of the last stage, the nvfp4 recipe's MXFP8 masters. A rank
-    whose model differs is named, on every rank, before anything is sent: untied (FSDP2), 4 layers (pipeline: rank 1,
-    the last stage, holds layers 2 and 3, which rank 0's 2-layer model has not)."""
-    tied = str(checkpoints["tied"])
-    _spawn_two(fill_worker, tied, str(tmp_path), tied, mode)
+    which no state dict carries, tied weights (FSDP2), the nvfp4 recipe's MXFP8 masters (pipeline: untied, as
+    pipelines take them). A rank whose model differs is named, on every rank, before anything is sent: untied
+    (FSDP2), 4 layers (pipeline: rank 1, the last stage, holds layers 2 and 3, which rank 0's 2 layers lack)."""
+    main = str(checkpoints["untied" if mode == "pipeline" else "tied"])
+    _spawn_two(fill_worker, main, str(tmp_path), main, mode)
     loaded = torch.load(tmp_path / "loaded.pt", weights_only=True)
     assert {"model.rotary_emb.inv_freq", "lm_head.weight", "model.embed_tokens.weight"} <= set(loaded)
     if mode == "pipeline":
@@ -664,7 +664,7 @@ def test_ranks_but_0_build_the_model_empty_and_get_rank_0s_weights(
         assert "lm_head.weight" in held and "model.embed_tokens.weight" not in held  # rank 1: the last stage
     (tmp_path / "odd").mkdir()
     odd = checkpoints["deeper" if mode == "pipeline" else "untied"]
-    _spawn_two(fill_worker, tied, str(tmp_path / "odd"), str(odd), mode)
+    _spawn_two(fill_worker, main, str(tmp_path / "odd"), str(odd), mode)
     want = (
         "(('model.layers.2.self_attn.q_norm.weight',), (16,), torch.bfloat16) there, None on rank 0"
         if mode == "pipeline"
@@ -683,6 +683,19 @@ def test_fsdp_refuses_nvfp4_with_the_reason() -> None:
     m = tiny_model("nvfp4")
     with pytest.raises(ValueError, match="bf16 recipe only.*uint8"):
         apply_fsdp(m, DistInfo(data_parallel="fsdp"))
+
+
+def test_a_pipeline_refuses_tied_embeddings_with_the_reason(checkpoints: dict[str, Path]) -> None:
+    """A tied lm_head would be two copies on two stages, each updated on its own: the run would silently stop
+    being the model's (measured: the losses left the one-process run's at step 2). Refused before any work."""
+    from ida_eval.loader import empty_model
+
+    tied, _ = empty_model(checkpoints["tied"])
+    info = DistInfo(rank=1, world_size=2, pipeline_stages=2)
+    with pytest.raises(
+        ValueError, match=r"^--pipeline-stages: Qwen3ForCausalLM ties its lm_head .* --data-parallel fsdp"
+    ):
+        PipelineEngine(tied, ParallelConfig(pipeline_stages=2, microbatches=2), info)
 
 
 def test_init_distributed_checks_the_process_count(monkeypatch: pytest.MonkeyPatch) -> None:
