@@ -19,8 +19,16 @@ def free_port() -> int:
 
 def torchrun_cmd(n: int, module: str, *args: str) -> list[str]:
     """``torchrun --nproc-per-node N -m MODULE ARGS`` through this interpreter, on a free port."""
-    run = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}", f"--master-port={free_port()}"]
-    return [*run, "-m", module, *args]
+    return [*_torchrun(n), "-m", module, *args]
+
+
+def torchrun_script_cmd(n: int, script: Path, *args: str) -> list[str]:
+    """``torchrun --nproc-per-node N SCRIPT ARGS`` (a benchmark script) through this interpreter, on a free port."""
+    return [*_torchrun(n), str(script), *args]
+
+
+def _torchrun(n: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}", f"--master-port={free_port()}"]
 
 
 def torchrun_env(**extra: str) -> dict[str, str]:

@@ -4,17 +4,15 @@ base run, and rank 0 prints every rank's host growth in both, side by side."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
-from tests.torchrun import free_port, torchrun_env
+from tests.torchrun import torchrun_env, torchrun_script_cmd
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_fsdp_load.py"
 
 
 def test_two_ranks_load_both_ways_and_rank_0_prints_both() -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}"]
-    cmd += [str(SCRIPT), "--hidden", "64", "--layers", "2", "--vocab", "1024"]
+    cmd = torchrun_script_cmd(2, SCRIPT, "--hidden", "64", "--layers", "2", "--vocab", "1024")
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=torchrun_env())
     assert res.returncode == 0, res.stderr[-3000:]
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith(("Qwen3-4B shape", "rank |", "0 |", "1 |"))]

@@ -5,18 +5,18 @@ the streamed checkpoint save of that state reads back exactly on both ranks."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
-from tests.torchrun import free_port, torchrun_env
+from tests.torchrun import torchrun_env, torchrun_script_cmd
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_fsdp_memory.py"
 
 
 def test_two_ranks_train_and_rank_0_reports_the_count() -> None:
     # 2 ranks, 256 tokens of a 1024-word vocabulary (2**18 logits: whole; the GPU run's 8192 x 151936 are chunked)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}"]
-    cmd += [str(SCRIPT), "--hidden", "64", "--layers", "2", "--tokens", "256", "--steps", "2", "--vocab", "1024"]
+    cmd = torchrun_script_cmd(
+        2, SCRIPT, "--hidden", "64", "--layers", "2", "--tokens", "256", "--steps", "2", "--vocab", "1024"
+    )
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=torchrun_env())
     assert res.returncode == 0, res.stderr[-3000:]
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith(("Qwen3-4B shape", "count (GiB)", "no GPU", "save"))]

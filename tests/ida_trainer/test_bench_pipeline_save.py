@@ -4,17 +4,15 @@ streamed and gathered first, rank 0 prints both saves' memory and time, and both
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
-from tests.torchrun import free_port, torchrun_env
+from tests.torchrun import torchrun_env, torchrun_script_cmd
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_pipeline_save.py"
 
 
 def test_two_stages_save_both_ways_and_rank_0_reports_the_ratio() -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}"]
-    cmd += [str(SCRIPT), "--layers", "2", "--hidden", "256", "--vocab", "4096"]
+    cmd = torchrun_script_cmd(2, SCRIPT, "--layers", "2", "--hidden", "256", "--vocab", "4096")
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=torchrun_env())
     assert res.returncode == 0, res.stderr[-3000:]
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith(("Minitron-4B shape", "save ", "streamed / before"))]
