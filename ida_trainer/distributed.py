@@ -320,6 +320,15 @@ class _StagedWeights(Mapping[str, Any]):
         return len(self._where)
 
 
+def tied_pipeline_error(model: str) -> ValueError:
+    """The refusal of a pipeline over ``model`` (a name), whose ``lm_head`` is tied to its input embeddings."""
+    return ValueError(
+        f"--pipeline-stages: {model} ties its lm_head to its input embeddings (tie_word_embeddings); the first and "
+        "the last stage would each update a copy of that one matrix, and the run would no longer train the model "
+        "it loaded. Train it in one process, or with --data-parallel fsdp (bf16 recipe)"
+    )
+
+
 class PipelineEngine:
     """1F1B pipeline engine with the same interface as the single-process ``LocalEngine``.
 
@@ -365,12 +374,7 @@ class PipelineEngine:
             )
         head, embed = model.get_output_embeddings(), model.get_input_embeddings()
         if head is not None and embed is not None and head.weight is embed.weight:
-            raise ValueError(
-                f"--pipeline-stages: {type(model).__name__} ties its lm_head to its input embeddings "
-                "(tie_word_embeddings); the first and the last stage would each update a copy of that one matrix, "
-                "and the run would no longer train the model it loaded. Train it in one process, or with "
-                "--data-parallel fsdp (bf16 recipe)"
-            )
+            raise tied_pipeline_error(type(model).__name__)
         base = _decoder(model)
         recipe = model_recipe(model)
         empty, full = _rank_0s_tensors(model, info, "PipelineEngine")

@@ -685,16 +685,27 @@ def test_fsdp_refuses_nvfp4_with_the_reason() -> None:
         apply_fsdp(m, DistInfo(data_parallel="fsdp"))
 
 
-def test_a_pipeline_refuses_tied_embeddings_with_the_reason(checkpoints: dict[str, Path]) -> None:
+def test_a_pipeline_refuses_tied_embeddings_with_the_reason(checkpoints: dict[str, Path], tmp_path: Path) -> None:
     """A tied lm_head would be two copies on two stages, each updated on its own: the run would silently stop
-    being the model's (measured: the losses left the one-process run's at step 2). Refused before any work."""
+    being the model's (measured: the losses left the one-process run's at step 2). The trainer refuses it before
+    the base is loaded or its run directory made; PipelineEngine refuses such a model too."""
     from ida_eval.loader import empty_model
+    from ida_trainer.cli import parse_args
+    from ida_trainer.trainer import Trainer
 
+    parallel = ["--pipeline-stages", "2", "--microbatches", "2"]
+    for name in ("tied", "untied"):
+        out = tmp_path / name
+        trainer = Trainer(parse_args(["--base", str(checkpoints[name]), *parallel, "--out", str(out)]))
+        if name == "untied":
+            trainer.preflight()  # passes
+            continue
+        with pytest.raises(ValueError, match=r"^--pipeline-stages: the base .*/qwen3 ties its lm_head .* fsdp"):
+            trainer.preflight()
+        assert not out.exists()
     tied, _ = empty_model(checkpoints["tied"])
     info = DistInfo(rank=1, world_size=2, pipeline_stages=2)
-    with pytest.raises(
-        ValueError, match=r"^--pipeline-stages: Qwen3ForCausalLM ties its lm_head .* --data-parallel fsdp"
-    ):
+    with pytest.raises(ValueError, match=r"^--pipeline-stages: Qwen3ForCausalLM ties its lm_head .* fsdp"):
         PipelineEngine(tied, ParallelConfig(pipeline_stages=2, microbatches=2), info)
 
 
