@@ -254,9 +254,10 @@ def load_model(
 def empty_model(checkpoint_dir: str | Path, *, dtype: torch.dtype = torch.bfloat16) -> tuple[Any, Any]:
     """:func:`load_model`'s model built on the meta device, and its tokenizer: the same modules, parameter and
     buffer names, shapes and dtypes (``weights="bf16"``), tied weights tied, and the checkpoint's generation
-    config, without reading a weight. The ranks of an FSDP2 run but rank 0 build this and get their shards from
-    rank 0's loaded model (:func:`ida_trainer.sharded.fill_from_rank_0`, which compares the structures first):
-    one host copy of the base per machine instead of one per rank (16 GB each for Qwen3-4B in FP32).
+    config, without reading a weight. The ranks of an FSDP2 or pipelined run but rank 0 build this and get their
+    shards or their stage's tensors from rank 0's loaded model (:func:`ida_trainer.sharded.fill_from_rank_0`,
+    which compares the structures first): one host copy of the base per machine instead of one per rank (16 GB
+    each for Qwen3-4B in FP32).
 
     Raises:
         CheckpointLoadError: the directory has no config or tokenizer files (:func:`check_checkpoint_dir`).
