@@ -372,10 +372,10 @@ class PipelineEngine:
                 f"a {info.pipeline_stages}-stage 1F1B pipeline needs >= {info.pipeline_stages} "
                 f"micro-batches per step, got {microbatches}"
             )
+        base = _decoder(model)
         head, embed = model.get_output_embeddings(), model.get_input_embeddings()
         if head is not None and embed is not None and head.weight is embed.weight:
             raise tied_pipeline_error(type(model).__name__)
-        base = _decoder(model)
         recipe = model_recipe(model)
         empty, full = _rank_0s_tensors(model, info, "PipelineEngine")
         self.info = info
