@@ -4,7 +4,8 @@ Pipeline (``--pipeline-stages S``, one process per stage, launched with ``torchr
 
 * The decoder layers are split into S contiguous ranges (earlier stages take the remainder).  Each
   process prunes the model *in place* to its range (stage 0 also keeps the embeddings, the last
-  stage the final norm and ``lm_head``), so it holds, computes and updates only its layers.  Module
+  stage the final norm and ``lm_head``), so it holds, computes and updates only its layers (a tied
+  ``lm_head`` is stage 0's embedding, lent to the last stage each step: :class:`PipelineEngine`).  Module
   names stay the transformers names (``model.layers.17.mlp.up_proj``), which is what keys the
   stochastic-rounding streams and the checkpoint: a pipelined run draws the same random bits as a
   single-process run and :meth:`PipelineEngine.streamed_state` writes ONE checkpoint with global names,
@@ -320,15 +321,6 @@ class _StagedWeights(Mapping[str, Any]):
         return len(self._where)
 
 
-def tied_pipeline_error(model: str) -> ValueError:
-    """The refusal of a pipeline over ``model`` (a name), whose ``lm_head`` is tied to its input embeddings."""
-    return ValueError(
-        f"--pipeline-stages: {model} ties its lm_head to its input embeddings (tie_word_embeddings); the first and "
-        "the last stage would each update a copy of that one matrix, and the run would no longer train the model "
-        "it loaded. Train it in one process, or with --data-parallel fsdp (bf16 recipe)"
-    )
-
-
 class PipelineEngine:
     """1F1B pipeline engine with the same interface as the single-process ``LocalEngine``.
 
@@ -340,9 +332,15 @@ class PipelineEngine:
         parallel: ``pipeline_stages`` (> 1) and ``microbatches`` (>= stages) per optimizer step.
         info: this rank's :class:`DistInfo` (rank = stage index).
 
+    A model whose ``lm_head`` is its input embedding (``tie_word_embeddings``: Qwen3) keeps that one matrix on
+    stage 0, as a parameter there alone: each step stage 0 lends it to the last stage, whose ``lm_head`` computes
+    with it, and the last stage's gradient of it is added to stage 0's after the schedule, before clipping, so it
+    is clipped, counted and updated once (the optimizer, its stochastic rounding and the checkpoint see what one
+    process has). The sum differs from one process's only in its order (the embedding's micro-batches, then
+    ``lm_head``'s, where one process interleaves them): equal to rounding, not bit for bit.
+
     Raises:
-        ValueError: the stage or micro-batch counts do not fit, the model ties its ``lm_head`` to its input
-            embeddings (Qwen3; the first and last stages would train two copies), or a stage's model differs.
+        ValueError: the stage or micro-batch counts do not fit, or a stage's model differs.
 
     Attributes:
         group: the process group of the stages (sum squared gradient norms over it).
@@ -374,8 +372,12 @@ class PipelineEngine:
             )
         base = _decoder(model)
         head, embed = model.get_output_embeddings(), model.get_input_embeddings()
-        if head is not None and embed is not None and head.weight is embed.weight:
-            raise tied_pipeline_error(type(model).__name__)
+        tied = head is not None and embed is not None and head.weight is embed.weight
+        self.tied_names: list[str] = []  # the tied matrix's names, the embedding's first (stage 0 holds it)
+        if tied:
+            own = next(n for n, m in model.named_modules() if m is embed) + ".weight"
+            aliases = [n for n, p in model.named_parameters(remove_duplicate=False) if p is embed.weight and n != own]
+            self.tied_names = [own, *aliases]
         recipe = model_recipe(model)
         empty, full = _rank_0s_tensors(model, info, "PipelineEngine")
         self.info = info
@@ -401,6 +403,12 @@ class PipelineEngine:
             model.to(info.device)
         fill_from_rank_0(model, full, main=info.is_main, whole=False)
         del full
+        self._borrowed: torch.Tensor | None = None  # the last stage's lm_head weight, stage 0's embedding
+        if self.tied_names and self.is_last:
+            weight = model.lm_head.weight
+            del model.lm_head.weight  # a parameter no more: stage 0's optimizer alone updates the matrix
+            self._borrowed = weight.detach().requires_grad_()
+            model.lm_head.weight = self._borrowed
         self.stage_module = model
         self.group = dist.group.WORLD
         autocast = info.device.type if recipe == "bf16" else None
@@ -476,18 +484,45 @@ class PipelineEngine:
         self.module.return_hidden = self._chunked(b, t)
         dev = self.info.device
         losses: list[torch.Tensor] = []
+        if self.tied_names:
+            self._lend_embedding()
         if self.is_first:
             sched.step(torch.cat([mb["input_ids"] for mb in microbatches]).to(dev))
         elif self.is_last:
             sched.step(target=torch.cat([mb["labels"] for mb in microbatches]).to(dev), losses=losses)
         else:
             sched.step()
+        if self.tied_names:
+            self._return_head_gradient()
         total = torch.zeros((), dtype=torch.float64, device=dev)
         if self.is_last:
             total = torch.stack([loss.detach().to(torch.float64) for loss in losses]).sum()
         dist.broadcast(total, src=self.num_stages - 1)
         self.module.side = ()
         return float(total.item())
+
+    def _lend_embedding(self) -> None:
+        """Stage 0 sends its embedding (as the optimizer left it) to the last stage, into its lm_head's weight."""
+        if self.is_first:
+            dist.send(self.model.get_input_embeddings().weight.detach(), dst=self.num_stages - 1)
+        elif self._borrowed is not None:
+            dist.recv(self._borrowed.detach(), src=0)
+
+    def _return_head_gradient(self) -> None:
+        """The last stage's gradient of the borrowed embedding, summed over its micro-batches, is added to the
+        embedding's on stage 0 (which has summed its own first)."""
+        if self._borrowed is not None:
+            grad = self._borrowed.grad
+            dist.send(torch.zeros_like(self._borrowed) if grad is None else grad, dst=0)
+            self._borrowed.grad = None
+        elif self.is_first:
+            weight = self.model.get_input_embeddings().weight
+            grad = torch.empty_like(weight)
+            dist.recv(grad, src=self.num_stages - 1)
+            if weight.grad is None:
+                weight.grad = grad
+            else:
+                weight.grad.add_(grad)
 
     @contextmanager
     def streamed_state(
@@ -504,6 +539,8 @@ class PipelineEngine:
         any number of stages, or one process. None on the other stages, once rank 0 has written everything.
         """
         weights = export_state(self.model)  # this stage's entries, global names
+        if self.is_first:  # a tied lm_head is the embedding, under its other names, as one process exports it
+            weights.update({name: weights[self.tied_names[0]] for name in self.tied_names[1:]})
         skeleton, leaves = flatten_state(optimizer.state_dict())
         local: dict[str, torch.Tensor] = {}
         for name, v in weights.items():

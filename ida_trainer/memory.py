@@ -17,7 +17,9 @@ The BF16 copies of the last row are held for backward by the GEMMs that save the
 decoder layer's only without activation checkpointing. With it (the default), a layer's copies live while it
 is computed or recomputed and count as a transient of its stage: autocast's weight-cast cache, which would
 keep every copy until the forward ends, is off (:func:`ida_trainer.precision.bf16_autocast`). Embedding
-lookups run in FP32 and make no copy (unless the embedding is also the tied ``lm_head``).
+lookups run in FP32 and make no copy (unless the embedding is also the tied ``lm_head``). A tied embedding in
+a pipeline is stage 0's; the last stage also holds it, and its gradient, as ``lm_head``'s weight (no optimizer
+state: :class:`ida_trainer.distributed.PipelineEngine` lends it each step).
 
 The weights and gradients are not taken from this table: :func:`stage_memory` applies the recipe on the
 ``meta`` device and sums ``numel * element_size`` of the actual parameters and buffers of each stage's
@@ -287,6 +289,7 @@ def stage_memory(
         optim[s] += n * (LION_STATE_BYTES + (COMPENSATION_BYTES if precision.writeback == "compensated" else 0))
         params[s] += n
         largest[s] = max(largest[s], n)
+    embedding = model.get_input_embeddings().weight
     for name, p in model.named_parameters():
         if id(p) in anchors:
             continue
@@ -294,6 +297,11 @@ def stage_memory(
         weights[s] += _bytes(p)
         grads[s] += _bytes(p)
         params[s] += p.numel()
+        head_stage = s  # where lm_head computes with it
+        if tied and p is embedding and stages > 1:  # the last stage borrows it as lm_head's weight, with a gradient
+            head_stage = stages - 1
+            weights[head_stage] += _bytes(p)
+            grads[head_stage] += _bytes(p)
         if recipe == "nvfp4":
             optim[s] += p.numel() * LION_STATE_BYTES
         else:
@@ -304,10 +312,14 @@ def stage_memory(
                     key = (s, int(layer.group(1)))
                     layer_copies[key] = layer_copies.get(key, 0) + p.numel() * AUTOCAST_COPY_BYTES
                 else:  # saved for backward: lm_head's, and every layer's without checkpointing
-                    weights[s] += p.numel() * AUTOCAST_COPY_BYTES
+                    weights[head_stage] += p.numel() * AUTOCAST_COPY_BYTES
     for name, b in model.named_buffers():
         if not any(name.startswith(n + ".") for n in masters):
-            weights[_stage_of(name, bounds)] += _bytes(b)
+            if "rotary_emb" in name and not _LAYER_RE.search(name):  # the model's rotary tables: every stage's
+                for s in range(stages):
+                    weights[s] += _bytes(b)
+            else:
+                weights[_stage_of(name, bounds)] += _bytes(b)
     hidden = int(config.hidden_size)
     tokens = activations.tokens_per_microbatch
     boundary = 2 if recipe == "nvfp4" else 4

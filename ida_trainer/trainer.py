@@ -203,8 +203,7 @@ class Trainer:
     def preflight(self) -> None:
         """Checks before work, on every rank, before any directory is created or anything is loaded: the
         run directory can be written, the data and problems files exist, the base model directory has a
-        config and tokenizer files, and a pipeline's base does not tie its ``lm_head`` to its embeddings. Each
-        failure is one ``ValueError`` naming the flag and the path."""
+        config and tokenizer files. Each failure is one ``ValueError`` naming the flag and the path."""
         cfg = self.cfg
         check_output_dir(cfg.out, "--out")
         if cfg.data.path:
@@ -215,13 +214,6 @@ class Trainer:
             from ida_eval.loader import check_checkpoint_dir
 
             check_checkpoint_dir(cfg.model.base, "--base")
-            if cfg.parallel.pipeline_stages > 1:  # said before the base is loaded (PipelineEngine says it too)
-                from transformers import AutoConfig
-
-                from ida_trainer.distributed import tied_pipeline_error
-
-                if getattr(AutoConfig.from_pretrained(cfg.model.base), "tie_word_embeddings", False):
-                    raise tied_pipeline_error(f"the base {cfg.model.base}")
 
     def setup(self) -> None:
         """Build everything, resume if asked; all user errors surface here, before step 1."""

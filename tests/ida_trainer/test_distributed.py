@@ -6,6 +6,7 @@ import copy
 import hashlib
 import os
 import warnings
+from contextlib import nullcontext
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -31,9 +32,10 @@ from ida_trainer.checkpoint import (
 from ida_trainer.config import OptimConfig, ParallelConfig, PrecisionConfig
 from ida_trainer.distributed import DistInfo, PipelineEngine, apply_fsdp, init_distributed, split_layers
 from ida_trainer.engine import LocalEngine, grad_norm_and_clip
+from ida_trainer.memory import stage_memory
 from ida_trainer.precision import apply_recipe, build_optimizer, export_state, load_state
 from ida_trainer.sharded import holds_shards
-from mxfp8_codec import MXFP8Tensor, write_mxfp8_safetensors
+from mxfp8_codec import MXFP8Tensor, decode_mxfp8, write_mxfp8_safetensors
 from tests.torchrun import free_port
 
 pytestmark = pytest.mark.slow  # torch.distributed process groups (gloo) per test
@@ -64,6 +66,20 @@ def tiny_model(recipe: str, *, checkpointing: bool = False, vocab: int = 256) ->
     m = NemotronForCausalLM(cfg).train()
     if checkpointing:
         m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    apply_recipe(m, PrecisionConfig(recipe=recipe))
+    return m
+
+
+def tiny_tied_model(recipe: str, *, untied: bool = False) -> torch.nn.Module:
+    """A tiny Qwen3 whose lm_head is its input embedding (tie_word_embeddings), as Qwen3-4B's; ``untied``: the
+    same weights with lm_head a copy of its own (its gradient apart from the embedding's)."""
+    from tests.ida_eval.support import tiny_model as tiny_lm
+
+    m = tiny_lm("qwen3", 256).train()
+    assert m.lm_head.weight is m.model.embed_tokens.weight
+    if untied:
+        m.config.tie_word_embeddings = False
+        m.lm_head.weight = torch.nn.Parameter(m.lm_head.weight.detach().clone())
     apply_recipe(m, PrecisionConfig(recipe=recipe))
     return m
 
@@ -107,18 +123,20 @@ def flat_state(state: dict[str, Any]) -> dict[str, torch.Tensor]:
     return out
 
 
-def single_process_run(recipe: str, vocab: int = 256) -> tuple[list[float], dict[str, Any], dict[str, Any]]:
-    """Losses, exported state and optimizer state of STEPS steps in one process."""
+def single_process_run(
+    recipe: str, vocab: int = 256, *, tied: bool = False
+) -> tuple[list[float], dict[str, Any], dict[str, Any]]:
+    """Losses, exported state and optimizer state of STEPS steps in one process (``tied``: of
+    :func:`tiny_tied_model`)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in the workers: CPU reductions may split differently with more threads
     try:
-        return _single_process_run(recipe, vocab)
+        return _single_process_run(tiny_tied_model(recipe) if tied else tiny_model(recipe, vocab=vocab), recipe)
     finally:
         torch.set_num_threads(threads)
 
 
-def _single_process_run(recipe: str, vocab: int) -> tuple[list[float], dict[str, Any], dict[str, Any]]:
-    m = tiny_model(recipe, vocab=vocab)
+def _single_process_run(m: torch.nn.Module, recipe: str) -> tuple[list[float], dict[str, Any], dict[str, Any]]:
     opt = build_optimizer(m, optim_cfg(recipe), PrecisionConfig(recipe=recipe))
     engine = LocalEngine(m)
     losses, norms = [], []
@@ -551,6 +569,137 @@ def test_pipeline_1f1b_equals_single_process_bit_for_bit(recipe: str, tmp_path: 
     assert all(torch.equal(exact[n], t) for n, t in ref_exact.items())
 
 
+def _as_float(v: MXFP8Tensor | torch.Tensor) -> torch.Tensor:
+    """A copy in FP32 (an MXFP8 value decoded)."""
+    return (
+        decode_mxfp8(*v, dtype=torch.float32) if isinstance(v, MXFP8Tensor) else v.detach().to(torch.float32, copy=True)
+    )
+
+
+def tied_pipeline_worker(rank: int, port: int, recipe: str, out: str) -> None:
+    """STEPS steps of :func:`tiny_tied_model` over 2 stages, a checkpoint, and one more step from it and on."""
+    _init(rank, 2, port)
+    parallel = ParallelConfig(pipeline_stages=2, microbatches=MICROBATCHES)
+    info = init_distributed(parallel)
+    prec = PrecisionConfig(recipe=recipe)
+    empty = torch.device("meta") if rank == 1 else nullcontext()  # as the trainer builds it there
+    try:
+        with empty:
+            m = tiny_tied_model(recipe)
+        engine = PipelineEngine(m, parallel, info)
+        opt = build_optimizer(engine.stage_module, optim_cfg(recipe), prec)
+        losses, first_grad, head = [], None, []  # head: stage 0's embedding before each step, the last stage's lm_head
+        for s in range(STEPS):
+            mbs, gvt = step_data(s)
+            before = m.model.embed_tokens.weight.detach().clone() if rank == 0 else None
+            losses.append(engine.forward_backward(mbs, gvt))
+            head.append(before if rank == 0 else m.lm_head.weight.detach().clone())
+            if s == 0 and rank == 0:
+                first_grad = m.model.embed_tokens.weight.grad.clone()
+            grad_norm_and_clip(engine.parameters(), CLIP, group=engine.group)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        state = None
+        with engine.streamed_state(opt) as contents:  # the two files of a checkpoint
+            if contents is not None:
+                tensors, optimizer_state, fetch = contents
+                state = {k: _as_float(tensors[k]) for k in tensors}
+                write_mxfp8_safetensors(Path(out) / "pipeline.safetensors", tensors, metadata={"run": "x"})
+                write_optimizer_state(Path(out) / "optimizer.st", optimizer_state, fetch=fetch)
+        dist.barrier()
+        # --resume: a fresh model, pruned to its stage, takes the files; one more step of each must agree
+        with empty:
+            m2 = tiny_tied_model(recipe)
+        engine2 = PipelineEngine(m2, parallel, info)
+        load_state(engine2.stage_module, read_model_tensors(Path(out) / "pipeline.safetensors"))
+        opt2 = build_optimizer(engine2.stage_module, optim_cfg(recipe), prec)
+        opt2.load_state_dict(read_optimizer_state(Path(out) / "optimizer.st"))
+        again = []
+        for e, o in ((engine, opt), (engine2, opt2)):
+            mbs, gvt = step_data(STEPS)
+            before = e.stage_module.model.embed_tokens.weight.detach().clone() if rank == 0 else None
+            again.append(e.forward_backward(mbs, gvt))
+            head.append(before if rank == 0 else e.stage_module.lm_head.weight.detach().clone())
+            grad_norm_and_clip(e.parameters(), CLIP, group=e.group)
+            o.step()
+            o.zero_grad(set_to_none=True)
+        mine, resumed = flat_state(export_state(m)), flat_state(export_state(m2))
+        resumed_differ = [k for k in mine if not torch.equal(mine[k], resumed[k])]
+        stage = engine.stage_module
+        held = [n for n, _ in stage.named_parameters()]
+        anchors = {id(mod.weight) for mod in stage.modules() if hasattr(mod, "weight_payload")}
+        borrowed = [stage.lm_head.weight] if rank == 1 else []
+        tensors = {id(t): t for t in [*stage.parameters(), *stage.buffers(), *borrowed]}
+        weights = sum(t.numel() * t.element_size() for i, t in tensors.items() if i not in anchors)
+        moments = sum(t.numel() * t.element_size() for v in opt.state.values() for t in v.values() if t.dim() > 0)
+        facts = {"held": held, "resumed_differ": resumed_differ, "again": again, "weights": weights, "state": moments}
+        facts["head"] = head
+        parts: list[Any] = [None, None] if rank == 0 else []
+        dist.gather_object(facts, parts or None, dst=0)
+        if rank == 0:
+            torch.save(
+                {"losses": losses, "first_grad": first_grad, "state": state, "ranks": parts}, Path(out) / "tied.pt"
+            )
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["nvfp4", "bf16"])
+def test_a_pipeline_trains_a_tied_lm_head_as_one_matrix(recipe: str, tmp_path: Path) -> None:
+    """Qwen3 ties lm_head to its input embedding. Stage 0 holds that matrix; the last stage borrows it each step
+    and returns its gradient, so one matrix is clipped and updated once (until 2026-12-07 each stage trained a
+    copy: the losses left one process's at step 2). The summed gradient is exactly the embedding's plus lm_head's
+    (measured apart on an untied copy in one process), so the run is one process's to rounding (one process sums
+    the two per micro-batch); its checkpoint is one process's, and resumes exactly."""
+    from tests.ida_eval.support import tiny_config
+
+    _spawn_two(tied_pipeline_worker, recipe, str(tmp_path))
+    got = torch.load(tmp_path / "tied.pt", weights_only=False)
+    ref_losses, ref_state, ref_opt = single_process_run(recipe, tied=True)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        untied = tiny_tied_model(recipe, untied=True)
+        mbs, gvt = step_data(0)
+        LocalEngine(untied).forward_backward(mbs, gvt)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(got["first_grad"], untied.model.embed_tokens.weight.grad + untied.lm_head.weight.grad)
+
+    assert got["losses"][0] == ref_losses[0]  # the same forward, bit for bit
+    assert got["losses"] == pytest.approx(ref_losses, rel=1e-4)
+    stage_0, stage_1 = got["ranks"]
+    # every step (and the first after a resume) the last stage's lm_head is stage 0's embedding as it then was
+    assert len(stage_0["head"]) == STEPS + 2 and all(map(torch.equal, stage_0["head"], stage_1["head"]))
+    assert "model.embed_tokens.weight" in stage_0["held"] and "lm_head.weight" not in stage_0["held"] + stage_1["held"]
+
+    ref = {k: _as_float(v) for k, v in ref_state.items()}
+    assert got["state"].keys() == ref.keys()
+    for k, want in ref.items():
+        have = got["state"][k]
+        if recipe == "nvfp4":  # BF16 sums: where a Lion sign is near zero it may flip, and move a value a code
+            assert float((have != want).float().mean()) < 0.1, k  # (measured: at most 4.5 % of a tensor's values)
+        elif k in ("lm_head.weight", "model.embed_tokens.weight"):  # FP32 sums: the tied matrix to their rounding,
+            torch.testing.assert_close(have, want, rtol=1e-6, atol=1e-8, msg=k)
+        else:
+            assert torch.equal(have, want), k  # every other tensor bit for bit
+    saved = read_model_tensors(tmp_path / "pipeline.safetensors")  # lm_head.weight too, as one process writes it
+    assert saved.keys() == ref.keys() and torch.equal(saved["lm_head.weight"], saved["model.embed_tokens.weight"])
+    opt = read_optimizer_state(tmp_path / "optimizer.st")
+    assert opt["ida"]["param_order"] == ref_opt["ida"]["param_order"] and opt["state"].keys() == ref_opt["state"].keys()
+
+    assert stage_0["again"][0] == stage_0["again"][1] and stage_0["resumed_differ"] == stage_1["resumed_differ"] == []
+
+    # ida_trainer.memory counts what each stage holds: the matrix, its optimizer state on stage 0 alone, and the
+    # last stage's borrowed copy (bf16: with autocast's BF16 copy of it, held for backward)
+    count = stage_memory(tiny_config("qwen3", 256), PrecisionConfig(recipe=recipe), stages=2)
+    autocast_copy = 0 if recipe == "nvfp4" else 2 * untied.lm_head.weight.numel()
+    assert [c.weights_bytes for c in count] == [stage_0["weights"], stage_1["weights"] + autocast_copy]
+    assert [c.optimizer_bytes for c in count] == [stage_0["state"], stage_1["state"]]
+
+
 @pytest.mark.slow
 def test_fsdp_bf16_equals_single_process(tmp_path: Path) -> None:
     _spawn_two(fsdp_worker, str(tmp_path))
@@ -683,30 +832,6 @@ def test_fsdp_refuses_nvfp4_with_the_reason() -> None:
     m = tiny_model("nvfp4")
     with pytest.raises(ValueError, match="bf16 recipe only.*uint8"):
         apply_fsdp(m, DistInfo(data_parallel="fsdp"))
-
-
-def test_a_pipeline_refuses_tied_embeddings_with_the_reason(checkpoints: dict[str, Path], tmp_path: Path) -> None:
-    """A tied lm_head would be two copies on two stages, each updated on its own: the run would silently stop
-    being the model's (measured: the losses left the one-process run's at step 2). The trainer refuses it before
-    the base is loaded or its run directory made; PipelineEngine refuses such a model too."""
-    from ida_eval.loader import empty_model
-    from ida_trainer.cli import parse_args
-    from ida_trainer.trainer import Trainer
-
-    parallel = ["--pipeline-stages", "2", "--microbatches", "2"]
-    for name in ("tied", "untied"):
-        out = tmp_path / name
-        trainer = Trainer(parse_args(["--base", str(checkpoints[name]), *parallel, "--out", str(out)]))
-        if name == "untied":
-            trainer.preflight()  # passes
-            continue
-        with pytest.raises(ValueError, match=r"^--pipeline-stages: the base .*/qwen3 ties its lm_head .* fsdp"):
-            trainer.preflight()
-        assert not out.exists()
-    tied, _ = empty_model(checkpoints["tied"])
-    info = DistInfo(rank=1, world_size=2, pipeline_stages=2)
-    with pytest.raises(ValueError, match=r"^--pipeline-stages: Qwen3ForCausalLM ties its lm_head .* fsdp"):
-        PipelineEngine(tied, ParallelConfig(pipeline_stages=2, microbatches=2), info)
 
 
 def test_init_distributed_checks_the_process_count(monkeypatch: pytest.MonkeyPatch) -> None:
