@@ -171,13 +171,18 @@ def test_fsdp_memory_refuses_nvfp4_and_the_cli_prints_a_rank(capsys: pytest.Capt
 
 
 def test_the_tables_in_docs_are_the_estimates() -> None:
-    # docs/trainer_precision.md quotes both tables: each row must be what the code computes (bold aside)
+    # docs/trainer_precision.md quotes these tables: each row must be what the code computes (bold aside)
     from pathlib import Path
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "trainer_precision.md").read_text().replace("**", "")
     for recipe in ("nvfp4", "bf16"):
         for s in stage_memory(minitron_4b_config(), PrecisionConfig(recipe=recipe), stages=2):
             assert f"| {recipe} {s.row()}" in doc, s.row()
+    for stages in (1, 2):  # Qwen3-4B, nvfp4, one 4096-token row per micro-batch
+        for s in stage_memory(
+            qwen3_4b_config(), PrecisionConfig(recipe="nvfp4"), stages=stages, activations=ActivationSpec(4096)
+        ):
+            assert f"| {stages} {s.row()}" in doc, s.row()
     for ranks in (1, 2, 4, 8):
         tokens = 16 * 4096 // ranks
         est = fsdp_memory(
