@@ -142,6 +142,9 @@ def apply_recipe(model: nn.Module, precision: PrecisionConfig) -> None:
         model: a transformers causal LM (or any module tree with ``*_proj`` linears).
         precision: the recipe and its options.
 
+    A ``keep_bf16`` pattern that matches no projection is warned about (a preset's last layer on a model with
+    fewer layers would otherwise run in NVFP4 without a word).
+
     Raises:
         ValueError: unknown recipe, or the recipe was already applied.
 
@@ -167,10 +170,13 @@ def apply_recipe(model: nn.Module, precision: PrecisionConfig) -> None:
     for p in model.parameters():
         p.data = p.data.to(torch.bfloat16)
     targets = []
+    kept: set[str] = set()  # the keep_bf16 patterns that matched
     for name, mod in model.named_modules():
         if not _is_projection(name, mod):
             continue
-        if any(fnmatch.fnmatchcase(name, pat) for pat in precision.keep_bf16):
+        matched = {pat for pat in precision.keep_bf16 if fnmatch.fnmatchcase(name, pat)}
+        if matched:
+            kept |= matched
             continue
         if mod.in_features % NVFP4_BLOCK or mod.out_features % NVFP4_BLOCK:
             warnings.warn(
@@ -180,6 +186,14 @@ def apply_recipe(model: nn.Module, precision: PrecisionConfig) -> None:
             )
             continue
         targets.append(name)
+    unmatched = [pat for pat in precision.keep_bf16 if pat not in kept]
+    if unmatched:  # e.g. a preset's last layer on a model with fewer layers: that layer would run NVFP4 unsaid
+        warnings.warn(
+            f"apply_recipe: precision.keep_bf16 pattern(s) {unmatched} match no projection of this "
+            f"{type(model).__name__}; nothing is kept BF16 for them (names look like "
+            f"{next((n for n, m in model.named_modules() if _is_projection(n, m)), 'model.layers.0.mlp.up_proj')!r})",
+            stacklevel=2,
+        )
     for name in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model

@@ -197,6 +197,21 @@ def test_apply_recipe_nvfp4_keeps_patterns_and_odd_shapes_bf16() -> None:
         apply_recipe(m, PrecisionConfig(recipe="nvfp4"))
 
 
+def test_a_keep_bf16_pattern_that_matches_no_projection_is_warned_about() -> None:
+    """The minitron-4b preset keeps layer 31 BF16; on a base with fewer layers nothing would say it runs NVFP4."""
+    m = nn.Module()
+    m.layers = nn.ModuleList([nn.Module()])
+    m.layers[0].q_proj = nn.Linear(32, 32)
+    with pytest.warns(UserWarning, match=r"\['layers.31.\*'\] match no projection of this Module; .*'layers.0.q_proj'"):
+        apply_recipe(m, PrecisionConfig(recipe="nvfp4", keep_bf16=("layers.0.*", "layers.31.*")))
+    assert isinstance(m.layers[0].q_proj, nn.Linear)  # the pattern that matched still keeps its layer
+    fine = nn.Module()
+    fine.q_proj = nn.Linear(32, 32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        apply_recipe(fine, PrecisionConfig(recipe="nvfp4", keep_bf16=("q_*",)))
+
+
 def test_apply_recipe_on_meta_device_and_device_moves_keep_the_anchor_tiny() -> None:
     with torch.device("meta"):
         m = Toy()
@@ -298,7 +313,7 @@ def _snapshot(m: nn.Module) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("recipe,writeback", [("nvfp4", "stochastic"), ("nvfp4", "compensated"), ("bf16", "")])
 def test_resume_from_export_state_and_optimizer_state_is_bit_exact(recipe: str, writeback: str) -> None:
-    prec = PrecisionConfig(recipe=recipe, writeback=writeback or "stochastic", keep_bf16=("nothing",))
+    prec = PrecisionConfig(recipe=recipe, writeback=writeback or "stochastic")
     optim = (
         OptimConfig(name="lion", lr=1e-3, weight_decay=0.1)
         if recipe == "nvfp4"
