@@ -203,6 +203,8 @@ def qwen3_4b_config() -> Any:
 
 
 ARCHITECTURES = {"minitron-4b": ("Minitron-4B", minitron_4b_config), "qwen3-4b": ("Qwen3-4B", qwen3_4b_config)}
+PRESET_ARCHITECTURES = {"minitron-4b": "minitron-4b", "qwen3-4b": "qwen3-4b", "qwen3-4b-nvfp4": "qwen3-4b"}
+"""The architecture of each trainer preset but the demo (:data:`ida_trainer.cli.PRESETS`)."""
 
 
 def build_meta_model(config: Any, precision: PrecisionConfig) -> nn.Module:
@@ -460,7 +462,7 @@ TABLE_HEADER = (
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m ida_trainer.memory [--model minitron-4b|qwen3-4b] [--recipe nvfp4] [--stages 2 | --data-parallel
-    fsdp --ranks 2] [--tokens 1024]`` or ``--preset minitron-4b|qwen3-4b [--ranks 2]``: print the table."""
+    fsdp --ranks 2] [--tokens 1024]`` or ``--preset NAME [--ranks 2]`` (a trainer preset): print the table."""
     return run_main("ida_trainer.memory", _run, argv)
 
 
@@ -472,7 +474,7 @@ def _run(run: Run) -> int:
     )
     ap.add_argument(
         "--preset",
-        choices=sorted(ARCHITECTURES),
+        choices=sorted(PRESET_ARCHITECTURES),
         help="a trainer preset as configured: its architecture, recipe, parallelism and largest micro-batch "
         "(FSDP over --ranks); the flags below are then ignored",
     )
@@ -530,7 +532,7 @@ def _print_preset(preset: str, ranks: int) -> int:
     from ida_trainer.cli import preset_config
 
     job = preset_config(preset)
-    title, build = ARCHITECTURES[preset]
+    title, build = ARCHITECTURES[PRESET_ARCHITECTURES[preset]]
     fsdp = job.parallel.data_parallel == "fsdp"
     report = job_memory(build(), job, world_size=ranks)
     rows = _rows_per_microbatch(job, ranks)

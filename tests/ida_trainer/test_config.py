@@ -128,13 +128,16 @@ def test_bad_toml_names_the_file(tmp_path):
 
 
 def test_presets_describe_the_real_configurations():
-    assert set(PRESETS) == {"demo", "minitron-4b", "qwen3-4b"}
+    assert set(PRESETS) == {"demo", "minitron-4b", "qwen3-4b", "qwen3-4b-nvfp4"}
     m = parse_args(["--preset", "minitron-4b", "--base", "/models/minitron", "--data", "sft.jsonl"])
     assert m.parallel.pipeline_stages == 2 and m.model.activation_checkpointing
     assert m.precision.recipe == "nvfp4" and m.optim.name == "lion" and m.optim.lr == 1e-5
     q = parse_args(["--preset", "qwen3-4b", "--base", "/models/qwen3", "--data", "chat.jsonl"])
     assert q.parallel.data_parallel == "fsdp" and q.data.format == "chat" and q.optim.name == "adamw"
     assert q.optim.betas == ADAMW_BETAS
+    n = parse_args(["--preset", "qwen3-4b-nvfp4", "--base", "/models/qwen3", "--data", "chat.jsonl"])
+    assert n.parallel.pipeline_stages == 2 and n.data.format == "chat" and n.precision.recipe == "nvfp4"
+    assert n.precision.keep_bf16 == ("model.layers.0.*", "model.layers.35.*")  # Qwen3-4B's 36 layers
 
 
 def test_frozen_and_revalidated():

@@ -6,10 +6,11 @@ import pytest
 import torch
 from transformers import NemotronConfig, NemotronForCausalLM
 
-from ida_trainer.cli import preset_config
+from ida_trainer.cli import PRESETS, preset_config
 from ida_trainer.config import OptimConfig, PrecisionConfig
 from ida_trainer.memory import (
     GIB,
+    PRESET_ARCHITECTURES,
     ActivationSpec,
     fsdp_memory,
     job_memory,
@@ -129,6 +130,14 @@ def test_the_minitron_4b_preset_as_configured_fits_two_16gb_stages() -> None:
         assert s.total_bytes < 16 * GIB, s.row()
     # the last stage only fits because lm_head + loss run in token chunks (whole logits: 27 GiB)
     assert 4 * job.data.max_len * minitron_4b_config().vocab_size * 14 > 16 * GIB
+
+
+def test_the_qwen3_4b_nvfp4_preset_as_configured_fits_two_16gb_stages() -> None:
+    # nvfp4 over two stages, the tied lm_head borrowed by the last one; 2 rows of up to 4096 tokens per micro-batch
+    job = preset_config("qwen3-4b-nvfp4")
+    report = job_memory(qwen3_4b_config(), job)
+    assert len(report) == 2 and max(s.total_bytes for s in report) < 16 * GIB, [s.row() for s in report]
+    assert set(PRESET_ARCHITECTURES) == set(PRESETS) - {"demo"}  # every preset can be counted
 
 
 def test_the_qwen3_4b_preset_as_configured_fits_80gb_ranks_only_with_chunked_logits() -> None:
