@@ -20,12 +20,15 @@ class LaunchEnv:
         world_size: number of processes (1 without torchrun).
         local_rank: rank on this machine (the GPU index to use).
         launched: True when started by a launcher (``WORLD_SIZE`` is set), even with one process.
+        one_machine: True when every process runs on this machine (torchrun's ``LOCAL_WORLD_SIZE`` equals
+            ``WORLD_SIZE``, or a single process); False when that is unknown (a launcher that does not say).
     """
 
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
     launched: bool = False
+    one_machine: bool = True
 
     @property
     def is_main(self) -> bool:
@@ -53,4 +56,7 @@ def launch_env() -> LaunchEnv:
     world, rank, local = values["WORLD_SIZE"], values["RANK"], values["LOCAL_RANK"]
     if world < 1 or not 0 <= rank < world or local < 0:
         raise ValueError(f"RANK={rank}, WORLD_SIZE={world}, LOCAL_RANK={local}: not a valid launch (from torchrun?)")
-    return LaunchEnv(rank=rank, world_size=world, local_rank=local, launched="WORLD_SIZE" in os.environ)
+    one_machine = world == 1 or os.environ.get("LOCAL_WORLD_SIZE") == str(world)
+    return LaunchEnv(
+        rank=rank, world_size=world, local_rank=local, launched="WORLD_SIZE" in os.environ, one_machine=one_machine
+    )

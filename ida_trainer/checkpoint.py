@@ -525,20 +525,46 @@ def read_model_tensors(path: str | Path) -> dict[str, Any]:
     return out
 
 
-def load_checkpoint(path: str | Path) -> LoadedCheckpoint:
+def _optimizer_file(path: Path) -> str:
+    """The checkpoint's optimizer file: ``optimizer.st``, or an older ida's ``optimizer.pt``.
+
+    Raises:
+        ValueError: the directory is incomplete (names the missing file).
+    """
+    legacy = not (path / OPTIM_FILE).is_file() and (path / LEGACY_OPTIM_FILE).is_file()
+    optim = LEGACY_OPTIM_FILE if legacy else OPTIM_FILE
+    for name in (MODEL_FILE, optim, STATE_FILE):
+        if not (path / name).is_file():
+            raise ValueError(f"checkpoint {path} is incomplete: {name} is missing")
+    return optim
+
+
+def verify_checkpoint(path: str | Path) -> None:
+    """Check that a checkpoint directory is complete and that its model and optimizer files are the bytes
+    ``SHA256SUMS`` recorded when they were written (what :func:`load_checkpoint` checks first; a multi-GB read).
+
+    Raises:
+        ValueError: the directory is incomplete, or a file is damaged (names it).
+    """
+    path = Path(path)
+    _optimizer_file(path)
+    _verify(path, lambda n: n != STATE_FILE)
+
+
+def load_checkpoint(path: str | Path, *, verify: bool = True) -> LoadedCheckpoint:
     """Read a checkpoint directory written by :func:`save_checkpoint`.
+
+    ``verify=False`` skips :func:`verify_checkpoint`'s hashing of the model and optimizer files, for a caller that
+    has just run it (another rank on the same machine: :func:`ida_trainer.distributed.checked_once_per_machine`).
 
     Raises:
         ValueError: the directory is incomplete (names the missing file) or a file is damaged (names it): it
             cannot be read, or its bytes differ from the sha256 recorded in ``SHA256SUMS`` when it was written.
     """
     path = Path(path)
-    legacy = not (path / OPTIM_FILE).is_file() and (path / LEGACY_OPTIM_FILE).is_file()
-    optim = LEGACY_OPTIM_FILE if legacy else OPTIM_FILE
-    for name in (MODEL_FILE, optim, STATE_FILE):
-        if not (path / name).is_file():
-            raise ValueError(f"checkpoint {path} is incomplete: {name} is missing")
-    _verify(path, lambda n: n != STATE_FILE)
+    legacy = _optimizer_file(path) == LEGACY_OPTIM_FILE
+    if verify:
+        _verify(path, lambda n: n != STATE_FILE)
     trainer_state = read_trainer_state(path)  # checks its own file
     tensors = read_model_tensors(path / MODEL_FILE)  # the codec's reader names a damaged file itself
     if legacy:

@@ -588,6 +588,26 @@ class PipelineEngine:
         dist.barrier()
 
 
+def checked_once_per_machine(check: Callable[[], None]) -> bool:
+    """Run ``check`` (it raises ValueError) once for every rank of a run that is all on one machine (torchrun's
+    ``LOCAL_WORLD_SIZE`` is its ``WORLD_SIZE``): rank 0 runs it, and every rank raises its ValueError, the same
+    line, or goes on. A collective of every rank. Returns True when it ran so (the caller need not check again),
+    False when there is no process group of several ranks, or several machines (each checks its own files).
+    """
+    if not dist.is_initialized() or dist.get_world_size() == 1 or not launch_env().one_machine:
+        return False
+    problem: list[str | None] = [None]
+    if dist.get_rank() == 0:
+        try:
+            check()
+        except ValueError as exc:
+            problem[0] = str(exc)
+    dist.broadcast_object_list(problem, src=0)
+    if problem[0] is not None:
+        raise ValueError(problem[0])
+    return True
+
+
 def _rank_0s_tensors(model: nn.Module, info: DistInfo, who: str) -> tuple[bool, dict[str, torch.Tensor] | None]:
     """Whether ``model`` was built on the meta device (:func:`ida_eval.loader.empty_model`: every rank but 0 may),
     and on rank 0 its tensors by name, for :func:`ida_trainer.sharded.fill_from_rank_0`.

@@ -36,6 +36,7 @@ from ida_trainer.memory import stage_memory
 from ida_trainer.precision import apply_recipe, build_optimizer, export_state, load_state
 from ida_trainer.sharded import holds_shards
 from mxfp8_codec import MXFP8Tensor, decode_mxfp8, write_mxfp8_safetensors
+from tests.conftest import flip_bit
 from tests.torchrun import free_port
 
 pytestmark = pytest.mark.slow  # torch.distributed process groups (gloo) per test
@@ -832,6 +833,63 @@ def test_fsdp_refuses_nvfp4_with_the_reason() -> None:
     m = tiny_model("nvfp4")
     with pytest.raises(ValueError, match="bf16 recipe only.*uint8"):
         apply_fsdp(m, DistInfo(data_parallel="fsdp"))
+
+
+def verify_once_worker(rank: int, port: int, ckpt: str, out: str, local_world: str) -> None:
+    """Both ranks run the trainer's resume check (``checked_once_per_machine`` of ``verify_checkpoint``) as torchrun
+    starts them (``LOCAL_WORLD_SIZE``); each saves what it hashed and what it was told."""
+    import ida_common.checksums as checksums
+    from ida_trainer.checkpoint import verify_checkpoint
+    from ida_trainer.distributed import checked_once_per_machine
+
+    _init(rank, 2, port)
+    os.environ["LOCAL_WORLD_SIZE"] = local_world
+    hashed: list[str] = []
+    plain = checksums._hash_all
+
+    def counting(directory: Path, names: Any) -> dict[str, str]:
+        names = list(names)
+        hashed.extend(names)
+        return plain(directory, names)
+
+    checksums._hash_all = counting
+    init_distributed(ParallelConfig(data_parallel="fsdp"))
+    try:
+        try:
+            verdict: Any = checked_once_per_machine(lambda: verify_checkpoint(ckpt))
+        except ValueError as exc:
+            verdict = str(exc)
+        torch.save({"hashed": hashed, "verdict": verdict}, Path(out) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_resume_hashes_the_checkpoint_once_per_machine(tmp_path: Path) -> None:
+    """``--resume`` checks a checkpoint's ~50 GB (Qwen3-4B under FSDP2) against its SHA256SUMS: on one machine rank 0
+    reads it for every rank, and a damaged file is the same one line on every rank; across machines (torchrun's
+    LOCAL_WORLD_SIZE below WORLD_SIZE) each rank checks the copy it reads."""
+    from ida_common.checksums import write_sums
+
+    ckpt = tmp_path / "ckpt-000002"
+    ckpt.mkdir()
+    for name, size in (("model.safetensors", 3000), ("optimizer.st", 5000), ("trainer_state.json", 10)):
+        (ckpt / name).write_bytes(bytes(range(256)) * (size // 256))
+    write_sums(ckpt)
+    runs = {"one machine": "2", "two machines": "1"}
+    for what, local_world in runs.items():
+        (tmp_path / what).mkdir()
+        _spawn_two(verify_once_worker, str(ckpt), str(tmp_path / what), local_world)
+    got = {what: [torch.load(tmp_path / what / f"rank{r}.pt") for r in (0, 1)] for what in runs}
+    weights = ["model.safetensors", "optimizer.st"]  # trainer_state.json is checked as it is read
+    assert [g["hashed"] for g in got["one machine"]] == [weights, []]
+    assert [g["verdict"] for g in got["one machine"]] == [True, True]  # the caller's own load skips the hashing
+    assert [g["hashed"] for g in got["two machines"]] == [[], []]
+    assert [g["verdict"] for g in got["two machines"]] == [False, False]  # each rank's load_checkpoint hashes
+
+    flip_bit(ckpt / "optimizer.st", 4321)
+    _spawn_two(verify_once_worker, str(ckpt), str(tmp_path), "2")
+    lines = [torch.load(tmp_path / f"rank{r}.pt")["verdict"] for r in (0, 1)]
+    assert lines[0] == lines[1] and lines[0].startswith(f"{ckpt / 'optimizer.st'} is damaged (its bytes differ")
 
 
 def test_init_distributed_checks_the_process_count(monkeypatch: pytest.MonkeyPatch) -> None:
