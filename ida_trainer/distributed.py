@@ -596,15 +596,19 @@ def checked_once_per_machine(check: Callable[[], None]) -> bool:
     """
     if not dist.is_initialized() or dist.get_world_size() == 1 or not launch_env().one_machine:
         return False
-    problem: list[str | None] = [None]
+    failure: Exception | None = None
+    problem: list[tuple[bool, str] | None] = [None]  # (a ValueError?, its line): every rank raises, none waits
     if dist.get_rank() == 0:
         try:
             check()
-        except ValueError as exc:
-            problem[0] = str(exc)
+        except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks are told
+            failure, problem[0] = exc, (isinstance(exc, ValueError), str(exc))
     dist.broadcast_object_list(problem, src=0)
+    if failure is not None:
+        raise failure
     if problem[0] is not None:
-        raise ValueError(problem[0])
+        told, line = problem[0]
+        raise ValueError(line) if told else RuntimeError(f"rank 0's check failed: {line}")
     return True
 
 
