@@ -63,7 +63,7 @@ from ida_common.launch import launch_env
 from ida_trainer.checkpoint import flatten_state, unflatten_state
 from ida_trainer.engine import causal_lm_loss_sum, chunked_loss_sum, logits_are_chunked
 from ida_trainer.precision import PIPELINE_ATTR, bf16_autocast, export_state, merge_stage_states, model_recipe
-from ida_trainer.sharded import fill_from_rank_0, named_tensors, rank_0_requests
+from ida_trainer.sharded import compute_non_persistent_buffers, fill_from_rank_0, named_tensors, rank_0_requests
 from mxfp8_codec import MXFP8Tensor
 from mxfp8_codec.convert import numpy_dtype_of
 
@@ -328,7 +328,7 @@ class PipelineEngine:
         model: the full causal LM with the precision recipe applied; pruned IN PLACE to this stage
             (also available as ``engine.stage_module``; build the optimizer on it). Its weights are rank 0's
             (:func:`ida_trainer.sharded.fill_from_rank_0`): the other stages may pass it built on the meta device
-            (:func:`ida_eval.loader.empty_model`).
+            (:func:`ida_eval.loader.empty_model`). ``from_checkpoint``: every stage may, as :func:`apply_fsdp`.
         parallel: ``pipeline_stages`` (> 1) and ``microbatches`` (>= stages) per optimizer step.
         info: this rank's :class:`DistInfo` (rank = stage index).
 
@@ -356,7 +356,9 @@ class PipelineEngine:
             ...
     """
 
-    def __init__(self, model: nn.Module, parallel: ParallelConfig, info: DistInfo) -> None:
+    def __init__(
+        self, model: nn.Module, parallel: ParallelConfig, info: DistInfo, *, from_checkpoint: bool = False
+    ) -> None:
         microbatches = parallel.microbatches
         if info.pipeline_stages != parallel.pipeline_stages or info.world_size != parallel.pipeline_stages:
             raise ValueError(
@@ -379,7 +381,7 @@ class PipelineEngine:
             aliases = [n for n, p in model.named_parameters(remove_duplicate=False) if p is embed.weight and n != own]
             self.tied_names = [own, *aliases]
         recipe = model_recipe(model)
-        empty, full = _rank_0s_tensors(model, info, "PipelineEngine")
+        empty, full = _rank_0s_tensors(model, info, "PipelineEngine", from_checkpoint=from_checkpoint)
         self.info = info
         self.model = model
         self.stage_index = info.rank
@@ -401,7 +403,7 @@ class PipelineEngine:
             model.to_empty(device=info.device)
         else:
             model.to(info.device)
-        fill_from_rank_0(model, full, main=info.is_main, whole=False)
+        _fill(model, full, info, from_checkpoint=from_checkpoint, empty=empty, whole=False)
         del full
         self._borrowed: torch.Tensor | None = None  # the last stage's lm_head weight, stage 0's embedding
         if self.tied_names and self.is_last:
@@ -612,17 +614,22 @@ def checked_once_per_machine(check: Callable[[], None]) -> bool:
     return True
 
 
-def _rank_0s_tensors(model: nn.Module, info: DistInfo, who: str) -> tuple[bool, dict[str, torch.Tensor] | None]:
-    """Whether ``model`` was built on the meta device (:func:`ida_eval.loader.empty_model`: every rank but 0 may),
-    and on rank 0 its tensors by name, for :func:`ida_trainer.sharded.fill_from_rank_0`.
+def _rank_0s_tensors(
+    model: nn.Module, info: DistInfo, who: str, *, from_checkpoint: bool
+) -> tuple[bool, dict[str, torch.Tensor] | None]:
+    """Whether ``model`` was built on the meta device (:func:`ida_eval.loader.empty_model`: every rank but 0 may;
+    every rank, ``from_checkpoint``), and on rank 0 its tensors by name, for
+    :func:`ida_trainer.sharded.fill_from_rank_0` (None everywhere ``from_checkpoint``: nothing is sent).
 
     Raises:
-        ValueError: the model is partly on the meta device, or rank 0's is.
+        ValueError: the model is partly on the meta device, or rank 0's is (not ``from_checkpoint``).
     """
     tensors = [*model.parameters(), *model.buffers()]
     empty = all(t.is_meta for t in tensors)
     if not empty and any(t.is_meta for t in tensors):
         raise ValueError(f"{who}: the model is partly on the meta device; build it there whole, or load it")
+    if from_checkpoint:
+        return empty, None
     if info.is_main and empty:
         raise ValueError(f"{who}: rank 0's model is on the meta device; rank 0 holds the weights of the run")
     full = None
@@ -632,11 +639,32 @@ def _rank_0s_tensors(model: nn.Module, info: DistInfo, who: str) -> tuple[bool, 
     return empty, full
 
 
-def apply_fsdp(model: nn.Module, info: DistInfo) -> nn.Module:
+def _fill(
+    model: nn.Module,
+    full: dict[str, torch.Tensor] | None,
+    info: DistInfo,
+    *,
+    from_checkpoint: bool,
+    empty: bool,
+    whole: bool,
+) -> None:
+    """Rank 0's tensors to every rank (:func:`~ida_trainer.sharded.fill_from_rank_0`, a collective), or, for a run
+    whose weights will come from a checkpoint, the computed buffers of a model built empty."""
+    if not from_checkpoint:
+        fill_from_rank_0(model, full, main=info.is_main, whole=whole)
+    elif empty:
+        compute_non_persistent_buffers(model)
+
+
+def apply_fsdp(model: nn.Module, info: DistInfo, *, from_checkpoint: bool = False) -> nn.Module:
     """Shard ``model`` with FSDP2 ``fully_shard`` (each decoder layer, then the root); returns it.
 
     The run starts from rank 0's weights (:func:`ida_trainer.sharded.fill_from_rank_0`): the other ranks may
     pass their model on the meta device (:func:`ida_eval.loader.empty_model`), built but not loaded.
+    ``from_checkpoint``: every rank may pass it empty, and nothing is sent; the caller loads every persistent
+    tensor from a checkpoint (:func:`ida_trainer.precision.load_state`) before training (``--resume``: the base is
+    not read), and the buffers no checkpoint holds are computed
+    (:func:`ida_trainer.sharded.compute_non_persistent_buffers`).
 
     Gradients are reduced in float32 and summed across ranks (the loss is normalised by the global
     supervised-token count).  Checkpoints hold full tensors, gathered one at a time as they are written
@@ -659,7 +687,7 @@ def apply_fsdp(model: nn.Module, info: DistInfo) -> nn.Module:
     if not dist.is_initialized():
         raise ValueError("apply_fsdp: no process group; call init_distributed first (launch with torchrun)")
     base = _decoder(model)
-    empty, full = _rank_0s_tensors(model, info, "apply_fsdp")
+    empty, full = _rank_0s_tensors(model, info, "apply_fsdp", from_checkpoint=from_checkpoint)
     if not empty:
         model.to(info.device)
     policy = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)
@@ -668,7 +696,7 @@ def apply_fsdp(model: nn.Module, info: DistInfo) -> nn.Module:
     fully_shard(model, mp_policy=policy)
     if empty:
         model.to_empty(device=info.device)
-    fill_from_rank_0(model, full, main=info.is_main)
+    _fill(model, full, info, from_checkpoint=from_checkpoint, empty=empty, whole=True)
     del full
     for mod in model.modules():
         if isinstance(mod, FSDPModule):

@@ -249,6 +249,48 @@ def fill_from_rank_0(
             del buf
 
 
+def to_empty_keeping_ties(model: torch.nn.Module, device: torch.device | str) -> None:
+    """``model.to_empty(device=device)``, with tied parameters still one (``to_empty`` gives each module's
+    reference a tensor of its own: a tied ``lm_head`` would become a second matrix, trained apart)."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    model.to_empty(device=device)
+    for first, *others in names.values():
+        for name in others:
+            owner, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(owner), attr, model.get_parameter(first))
+
+
+@torch.no_grad()
+def compute_non_persistent_buffers(model: torch.nn.Module) -> None:
+    """Give a model built on the meta device and then made real (``to_empty``) the buffers no checkpoint holds,
+    in place: each transformers ``*RotaryEmbedding``'s ``inv_freq`` / ``original_inv_freq``, computed anew from
+    its config as transformers builds them. A run resumed from a checkpoint needs nothing else from its base:
+    every persistent tensor comes from the checkpoint (:func:`ida_trainer.precision.load_state`, strict).
+
+    Raises:
+        ValueError: a non-persistent buffer of another kind of module (named; nothing here computes it).
+    """
+    persistent = set(model.state_dict(keep_vars=True))
+    owners: dict[str, list[str]] = {}
+    for name, _ in model.named_buffers():
+        if name not in persistent:
+            owner, _, buffer = name.rpartition(".")
+            owners.setdefault(owner, []).append(buffer)
+    for owner, buffers in owners.items():
+        module = model.get_submodule(owner)
+        if "RotaryEmbedding" not in type(module).__name__ or not hasattr(module, "config"):
+            raise ValueError(
+                f"{owner}.{buffers[0]}: a non-persistent buffer of a {type(module).__name__}, which no checkpoint "
+                "holds and ida cannot compute (only transformers' rotary embeddings): a bug in ida, please report it"
+            )
+        with torch.device("cpu"):
+            fresh = type(module)(module.config)
+        for buffer in buffers:
+            getattr(module, buffer).copy_(getattr(fresh, buffer))
+
+
 def shard_optimizer_state(state_dict: Mapping[str, Any], param_groups: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """A full ``torch.optim.Optimizer.state_dict()`` with each state tensor of a DTensor parameter sharded as
     the parameter (matched as ``load_state_dict`` matches them: group by group, in order; ``step`` is a

@@ -127,6 +127,7 @@ class Trainer:
         self.evals: list[dict[str, Any]] = []
         self._pipeline_group: Any = None
         self._dp_size = 1
+        self._from_checkpoint = False  # --resume: every tensor comes from the checkpoint, the base is not read
         self.num_params = 0
 
     # ---------------------------------------------------------------------------------------------
@@ -142,11 +143,13 @@ class Trainer:
 
     @property
     def _built_empty(self) -> bool:
-        """A parallel run's rank other than 0: its model is built on the meta device and gets rank 0's weights
-        when it is sharded or pruned to its stage (:func:`ida_trainer.distributed.apply_fsdp`, ``PipelineEngine``),
-        so a machine holds one host copy of the base."""
+        """Whether this rank builds its model on the meta device: a parallel run's ranks other than 0 get rank 0's
+        weights when it is sharded or pruned to its stage (:func:`ida_trainer.distributed.apply_fsdp`,
+        ``PipelineEngine``), so a machine holds one host copy of the base; and every rank of a resumed run, whose
+        tensors all come from the checkpoint (the base's weights are not read)."""
         parallel = self.cfg.parallel
-        return (parallel.data_parallel == "fsdp" or parallel.pipeline_stages > 1) and not self.is_main
+        distributed = parallel.data_parallel == "fsdp" or parallel.pipeline_stages > 1
+        return self._from_checkpoint or (distributed and not self.is_main)
 
     def _load_model_and_tokenizer(self, resume_dir: Path | None) -> None:
         cfg = self.cfg
@@ -169,9 +172,8 @@ class Trainer:
         dtype = torch.bfloat16 if cfg.precision.recipe == "nvfp4" else torch.float32
         if self._built_empty:
             self.model, self.tokenizer = empty_model(cfg.model.base, dtype=dtype)
-        else:
-            # a base that ida wrote lists its files' sha256 (a resume checks the checkpoint's own list instead)
-            self.model, self.tokenizer = load_model(cfg.model.base, dtype=dtype, check_sums=resume_dir is None)
+        else:  # a base that ida wrote lists its files' sha256, checked first
+            self.model, self.tokenizer = load_model(cfg.model.base, dtype=dtype)
         if resume_dir is not None:
             from transformers import AutoTokenizer
 
@@ -249,6 +251,7 @@ class Trainer:
                     stacklevel=2,
                 )
         _seed_everything(cfg.train.seed)
+        self._from_checkpoint = resume_dir is not None
         self._load_model_and_tokenizer(resume_dir)
         self._warn_if_it_will_not_fit()
         examples, self.data_stats = load_examples(cfg.data, self.tokenizer, path=self._data_path())
@@ -273,7 +276,13 @@ class Trainer:
             self.engine, dp_rank, dp_size = self._distributed_engine()
             opt_model = getattr(self.engine, "stage_module", None) or self.model
         else:
-            self.model.to(self.device)
+            if self._from_checkpoint:  # built empty: the checkpoint fills every persistent tensor in _resume
+                from ida_trainer.sharded import compute_non_persistent_buffers, to_empty_keeping_ties
+
+                to_empty_keeping_ties(self.model, self.device)
+                compute_non_persistent_buffers(self.model)
+            else:
+                self.model.to(self.device)
             self.engine = LocalEngine(self.model, device=self.device)
             opt_model = self.model
         self.optimizer = build_optimizer(opt_model, cfg.optim, cfg.precision)
@@ -311,10 +320,12 @@ class Trainer:
             self.rank = int(getattr(self.dist, "rank", 0))
             self.is_main = self.rank == 0
         if cfg.parallel.pipeline_stages > 1:
-            engine = distributed.PipelineEngine(self.model, cfg.parallel, self.dist)
+            engine = distributed.PipelineEngine(
+                self.model, cfg.parallel, self.dist, from_checkpoint=self._from_checkpoint
+            )
             self._pipeline_group = getattr(engine, "group", None)
             return engine, 0, 1
-        distributed.apply_fsdp(self.model, self.dist)
+        distributed.apply_fsdp(self.model, self.dist, from_checkpoint=self._from_checkpoint)
         self.device = getattr(self.dist, "device", self.device)
         return LocalEngine(self.model, device=self.device), int(self.dist.rank), int(self.dist.world_size)
 
