@@ -665,7 +665,7 @@ def _checkpoint_for(
     function that loads the model on first need (:func:`_lazy_model`)."""
     check_checkpoint_dir(checkpoint_dir, "--checkpoint")
     pass_at_ks(settings["pass_at"], settings["samples_per_task"])  # bad --pass-at before hashing or loading
-    info = describe_checkpoint(checkpoint_dir)
+    info = settings["ranks"].once_per_machine(lambda: describe_checkpoint(checkpoint_dir))  # hashed once per machine
     device_map = _device_map_for(device, device_map, settings["ranks"])
     return info, _lazy_model(checkpoint_dir, info, dtype, device_map, settings["progress"], weights)
 

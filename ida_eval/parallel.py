@@ -20,12 +20,14 @@ language's programs while the others wait.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ida_common.launch import LaunchEnv, launch_env
 
+T = TypeVar("T")
 RANK_WAIT = datetime.timedelta(days=2)  # gloo timeout: a barrier waits this long for rank 0's execution
 SHARD_GLOB = "samples.rank*.jsonl"
 
@@ -69,6 +71,35 @@ class Ranks:
         out: list[Any] = [None] * self.world_size
         dist.all_gather_object(out, obj)
         return out
+
+    def once_per_machine(self, work: Callable[[], T]) -> T:
+        """``work()`` done once for every rank of a launch that is all on this machine (reading files that every
+        rank would read alike: hashing a checkpoint, tens of GB for a 4B model's training state): rank 0 does it
+        and every rank returns its result (it must pickle), or raises its ValueError, the same one. A collective.
+        Each rank does it itself in one process, or across machines (each reads its own copy of the files).
+        """
+        if self.world_size == 1 or not self.env.one_machine:
+            return work()
+        import torch.distributed as dist
+
+        failure: Exception | None = None
+        box: list[Any] = [None]  # ("done", result) | ("refused", a ValueError) | ("failed", its line)
+        if self.is_main:
+            try:
+                box[0] = ("done", work())
+            except ValueError as exc:
+                failure, box[0] = exc, ("refused", exc)
+            except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks are told
+                failure, box[0] = exc, ("failed", f"{type(exc).__name__}: {exc}")
+        dist.broadcast_object_list(box, src=0)
+        if failure is not None:
+            raise failure
+        what, value = box[0]
+        if what == "refused":
+            raise value
+        if what == "failed":
+            raise RuntimeError(f"rank 0 failed: {value}")
+        return value
 
 
 ONE_PROCESS = Ranks(LaunchEnv())  # the default of the harness's functions: no other rank takes part

@@ -555,7 +555,7 @@ def load_checkpoint(path: str | Path, *, verify: bool = True) -> LoadedCheckpoin
     """Read a checkpoint directory written by :func:`save_checkpoint`.
 
     ``verify=False`` skips :func:`verify_checkpoint`'s hashing of the model and optimizer files, for a caller that
-    has just run it (another rank on the same machine: :func:`ida_trainer.distributed.checked_once_per_machine`).
+    has just run it (or had rank 0 run it for the machine: :meth:`ida_eval.parallel.Ranks.once_per_machine`).
 
     Raises:
         ValueError: the directory is incomplete (names the missing file) or a file is damaged (names it): it

@@ -590,30 +590,6 @@ class PipelineEngine:
         dist.barrier()
 
 
-def checked_once_per_machine(check: Callable[[], None]) -> bool:
-    """Run ``check`` (it raises ValueError) once for every rank of a run that is all on one machine (torchrun's
-    ``LOCAL_WORLD_SIZE`` is its ``WORLD_SIZE``): rank 0 runs it, and every rank raises its ValueError, the same
-    line, or goes on. A collective of every rank. Returns True when it ran so (the caller need not check again),
-    False when there is no process group of several ranks, or several machines (each checks its own files).
-    """
-    if not dist.is_initialized() or dist.get_world_size() == 1 or not launch_env().one_machine:
-        return False
-    failure: Exception | None = None
-    problem: list[tuple[bool, str] | None] = [None]  # (a ValueError?, its line): every rank raises, none waits
-    if dist.get_rank() == 0:
-        try:
-            check()
-        except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks are told
-            failure, problem[0] = exc, (isinstance(exc, ValueError), str(exc))
-    dist.broadcast_object_list(problem, src=0)
-    if failure is not None:
-        raise failure
-    if problem[0] is not None:
-        told, line = problem[0]
-        raise ValueError(line) if told else RuntimeError(f"rank 0's check failed: {line}")
-    return True
-
-
 def _rank_0s_tensors(
     model: nn.Module, info: DistInfo, who: str, *, from_checkpoint: bool
 ) -> tuple[bool, dict[str, torch.Tensor] | None]:

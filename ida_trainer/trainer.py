@@ -330,12 +330,13 @@ class Trainer:
         return LocalEngine(self.model, device=self.device), int(self.dist.rank), int(self.dist.world_size)
 
     def _resume(self, path: Path) -> None:
-        from ida_trainer.distributed import checked_once_per_machine
+        from ida_common.launch import launch_env
+        from ida_eval.parallel import Ranks
         from ida_trainer.precision import load_state
 
-        # the files' hashes are read once per machine, not once per rank (Qwen3-4B's FSDP checkpoint: ~50 GB)
-        checked = checked_once_per_machine(lambda: ckpt.verify_checkpoint(path))
-        loaded = ckpt.load_checkpoint(path, verify=not checked)
+        # the files are hashed once per machine, not once per rank (Qwen3-4B's FSDP checkpoint: ~50 GB)
+        Ranks(launch_env()).once_per_machine(lambda: ckpt.verify_checkpoint(path))
+        loaded = ckpt.load_checkpoint(path, verify=False)
         state = loaded.trainer_state
         ckpt.check_resume_state(path, state)
         exact = (  # checkpoints of an older ida record only the full digest

@@ -836,11 +836,12 @@ def test_fsdp_refuses_nvfp4_with_the_reason() -> None:
 
 
 def verify_once_worker(rank: int, port: int, ckpt: str, out: str, local_world: str) -> None:
-    """Both ranks run the trainer's resume check (``checked_once_per_machine`` of ``verify_checkpoint``) as torchrun
+    """Both ranks run the trainer's resume check (``Ranks.once_per_machine`` of ``verify_checkpoint``) as torchrun
     starts them (``LOCAL_WORLD_SIZE``); each saves what it hashed and what it was told."""
     import ida_common.checksums as checksums
+    from ida_common.launch import launch_env
+    from ida_eval.parallel import Ranks
     from ida_trainer.checkpoint import verify_checkpoint
-    from ida_trainer.distributed import checked_once_per_machine
 
     _init(rank, 2, port)
     os.environ["LOCAL_WORLD_SIZE"] = local_world
@@ -856,7 +857,7 @@ def verify_once_worker(rank: int, port: int, ckpt: str, out: str, local_world: s
     init_distributed(ParallelConfig(data_parallel="fsdp"))
     try:
         try:
-            verdict: Any = checked_once_per_machine(lambda: verify_checkpoint(ckpt))
+            verdict: Any = Ranks(launch_env()).once_per_machine(lambda: verify_checkpoint(ckpt))
         except ValueError as exc:
             verdict = str(exc)
         torch.save({"hashed": hashed, "verdict": verdict}, Path(out) / f"rank{rank}.pt")
@@ -866,7 +867,8 @@ def verify_once_worker(rank: int, port: int, ckpt: str, out: str, local_world: s
 
 def test_a_resume_hashes_the_checkpoint_once_per_machine(tmp_path: Path) -> None:
     """``--resume`` checks a checkpoint's ~50 GB (Qwen3-4B under FSDP2) against its SHA256SUMS: on one machine rank 0
-    reads it for every rank, and a damaged file is the same one line on every rank; across machines (torchrun's
+    reads it for every rank (ida_eval.parallel.Ranks.once_per_machine, which ida_eval.mbxp's describe_checkpoint
+    goes through too), and a damaged file is the same one line on every rank; across machines (torchrun's
     LOCAL_WORLD_SIZE below WORLD_SIZE) each rank checks the copy it reads."""
     from ida_common.checksums import write_sums
 
@@ -882,9 +884,8 @@ def test_a_resume_hashes_the_checkpoint_once_per_machine(tmp_path: Path) -> None
     got = {what: [torch.load(tmp_path / what / f"rank{r}.pt") for r in (0, 1)] for what in runs}
     weights = ["model.safetensors", "optimizer.st"]  # trainer_state.json is checked as it is read
     assert [g["hashed"] for g in got["one machine"]] == [weights, []]
-    assert [g["verdict"] for g in got["one machine"]] == [True, True]  # the caller's own load skips the hashing
-    assert [g["hashed"] for g in got["two machines"]] == [[], []]
-    assert [g["verdict"] for g in got["two machines"]] == [False, False]  # each rank's load_checkpoint hashes
+    assert [g["hashed"] for g in got["two machines"]] == [weights, weights]  # each rank its own copy
+    assert all(g["verdict"] is None for run in got.values() for g in run)  # verify_checkpoint's None, everywhere
 
     flip_bit(ckpt / "optimizer.st", 4321)
     _spawn_two(verify_once_worker, str(ckpt), str(tmp_path), "2")
