@@ -31,7 +31,7 @@ from ida_trainer.checkpoint import (
 )
 from ida_trainer.config import OptimConfig, ParallelConfig, PrecisionConfig
 from ida_trainer.distributed import DistInfo, PipelineEngine, apply_fsdp, init_distributed, split_layers
-from ida_trainer.engine import LocalEngine, grad_norm_and_clip
+from ida_trainer.engine import LOGITS_CHUNK_ENTRIES, LocalEngine, grad_norm_and_clip
 from ida_trainer.memory import stage_memory
 from ida_trainer.precision import apply_recipe, build_optimizer, export_state, load_state
 from ida_trainer.sharded import holds_shards
@@ -577,8 +577,12 @@ def _as_float(v: MXFP8Tensor | torch.Tensor) -> torch.Tensor:
     )
 
 
-def tied_pipeline_worker(rank: int, port: int, recipe: str, out: str) -> None:
-    """STEPS steps of :func:`tiny_tied_model` over 2 stages, a checkpoint, and one more step from it and on."""
+def tied_pipeline_worker(rank: int, port: int, recipe: str, out: str, chunk_entries: int) -> None:
+    """STEPS steps of :func:`tiny_tied_model` over 2 stages, a checkpoint, and one more step from it and on, with
+    lm_head + loss in chunks above ``chunk_entries`` logits."""
+    import ida_trainer.engine
+
+    ida_trainer.engine.LOGITS_CHUNK_ENTRIES = chunk_entries
     _init(rank, 2, port)
     parallel = ParallelConfig(pipeline_stages=2, microbatches=MICROBATCHES)
     info = init_distributed(parallel)
@@ -646,16 +650,26 @@ def tied_pipeline_worker(rank: int, port: int, recipe: str, out: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["nvfp4", "bf16"])
-def test_a_pipeline_trains_a_tied_lm_head_as_one_matrix(recipe: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "recipe,chunk_entries",
+    [("nvfp4", LOGITS_CHUNK_ENTRIES), ("bf16", LOGITS_CHUNK_ENTRIES), ("nvfp4", 2**12)],
+    ids=["nvfp4", "bf16", "nvfp4-chunked"],
+)
+def test_a_pipeline_trains_a_tied_lm_head_as_one_matrix(
+    recipe: str, chunk_entries: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Qwen3 ties lm_head to its input embedding. Stage 0 holds that matrix; the last stage borrows it each step
     and returns its gradient, so one matrix is clipped and updated once (until 2026-12-07 each stage trained a
     copy: the losses left one process's at step 2). The summed gradient is exactly the embedding's plus lm_head's
     (measured apart on an untied copy in one process), so the run is one process's to rounding (one process sums
-    the two per micro-batch); its checkpoint is one process's, and resumes exactly."""
+    the two per micro-batch); its checkpoint is one process's, and resumes exactly. Also where lm_head + loss run
+    in recomputed chunks, as Qwen3-4B's 151936-word vocabulary makes them (here: 2 chunks per micro-batch, in
+    both engines)."""
+    import ida_trainer.engine
     from tests.ida_eval.support import tiny_config
 
-    _spawn_two(tied_pipeline_worker, recipe, str(tmp_path))
+    monkeypatch.setattr(ida_trainer.engine, "LOGITS_CHUNK_ENTRIES", chunk_entries)
+    _spawn_two(tied_pipeline_worker, recipe, str(tmp_path), chunk_entries)
     got = torch.load(tmp_path / "tied.pt", weights_only=False)
     ref_losses, ref_state, ref_opt = single_process_run(recipe, tied=True)
 
