@@ -8,6 +8,7 @@ import os
 import warnings
 from contextlib import nullcontext
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -849,9 +850,9 @@ def test_fsdp_refuses_nvfp4_with_the_reason() -> None:
         apply_fsdp(m, DistInfo(data_parallel="fsdp"))
 
 
-def verify_once_worker(rank: int, port: int, ckpt: str, out: str, local_world: str) -> None:
-    """Both ranks run the trainer's resume check (``Ranks.once_per_machine`` of ``verify_checkpoint``) as torchrun
-    starts them (``LOCAL_WORLD_SIZE``); each saves what it hashed and what it was told."""
+def verify_once_worker(rank: int, port: int, ckpts: list[str], out: str, local_world: str) -> None:
+    """Both ranks run the trainer's resume check (``Ranks.once_per_machine`` of ``verify_checkpoint``) of each of
+    ``ckpts`` as torchrun starts them (``LOCAL_WORLD_SIZE``); each saves what it hashed and what it was told."""
     import ida_common.checksums as checksums
     from ida_common.launch import launch_env
     from ida_eval.parallel import Ranks
@@ -870,11 +871,15 @@ def verify_once_worker(rank: int, port: int, ckpt: str, out: str, local_world: s
     checksums._hash_all = counting
     init_distributed(ParallelConfig(data_parallel="fsdp"))
     try:
-        try:
-            verdict: Any = Ranks(launch_env()).once_per_machine(lambda: verify_checkpoint(ckpt))
-        except ValueError as exc:
-            verdict = str(exc)
-        torch.save({"hashed": hashed, "verdict": verdict}, Path(out) / f"rank{rank}.pt")
+        seen = []
+        for ckpt in ckpts:
+            hashed.clear()
+            try:
+                verdict: Any = Ranks(launch_env()).once_per_machine(partial(verify_checkpoint, ckpt))
+            except ValueError as exc:
+                verdict = str(exc)
+            seen.append({"hashed": list(hashed), "verdict": verdict})
+        torch.save(seen, Path(out) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -886,25 +891,25 @@ def test_a_resume_hashes_the_checkpoint_once_per_machine(tmp_path: Path) -> None
     LOCAL_WORLD_SIZE below WORLD_SIZE) each rank checks the copy it reads."""
     from ida_common.checksums import write_sums
 
-    ckpt = tmp_path / "ckpt-000002"
-    ckpt.mkdir()
-    for name, size in (("model.safetensors", 3000), ("optimizer.st", 5000), ("trainer_state.json", 10)):
-        (ckpt / name).write_bytes(bytes(range(256)) * (size // 256))
-    write_sums(ckpt)
+    good, damaged = tmp_path / "good" / "ckpt-000002", tmp_path / "damaged" / "ckpt-000002"
+    for ckpt in (good, damaged):
+        ckpt.mkdir(parents=True)
+        for name, size in (("model.safetensors", 3000), ("optimizer.st", 5000), ("trainer_state.json", 10)):
+            (ckpt / name).write_bytes(bytes(range(256)) * (size // 256))
+        write_sums(ckpt)
+    flip_bit(damaged / "optimizer.st", 4321)
     runs = {"one machine": "2", "two machines": "1"}
     for what, local_world in runs.items():
         (tmp_path / what).mkdir()
-        _spawn_two(verify_once_worker, str(ckpt), str(tmp_path / what), local_world)
+        _spawn_two(verify_once_worker, [str(good), str(damaged)], str(tmp_path / what), local_world)
     got = {what: [torch.load(tmp_path / what / f"rank{r}.pt") for r in (0, 1)] for what in runs}
     weights = ["model.safetensors", "optimizer.st"]  # trainer_state.json is checked as it is read
-    assert [g["hashed"] for g in got["one machine"]] == [weights, []]
-    assert [g["hashed"] for g in got["two machines"]] == [weights, weights]  # each rank its own copy
-    assert all(g["verdict"] is None for run in got.values() for g in run)  # verify_checkpoint's None, everywhere
-
-    flip_bit(ckpt / "optimizer.st", 4321)
-    _spawn_two(verify_once_worker, str(ckpt), str(tmp_path), "2")
-    lines = [torch.load(tmp_path / f"rank{r}.pt")["verdict"] for r in (0, 1)]
-    assert lines[0] == lines[1] and lines[0].startswith(f"{ckpt / 'optimizer.st'} is damaged (its bytes differ")
+    assert [g[0]["hashed"] for g in got["one machine"]] == [weights, []]
+    assert [g[0]["hashed"] for g in got["two machines"]] == [weights, weights]  # each rank its own copy
+    assert all(g[0]["verdict"] is None for run in got.values() for g in run)  # verify_checkpoint's None, everywhere
+    for run in got.values():  # the damaged file: the same line on every rank
+        lines = [g[1]["verdict"] for g in run]
+        assert lines[0] == lines[1] and lines[0].startswith(f"{damaged / 'optimizer.st'} is damaged (its bytes")
 
 
 def test_init_distributed_checks_the_process_count(monkeypatch: pytest.MonkeyPatch) -> None:
