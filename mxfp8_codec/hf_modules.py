@@ -35,6 +35,7 @@ from torch import nn
 from ida_common.cli import error_line
 from mxfp8_codec.errors import MXFP8Error
 from mxfp8_codec.numerics import decode_mxfp8, decode_mxfp8_split
+from mxfp8_codec.reader import pread_into
 
 __all__ = [
     "DECODE_BACKENDS",
@@ -520,7 +521,7 @@ class FileRows:
         """Read ``rows`` into ``out`` (uint8 ``[len(rows), row_bytes]``)."""
         assert self.fd is not None
         for i, row in enumerate(rows):
-            got = os.preadv(self.fd, [out[i]], self.offset + row * self.row_bytes)
+            got = pread_into(self.fd, memoryview(out[i]), self.offset + row * self.row_bytes)
             if got != self.row_bytes:
                 raise MXFP8Error(
                     f"{self.path}: tensor {self.name!r}: row {row} is cut short ({got} of {self.row_bytes} bytes; "

@@ -1,7 +1,8 @@
 """Reading MXFP8 safetensors checkpoints: validated, memory-mapped, one decoded tensor at a time.
 
 The header is parsed and validated by :mod:`mxfp8_codec.header` with bounded reads; the data section
-is memory-mapped read-only and each stored entry is a zero-copy numpy view at its offset. Decoding a
+is memory-mapped read-only and each stored entry is a zero-copy numpy view at its offset. Undecoded copies
+(``get_raw``, ``get`` of a tensor kept as stored) are read with positional reads instead, past the map. Decoding a
 tensor therefore allocates only its output (plus the decoder's fixed chunk working set), and the
 streaming reader holds one decoded tensor beyond what the caller keeps -- a 4B-parameter checkpoint
 is loaded with about one model plus one tensor of host memory.
@@ -50,6 +51,18 @@ SINGLE_FILE = "model.safetensors"  # transformers' single-file checkpoint name
 INDEX_FILE = "model.safetensors.index.json"  # transformers' shard index name
 MAX_INDEX_BYTES = 64 * 1024 * 1024  # 64 MiB: a shard index larger than this is not an index
 SCAN_CHUNK = 1 << 20  # 1 Mi elements per chunk when scanning values (bounded temporaries)
+
+
+def pread_into(fd: int, buf: memoryview, offset: int) -> int:
+    """Fill ``buf`` from ``fd`` at ``offset`` with positional reads (``os.preadv``, looped: one read returns at
+    most ~2 GiB); returns the bytes read, fewer than ``len(buf)`` only where the file ends first."""
+    done = 0
+    while done < len(buf):
+        got = os.preadv(fd, [buf[done:]], offset + done)
+        if got == 0:
+            break
+        done += got
+    return done
 
 
 def _decode_to(payload: np.ndarray, scales: np.ndarray, dt: np.dtype) -> np.ndarray:
@@ -151,6 +164,24 @@ class MXFP8Reader:
         arr = np.frombuffer(self._mm, dtype=dt, count=e.numel, offset=self.header.data_start + e.begin)
         return arr.reshape(e.shape)
 
+    def _copy(self, e: TensorEntry) -> np.ndarray:
+        """One stored entry in a new array that owns its memory, read with positional reads where the platform
+        has them: the file's pages never join this process's resident set (a copy through the map holds the
+        tensor twice at its peak), and a file cut short since it was opened is an error, not a SIGBUS."""
+        if self._file is None:
+            raise MXFP8Error(f"{self.path}: reader is closed")
+        if not hasattr(os, "preadv"):
+            return self._view(e).copy()
+        out = np.empty(e.shape, DTYPES[e.dtype])
+        start = self.header.data_start + e.begin
+        got = pread_into(self._file.fileno(), memoryview(out.reshape(-1).view(np.uint8)), start)
+        if got != e.nbytes:
+            raise MXFP8Error(
+                f"{self.path}: tensor {e.name!r}: the file ends {e.nbytes - got} bytes before its end "
+                "(was it truncated or rewritten in place since it was opened?)"
+            )
+        return out
+
     def tensor_bytes(self, name: str) -> memoryview:
         """Raw bytes of one stored entry (``NAME`` or ``NAME.scale``), zero-copy and read-only."""
         if name not in self.header.entries:
@@ -218,8 +249,8 @@ class MXFP8Reader:
         e = self._entry(name)
         if name in self._quantized:
             s = self.header.entries[name + SCALE_SUFFIX]
-            return MXFP8Tensor(self._view(e).view(np.uint8).copy(), self._view(s).view(np.uint8).copy())
-        return self._view(e).copy()
+            return MXFP8Tensor(self._copy(e).view(np.uint8), self._copy(s).view(np.uint8))
+        return self._copy(e)
 
     def get(self, name: str, *, framework: str = "np", dtype: Any = None) -> Any:
         """One tensor, decoded.
@@ -243,7 +274,7 @@ class MXFP8Reader:
         elif e.dtype in FLOAT_DTYPES and target is not None:
             out = self._view(e).astype(target)
         else:
-            out = self._view(e).copy()
+            out = self._copy(e)
         return numpy_to_torch(out) if framework == "pt" else out
 
     def __iter__(self) -> Iterator[tuple[str, np.ndarray]]:

@@ -487,6 +487,46 @@ def test_release_pages_unmaps_a_tensors_file_pages(tmp_path: Path) -> None:
         r.release_pages("l0.o_proj.weight")
 
 
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs /proc/self/smaps (Linux)")
+def test_copies_are_read_past_the_map(tmp_path: Path) -> None:
+    """``get_raw`` and an undecoded ``get`` read with positional reads: none of the file's pages join the
+    process's resident set (a copy through the map held each tensor twice at its peak); the bytes are the map's."""
+    path = tmp_path / "m.safetensors"
+    rng = np.random.default_rng(0)
+    tensors = {
+        "l0.o_proj.weight": rng.standard_normal((1024, 1024)).astype(np.float32),
+        "norm.weight": rng.standard_normal((256, 1024)).astype(ml_dtypes.bfloat16),
+    }
+    write_mxfp8_safetensors(path, tensors)
+    with open_mxfp8(path) as r:
+        raw, plain = r.get_raw("l0.o_proj.weight"), r.get("norm.weight")
+        assert _mapped_rss_kib(path) == 0
+        payload, scales = r.raw_view("l0.o_proj.weight")
+        assert np.array_equal(raw.payload, payload) and np.array_equal(raw.scales, scales)
+        assert not np.shares_memory(raw.payload, payload) and not np.shares_memory(plain, r.raw_view("norm.weight"))
+        assert plain.dtype == ml_dtypes.bfloat16 and np.array_equal(
+            plain.view(np.uint16), tensors["norm.weight"].view(np.uint16)
+        )
+
+
+def test_a_file_cut_short_after_opening_is_an_error_not_a_crash(tmp_path: Path) -> None:
+    """A file truncated under an open reader: a copy of a tensor past the new end names the file and the tensor
+    (read through the map, it was a SIGBUS that killed the process)."""
+    path = tmp_path / "m.safetensors"
+    write_mxfp8_safetensors(
+        path, {"l0.o_proj.weight": np.ones((64, 64), np.float32), "norm.weight": np.ones(4096, np.float32)}
+    )
+    with open_mxfp8(path) as r:
+        os.truncate(path, r.file_offset("norm.weight") + 100)
+        with pytest.raises(
+            MXFP8Error, match=r"m.safetensors: tensor 'norm.weight': the file ends \d+ bytes before its end"
+        ):
+            r.get("norm.weight")
+        os.truncate(path, r.file_offset("l0.o_proj.weight") + 10)
+        with pytest.raises(MXFP8Error, match=r"tensor 'l0.o_proj.weight': the file ends 4086 bytes before its end"):
+            r.get_raw("l0.o_proj.weight")
+
+
 def _resident_pages(view: memoryview) -> tuple[int, int]:
     """(pages of ``view`` in the page cache, pages ``view`` spans), for a view of a file mapping."""
     import ctypes
