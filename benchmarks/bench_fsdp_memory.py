@@ -102,9 +102,9 @@ def _save_and_reload(model: torch.nn.Module, opt: torch.optim.Optimizer, info: A
     if baseline:
         _, base_s, base_gpu, base_host = measured(True)
     # every rank, as --resume: the checkpoint read back (checked against its SHA256SUMS), its own shards cut
-    loaded = ckpt.load_checkpoint(root / "streamed" / ckpt.checkpoint_name(1))
+    with ckpt.load_checkpoint(root / "streamed" / ckpt.checkpoint_name(1)) as loaded:
+        saved = ckpt.flatten_state(loaded.optimizer_state)[1]
     mine = ckpt.flatten_state(opt.state_dict())[1]
-    saved = ckpt.flatten_state(loaded.optimizer_state)[1]
 
     def same(n: str, t: torch.Tensor) -> bool:
         if isinstance(t, DTensor):  # the slice this rank would load on --resume, against the one it holds

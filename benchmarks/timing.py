@@ -1,5 +1,6 @@
 """The measuring loops the benchmarks share: :func:`samples` (one warm-up call, then wall-clock seconds per
-call) and :func:`rss_growth_during` (how much a call grew the process's resident memory).
+call), :func:`rss_growth_during` (how much a call grew the process's resident memory, sampled) and
+:func:`peak_rss_growth` (the same from the kernel's high-water mark: exact, for a process of its own).
 
 Each script reads the samples as it reports them (the minimum, the median or both); the scripts import it
 as a sibling (their own directory is on ``sys.path`` when they run).
@@ -47,3 +48,22 @@ def rss_growth_during(fn: Callable[[], Any]) -> tuple[Any, int]:
         stop.set()
         thread.join()
     return out, max(peak[0], _rss()) - before
+
+
+def _hwm() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
+def peak_rss_growth(fn: Callable[[], Any]) -> tuple[Any, int]:
+    """``fn()`` and how far this process's peak RSS over it rose above its RSS before it, in bytes: the kernel's
+    high-water mark (``VmHWM``), reset first (``/proc/self/clear_refs``), so no peak is missed between samples.
+    Where the reset is not allowed, :func:`rss_growth_during`."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # VmHWM := the RSS now
+    except OSError:
+        return rss_growth_during(fn)
+    before = _rss()
+    out = fn()
+    return out, _hwm() - before

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
+from torch.distributed.tensor import DTensor
 
 import nvfp4_cuda
 from ida_trainer.nvfp4_linear import NVFP4_BLOCK, NVFP4Linear, NVFP4LinearFunction, nvfp4_modules, tensor_id
@@ -289,41 +290,48 @@ def load_state(model: nn.Module, tensors: Mapping[str, MXFP8Tensor | torch.Tenso
             f"load_state: checkpoint does not match the model: missing {missing[:8]}{more_m}, "
             f"unexpected {extra[:8]}{more_e}"
         )
+    # one tensor at a time, each let go before the next is looked up (a checkpoint's are read from the file then)
     for name, mod in modules.items():
-        key = f"{name}.weight"
-        value = tensors[key]
-        if isinstance(value, MXFP8Tensor):
-            payload, scales = (torch.as_tensor(v) for v in value)
-            if tuple(payload.shape) != tuple(mod.weight_payload.shape) or tuple(scales.shape) != tuple(
-                mod.weight_scales.shape
-            ):
-                raise ValueError(
-                    f"load_state: {key}: MXFP8 payload {list(payload.shape)} / scales "
-                    f"{list(scales.shape)}, expected {list(mod.weight_payload.shape)} / "
-                    f"{list(mod.weight_scales.shape)} ([in, out] orientation)"
-                )
-            mod.weight_payload.copy_(payload)
-            mod.weight_scales.copy_(scales)
-        else:
-            w = _as_float(value, key)
-            if tuple(w.shape) != (mod.in_features, mod.out_features):
-                raise ValueError(
-                    f"load_state: {key}: shape {list(w.shape)}, expected "
-                    f"{[mod.in_features, mod.out_features]} ([in, out] orientation)"
-                )
-            mod.set_weight_(w.t())
+        _load_nvfp4_weight(mod, f"{name}.weight", tensors[f"{name}.weight"])
     for key, target in sd.items():
-        if key in owned:
-            continue
-        value = (
-            _as_float(tensors[key], key)
-            if (isinstance(tensors[key], MXFP8Tensor) or target.is_floating_point())
-            else torch.as_tensor(tensors[key])
+        if key not in owned:
+            _load_entry(target, key, tensors[key])
+
+
+def _load_nvfp4_weight(mod: NVFP4Linear, key: str, value: MXFP8Tensor | torch.Tensor) -> None:
+    if isinstance(value, MXFP8Tensor):
+        payload, scales = (torch.as_tensor(v) for v in value)
+        if tuple(payload.shape) != tuple(mod.weight_payload.shape) or tuple(scales.shape) != tuple(
+            mod.weight_scales.shape
+        ):
+            raise ValueError(
+                f"load_state: {key}: MXFP8 payload {list(payload.shape)} / scales "
+                f"{list(scales.shape)}, expected {list(mod.weight_payload.shape)} / "
+                f"{list(mod.weight_scales.shape)} ([in, out] orientation)"
+            )
+        mod.weight_payload.copy_(payload)
+        mod.weight_scales.copy_(scales)
+        return
+    w = _as_float(value, key)
+    if tuple(w.shape) != (mod.in_features, mod.out_features):
+        raise ValueError(
+            f"load_state: {key}: shape {list(w.shape)}, expected "
+            f"{[mod.in_features, mod.out_features]} ([in, out] orientation)"
         )
-        value = EXPORT_LAYOUT.to_transformers(key, value)
-        if tuple(value.shape) != tuple(target.shape):
-            raise ValueError(f"load_state: {key}: shape {list(value.shape)}, expected {list(target.shape)}")
-        target.copy_(shard_like(value, target))  # an FSDP2 shard: this rank's slice
+    mod.set_weight_(w.t())
+
+
+def _load_entry(target: torch.Tensor, key: str, value: MXFP8Tensor | torch.Tensor) -> None:
+    value = (
+        _as_float(value, key)
+        if (isinstance(value, MXFP8Tensor) or target.is_floating_point())
+        else torch.as_tensor(value)
+    )
+    value = EXPORT_LAYOUT.to_transformers(key, value)
+    if tuple(value.shape) != tuple(target.shape):
+        raise ValueError(f"load_state: {key}: shape {list(value.shape)}, expected {list(target.shape)}")
+    # an FSDP2 shard takes this rank's slice; a plain tensor converts as it copies (no full-size temporary)
+    target.copy_(shard_like(value, target) if isinstance(target, DTensor) else value)
 
 
 # --------------------------------------------------------------------------------------------------

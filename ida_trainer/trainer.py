@@ -336,23 +336,23 @@ class Trainer:
 
         # the files are hashed once per machine, not once per rank (Qwen3-4B's FSDP checkpoint: ~50 GB)
         Ranks(launch_env()).once_per_machine(lambda: ckpt.verify_checkpoint(path))
-        loaded = ckpt.load_checkpoint(path, verify=False)
-        state = loaded.trainer_state
-        ckpt.check_resume_state(path, state)
-        exact = (  # checkpoints of an older ida record only the full digest
-            state["computation_digest"] == config_digest(self.cfg, any_stages=True)
-            if "computation_digest" in state
-            else state.get("config_digest") == config_digest(self.cfg)
-        )
-        if not exact:
-            warnings.warn(
-                f"resuming {path} with a config that differs from the one it was saved with; "
-                "the loss curve will not continue exactly",
-                UserWarning,
-                stacklevel=2,
+        with ckpt.load_checkpoint(path, verify=False) as loaded:  # the model file is read tensor by tensor
+            state = loaded.trainer_state
+            ckpt.check_resume_state(path, state)
+            exact = (  # checkpoints of an older ida record only the full digest
+                state["computation_digest"] == config_digest(self.cfg, any_stages=True)
+                if "computation_digest" in state
+                else state.get("config_digest") == config_digest(self.cfg)
             )
-        load_state(self.model, loaded.tensors)
-        self.optimizer.load_state_dict(loaded.optimizer_state)
+            if not exact:
+                warnings.warn(
+                    f"resuming {path} with a config that differs from the one it was saved with; "
+                    "the loss curve will not continue exactly",
+                    UserWarning,
+                    stacklevel=2,
+                )
+            load_state(self.model, loaded.tensors)
+            self.optimizer.load_state_dict(loaded.optimizer_state)
         self.batcher.load_state_dict(state["data_cursor"])
         ckpt.set_rng_state(state["rng"], checkpoint=path)
         self.start_step = int(state["step"])

@@ -285,7 +285,8 @@ class Train:
         why_lost, why_stuck = [], []
         for _, path in list_checkpoints(out / "checkpoints"):
             try:
-                load_checkpoint(path)
+                with load_checkpoint(path):
+                    pass
             except Exception as err:  # noqa: BLE001 - any failure to load is a loss
                 why_lost.append(f"{path.name} does not load: {err}")
                 continue

@@ -7,6 +7,7 @@ import hashlib
 import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -181,16 +182,16 @@ def test_round_trip_is_byte_exact_and_loadable_by_ida_eval(tok, tmp_path):
     ):
         assert (path / name).is_file(), name
     assert [p.name for p in path.glob("*.safetensors")] == ["model.safetensors"]  # what vLLM takes for weights
-    loaded = ckpt.load_checkpoint(path)
-    assert_same_state(loaded.optimizer_state, opt.state_dict())
-    want = export_state(model)
-    assert loaded.tensors.keys() == want.keys()
-    for k in want:
-        assert _as_bytes(loaded.tensors[k]) == _as_bytes(want[k]), k
-    # a fresh model restored from the checkpoint computes the same logits, bit for bit
-    fresh = build_demo_model(TINY, tok, seed=1)
-    apply_recipe(fresh, PrecisionConfig(recipe="nvfp4"))
-    load_state(fresh, loaded.tensors)
+    with ckpt.load_checkpoint(path) as loaded:
+        assert_same_state(loaded.optimizer_state, opt.state_dict())
+        want = export_state(model)
+        assert loaded.tensors.keys() == want.keys()
+        for k in want:
+            assert _as_bytes(loaded.tensors[k]) == _as_bytes(want[k]), k
+        # a fresh model restored from the checkpoint computes the same logits, bit for bit
+        fresh = build_demo_model(TINY, tok, seed=1)
+        apply_recipe(fresh, PrecisionConfig(recipe="nvfp4"))
+        load_state(fresh, loaded.tensors)
     ids = torch.tensor([tok(corpus_texts()[1])["input_ids"]])
     with torch.no_grad():
         assert torch.equal(fresh(input_ids=ids).logits, model(input_ids=ids).logits)
@@ -344,11 +345,13 @@ def test_an_older_checkpoints_optimizer_pt_is_read_as_before(tok, tmp_path):
     resumes, with the same state the new file holds."""
     model, opt = _trained(tok, recipe="bf16")
     path = _save(tmp_path / "ck", 1, model, opt, tok)
-    new = ckpt.load_checkpoint(path).optimizer_state
+    with ckpt.load_checkpoint(path) as loaded:
+        new = loaded.optimizer_state
     torch.save(opt.state_dict(), path / "optimizer.pt")
     (path / "optimizer.st").unlink()
     write_sums(path)
-    assert_same_state(ckpt.load_checkpoint(path).optimizer_state, new)
+    with ckpt.load_checkpoint(path) as loaded:
+        assert_same_state(loaded.optimizer_state, new)
 
 
 def test_an_optimizer_state_is_read_without_running_code_from_the_file(tok, tmp_path, monkeypatch):
@@ -425,7 +428,8 @@ def test_a_byte_damaged_after_the_save_is_named_not_loaded(tok, tmp_path):
         ckpt.export_checkpoint(path, tmp_path / "export2")
     assert not (tmp_path / "export2").exists()
     (path / SUMS_FILE).unlink()  # an older ida's checkpoint: read as it is
-    assert ckpt.load_checkpoint(path).trainer_state["step"] == 3
+    with ckpt.load_checkpoint(path) as loaded:
+        assert loaded.trainer_state["step"] == 3
 
 
 def test_the_export_lists_its_own_files(tok, tmp_path):
@@ -467,7 +471,7 @@ def test_what_an_optimizer_keeps_on_the_cpu_does_not_keep_the_file_mapped(tok, t
     comes (the legacy path failed alone and passed in a full run)."""
 
     def mapped(path):
-        return any(str(path) in line for line in open("/proc/self/maps", encoding="utf-8"))
+        return str(path) in Path("/proc/self/maps").read_text(encoding="utf-8")
 
     model, opt = _trained(tok, recipe="bf16")
     ck = _save(tmp_path / "ck", 1, model, opt, tok)
@@ -479,7 +483,9 @@ def test_what_an_optimizer_keeps_on_the_cpu_does_not_keep_the_file_mapped(tok, t
     gc.disable()
     try:
         for path in (ck / "optimizer.st", legacy / "optimizer.pt"):
-            state = ckpt.load_checkpoint(path.parent).optimizer_state
+            with ckpt.load_checkpoint(path.parent) as loaded:
+                state = loaded.optimizer_state
+            del loaded  # a with block's target outlives it
             assert mapped(path)  # the moments are mapped, not read
             fresh_model, fresh = _trained(tok, recipe="bf16")
             fresh.load_state_dict(state)

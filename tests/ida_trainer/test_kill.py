@@ -85,7 +85,8 @@ def test_killed_then_resumed_equals_the_unkilled_run(reference, tmp_path, kill_a
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     newest = latest_checkpoint(out / "checkpoints")
     assert newest is not None and newest.name == f"ckpt-{last_complete:06d}"
-    load_checkpoint(newest)  # intact and loadable ...
+    with load_checkpoint(newest):  # intact and loadable ...
+        pass
     assert file_sha256(newest / "model.safetensors") == file_sha256(
         reference / "checkpoints" / newest.name / "model.safetensors"
     )

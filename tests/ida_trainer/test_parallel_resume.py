@@ -71,10 +71,10 @@ def test_a_killed_fsdp_run_resumes_bit_for_bit_also_in_one_process(reference: Pa
     assert killed.returncode != 0 and "-9" in killed.stderr, killed.stderr[-3000:]
     newest = latest_checkpoint(out / "checkpoints")
     assert newest is not None and newest.name == "ckpt-000004"
-    optimizer_state = load_checkpoint(newest).optimizer_state
-    assert not holds_shards(optimizer_state)  # full tensors, as a single-process run's
-    embed = optimizer_state["ida"]["exact_params"]["model.embed_tokens.weight"]
-    assert embed.shape[0] == load_checkpoint(newest).tensors["model.embed_tokens.weight"].shape[0]
+    with load_checkpoint(newest) as loaded:
+        assert not holds_shards(loaded.optimizer_state)  # full tensors, as a single-process run's
+        embed = loaded.optimizer_state["ida"]["exact_params"]["model.embed_tokens.weight"]
+        assert embed.shape[0] == loaded.tensors["model.embed_tokens.weight"].shape[0]
     single = tmp_path / "single"
     shutil.copytree(out, single)
 
