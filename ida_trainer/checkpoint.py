@@ -494,7 +494,7 @@ class ModelTensors(Mapping[str, Any]):
     looked up: :class:`mxfp8_codec.MXFP8Tensor` (torch uint8 payload and scales) for an MXFP8 tensor, else a
     torch tensor in its stored dtype; copies that own their memory (positional reads: no file page joins the
     process), nothing cached. So a resume holds one tensor beyond the model, and a pipeline stage reads only its
-    own layers (until 2026-12-07 every rank read the whole file into a dict first: 5.3 GB for Qwen3-4B).
+    own layers (until 2026-12-07 every rank read the whole file into a dict first: 4.5 GB for Qwen3-4B).
 
     The file stays open until :meth:`close` or the end of a ``with`` block. Opening reads and validates its
     header (the codec's reader names a damaged file).

@@ -374,12 +374,8 @@ class PipelineEngine:
             )
         base = _decoder(model)
         head, embed = model.get_output_embeddings(), model.get_input_embeddings()
-        tied = head is not None and embed is not None and head.weight is embed.weight
-        self.tied_names: list[str] = []  # the tied matrix's names, the embedding's first (stage 0 holds it)
-        if tied:
-            own = next(n for n, m in model.named_modules() if m is embed) + ".weight"
-            aliases = [n for n, p in model.named_parameters(remove_duplicate=False) if p is embed.weight and n != own]
-            self.tied_names = [own, *aliases]
+        # lm_head's weight is the embedding's (Qwen3): stage 0 holds it and lends it to the last stage each step
+        self.tied = head is not None and embed is not None and head.weight is embed.weight
         recipe = model_recipe(model)
         empty, full = _rank_0s_tensors(model, info, "PipelineEngine", from_checkpoint=from_checkpoint)
         self.info = info
@@ -406,7 +402,7 @@ class PipelineEngine:
         _fill(model, full, info, from_checkpoint=from_checkpoint, empty=empty, whole=False)
         del full
         self._borrowed: torch.Tensor | None = None  # the last stage's lm_head weight, stage 0's embedding
-        if self.tied_names and self.is_last:
+        if self.tied and self.is_last:
             weight = model.lm_head.weight
             del model.lm_head.weight  # a parameter no more: stage 0's optimizer alone updates the matrix
             self._borrowed = weight.detach().requires_grad_()
@@ -486,7 +482,7 @@ class PipelineEngine:
         self.module.return_hidden = self._chunked(b, t)
         dev = self.info.device
         losses: list[torch.Tensor] = []
-        if self.tied_names:
+        if self.tied:
             self._lend_embedding()
         if self.is_first:
             sched.step(torch.cat([mb["input_ids"] for mb in microbatches]).to(dev))
@@ -494,7 +490,7 @@ class PipelineEngine:
             sched.step(target=torch.cat([mb["labels"] for mb in microbatches]).to(dev), losses=losses)
         else:
             sched.step()
-        if self.tied_names:
+        if self.tied:
             self._return_head_gradient()
         total = torch.zeros((), dtype=torch.float64, device=dev)
         if self.is_last:
@@ -540,9 +536,7 @@ class PipelineEngine:
         tensors are placeholders on the meta device that ``optimizer_fetch`` reads), so one optimizer file serves
         any number of stages, or one process. None on the other stages, once rank 0 has written everything.
         """
-        weights = export_state(self.model)  # this stage's entries, global names
-        if self.is_first:  # a tied lm_head is the embedding, under its other names, as one process exports it
-            weights.update({name: weights[self.tied_names[0]] for name in self.tied_names[1:]})
+        weights = export_state(self.model)  # this stage's entries, global names (a tied lm_head: stage 0's embedding)
         skeleton, leaves = flatten_state(optimizer.state_dict())
         local: dict[str, torch.Tensor] = {}
         for name, v in weights.items():

@@ -216,17 +216,33 @@ def _owned_entries(model: nn.Module) -> set[str]:
     return owned
 
 
+def tied_aliases(state: Mapping[str, torch.Tensor]) -> set[str]:
+    """The names under which ``model.state_dict(keep_vars=True)`` lists a tensor it has listed before under
+    another name: a tied ``lm_head.weight`` (Qwen3), the embedding's matrix. A checkpoint holds such a tensor
+    once, under its first name, as transformers' ``save_pretrained`` does; ``config.json``'s
+    ``tie_word_embeddings`` ties it again at load."""
+    seen: set[int] = set()
+    aliases = set()
+    for key, t in state.items():
+        if id(t) in seen:
+            aliases.add(key)
+        seen.add(id(t))
+    return aliases
+
+
 def export_sources(model: nn.Module) -> dict[str, MXFP8Tensor | torch.Tensor]:
     """:func:`export_state`'s entries as the model holds them, before the checkpoint layout is applied: NVFP4
     masters as :class:`mxfp8_codec.MXFP8Tensor`, every other tensor under its transformers layout (an FSDP2
-    shard as the DTensor it is: :func:`ida_trainer.checkpoint.streamed_state` gathers each as it is written).
-    Detached views, not copies."""
+    shard as the DTensor it is: :func:`ida_trainer.checkpoint.streamed_state` gathers each as it is written), a
+    tied one once (:func:`tied_aliases`). Detached views, not copies."""
     out: dict[str, MXFP8Tensor | torch.Tensor] = {}
     owned = _owned_entries(model)
     for name, mod in nvfp4_modules(model):
         out[f"{name}.weight"] = MXFP8Tensor(mod.weight_payload.detach(), mod.weight_scales.detach())
-    for key, t in model.state_dict(keep_vars=False).items():
-        if key not in owned and key not in out:
+    state = model.state_dict(keep_vars=True)
+    aliases = tied_aliases(state)
+    for key, t in state.items():
+        if key not in owned and key not in out and key not in aliases:
             out[key] = t.detach()
     return out
 
@@ -279,10 +295,11 @@ def load_state(model: nn.Module, tensors: Mapping[str, MXFP8Tensor | torch.Tenso
     owned = _owned_entries(model)
     modules = dict(nvfp4_modules(model))
     sd = model.state_dict(keep_vars=True)
-    expected = {k for k in sd if k not in owned} | {f"{n}.weight" for n in modules}
+    aliases = tied_aliases(sd)  # loaded under their first name; an older ida's checkpoints hold them too
+    expected = {k for k in sd if k not in owned and k not in aliases} | {f"{n}.weight" for n in modules}
     missing = sorted(expected - set(tensors))
     # A pipeline stage holds only its layers: the other stages' tensors are not errors there.
-    extra = [] if getattr(model, PIPELINE_ATTR, None) is not None else sorted(set(tensors) - expected)
+    extra = [] if getattr(model, PIPELINE_ATTR, None) is not None else sorted(set(tensors) - expected - aliases)
     if missing or extra:
         more_m = " ..." if len(missing) > 8 else ""
         more_e = " ..." if len(extra) > 8 else ""
@@ -294,7 +311,7 @@ def load_state(model: nn.Module, tensors: Mapping[str, MXFP8Tensor | torch.Tenso
     for name, mod in modules.items():
         _load_nvfp4_weight(mod, f"{name}.weight", tensors[f"{name}.weight"])
     for key, target in sd.items():
-        if key not in owned:
+        if key not in owned and key not in aliases:
             _load_entry(target, key, tensors[key])
 
 

@@ -34,7 +34,7 @@ from ida_trainer.config import OptimConfig, ParallelConfig, PrecisionConfig
 from ida_trainer.distributed import DistInfo, PipelineEngine, apply_fsdp, init_distributed, split_layers
 from ida_trainer.engine import LOGITS_CHUNK_ENTRIES, LocalEngine, grad_norm_and_clip
 from ida_trainer.memory import stage_memory
-from ida_trainer.precision import apply_recipe, build_optimizer, export_state, load_state
+from ida_trainer.precision import apply_recipe, build_optimizer, export_sources, export_state, load_state
 from ida_trainer.sharded import holds_shards
 from mxfp8_codec import MXFP8Tensor, decode_mxfp8, write_mxfp8_safetensors
 from tests.conftest import flip_bit
@@ -697,12 +697,12 @@ def test_a_pipeline_trains_a_tied_lm_head_as_one_matrix(
         have = got["state"][k]
         if recipe == "nvfp4":  # BF16 sums: where a Lion sign is near zero it may flip, and move a value a code
             assert float((have != want).float().mean()) < 0.1, k  # (measured: at most 4.5 % of a tensor's values)
-        elif k in ("lm_head.weight", "model.embed_tokens.weight"):  # FP32 sums: the tied matrix to their rounding,
+        elif k == "model.embed_tokens.weight":  # FP32 sums: the tied matrix to their rounding,
             torch.testing.assert_close(have, want, rtol=1e-6, atol=1e-8, msg=k)
         else:
             assert torch.equal(have, want), k  # every other tensor bit for bit
-    saved = read_model_tensors(tmp_path / "pipeline.safetensors")  # lm_head.weight too, as one process writes it
-    assert saved.keys() == ref.keys() and torch.equal(saved["lm_head.weight"], saved["model.embed_tokens.weight"])
+    saved = read_model_tensors(tmp_path / "pipeline.safetensors")  # the matrix once, as one process writes it
+    assert saved.keys() == ref.keys() and "model.embed_tokens.weight" in saved and "lm_head.weight" not in saved
     opt = read_optimizer_state(tmp_path / "optimizer.st")
     assert opt["ida"]["param_order"] == ref_opt["ida"]["param_order"] and opt["state"].keys() == ref_opt["state"].keys()
 
@@ -784,6 +784,7 @@ def fill_worker(rank: int, port: int, ckpt: str, out: str, rank_1_ckpt: str, mod
             return
         full = {n: (t.full_tensor() if isinstance(t, DTensor) else t).clone() for n, t in named_tensors(held).items()}
         torch.save(full, Path(out) / f"held{rank}.pt")
+        (Path(out) / f"exported{rank}.txt").write_text("\n".join(export_sources(held)))  # what a save writes
     finally:
         dist.destroy_process_group()
 
@@ -827,6 +828,10 @@ def test_ranks_but_0_build_the_model_empty_and_get_rank_0s_weights(
     assert names == set(loaded)  # every tensor is somewhere
     if mode == "pipeline":
         assert "lm_head.weight" in held and "model.embed_tokens.weight" not in held  # rank 1: the last stage
+    else:  # FSDP2 keeps the tie as one parameter: a save writes the matrix once, under the embedding's name
+        for rank in (0, 1):
+            exported = (tmp_path / f"exported{rank}.txt").read_text().split()
+            assert "model.embed_tokens.weight" in exported and "lm_head.weight" not in exported, rank
     (tmp_path / "odd").mkdir()
     odd = checkpoints["deeper" if mode == "pipeline" else "untied"]
     _spawn_two(fill_worker, main, str(tmp_path / "odd"), str(odd), mode)

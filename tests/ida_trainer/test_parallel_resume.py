@@ -248,3 +248,5 @@ def test_a_pipeline_over_a_tied_base_trains_one_matrix_and_resumes_exactly(tok, 
     assert model.lm_head.weight is model.model.embed_tokens.weight
     saved = read_model_tensors(runs["pipeline"] / "checkpoints" / "ckpt-000004" / "model.safetensors")
     assert torch.equal(model.lm_head.weight, saved["model.embed_tokens.weight"])
+    alone = read_model_tensors(runs["alone"] / "checkpoints" / "ckpt-000004" / "model.safetensors")
+    assert saved.keys() == alone.keys() and "lm_head.weight" not in saved  # the matrix once, in both
