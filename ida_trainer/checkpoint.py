@@ -515,6 +515,9 @@ class ModelTensors(Mapping[str, Any]):
             return MXFP8Tensor(torch.from_numpy(payload), torch.from_numpy(scales))
         return self._reader.get(name, framework="pt")
 
+    def __contains__(self, name: object) -> bool:  # from the header (Mapping's would read the tensor)
+        return name in self._reader
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._reader.keys())  # logical names (payloads without their .scale), header order
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -304,6 +306,29 @@ def test_a_resave_killed_between_its_renames_is_recovered(tok, tmp_path):
     ckpt.remove_partial(root)
     assert [p.name for p in root.iterdir()] == ["ckpt-000004"]
     assert hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest() == digest
+
+
+def test_a_checkpoints_model_tensors_are_read_when_looked_up(tok, tmp_path):
+    """load_checkpoint(...).tensors answers names from the header and reads a tensor only when it is looked up
+    (--resume then holds one tensor, not the file): a file cut short after the load still lists and contains every
+    name, and only a lookup past the cut fails, naming the file and the tensor."""
+    from mxfp8_codec import open_mxfp8
+
+    model, opt = _trained(tok)
+    path = _save(tmp_path / "ck", 1, model, opt, tok)
+    want = export_state(model)  # the nvfp4 recipe: the bytes the file holds
+    with open_mxfp8(path / "model.safetensors") as reader:  # the tensor whose bytes end the file, and another
+        entries = sorted(reader.header.entries.values(), key=lambda e: e.end)
+    last, first = entries[-1].name.removesuffix(".scale"), entries[0].name.removesuffix(".scale")
+    with ckpt.load_checkpoint(path) as loaded:
+        names = list(loaded.tensors)
+        assert _as_bytes(loaded.tensors[first]) == _as_bytes(want[first])
+        os.truncate(path / "model.safetensors", (path / "model.safetensors").stat().st_size - 64)
+        assert list(loaded.tensors) == names and len(loaded.tensors) == len(want) and set(names) == set(want)
+        assert last in loaded.tensors and f"{last}.scale" not in loaded.tensors and "nope" not in loaded.tensors
+        assert _as_bytes(loaded.tensors[first]) == _as_bytes(want[first])  # before the cut: still read
+        with pytest.raises(ValueError, match=rf"model.safetensors: tensor '{re.escape(last)}.*': the file ends"):
+            loaded.tensors[last]
 
 
 def test_incomplete_checkpoint_is_named(tok, tmp_path):
