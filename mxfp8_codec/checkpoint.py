@@ -81,9 +81,9 @@ class CheckpointTensors(Mapping[str, np.ndarray]):
     ``self[name]`` decodes one tensor (MXFP8 -> float32, plain tensors as stored) and maps it with
     ``layout`` (:class:`mxfp8_codec.layout.CheckpointLayout`): ``to_transformers`` (dequantize:
     transpose ``in_out`` projections, unfold folded norms to ``gamma - 1`` in float32) or, with
-    ``from_transformers=True``, the inverse (quantize). Nothing is cached, and :meth:`spec` answers
-    shape/dtype from the headers, so the writers' planning pass loads nothing and peak memory is one
-    tensor.
+    ``from_transformers=True``, the inverse (quantize). Nothing is cached (a decoded tensor's file pages
+    leave the resident set once it is read), and :meth:`spec` answers shape/dtype from the headers, so the
+    writers' planning pass loads nothing and peak memory is one tensor.
     """
 
     def __init__(
@@ -97,7 +97,10 @@ class CheckpointTensors(Mapping[str, np.ndarray]):
         self._map = layout.from_transformers if from_transformers else layout.to_transformers
 
     def __getitem__(self, name: str) -> np.ndarray:
-        return np.ascontiguousarray(self._map(name, self._where[name].get(name, dtype=None)))
+        r = self._where[name]
+        value = r.get(name, dtype=None)
+        r.release_pages(name)  # decoded from the map: its file pages leave this process's resident set
+        return np.ascontiguousarray(self._map(name, value))
 
     def spec(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
         """Shape and dtype ``self[name]`` will have, from the header alone."""

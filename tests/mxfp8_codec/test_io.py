@@ -509,6 +509,27 @@ def test_copies_are_read_past_the_map(tmp_path: Path) -> None:
         )
 
 
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs /proc/self/smaps (Linux)")
+def test_the_converters_tensors_leave_no_file_page_resident(tmp_path: Path) -> None:
+    """``dequantize`` reads a checkpoint through :class:`CheckpointTensors`, which decodes each tensor from the
+    map: its pages leave the resident set once it is decoded, so a conversion holds one tensor, not the file
+    (a 415 MB file's dequantize peaked at +370 MB over the imports before, +0 after)."""
+    from mxfp8_codec.checkpoint import CheckpointTensors
+    from mxfp8_codec.layout import CheckpointLayout
+
+    path = tmp_path / "m.safetensors"
+    rng = np.random.default_rng(0)
+    tensors = {f"l{i}.o_proj.weight": rng.standard_normal((512, 1024)).astype(np.float32) for i in range(4)}
+    write_mxfp8_safetensors(path, tensors)
+    with open_mxfp8(path) as r:
+        converted = CheckpointTensors([r], CheckpointLayout("in_out", source=str(path)))
+        for name in converted:
+            assert converted[name].shape == (1024, 512)  # decoded, in transformers' orientation
+        # the file is 2.1 MiB (2116 KiB stay resident without the release); left: what the kernel's fault-around
+        # mapped beside each tensor read (up to 64 KiB a fault, measured 96 KiB in all)
+        assert _mapped_rss_kib(path) <= 256
+
+
 def test_a_file_cut_short_after_opening_is_an_error_not_a_crash(tmp_path: Path) -> None:
     """A file truncated under an open reader: a copy of a tensor past the new end names the file and the tensor
     (read through the map, it was a SIGBUS that killed the process)."""
