@@ -58,7 +58,7 @@ from torch.distributed.tensor import DTensor
 
 import nvfp4_cuda
 from ida_trainer.nvfp4_linear import NVFP4_BLOCK, NVFP4Linear, NVFP4LinearFunction, nvfp4_modules, tensor_id
-from ida_trainer.sharded import shard_like, shard_optimizer_state
+from ida_trainer.sharded import names_per_tensor, shard_like, shard_optimizer_state
 from mxfp8_codec import PROJECTION_NAMES, CheckpointLayout, MXFP8Tensor, decode_mxfp8, is_projection_weight
 
 if TYPE_CHECKING:
@@ -221,13 +221,7 @@ def tied_aliases(state: Mapping[str, torch.Tensor]) -> set[str]:
     another name: a tied ``lm_head.weight`` (Qwen3), the embedding's matrix. A checkpoint holds such a tensor
     once, under its first name, as transformers' ``save_pretrained`` does; ``config.json``'s
     ``tie_word_embeddings`` ties it again at load."""
-    seen: set[int] = set()
-    aliases = set()
-    for key, t in state.items():
-        if id(t) in seen:
-            aliases.add(key)
-        seen.add(id(t))
-    return aliases
+    return {name for _, *others in names_per_tensor(state.items()) for name in others}
 
 
 def export_sources(model: nn.Module) -> dict[str, MXFP8Tensor | torch.Tensor]:

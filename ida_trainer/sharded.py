@@ -25,7 +25,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -172,13 +172,20 @@ def named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
-def _spec(tensors: Mapping[str, torch.Tensor]) -> Spec:
+def names_per_tensor(named: Iterable[tuple[str, torch.Tensor]]) -> list[list[str]]:
+    """The names of each distinct tensor among ``named`` (name, tensor) pairs, in order of first appearance: tied
+    ones are one tensor under several names (a tied ``lm_head``: ``[model.embed_tokens.weight, lm_head.weight]``)."""
     names: dict[int, list[str]] = {}
-    first: dict[int, torch.Tensor] = {}
-    for name, t in tensors.items():
+    for name, t in named:
         names.setdefault(id(t), []).append(name)
-        first.setdefault(id(t), t)
-    return [(tuple(group), tuple(first[i].shape), first[i].dtype) for i, group in names.items()]
+    return list(names.values())
+
+
+def _spec(tensors: Mapping[str, torch.Tensor]) -> Spec:
+    return [
+        (tuple(group), tuple(tensors[group[0]].shape), tensors[group[0]].dtype)
+        for group in names_per_tensor(tensors.items())
+    ]
 
 
 def _differs(mine: Spec, theirs: Spec, *, whole: bool) -> str | None:
@@ -252,11 +259,9 @@ def fill_from_rank_0(
 def to_empty_keeping_ties(model: torch.nn.Module, device: torch.device | str) -> None:
     """``model.to_empty(device=device)``, with tied parameters still one (``to_empty`` gives each module's
     reference a tensor of its own: a tied ``lm_head`` would become a second matrix, trained apart)."""
-    names: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), []).append(name)
+    groups = names_per_tensor(model.named_parameters(remove_duplicate=False))
     model.to_empty(device=device)
-    for first, *others in names.values():
+    for first, *others in groups:
         for name in others:
             owner, _, attr = name.rpartition(".")
             setattr(model.get_submodule(owner), attr, model.get_parameter(first))
