@@ -155,6 +155,11 @@ def _single_process_run(m: torch.nn.Module, recipe: str) -> tuple[list[float], d
 def _spawn_two(worker: Any, *args: Any) -> None:
     """Run ``worker(rank, port, *args)`` in two processes on a fresh port.
 
+    The processes are forked from this one, which has imported torch, transformers and ida already: a spawned
+    process imports them again (with this module), about 5 s of CPU per rank, which made this file 94 s instead
+    of 13 on 2 cores. Each worker sets its own threads (``_init``) and seeds, so nothing it computes depends on
+    what this process ran before; the one-process references the workers are compared with run here.
+
     A rank killed by a signal inside torch's C++ (gloo / TCPStore) is retried once: CI once saw rank 1
     of the chunked-loss run abort with "terminate called without an active exception" (SIGABRT), and
     1 of 73 local runs did the same, ~10 s in (before the first pipeline step), with no Python error;
@@ -163,7 +168,7 @@ def _spawn_two(worker: Any, *args: Any) -> None:
     """
     for attempt in (1, 2):
         try:
-            mp.spawn(worker, args=(free_port(), *args), nprocs=2, join=True)
+            mp.start_processes(worker, args=(free_port(), *args), nprocs=2, join=True, start_method="fork")
             return
         except mp.ProcessExitedException as exc:
             if attempt == 2 or exc.signal_name is None:
