@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
+import time
 import warnings
 from contextlib import nullcontext
 from datetime import timedelta
@@ -152,6 +153,9 @@ def _single_process_run(m: torch.nn.Module, recipe: str) -> tuple[list[float], d
     return losses, export_state(m), opt.state_dict()
 
 
+RANKS_DEADLINE_S = 300  # the longest run here takes ~12 s alone on 2 cores
+
+
 def _spawn_two(worker: Any, *args: Any) -> None:
     """Run ``worker(rank, port, *args)`` in two processes on a fresh port.
 
@@ -160,7 +164,8 @@ def _spawn_two(worker: Any, *args: Any) -> None:
     of 13 on 2 cores. Each worker sets its own threads (``_init``) and seeds, so nothing it computes depends on
     what this process ran before; the one-process references the workers are compared with run here.
 
-    A rank killed by a signal inside torch's C++ (gloo / TCPStore) is retried once: CI once saw rank 1
+    A run that has not finished after ``RANKS_DEADLINE_S`` is killed and fails (a hung rank must not hold
+    CI until its limit). A rank killed by a signal inside torch's C++ (gloo / TCPStore) is retried once: CI once saw rank 1
     of the chunked-loss run abort with "terminate called without an active exception" (SIGABRT), and
     1 of 73 local runs did the same, ~10 s in (before the first pipeline step), with no Python error;
     the other 72, under CPU and disk load too, passed. A Python exception in a worker (a wrong result)
@@ -168,7 +173,13 @@ def _spawn_two(worker: Any, *args: Any) -> None:
     """
     for attempt in (1, 2):
         try:
-            mp.start_processes(worker, args=(free_port(), *args), nprocs=2, join=True, start_method="fork")
+            ranks = mp.start_processes(worker, args=(free_port(), *args), nprocs=2, join=False, start_method="fork")
+            deadline = time.monotonic() + RANKS_DEADLINE_S
+            while not ranks.join(timeout=1):  # raises as soon as a rank fails (and stops the other)
+                if time.monotonic() > deadline:
+                    for p in ranks.processes:
+                        p.kill()
+                    pytest.fail(f"{worker.__name__}: the ranks did not finish in {RANKS_DEADLINE_S} s; killed")
             return
         except mp.ProcessExitedException as exc:
             if attempt == 2 or exc.signal_name is None:
