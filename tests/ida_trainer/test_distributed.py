@@ -156,7 +156,7 @@ def _single_process_run(m: torch.nn.Module, recipe: str) -> tuple[list[float], d
 RANKS_DEADLINE_S = 300  # the longest run here takes ~12 s alone on 2 cores
 
 
-def _spawn_two(worker: Any, *args: Any) -> None:
+def _fork_two(worker: Any, *args: Any) -> None:
     """Run ``worker(rank, port, *args)`` in two processes on a fresh port.
 
     The processes are forked from this one, which has imported torch, transformers and ida already: a spawned
@@ -275,7 +275,7 @@ def chunked_grad_worker(rank: int, port: int, out: str) -> None:
 
 @pytest.mark.slow
 def test_pipeline_chunked_loss_gives_the_same_loss_and_gradients(tmp_path: Path) -> None:
-    _spawn_two(chunked_grad_worker, str(tmp_path))
+    _fork_two(chunked_grad_worker, str(tmp_path))
     got = torch.load(tmp_path / "chunked.pt", weights_only=False)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -393,7 +393,7 @@ def fsdp_chunked_step(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any
     """One FSDP2 step of 2 gloo processes with lm_head + loss chunked (rank 0's record of it), run once for
     the tests that read it."""
     out = tmp_path_factory.mktemp("fsdp_chunked")
-    _spawn_two(fsdp_chunked_worker, str(out))
+    _fork_two(fsdp_chunked_worker, str(out))
     return torch.load(out / "fsdp_chunked.pt", weights_only=False)
 
 
@@ -555,7 +555,7 @@ def fsdp_worker(rank: int, port: int, out: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["nvfp4", "bf16"])
 def test_pipeline_1f1b_equals_single_process_bit_for_bit(recipe: str, tmp_path: Path) -> None:
-    _spawn_two(pipeline_worker, recipe, str(tmp_path))
+    _fork_two(pipeline_worker, recipe, str(tmp_path))
     got = torch.load(tmp_path / "pipeline.pt", weights_only=False)
     ref_losses, ref_state, ref_opt = single_process_run(recipe)
     assert got["losses"] == ref_losses  # exact, step for step
@@ -686,7 +686,7 @@ def test_a_pipeline_trains_a_tied_lm_head_as_one_matrix(
     from tests.ida_eval.support import tiny_config
 
     monkeypatch.setattr(ida_trainer.engine, "LOGITS_CHUNK_ENTRIES", chunk_entries)
-    _spawn_two(tied_pipeline_worker, recipe, str(tmp_path), chunk_entries)
+    _fork_two(tied_pipeline_worker, recipe, str(tmp_path), chunk_entries)
     got = torch.load(tmp_path / "tied.pt", weights_only=False)
     ref_losses, ref_state, ref_opt = single_process_run(recipe, tied=True)
 
@@ -734,7 +734,7 @@ def test_a_pipeline_trains_a_tied_lm_head_as_one_matrix(
 
 @pytest.mark.slow
 def test_fsdp_bf16_equals_single_process(tmp_path: Path) -> None:
-    _spawn_two(fsdp_worker, str(tmp_path))
+    _fork_two(fsdp_worker, str(tmp_path))
     got = torch.load(tmp_path / "fsdp.pt", weights_only=False)
     ref_losses, ref_state, ref_opt = single_process_run("bf16", vocab=FSDP_VOCAB)
     # Same computation; only the order of float32 gradient sums differs (two ranks' partial sums are
@@ -829,7 +829,7 @@ def test_ranks_but_0_build_the_model_empty_and_get_rank_0s_weights(
     pipelines take them). A rank whose model differs is named, on every rank, before anything is sent: untied
     (FSDP2), 4 layers (pipeline: rank 1, the last stage, holds layers 2 and 3, which rank 0's 2 layers lack)."""
     main = str(checkpoints["untied" if mode == "pipeline" else "tied"])
-    _spawn_two(fill_worker, main, str(tmp_path), main, mode)
+    _fork_two(fill_worker, main, str(tmp_path), main, mode)
     loaded = torch.load(tmp_path / "loaded.pt", weights_only=True)
     assert {"model.rotary_emb.inv_freq", "lm_head.weight", "model.embed_tokens.weight"} <= set(loaded)
     if mode == "pipeline":
@@ -850,7 +850,7 @@ def test_ranks_but_0_build_the_model_empty_and_get_rank_0s_weights(
             assert "model.embed_tokens.weight" in exported and "lm_head.weight" not in exported, rank
     (tmp_path / "odd").mkdir()
     odd = checkpoints["deeper" if mode == "pipeline" else "untied"]
-    _spawn_two(fill_worker, main, str(tmp_path / "odd"), str(odd), mode)
+    _fork_two(fill_worker, main, str(tmp_path / "odd"), str(odd), mode)
     want = (
         "(('model.layers.2.self_attn.q_norm.weight',), (16,), torch.bfloat16) there, None on rank 0"
         if mode == "pipeline"
@@ -922,7 +922,7 @@ def test_a_resume_hashes_the_checkpoint_once_per_machine(tmp_path: Path) -> None
     runs = {"one machine": "2", "two machines": "1"}
     for what, local_world in runs.items():
         (tmp_path / what).mkdir()
-        _spawn_two(verify_once_worker, [str(good), str(damaged)], str(tmp_path / what), local_world)
+        _fork_two(verify_once_worker, [str(good), str(damaged)], str(tmp_path / what), local_world)
     got = {what: [torch.load(tmp_path / what / f"rank{r}.pt") for r in (0, 1)] for what in runs}
     weights = ["model.safetensors", "optimizer.st"]  # trainer_state.json is checked as it is read
     assert [g[0]["hashed"] for g in got["one machine"]] == [weights, []]
@@ -1006,7 +1006,7 @@ def gather_on_demand_worker(rank: int, port: int, out: str) -> None:
 
 
 def test_gather_on_demand_serves_rank_0s_reads_and_lets_go_when_it_fails(tmp_path: Path) -> None:
-    _spawn_two(gather_on_demand_worker, str(tmp_path))
+    _fork_two(gather_on_demand_worker, str(tmp_path))
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
     assert r0["failed"] == "disk full" and r1["failed"] is None and r0["after"] == r1["after"] == 3.0
     assert list(r0["got"]) == ["c", "step", "a"] and r1["got"] == {}
