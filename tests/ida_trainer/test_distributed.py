@@ -179,6 +179,7 @@ def _fork_two(worker: Any, *args: Any) -> None:
                 if time.monotonic() > deadline:
                     for p in ranks.processes:
                         p.kill()
+                        p.join()
                     pytest.fail(f"{worker.__name__}: the ranks did not finish in {RANKS_DEADLINE_S} s; killed")
             return
         except mp.ProcessExitedException as exc:
