@@ -44,13 +44,16 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # The longest test files, longest first (a demo run, real compilers, the MBXP anchors). pytest-xdist's
 # ``--dist loadfile`` hands files to workers in collection order: started first, they no longer finish
 # last on one worker while the other idles (docs/cli.md, "Set-up and durations").
-LONGEST_FIRST = (
-    "tests/ida_trainer/test_docs_trainer.py",
-    "tests/ida_eval/test_languages.py",
-    "tests/ida_eval/test_execute.py",
-    "tests/ida_eval/test_mbxp_e2e.py",
-    "tests/ida_trainer/test_kill.py",
+LONGEST_FIRST = (  # measured 2026-12-07 (docs/cli.md): 158, 146, 60, 59, 52, 44, 44, 37 and 28 s
     "tests/ida_trainer/test_parallel_resume.py",
+    "tests/ida_eval/test_languages.py",
+    "tests/nvfp4_cuda/test_device_math.py",
+    "tests/ida_trainer/test_kill.py",
+    "tests/ida_eval/test_execute.py",
+    "tests/ida_eval/test_parallel.py",
+    "tests/ida_eval/test_sandbox.py",
+    "tests/ida_eval/test_mbxp_e2e.py",
+    "tests/ida_trainer/test_docs_trainer.py",
 )
 
 
