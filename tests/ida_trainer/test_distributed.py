@@ -127,20 +127,36 @@ def flat_state(state: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 
 def single_process_run(
-    recipe: str, vocab: int = 256, *, tied: bool = False
+    recipe: str, vocab: int = 256, *, tied: bool = False, adam_eps: float | None = None
 ) -> tuple[list[float], dict[str, Any], dict[str, Any]]:
     """Losses, exported state and optimizer state of STEPS steps in one process (``tied``: of
-    :func:`tiny_tied_model`)."""
+    :func:`tiny_tied_model`; ``adam_eps``: the bf16 recipe's AdamW with that ``eps``)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in the workers: CPU reductions may split differently with more threads
     try:
-        return _single_process_run(tiny_tied_model(recipe) if tied else tiny_model(recipe, vocab=vocab), recipe)
+        m = tiny_tied_model(recipe) if tied else tiny_model(recipe, vocab=vocab)
+        return _single_process_run(m, recipe, adam_eps)
     finally:
         torch.set_num_threads(threads)
 
 
-def _single_process_run(m: torch.nn.Module, recipe: str) -> tuple[list[float], dict[str, Any], dict[str, Any]]:
-    opt = build_optimizer(m, optim_cfg(recipe), PrecisionConfig(recipe=recipe))
+def adamw(m: torch.nn.Module, eps: float | None = None) -> torch.optim.Optimizer:
+    """The bf16 recipe's optimizer of ``m``, with AdamW's ``eps`` set to ``eps`` when given."""
+    opt = build_optimizer(m, optim_cfg("bf16"), PrecisionConfig(recipe="bf16"))
+    if eps is not None:
+        for group in opt.param_groups:
+            group["eps"] = eps
+    return opt
+
+
+def _single_process_run(
+    m: torch.nn.Module, recipe: str, adam_eps: float | None = None
+) -> tuple[list[float], dict[str, Any], dict[str, Any]]:
+    opt = (
+        adamw(m, adam_eps)
+        if recipe == "bf16"
+        else build_optimizer(m, optim_cfg(recipe), PrecisionConfig(recipe=recipe))
+    )
     engine = LocalEngine(m)
     losses, norms = [], []
     for s in range(STEPS):
@@ -362,7 +378,7 @@ def fsdp_chunked_worker(rank: int, port: int, out: str) -> None:
     try:
         m = tiny_model("bf16", vocab=FSDP_VOCAB)
         apply_fsdp(m, info)
-        opt = build_optimizer(m, optim_cfg("bf16"), PrecisionConfig(recipe="bf16"))
+        opt = adamw(m)
         mbs, gvt = step_data(0)
         with _LogitRows(FSDP_VOCAB) as chunked:
             loss = torch.tensor([LocalEngine(m).forward_backward(mbs[rank::2], gvt)], dtype=torch.float64)
@@ -426,6 +442,12 @@ def test_fsdp_memory_counts_the_shards_a_rank_holds(fsdp_chunked_step: dict[str,
 
 
 FSDP_VOCAB = 257  # odd: FSDP2 splits the embedding and lm_head rows unevenly (129 + 128)
+# AdamW divides by sqrt(v) + eps. With the default 1e-8, a gradient element that cancels to within float32 rounding
+# of zero takes a full +-lr step whose sign is the sum order's (FSDP reduce-scatters two partial sums), and the next
+# step's gradients follow: on an AVX2 AMD EPYC (2026-12-07) the weights after 2 steps differed by up to 1.5e-3 and
+# the second loss by 1.5e-6 relative. An eps of ~10 % of these gradients (~1e-3: norm clipped to CLIP) bounds that
+# step by lr / eps times the gradient's rounding: there, the same losses and weights within 6e-8.
+FSDP_ADAM_EPS = 1e-4
 
 
 class _FullTensorWatch:
@@ -487,7 +509,7 @@ def fsdp_worker(rank: int, port: int, out: str) -> None:
     try:
         m = tiny_model("bf16", vocab=FSDP_VOCAB)
         apply_fsdp(m, info)
-        opt = build_optimizer(m, optim_cfg("bf16"), PrecisionConfig(recipe="bf16"))
+        opt = adamw(m, FSDP_ADAM_EPS)
         engine = LocalEngine(m)
         losses = []
         for s in range(STEPS):
@@ -519,7 +541,7 @@ def fsdp_worker(rank: int, port: int, out: str) -> None:
         saved = copy.deepcopy(full)  # (opt2 takes full's `step` tensors as its own, and steps on below)
         m2 = tiny_model("bf16", vocab=FSDP_VOCAB)
         apply_fsdp(m2, info)
-        opt2 = build_optimizer(m2, optim_cfg("bf16"), PrecisionConfig(recipe="bf16"))
+        opt2 = adamw(m2, FSDP_ADAM_EPS)
         load_state(m2, read_model_tensors(Path(out) / "model.safetensors"))
         opt2.load_state_dict(full)
         with streamed_state(m2, opt2, main=rank == 0) as contents:
@@ -737,9 +759,9 @@ def test_a_pipeline_trains_a_tied_lm_head_as_one_matrix(
 def test_fsdp_bf16_equals_single_process(tmp_path: Path) -> None:
     _fork_two(fsdp_worker, str(tmp_path))
     got = torch.load(tmp_path / "fsdp.pt", weights_only=False)
-    ref_losses, ref_state, ref_opt = single_process_run("bf16", vocab=FSDP_VOCAB)
+    ref_losses, ref_state, ref_opt = single_process_run("bf16", vocab=FSDP_VOCAB, adam_eps=FSDP_ADAM_EPS)
     # Same computation; only the order of float32 gradient sums differs (two ranks' partial sums are
-    # reduce-scattered instead of accumulated in sequence), so results agree to float32 rounding.
+    # reduce-scattered instead of accumulated in sequence), so results agree to float32 rounding (FSDP_ADAM_EPS).
     assert got["losses"] == pytest.approx(ref_losses, rel=1e-6)
     ref = flat_state(ref_state)
     assert got["state"].keys() == ref.keys()
