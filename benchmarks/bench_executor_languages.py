@@ -7,7 +7,9 @@ example samples) of the first ``--limit`` tasks are executed twice, alternating:
   :func:`ida_eval.languages.assemble`), the *same* compile and run commands, environment (Go's
   build cache in that directory, ``NODE_PATH``) and time limits through ``subprocess.run``, with the
   same worker count; pass = compile ok and run exit 0. No namespaces, no limits, no tree kill.
-* ``ida_eval``: :func:`ida_eval.execute.execute_samples` with the default isolation.
+* ``ida_eval``: :func:`ida_eval.execute.execute_samples` with the default isolation. Its C++ compiles
+  read the precompiled ``bits/stdc++.h`` (:mod:`ida_eval.precompiled`; the plain runner's command is
+  mxeval's); ``IDA_EVAL_CPP_PCH=0`` gives both the same command.
 
 It prints wall seconds of each, the ratio ours / plain, the CPU seconds each used (this process and
 its waited-for descendants: compilers, runtimes, the sandbox), and pass counts (which must agree but

@@ -53,6 +53,7 @@ from ida_eval.analysis import task_counts
 from ida_eval.failures import EXCEPTION_LINE, ResultKind, Verdict, record_kind, result_class, with_kind
 from ida_eval.isolation import ISOLATION_LEVELS, isolation_description, probe_isolation
 from ida_eval.languages import LANGUAGES, Language, LanguageError, assemble, environment, language_of, missing_tools
+from ida_eval.precompiled import compile_command
 from ida_eval.problems import ProblemsError, find_problems_file, load_problems
 from ida_eval.sandbox import close_job_servers, run_program, sweep_stale
 from ida_eval.sandbox_types import (
@@ -364,14 +365,16 @@ def _run_one(
                 text = f"toolchain missing: {', '.join(missing)} not found ({lang.name})"
                 record.update(_not_run(lang.name, Verdict(ResultKind.TOOLCHAIN_MISSING, text)))
                 return record
+            compile_argv, read_only = compile_command(lang)
             job = ProgramJob(
                 files=assemble(lang, problem, sample["completion"]),
                 run=lang.run,
-                compile=lang.compile,
+                compile=compile_argv,
                 compile_timeout=config.compile_timeout(lang) if lang.compiled else 0.0,
                 compile_ok=lang.compile_ok,
                 compile_output_file=lang.compile_output_file,
                 env=environment(lang),
+                read_only=read_only,
             )
     except LanguageError as e:
         language = str(sample.get("language") or problem.get("language") or "unknown")

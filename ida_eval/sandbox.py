@@ -666,6 +666,9 @@ def _spawn_and_wait(
     server: _JobServer | None = None,
 ) -> SandboxResult:
     hidden, kept, fresh = _hidden_paths(workdir) if iso.uses_namespaces else ([], [], [])
+    for path in job.read_only if job is not None and iso.uses_namespaces else ():
+        if _under(path, hidden + fresh) and not _under(path, kept):  # mounted back; remounted read-only with the rest
+            kept.append(path)
     sockets = _host_sockets(hidden + fresh) if iso.uses_namespaces else []
     sent_r, sent_w = os.pipe()
     stat_r, stat_w = os.pipe()

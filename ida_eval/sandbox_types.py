@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import marshal
 import math
+import os
 
 __all__ = [
     "COMPILE_LOG",
@@ -164,7 +165,9 @@ class ProgramJob:
     child (same rlimits, uid, namespaces) with the nonce on its stdin: the job's test driver reads it
     before any program code runs and proves it ran to its end by writing it to stdout as its last
     act, so ``finished`` means the nonce arrived on stdout. Commands are argv lists resolved through the sandbox's ``PATH``; ``{work}``
-    in ``env`` values is replaced by the work directory. Per-language rules live in
+    in ``env`` values is replaced by the work directory. ``read_only`` names host directories the commands
+    read (C++'s precompiled header, :mod:`ida_eval.precompiled`) that must stay visible where the sandbox hides
+    their parent (home, the temp dirs): they are mounted back read-only. Per-language rules live in
     :mod:`ida_eval.languages`.
     """
 
@@ -175,10 +178,14 @@ class ProgramJob:
     compile_ok: tuple[int, ...] = (0,)
     compile_output_file: str | None = None  # the compile step must have produced this file
     env: tuple[tuple[str, str], ...] = ()
+    read_only: tuple[str, ...] = ()  # absolute host directories the commands read, visible read-only
 
     def __post_init__(self) -> None:
         if not self.run:
             raise ValueError("a ProgramJob needs a run command")
+        for path in self.read_only:
+            if not os.path.isabs(path):
+                raise ValueError(f"ProgramJob read_only path {path!r} must be absolute")
         for name, _ in self.files:
             if not name or "/" in name or name.startswith(".") or name == COMPILE_LOG:
                 raise ValueError(f"ProgramJob file name {name!r} must be a plain name")

@@ -1,0 +1,108 @@
+"""The precompiled ``bits/stdc++.h`` of C++ compiles (ida_eval.precompiled): built once, the same binaries and
+diagnostics as mxeval's compile, used inside the sandbox and never writable there."""
+
+from __future__ import annotations
+
+import subprocess
+import warnings
+from pathlib import Path
+
+import pytest
+
+from ida_eval import precompiled
+from ida_eval.isolation import probe_isolation
+from ida_eval.languages import LANGUAGES, assemble, missing_tools
+from ida_eval.sandbox import SAFE_PATH, run_program
+from ida_eval.sandbox_types import DEFAULT_LIMITS, ProgramJob
+from tests.ida_eval.toys import TOYS, toy_problem
+
+CPP = LANGUAGES["cpp"]
+pytestmark = pytest.mark.skipif(bool(missing_tools(CPP)), reason="no g++ (python -m ida_eval.toolchains --install)")
+ENV = {"PATH": SAFE_PATH, "LANG": "C.UTF-8"}
+
+
+@pytest.fixture(scope="module")
+def pch() -> str:
+    """The cache's precompiled header directory (built by the first test that needs it, ~7 s; then reused)."""
+    argv, read_only = precompiled.compile_command(CPP)
+    assert read_only and argv == (CPP.compile[0], "-I", read_only[0], *CPP.compile[1:])
+    return read_only[0]
+
+
+def test_it_is_built_once_readable_by_every_uid_and_reused(pch: str) -> None:
+    gch = Path(pch) / "bits" / "stdc++.h.gch"
+    assert gch.stat().st_mode & 0o777 == 0o644 and Path(pch).stat().st_mode & 0o777 == 0o755
+    before = gch.stat().st_mtime_ns
+    precompiled._dirs.clear()  # a new process: found in the cache, not built again
+    assert precompiled.header_dir(CPP.compile[0]) == pch and gch.stat().st_mtime_ns == before
+    assert not [p for p in Path(pch).parent.iterdir() if p.name.startswith(".pch-")]  # no temporary left
+
+
+def _compile(tmp: Path, completion: str, argv: tuple[str, ...]) -> tuple[int, str, bytes]:
+    tmp.mkdir()
+    for name, text in assemble(CPP, toy_problem("cpp"), completion):
+        (tmp / name).write_text(text)
+    res = subprocess.run(argv, cwd=tmp, env=ENV, capture_output=True, text=True, check=False)
+    binary = (tmp / "prog").read_bytes() if res.returncode == 0 else b""
+    return res.returncode, res.stderr.replace(str(tmp), "<dir>"), binary
+
+
+@pytest.mark.parametrize("completion", ["right", "compile"])
+def test_the_same_binary_and_diagnostics_as_without_it(pch: str, completion: str, tmp_path: Path) -> None:
+    plain = _compile(tmp_path / "plain", TOYS["cpp"][completion], CPP.compile)
+    with_pch = _compile(tmp_path / "pch", TOYS["cpp"][completion], precompiled.compile_command(CPP)[0])
+    assert with_pch == plain
+    assert (plain[0] == 0) == (completion == "right") and (plain[2] != b"") == (completion == "right")
+
+
+def test_a_sandboxed_compile_uses_it_and_no_program_can_write_it(pch: str) -> None:
+    gch = f"{pch}/bits/stdc++.h.gch"
+    job = ProgramJob(
+        files=(("prog.cpp", "#include <bits/stdc++.h>\nint main() {}\n"),),
+        # g++ -H marks a precompiled header it used with "!"; grep's status is the compile's
+        compile=("sh", "-c", f"g++ -I {pch} -H -fsyntax-only prog.cpp 2>&1 | grep -qxF '! {gch}'"),
+        compile_timeout=120.0,
+        # the run passes (echoes the nonce) only if the program cannot write the header nor add a file beside it
+        run=("sh", "-c", f"[ -r {gch} ] && [ ! -w {gch} ] && ! touch {pch}/planted 2>/dev/null && cat"),
+        read_only=(pch,),
+    )
+    iso = probe_isolation()
+    res = run_program(job, DEFAULT_LIMITS, isolation=iso)
+    assert res.passed, (iso.description, res.stderr_tail, res.compile_output)
+    assert not Path(pch, "planted").exists()
+    if iso.uses_namespaces:  # the cache lies under the hidden home: without read_only, not there at all
+        hidden = run_program(
+            ProgramJob(files=job.files, run=("sh", "-c", f"[ ! -e {pch} ] && cat")), DEFAULT_LIMITS, isolation=iso
+        )
+        assert hidden.passed, hidden.stderr_tail
+
+
+def test_the_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(precompiled.SWITCH, "0")
+    assert precompiled.compile_command(CPP) == (CPP.compile, ())
+    assert precompiled.compile_command(LANGUAGES["java"]) == (LANGUAGES["java"].compile, ())
+
+
+def test_where_it_cannot_be_built_a_warning_says_so_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(precompiled, "_dirs", {})
+    fake = tmp_path / "fake-g++"  # a compiler that knows no include path
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    with pytest.warns(
+        RuntimeWarning, match=r"no precompiled <bits/stdc\+\+\.h> for .*fake-g\+\+ \(.* printed no include"
+    ):
+        assert precompiled.header_dir(str(fake)) is None
+    with pytest.warns(RuntimeWarning, match=r"for no-such-g\+\+ \(no-such-g\+\+ not found\)"):
+        assert precompiled.header_dir("no-such-g++") is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert precompiled.header_dir(str(fake)) is None  # once per process
+
+
+def test_a_cache_it_cannot_write_is_a_warning_not_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(precompiled, "_dirs", {})
+    blocked = tmp_path / "cache"
+    blocked.write_text("a file where the cache directory should be")
+    monkeypatch.setenv("IDA_CACHE_DIR", str(blocked))
+    with pytest.warns(RuntimeWarning, match="cannot write"):
+        assert precompiled.header_dir("g++") is None
