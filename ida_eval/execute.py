@@ -365,7 +365,7 @@ def _run_one(
                 text = f"toolchain missing: {', '.join(missing)} not found ({lang.name})"
                 record.update(_not_run(lang.name, Verdict(ResultKind.TOOLCHAIN_MISSING, text)))
                 return record
-            compile_argv, read_only = compile_command(lang)
+            compile_argv, read_only = compile_command(lang, probe_isolation(config.isolation), config.tmp_root)
             job = ProgramJob(
                 files=assemble(lang, problem, sample["completion"]),
                 run=lang.run,

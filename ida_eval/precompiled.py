@@ -16,8 +16,10 @@ precompiled header GCC cannot use costs time, never a verdict (docs/eval.md, "C+
   ``bits/stdc++.h``, a full disk), a warning says so once and programs compile without it.
 * **Shared read-only.** It is the one file every task's compile reads; no program can write it: in
   the namespace modes it is mounted back read-only into each sandbox
-  (:attr:`ida_eval.sandbox_types.ProgramJob.read_only`), under ``setuid`` programs run as another uid
-  (which cannot read a cache under a private home, and then compiles without it). Under the
+  (:attr:`ida_eval.sandbox_types.ProgramJob.read_only`), under ``setuid`` programs run as another uid.
+  Where a program's uid could not reach it (a root runner without namespaces, the cache under root's
+  0700 home), it is not passed (``g++`` fails on an include directory it may not enter instead of
+  skipping it; :func:`ida_eval.sandbox.readable_in_sandbox`), with one warning. Under the
   ``rlimits`` fallback a program runs as the cache's owner and could rewrite it, as it could every
   other file of that user: that fallback does not isolate programs at all (docs/eval.md, "Isolation").
 * ``IDA_EVAL_CPP_PCH=0`` turns it off: the compile command is then exactly mxeval's.
@@ -35,7 +37,8 @@ from pathlib import Path
 
 from ida_common.native_build import build_key, cache_dir, compiler_banner, file_lock, switch_enabled
 from ida_eval.languages import Language
-from ida_eval.sandbox import SAFE_PATH
+from ida_eval.sandbox import SAFE_PATH, readable_in_sandbox
+from ida_eval.sandbox_types import Isolation
 
 __all__ = ["HEADER", "SWITCH", "compile_command", "header_dir"]
 
@@ -46,18 +49,31 @@ _ENV = {"PATH": SAFE_PATH, "LANG": "C.UTF-8"}  # the compilers a sandboxed compi
 
 _lock = threading.Lock()
 _dirs: dict[str, str | None] = {}
+_warned: set[tuple[str, ...]] = set()
 
 
-def compile_command(lang: Language) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
-    """``(compile argv, read-only directories it needs)`` of ``lang``'s programs.
+def compile_command(
+    lang: Language, isolation: Isolation, tmp_root: str | None = None
+) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
+    """``(compile argv, read-only directories it needs)`` of ``lang``'s programs run under ``isolation``.
 
     C++: ``g++ -I DIR ida_end.cpp prog.cpp -o prog`` with ``DIR`` (:func:`header_dir`), where it can be
-    built and ``IDA_EVAL_CPP_PCH`` does not turn it off; every other case: the language's own command.
+    built, the sandbox's programs can read it (:func:`ida_eval.sandbox.readable_in_sandbox`: ``g++``
+    fails on an include directory it may not enter) and ``IDA_EVAL_CPP_PCH`` does not turn it off; every
+    other case: the language's own command.
     """
     if lang.name != "cpp" or lang.compile is None or not switch_enabled(SWITCH):
         return lang.compile, ()
     directory = header_dir(lang.compile[0])
     if directory is None:
+        return lang.compile, ()
+    if not readable_in_sandbox(directory, isolation, tmp_root):
+        _warn_once(
+            ("unreadable", directory, isolation.privilege),
+            f"ida_eval: the precompiled <{HEADER}> in {directory} is out of reach of the sandbox's programs "
+            f"({isolation.level}/{isolation.privilege}: a directory on its path is not readable for their uid); "
+            "C++ programs compile without it",
+        )
         return lang.compile, ()
     return (lang.compile[0], "-I", directory, *lang.compile[1:]), (directory,)
 
@@ -70,14 +86,19 @@ def header_dir(compiler: str) -> str | None:
             try:
                 _dirs[compiler] = _cached(compiler)
             except _Unavailable as e:
-                warnings.warn(
+                _warn_once(
+                    ("unavailable", compiler),
                     f"ida_eval: no precompiled <{HEADER}> for {compiler} ({e}); C++ programs compile without it "
                     "(the same binaries, about 4x the compile time)",
-                    RuntimeWarning,
-                    stacklevel=3,
                 )
                 _dirs[compiler] = None
         return _dirs[compiler]
+
+
+def _warn_once(key: tuple[str, ...], message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
 class _Unavailable(Exception):

@@ -548,6 +548,41 @@ def _under(path: str, dirs: Sequence[str]) -> bool:
     return any(os.path.commonpath([d, path]) == d for d in dirs)
 
 
+def readable_in_sandbox(path: str, isolation: Isolation, tmp_root: str | None = None) -> bool:
+    """Whether a program run under ``isolation`` can read the directory ``path`` (a
+    :attr:`ProgramJob.read_only` entry): ``path`` readable and searchable, and every directory above it
+    searchable, for the uid the program runs as.
+
+    That uid is a per-worker one (``setuid``: the "other" permission bits), the runner's own with every
+    capability dropped (``capdrop``: the owner bits where the runner owns the directory), or the runner
+    itself (``rlimits``). In the namespace modes a path under a hidden directory (the home, the temp dirs)
+    is mounted back with new, searchable parents: only the directories above the hidden one count. A
+    compiler told to search a directory it may not enter fails (``g++``: "Permission denied") instead of
+    skipping it, so a caller asks this first.
+    """
+    if isolation.privilege not in ("setuid", "capdrop"):
+        return os.access(path, os.R_OK | os.X_OK)
+    path = os.path.realpath(path)
+    above = [str(p) for p in Path(path).parents]
+    if isolation.uses_namespaces:
+        hidden, _, fresh = _hidden_paths_for(
+            os.path.realpath(tmp_root or tempfile.gettempdir()), os.path.expanduser("~"), tempfile.gettempdir()
+        )
+        cover = [d for d in (*hidden, *fresh) if _under(path, [d])]
+        if cover:
+            top = min(cover, key=len)  # the outermost hidden directory: a fresh tmpfs, searchable
+            above = [d for d in above if not _under(d, [top])]
+    try:
+        return _allowed(os.stat(path), isolation, 0o5) and all(_allowed(os.stat(d), isolation, 0o1) for d in above)
+    except OSError:
+        return False
+
+
+def _allowed(st: os.stat_result, isolation: Isolation, bits: int) -> bool:
+    owner = isolation.privilege == "capdrop" and st.st_uid == os.geteuid()
+    return (st.st_mode >> 6 if owner else st.st_mode) & bits == bits
+
+
 def _hidden_paths(workdir: str) -> tuple[list[str], list[str], list[str]]:
     """(directories to cover with an empty tmpfs, paths under them to keep visible, fresh dirs).
 

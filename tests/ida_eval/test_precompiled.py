@@ -3,8 +3,11 @@ diagnostics as mxeval's compile, used inside the sandbox and never writable ther
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,8 +15,8 @@ import pytest
 from ida_eval import precompiled
 from ida_eval.isolation import probe_isolation
 from ida_eval.languages import LANGUAGES, assemble, missing_tools
-from ida_eval.sandbox import SAFE_PATH, run_program
-from ida_eval.sandbox_types import DEFAULT_LIMITS, ProgramJob
+from ida_eval.sandbox import SAFE_PATH, readable_in_sandbox, run_program
+from ida_eval.sandbox_types import DEFAULT_LIMITS, Isolation, ProgramJob
 from tests.ida_eval.toys import TOYS, toy_problem
 
 CPP = LANGUAGES["cpp"]
@@ -24,7 +27,7 @@ ENV = {"PATH": SAFE_PATH, "LANG": "C.UTF-8"}
 @pytest.fixture(scope="module")
 def pch() -> str:
     """The cache's precompiled header directory (built by the first test that needs it, ~7 s; then reused)."""
-    argv, read_only = precompiled.compile_command(CPP)
+    argv, read_only = precompiled.compile_command(CPP, probe_isolation())
     assert read_only and argv == (CPP.compile[0], "-I", read_only[0], *CPP.compile[1:])
     return read_only[0]
 
@@ -50,7 +53,7 @@ def _compile(tmp: Path, completion: str, argv: tuple[str, ...]) -> tuple[int, st
 @pytest.mark.parametrize("completion", ["right", "compile"])
 def test_the_same_binary_and_diagnostics_as_without_it(pch: str, completion: str, tmp_path: Path) -> None:
     plain = _compile(tmp_path / "plain", TOYS["cpp"][completion], CPP.compile)
-    with_pch = _compile(tmp_path / "pch", TOYS["cpp"][completion], precompiled.compile_command(CPP)[0])
+    with_pch = _compile(tmp_path / "pch", TOYS["cpp"][completion], (CPP.compile[0], "-I", pch, *CPP.compile[1:]))
     assert with_pch == plain
     assert (plain[0] == 0) == (completion == "right") and (plain[2] != b"") == (completion == "right")
 
@@ -79,12 +82,49 @@ def test_a_sandboxed_compile_uses_it_and_no_program_can_write_it(pch: str) -> No
 
 def test_the_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(precompiled.SWITCH, "0")
-    assert precompiled.compile_command(CPP) == (CPP.compile, ())
-    assert precompiled.compile_command(LANGUAGES["java"]) == (LANGUAGES["java"].compile, ())
+    assert precompiled.compile_command(CPP, probe_isolation()) == (CPP.compile, ())
+    assert precompiled.compile_command(LANGUAGES["java"], probe_isolation()) == (LANGUAGES["java"].compile, ())
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A 0755 directory in the system temp dir (pytest's own are under a 0700 one)."""
+    path = Path(tempfile.mkdtemp(prefix="ida-test-pch-"))
+    try:
+        path.chmod(0o755)
+        if any(not p.stat().st_mode & 0o001 for p in path.parents):
+            pytest.skip(f"the system temp dir {path.parent} is not searchable by others")
+        yield path
+    finally:
+        for p in (path, *path.rglob("*")):
+            p.chmod(0o755)
+        shutil.rmtree(path)
+
+
+def test_a_header_the_programs_uid_cannot_reach_is_not_passed(monkeypatch: pytest.MonkeyPatch, open_dir: Path) -> None:
+    """g++ fails on an include directory it may not enter ("Permission denied"), so a per-worker uid that cannot
+    search a directory on the path (a root runner without namespaces, the cache in root's 0700 home) compiles
+    without the header rather than failing every program."""
+    locked = open_dir / "home"
+    (locked / "cache" / "bits").mkdir(parents=True)
+    (locked / "cache").chmod(0o755)
+    locked.chmod(0o700)
+    where = str(locked / "cache")
+    setuid = Isolation("setuid", "setuid", (), "per-worker uid, no namespaces")
+    assert not readable_in_sandbox(where, setuid)
+    assert readable_in_sandbox(where, Isolation("setuid", "capdrop", (), "the runner's uid, capabilities dropped"))
+    monkeypatch.setattr(precompiled, "_dirs", {CPP.compile[0]: where})  # as if built there
+    monkeypatch.setattr(precompiled, "_warned", set())
+    with pytest.warns(RuntimeWarning, match="out of reach of the sandbox's programs"):
+        assert precompiled.compile_command(CPP, setuid) == (CPP.compile, ())
+    locked.chmod(0o711)  # searchable by others: now it is passed
+    assert readable_in_sandbox(where, setuid)
+    assert precompiled.compile_command(CPP, setuid) == ((CPP.compile[0], "-I", where, *CPP.compile[1:]), (where,))
 
 
 def test_where_it_cannot_be_built_a_warning_says_so_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(precompiled, "_dirs", {})
+    monkeypatch.setattr(precompiled, "_warned", set())
     fake = tmp_path / "fake-g++"  # a compiler that knows no include path
     fake.write_text("#!/bin/sh\nexit 0\n")
     fake.chmod(0o755)
@@ -101,6 +141,7 @@ def test_where_it_cannot_be_built_a_warning_says_so_once(monkeypatch: pytest.Mon
 
 def test_a_cache_it_cannot_write_is_a_warning_not_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(precompiled, "_dirs", {})
+    monkeypatch.setattr(precompiled, "_warned", set())
     blocked = tmp_path / "cache"
     blocked.write_text("a file where the cache directory should be")
     monkeypatch.setenv("IDA_CACHE_DIR", str(blocked))
