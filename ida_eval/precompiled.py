@@ -143,6 +143,8 @@ def _find_header(exe: str) -> Path:
 def _build(exe: str, header: Path, root: Path, target: Path) -> None:
     """Compile ``header`` into ``target`` through a checked temporary directory (renamed into place)."""
     root.mkdir(parents=True, exist_ok=True)
+    for leftover in root.glob(".pch-*"):  # of a build that was killed: we hold the lock, none is running
+        shutil.rmtree(leftover, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
     try:
         (tmp / HEADER).parent.mkdir()

@@ -147,3 +147,19 @@ def test_a_cache_it_cannot_write_is_a_warning_not_an_error(monkeypatch: pytest.M
     monkeypatch.setenv("IDA_CACHE_DIR", str(blocked))
     with pytest.warns(RuntimeWarning, match="cannot write"):
         assert precompiled.header_dir("g++") is None
+
+
+def test_a_build_into_an_empty_cache_clears_what_a_killed_build_left(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The build path itself (CI's cache is warm after its first run): built, checked, renamed into place, and a
+    killed build's temporary directory removed (~7 s)."""
+    monkeypatch.setenv("IDA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(precompiled, "_dirs", {})
+    leftover = tmp_path / "cache" / "ida_eval" / ".pch-0123456789abcdef.x1y2"
+    leftover.mkdir(parents=True)
+    (leftover / "stdc++.h.gch").write_bytes(b"half a header")
+    built = precompiled.header_dir(CPP.compile[0])
+    assert built is not None and Path(built).parent == (tmp_path / "cache" / "ida_eval").resolve()
+    assert (Path(built) / "bits" / "stdc++.h.gch").stat().st_size > 1 << 20
+    assert not leftover.exists()
