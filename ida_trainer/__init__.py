@@ -14,6 +14,9 @@ Example:
     'adamw'
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ida_trainer.cli import parse_args
 from ida_trainer.config import (
     CheckpointConfig,
@@ -26,9 +29,30 @@ from ida_trainer.config import (
     PrecisionConfig,
     TrainConfig,
 )
-from ida_trainer.data import DataError
-from ida_trainer.engine import LocalEngine, NonFiniteError
-from ida_trainer.trainer import Trainer, run
+
+if TYPE_CHECKING:
+    from ida_trainer.data import DataError
+    from ida_trainer.engine import LocalEngine, NonFiniteError
+    from ida_trainer.trainer import Trainer, run
+
+# Imported on first use (torch and transformers come with them): `python -m ida_trainer --help`, or a bad
+# setting, answers in a fraction of a second instead of after ~5 s of imports.
+_LAZY = {
+    "DataError": "ida_trainer.data",
+    "LocalEngine": "ida_trainer.engine",
+    "NonFiniteError": "ida_trainer.engine",
+    "Trainer": "ida_trainer.trainer",
+    "run": "ida_trainer.trainer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'ida_trainer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
 
 __all__: list[str] = [
     "CheckpointConfig",

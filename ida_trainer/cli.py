@@ -31,12 +31,12 @@ else:  # Python 3.10: tomllib's PyPI original, the same parser (pyproject.toml r
 from ida_trainer.config import (
     ADAMW_BETAS,
     DEMO_ADAMW_LR,
+    DEMO_DURATION,
     DEMO_LION_LR,
     LION_BETAS,
     SECTIONS,
     JobConfig,
 )
-from ida_trainer.demo.build import DEMO_DURATION
 
 # --------------------------------------------------------------------------------------------------
 # Presets: real configurations (the base directory comes from the user).

@@ -44,6 +44,10 @@ DataFormat = Literal["plain", "alpaca", "chat"]
 
 LION_BETAS = (0.9, 0.99)  # Lion paper defaults (Chen et al. 2023)
 ADAMW_BETAS = (0.9, 0.95)  # the bf16 comparison recipe's betas (LLM-SFT convention)
+# How long `python -m ida_trainer` (the demo) takes; README.md, --help and docs/trainer.md quote this string
+# (tests/ida_trainer/test_docs_trainer.py). Measured: docs/cli.md, "Set-up and durations". Here, not in
+# ida_trainer.demo, so that --help imports no torch.
+DEMO_DURATION = "about 1 min on 2 idle CPU cores"
 DEMO_LION_LR = 3e-3  # demo: tiny model, few hundred steps; Lion wants ~3-10x smaller lr than AdamW
 DEMO_ADAMW_LR = 1e-2  # demo: AdamW lr for the same tiny model
 

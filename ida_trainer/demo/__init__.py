@@ -3,10 +3,10 @@
 See :mod:`ida_trainer.demo.build` for what the demo shows and what it does not (model quality).
 """
 
+from ida_trainer.config import DEMO_DURATION
 from ida_trainer.demo.build import (
     CHAT_TEMPLATE,
     DEMO_DIR,
-    DEMO_DURATION,
     EOS_TOKEN,
     SPECIAL_TOKENS,
     build_demo_model,

@@ -1,6 +1,6 @@
 """Builders for the embedded demo: a tiny NemotronForCausalLM, a tokenizer trained on the spot, a shipped code corpus.
 
-``python -m ida_trainer`` with no arguments trains this model on CPU (:data:`DEMO_DURATION`) with the nvfp4
+``python -m ida_trainer`` with no arguments trains this model on CPU (:data:`ida_trainer.config.DEMO_DURATION`) with the nvfp4
 recipe, exports the MXFP8 checkpoint and scores it with ``ida_eval`` on problems whose solutions are in
 the corpus. It demonstrates that every stage of the pipeline runs end to end on real components
 (tokenizers BPE, transformers' Nemotron with relu^2 MLP and LayerNorm1P, NVFP4 linears, the MXFP8
@@ -31,9 +31,6 @@ import torch
 from ida_trainer.config import ModelConfig
 
 DEMO_DIR = Path(__file__).resolve().parent
-# How long `python -m ida_trainer` (the demo) takes; README.md, --help and docs/trainer.md quote this string
-# (tests/ida_trainer/test_docs_trainer.py). Measured: docs/cli.md, "Set-up and durations".
-DEMO_DURATION = "about 1 min on 2 idle CPU cores"
 EOS_TOKEN = "<|endoftext|>"  # end of document, also the pad token
 SPECIAL_TOKENS = (EOS_TOKEN, "<|im_start|>", "<|im_end|>", "<think>", "</think>")
 DEMO_VOCAB_SIZE = 1024  # BPE target; the demo corpus saturates around 840 merges+bytes
