@@ -54,6 +54,10 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__: list[str] = [
     "CheckpointConfig",
     "DataConfig",
