@@ -38,7 +38,7 @@ import shutil
 import subprocess
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,7 @@ __all__ = [
     "package_version",
     "switch_enabled",
     "tool_from_env",
+    "warn_once",
 ]
 
 CACHE_ENV = "IDA_CACHE_DIR"  # root of every native build cache
@@ -67,13 +68,15 @@ LEGACY_CACHE_ENVS: dict[str, str] = {"nvfp4_cuda": "NVFP4_CUDA_CACHE_DIR"}
 DISTRIBUTION = "ida"  # the installed distribution whose version goes into every build key
 _OFF = ("0", "false", "no", "off")
 _ON = ("", "1", "true", "yes", "on")
-_warned: set[str] = set()
+_warned: set[Hashable] = set()
 
 
-def _warn_once(key: str, message: str) -> None:
+def warn_once(key: Hashable, message: str, category: type[Warning] = UserWarning, stacklevel: int = 3) -> None:
+    """``warnings.warn(message, category)`` the first time ``key`` is seen in this process, never again
+    (``stacklevel`` counts from this function's caller's caller, as for a helper that calls it)."""
     if key not in _warned:
         _warned.add(key)
-        warnings.warn(message, UserWarning, stacklevel=3)
+        warnings.warn(message, category, stacklevel=stacklevel)
 
 
 def cache_root() -> Path:
@@ -98,7 +101,7 @@ def cache_dir(component: str) -> Path:
     """
     legacy = LEGACY_CACHE_ENVS.get(component)
     if legacy and os.environ.get(legacy) and not os.environ.get(CACHE_ENV):
-        _warn_once(
+        warn_once(
             legacy,
             f"{legacy} is deprecated; set {CACHE_ENV} (the cache of every ida native build, "
             f"this one in {CACHE_ENV}/{component})",
@@ -118,7 +121,7 @@ def switch_enabled(variable: str) -> bool:
     if value in _OFF:
         return False
     if value not in _ON:
-        _warn_once(
+        warn_once(
             variable,
             f"{variable}={os.environ[variable]!r} is not one of 0/1/false/true/no/yes/off/on; "
             "ignored (the native path stays on)",

@@ -592,6 +592,17 @@ def environment(lang: Language) -> tuple[tuple[str, str], ...]:
     return tuple((k, node_path() if v == "@node_path" else v) for k, v in lang.env)
 
 
+def tool_env(lang: Language | None = None) -> dict[str, str]:
+    """The environment a tool is run with outside the sandbox (version checks, installs, the precompiled C++
+    header): the sandbox's ``PATH``, ``LANG=C.UTF-8``, plus ``lang``'s own variables that name no work directory."""
+    from ida_eval.sandbox import SAFE_PATH
+
+    env = {"PATH": SAFE_PATH, "LANG": "C.UTF-8"}
+    if lang is not None:
+        env.update((k, v) for k, v in environment(lang) if "{work}" not in v)
+    return env
+
+
 def missing_tools(lang: Language) -> list[str]:
     """The language's tools not found on the sandbox's ``PATH`` (empty: it can run here)."""
     from ida_eval.sandbox import SAFE_PATH

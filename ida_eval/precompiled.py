@@ -32,11 +32,10 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import warnings
 from pathlib import Path
 
-from ida_common.native_build import build_key, cache_dir, compiler_banner, file_lock, switch_enabled
-from ida_eval.languages import Language
+from ida_common.native_build import build_key, cache_dir, compiler_banner, file_lock, switch_enabled, warn_once
+from ida_eval.languages import Language, tool_env
 from ida_eval.sandbox import SAFE_PATH, readable_in_sandbox
 from ida_eval.sandbox_types import Isolation
 
@@ -45,11 +44,9 @@ __all__ = ["HEADER", "SWITCH", "compile_command", "header_dir"]
 HEADER = "bits/stdc++.h"  # what every MBCPP prompt includes first
 SWITCH = "IDA_EVAL_CPP_PCH"  # 0/false/no/off: compile without it
 BUILD_TIMEOUT_S = 600.0  # ~7 s of CPU on an idle core; generous for a busy machine
-_ENV = {"PATH": SAFE_PATH, "LANG": "C.UTF-8"}  # the compilers a sandboxed compile finds
 
 _lock = threading.Lock()
 _dirs: dict[str, str | None] = {}
-_warned: set[tuple[str, ...]] = set()
 
 
 def compile_command(
@@ -68,11 +65,13 @@ def compile_command(
     if directory is None:
         return lang.compile, ()
     if not readable_in_sandbox(directory, isolation, tmp_root):
-        _warn_once(
-            ("unreadable", directory, isolation.privilege),
+        warn_once(
+            (__name__, "unreadable", directory, isolation.privilege),
             f"ida_eval: the precompiled <{HEADER}> in {directory} is out of reach of the sandbox's programs "
             f"({isolation.level}/{isolation.privilege}: a directory on its path is not readable for their uid); "
             "C++ programs compile without it",
+            RuntimeWarning,
+            stacklevel=4,
         )
         return lang.compile, ()
     return (lang.compile[0], "-I", directory, *lang.compile[1:]), (directory,)
@@ -86,19 +85,15 @@ def header_dir(compiler: str) -> str | None:
             try:
                 _dirs[compiler] = _cached(compiler)
             except _Unavailable as e:
-                _warn_once(
-                    ("unavailable", compiler),
+                warn_once(
+                    (__name__, "unavailable", compiler),
                     f"ida_eval: no precompiled <{HEADER}> for {compiler} ({e}); C++ programs compile without it "
                     "(the same binaries, about 4x the compile time)",
+                    RuntimeWarning,
+                    stacklevel=4,
                 )
                 _dirs[compiler] = None
         return _dirs[compiler]
-
-
-def _warn_once(key: tuple[str, ...], message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
 class _Unavailable(Exception):
@@ -166,7 +161,7 @@ def _build(exe: str, header: Path, root: Path, target: Path) -> None:
 def _run(argv: list[str], stdin: str = "") -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(
-            argv, input=stdin, capture_output=True, text=True, env=_ENV, timeout=BUILD_TIMEOUT_S, check=False
+            argv, input=stdin, capture_output=True, text=True, env=tool_env(), timeout=BUILD_TIMEOUT_S, check=False
         )
     except (OSError, subprocess.SubprocessError) as e:
         raise _Unavailable(f"{argv[0]}: {e}") from e

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ida_common.cli import ArgumentParser, CannotRunHere, Run, run_main
-from ida_eval.languages import LANGUAGES, Language, environment, missing_tools
+from ida_eval.languages import LANGUAGES, Language, environment, missing_tools, tool_env
 from ida_eval.sandbox import SAFE_PATH
 
 __all__ = ["apt_command", "main", "toolchain_report"]
@@ -30,16 +30,8 @@ PROG = "ida_eval.toolchains"
 VERSION_TIMEOUT_S = 60.0  # kotlinc -version starts a JVM: seconds on a busy machine
 
 
-def _tool_env(lang: Language | None = None) -> dict[str, str]:
-    """The environment a tool is run with here: the sandbox's ``PATH``, plus the language's own."""
-    env = {"PATH": SAFE_PATH, "LANG": "C.UTF-8"}
-    if lang is not None:
-        env.update((k, v) for k, v in environment(lang) if "{work}" not in v)
-    return env
-
-
 def _version(lang: Language) -> str | None:
-    env = _tool_env(lang)
+    env = tool_env(lang)
     try:
         proc = subprocess.run(
             lang.version_cmd, capture_output=True, text=True, timeout=VERSION_TIMEOUT_S, env=env, check=False
@@ -61,7 +53,7 @@ def _library_missing(lang: Language) -> str | None:
         ok = (
             perl is not None
             and subprocess.run(
-                [perl, "-MData::Compare", "-e1"], capture_output=True, env=_tool_env(), check=False
+                [perl, "-MData::Compare", "-e1"], capture_output=True, env=tool_env(), check=False
             ).returncode
             == 0
         )
@@ -147,7 +139,7 @@ def _main(run: Run) -> int:
         print(" ".join(cmd) if cmd else "nothing to install")
     if args.yes and cmd:
         for step in (["apt-get", "update"], cmd):
-            env = _tool_env() | {"DEBIAN_FRONTEND": "noninteractive"}
+            env = tool_env() | {"DEBIAN_FRONTEND": "noninteractive"}
             status = subprocess.run(step, env=env, stdout=sys.stderr if args.json else None, check=False).returncode
             if status != 0:
                 raise CannotRunHere(

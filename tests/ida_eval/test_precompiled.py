@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ida_common import native_build
 from ida_eval import precompiled
 from ida_eval.isolation import probe_isolation
 from ida_eval.languages import LANGUAGES, assemble, missing_tools
@@ -114,7 +115,7 @@ def test_a_header_the_programs_uid_cannot_reach_is_not_passed(monkeypatch: pytes
     assert not readable_in_sandbox(where, setuid)
     assert readable_in_sandbox(where, Isolation("setuid", "capdrop", (), "the runner's uid, capabilities dropped"))
     monkeypatch.setattr(precompiled, "_dirs", {CPP.compile[0]: where})  # as if built there
-    monkeypatch.setattr(precompiled, "_warned", set())
+    monkeypatch.setattr(native_build, "_warned", set())
     with pytest.warns(RuntimeWarning, match="out of reach of the sandbox's programs"):
         assert precompiled.compile_command(CPP, setuid) == (CPP.compile, ())
     locked.chmod(0o711)  # searchable by others: now it is passed
@@ -124,7 +125,7 @@ def test_a_header_the_programs_uid_cannot_reach_is_not_passed(monkeypatch: pytes
 
 def test_where_it_cannot_be_built_a_warning_says_so_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(precompiled, "_dirs", {})
-    monkeypatch.setattr(precompiled, "_warned", set())
+    monkeypatch.setattr(native_build, "_warned", set())
     fake = tmp_path / "fake-g++"  # a compiler that knows no include path
     fake.write_text("#!/bin/sh\nexit 0\n")
     fake.chmod(0o755)
@@ -141,7 +142,7 @@ def test_where_it_cannot_be_built_a_warning_says_so_once(monkeypatch: pytest.Mon
 
 def test_a_cache_it_cannot_write_is_a_warning_not_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(precompiled, "_dirs", {})
-    monkeypatch.setattr(precompiled, "_warned", set())
+    monkeypatch.setattr(native_build, "_warned", set())
     blocked = tmp_path / "cache"
     blocked.write_text("a file where the cache directory should be")
     monkeypatch.setenv("IDA_CACHE_DIR", str(blocked))
