@@ -72,8 +72,9 @@ _warned: set[Hashable] = set()
 
 
 def warn_once(key: Hashable, message: str, category: type[Warning] = UserWarning, stacklevel: int = 3) -> None:
-    """``warnings.warn(message, category)`` the first time ``key`` is seen in this process, never again
-    (``stacklevel`` counts from this function's caller's caller, as for a helper that calls it)."""
+    """``warnings.warn(message, category)`` the first time ``key`` is seen in this process, never again.
+    ``stacklevel`` counts from here, as ``warnings.warn``'s does: the default 3 names the line that called the
+    function that called this."""
     if key not in _warned:
         _warned.add(key)
         warnings.warn(message, category, stacklevel=stacklevel)

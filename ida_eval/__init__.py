@@ -16,7 +16,7 @@ Example:
     (True, 'whitespace flood (80 chars)')
 """
 
-from typing import Any
+from ida_common.lazy import lazy_attributes
 
 # Every public name is imported on first use. ``python -m ida_eval.execute`` / ``python -m ida_eval.mbxp``
 # run those modules as __main__; importing them from the package first would load them twice (runpy
@@ -39,18 +39,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'ida_eval' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [

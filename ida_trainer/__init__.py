@@ -14,9 +14,9 @@ Example:
     'adamw'
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ida_common.lazy import lazy_attributes
 from ida_trainer.cli import parse_args
 from ida_trainer.config import (
     CheckpointConfig,
@@ -44,18 +44,7 @@ _LAZY = {
     "Trainer": "ida_trainer.trainer",
     "run": "ida_trainer.trainer",
 }
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'ida_trainer' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__: list[str] = [
