@@ -1,7 +1,8 @@
 """MBXP evaluation: load MXFP8 checkpoints into transformers, generate, execute in a sandbox, score.
 
 Modules: :mod:`ida_eval.loader` (``load_model``: meta-device build, streamed MXFP8 decode, transpose,
-strict keys), :mod:`ida_eval.generate` (batched greedy or sampled generation, stop strings, truncation),
+strict keys), :mod:`ida_eval.decoding` (the decoding settings and rules, recorded with a run),
+:mod:`ida_eval.generate` (batched greedy or sampled generation, stop strings, truncation),
 :mod:`ida_eval.analysis` (failure classes, degenerate-output detection, run comparison),
 :mod:`ida_eval.stats` (pass@k as mxeval computes it, intervals, McNemar's exact test),
 :mod:`ida_eval.figures` (pass rates and failure classes as a PNG), :mod:`ida_eval.parallel`
@@ -27,10 +28,8 @@ _LAZY = {
         "ida_eval.analysis",
     ),
     **dict.fromkeys(["FAILURE_CLASSES", "FAILURE_TABLE", "RESULT_KINDS", "ResultKind"], "ida_eval.failures"),
-    **dict.fromkeys(
-        ["STOP_STRINGS", "DecodingConfig", "Generation", "generate_completions", "truncate_completion"],
-        "ida_eval.generate",
-    ),
+    **dict.fromkeys(["STOP_STRINGS", "DecodingConfig", "Generation"], "ida_eval.decoding"),
+    **dict.fromkeys(["generate_completions", "truncate_completion"], "ida_eval.generate"),
     **dict.fromkeys(["ExecutionConfig", "execute_samples", "isolation_in_force", "load_problems"], "ida_eval.execute"),
     **dict.fromkeys(["CheckpointLoadError", "describe_checkpoint", "load_model"], "ida_eval.loader"),
     **dict.fromkeys(["evaluate_checkpoint", "evaluate_model"], "ida_eval.mbxp"),

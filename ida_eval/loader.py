@@ -16,7 +16,8 @@ turned into one error instead of a warning.
 What this module adds on top: the cheap checks before anything is loaded
 (:func:`check_checkpoint_dir`: config.json and tokenizer files), the tokenizer, one error type
 (:class:`CheckpointLoadError`, with the codec's message naming file and tensor), and the provenance of
-a checkpoint for results files (:func:`describe_checkpoint`).
+a checkpoint for results files (:func:`describe_checkpoint`). torch and transformers are imported by the loads
+alone: the checks and the description run without them.
 """
 
 from __future__ import annotations
@@ -27,15 +28,15 @@ from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ida_common.checksums import file_sha256
 from mxfp8_codec import WEIGHTS_DTYPE, MXFP8Error, checkpoint_files, open_mxfp8
 from mxfp8_codec.checkpoint import check_sums
-from mxfp8_codec.hf_load import listed_names
 from mxfp8_codec.layout import file_norm_convention, file_orientation
+
+if TYPE_CHECKING:
+    import torch
 
 # load_model(weights=...): decoded once / MXFP8-resident / MXFP8-resident with the fused kernel for few-token forwards
 WEIGHTS_CHOICES: tuple[str, ...] = ("bf16", "mxfp8", "mxfp8-fused")
@@ -140,6 +141,23 @@ def _weight_files(checkpoint_dir: Path) -> list[WeightFile]:
     return [inspect_weight_file(f) for f in files]
 
 
+def torch_dtype(dtype: torch.dtype | str | None) -> torch.dtype:
+    """The parameter dtype of :func:`load_model`'s ``dtype``: a floating-point ``torch.dtype``, its name
+    (``"bfloat16"``, ``"float32"``: what a command line gives) or None (``torch.bfloat16``).
+
+    Raises:
+        ValueError: a name that is not one of torch's floating-point dtypes.
+    """
+    import torch
+
+    if dtype is None:
+        return torch.bfloat16
+    found = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if not isinstance(found, torch.dtype) or not found.is_floating_point:
+        raise ValueError(f"dtype {dtype!r}: not a floating-point torch dtype")
+    return found
+
+
 @contextmanager
 def _progress_bars(show: bool) -> Any:
     """transformers' loading progress bars on (``show``) or off for one call, restored after."""
@@ -156,7 +174,7 @@ def _progress_bars(show: bool) -> Any:
 def load_model(
     checkpoint_dir: str | Path,
     *,
-    dtype: torch.dtype = torch.bfloat16,
+    dtype: torch.dtype | str | None = None,
     device_map: Any = None,
     progress: bool = False,
     weights: str = "bf16",
@@ -167,7 +185,8 @@ def load_model(
     Args:
         checkpoint_dir: directory with ``config.json``, tokenizer files and ``model.safetensors``
             (or shards + ``model.safetensors.index.json``).
-        dtype: parameter dtype (floating tensors are decoded/cast to it; rotary buffers stay float32).
+        dtype: parameter dtype (floating tensors are decoded/cast to it; rotary buffers stay float32): a
+            floating-point ``torch.dtype`` or its name (``"float32"``); default ``torch.bfloat16``.
         device_map: None (CPU), a device (``"cuda"``, ``"cuda:1"``), ``"auto"`` (accelerate splits
             whole decoder layers over the visible GPUs) or an explicit accelerate device map, as
             ``from_pretrained`` takes it.
@@ -201,6 +220,7 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import mxfp8_codec.hf as mxhf
+    from mxfp8_codec.hf_load import listed_names
 
     if weights not in WEIGHTS_CHOICES:
         raise CheckpointLoadError(f"weights={weights!r}, expected one of {WEIGHTS_CHOICES}")
@@ -220,7 +240,7 @@ def load_model(
                 "zero_centered: write it with python -m mxfp8_codec quantize or dequantize"
             )
     tokenizer = AutoTokenizer.from_pretrained(ckpt)
-    kwargs: dict[str, Any] = {"dtype": dtype, "output_loading_info": True}
+    kwargs: dict[str, Any] = {"dtype": torch_dtype(dtype), "output_loading_info": True}
     if mxfp8:  # config.json's own quantization_config (if any) is checked against the files by the quantizer
         # "mxfp8*": resident; the list is checked above
         kwargs["quantization_config"] = mxhf.MXFP8Config(dequantize=weights == "bf16", check_sums=False)
@@ -251,7 +271,7 @@ def load_model(
     return model, tokenizer
 
 
-def empty_model(checkpoint_dir: str | Path, *, dtype: torch.dtype = torch.bfloat16) -> tuple[Any, Any]:
+def empty_model(checkpoint_dir: str | Path, *, dtype: torch.dtype | str | None = None) -> tuple[Any, Any]:
     """:func:`load_model`'s model built on the meta device, and its tokenizer: the same modules, parameter and
     buffer names, shapes and dtypes (``weights="bf16"``), tied weights tied, and the checkpoint's generation
     config, without reading a weight. The ranks of an FSDP2 or pipelined run but rank 0 build this and get their
@@ -262,12 +282,13 @@ def empty_model(checkpoint_dir: str | Path, *, dtype: torch.dtype = torch.bfloat
     Raises:
         CheckpointLoadError: the directory has no config or tokenizer files (:func:`check_checkpoint_dir`).
     """
+    import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     ckpt = check_checkpoint_dir(checkpoint_dir)
     config = AutoConfig.from_pretrained(ckpt)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(dtype))
     if (ckpt / "generation_config.json").is_file():  # as from_pretrained reads it (its EOS ids stop generation)
         model.generation_config = GenerationConfig.from_pretrained(ckpt)
     model.eval()

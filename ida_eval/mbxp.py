@@ -39,9 +39,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ida_common.cli import ArgumentParser, Run, check_output_dir, run_main
 from ida_common.files import atomic_write_text
@@ -56,6 +54,14 @@ from ida_eval.analysis import (
     score_results,
     task_classes,
 )
+from ida_eval.decoding import (
+    CACHES,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_NEW_TOKENS,
+    STOP_STRINGS,
+    DecodingConfig,
+    Generation,
+)
 from ida_eval.execute import (
     ExecutionConfig,
     SandboxError,
@@ -66,20 +72,14 @@ from ida_eval.execute import (
     summarize,
 )
 from ida_eval.figures import plot_runs
-from ida_eval.generate import (
-    CACHES,
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_MAX_NEW_TOKENS,
-    STOP_STRINGS,
-    DecodingConfig,
-    Generation,
-    generate_completions,
-)
 from ida_eval.languages import LANGUAGES, language_of
-from ida_eval.loader import WEIGHTS_CHOICES, check_checkpoint_dir, describe_checkpoint, load_model
+from ida_eval.loader import WEIGHTS_CHOICES, check_checkpoint_dir, describe_checkpoint, load_model, torch_dtype
 from ida_eval.parallel import ONE_PROCESS, Ranks, cuda_device_for, current_ranks, shard_name, shard_paths
 from ida_eval.problems import find_problems_file, language_files, load_problems
 from ida_eval.stats import mean_pass_at_k
+
+if TYPE_CHECKING:
+    import torch
 
 SAMPLES_FILE = "samples.jsonl"
 RESULTS_FILE = "results.jsonl"
@@ -340,8 +340,8 @@ def evaluate_model(
             :func:`ida_eval.loader.describe_checkpoint`).
         stop_strings: generation stop strings (recorded; default: the problems' language's,
             :data:`ida_eval.languages.LANGUAGES` ``stop_sequences``, Python's being
-            :data:`~ida_eval.generate.STOP_STRINGS`).
-        samples_per_task, temperature, top_p, seed: sampling (:class:`~ida_eval.generate.DecodingConfig`;
+            :data:`~ida_eval.decoding.STOP_STRINGS`).
+        samples_per_task, temperature, top_p, seed: sampling (:class:`~ida_eval.decoding.DecodingConfig`;
             the default is one greedy completion per task).
         pass_at: the k of pass@k to report (default: 1, and 10 and 100 where there are that many
             samples per task); each k <= ``samples_per_task``.
@@ -414,6 +414,8 @@ def evaluate_model(
             f"generate: {what}, {decoding.batch_size} at a time, up to {decoding.max_new_tokens} new tokens "
             f"each ({how})"
         )
+        from ida_eval.generate import generate_completions  # torch and transformers: only to generate
+
         t0 = time.perf_counter()
         gens = generate_completions(
             model,
@@ -523,7 +525,7 @@ def _phase(line: str) -> None:
 def _lazy_model(
     checkpoint_dir: str | Path,
     info: Mapping[str, Any] | None,
-    dtype: torch.dtype,
+    dtype: torch.dtype | str | None,
     device_map: Any,
     progress: bool,
     weights: str,
@@ -536,7 +538,7 @@ def _lazy_model(
             kind = (info or {}).get("format", "")
             _phase(
                 f"load: {checkpoint_dir} ({kind + ' ' if kind else ''}safetensors -> "
-                f"{str(dtype).removeprefix('torch.')} model, weights {weights})"
+                f"{str(torch_dtype(dtype)).removeprefix('torch.')} model, weights {weights})"
             )
             loaded.extend(  # describe_checkpoint has checked the files against their SHA256SUMS
                 load_model(
@@ -557,6 +559,7 @@ def _model_info(model: Any) -> dict[str, Any] | None:
     if model is None:
         return None
     p = next(model.parameters())
+    import torch
     import transformers
 
     mxfp8 = [m for m in model.modules() if type(m).__name__ == "MXFP8Linear"]
@@ -583,6 +586,8 @@ def _device_map_for(device: str, device_map: Any, ranks: Ranks) -> Any:
         )
     if device_map is not None:
         return device_map
+    import torch
+
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
@@ -608,7 +613,7 @@ def evaluate_checkpoint(
     limit: int | None = None,
     device: str = "auto",
     device_map: Any = None,
-    dtype: torch.dtype = torch.bfloat16,
+    dtype: torch.dtype | str | None = None,
     exec_config: ExecutionConfig | None = None,
     progress: bool = True,
     weights: str = "bf16",
@@ -622,6 +627,7 @@ def evaluate_checkpoint(
 ) -> dict[str, Any]:
     """Load a checkpoint directory (MXFP8 or plain) and run :func:`evaluate_model` on it.
 
+    ``dtype``: the model's parameter dtype, a ``torch.dtype`` or its name (default bfloat16).
     ``weights``: ``"bf16"`` (decoded once), ``"mxfp8"`` (projections stay MXFP8 in memory) or
     ``"mxfp8-fused"`` (and a fused kernel for decoding steps on a GPU): :func:`ida_eval.loader.load_model`;
     summary.json's ``model.weights`` records which.
@@ -655,7 +661,7 @@ def evaluate_checkpoint(
 def _checkpoint_for(
     checkpoint_dir: str | Path,
     settings: Mapping[str, Any],
-    dtype: torch.dtype,
+    dtype: torch.dtype | str | None,
     device: str,
     device_map: Any,
     weights: str,
@@ -704,7 +710,7 @@ def evaluate_checkpoint_languages(
     limit: int | None = None,
     device: str = "auto",
     device_map: Any = None,
-    dtype: torch.dtype = torch.bfloat16,
+    dtype: torch.dtype | str | None = None,
     exec_config: ExecutionConfig | None = None,
     progress: bool = True,
     on_language: Any = None,
@@ -1102,7 +1108,7 @@ def _main(run: Run) -> int:
         limit=args.limit,
         device=args.device,
         device_map=args.device_map,
-        dtype=getattr(torch, args.dtype),
+        dtype=args.dtype,  # its name: torch is imported once the cheap checks have passed
         weights=args.weights,
         exec_config=ExecutionConfig(**cfg),
         progress=not args.no_progress,

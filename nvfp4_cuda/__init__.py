@@ -14,38 +14,33 @@ Example:
     torch.Size([8, 16])
 """
 
-from nvfp4_cuda.api import (
-    backend_info,
-    decode_scaled,
-    dequantize_nvfp4,
-    gemm_decoded,
-    hadamard16,
-    lion_step_bf16_,
-    lion_step_mxfp8_,
-    native_gemm,
-    nvfp4_matmul,
-    quantize_decoded,
-    quantize_decoded_from_mxfp8,
-    quantize_nvfp4,
-    quantize_nvfp4_from_mxfp8,
-    stochastic_round_to_bf16_,
-)
-from nvfp4_cuda.tensor import NVFP4Tensor
+from ida_common.lazy import lazy_attributes
 
-__all__ = [
-    "NVFP4Tensor",
-    "backend_info",
-    "decode_scaled",
-    "dequantize_nvfp4",
-    "gemm_decoded",
-    "hadamard16",
-    "lion_step_bf16_",
-    "lion_step_mxfp8_",
-    "native_gemm",
-    "nvfp4_matmul",
-    "quantize_decoded",
-    "quantize_decoded_from_mxfp8",
-    "quantize_nvfp4",
-    "quantize_nvfp4_from_mxfp8",
-    "stochastic_round_to_bf16_",
-]
+# Imported on first use, so that ``python -m nvfp4_cuda --help`` and ``build`` (nvcc only) answer without
+# importing torch; ``import nvfp4_cuda`` then ``nvfp4_cuda.quantize_nvfp4(...)`` works as before.
+_LAZY = {
+    **dict.fromkeys(
+        [
+            "backend_info",
+            "decode_scaled",
+            "dequantize_nvfp4",
+            "gemm_decoded",
+            "hadamard16",
+            "lion_step_bf16_",
+            "lion_step_mxfp8_",
+            "native_gemm",
+            "nvfp4_matmul",
+            "quantize_decoded",
+            "quantize_decoded_from_mxfp8",
+            "quantize_nvfp4",
+            "quantize_nvfp4_from_mxfp8",
+            "stochastic_round_to_bf16_",
+        ],
+        "nvfp4_cuda.api",
+    ),
+    "NVFP4Tensor": "nvfp4_cuda.tensor",
+}
+
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)
+
+__all__ = sorted(_LAZY)  # the public names, each defined in the module its entry names

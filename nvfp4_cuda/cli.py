@@ -15,10 +15,11 @@ from collections.abc import Sequence
 
 from ida_common.cli import EXIT_CANNOT_RUN, ArgumentParser, Run, run_main
 from nvfp4_cuda import build as _build
-from nvfp4_cuda.api import backend_info
 
 
 def _info() -> dict[str, object]:
+    from nvfp4_cuda.api import backend_info  # torch: only here (--help and build do without)
+
     info = backend_info()
     try:
         nvcc = _build.find_nvcc()

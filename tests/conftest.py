@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -130,3 +133,25 @@ def flip_bit(path: Path, offset: int | None = None, mask: int = 0x01) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2 if offset is None else offset] ^= mask
     path.write_bytes(bytes(data))
+
+
+HEAVY_MODULES = frozenset({"torch", "transformers"})  # seconds of imports per process on a small machine
+
+
+def run_noting_imports(module: str, *args: str, **kwargs: Any) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    """``python -X importtime -m module args...`` (``kwargs``: :func:`subprocess.run`'s ``cwd``, ``env``):
+    the finished process, with the interpreter's import-time lines taken out of its stderr, and the set of
+    top-level packages it imported (a command that answers without torch has no ``"torch"`` there)."""
+    res = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", module, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        **kwargs,
+    )
+    lines = res.stderr.splitlines(keepends=True)
+    timed = [x for x in lines if x.startswith("import time:")]
+    imported = {x.rsplit("|", 1)[-1].strip().split(".")[0] for x in timed if "[us]" not in x}  # not the heading
+    res.stderr = "".join(x for x in lines if not x.startswith("import time:"))
+    return res, imported

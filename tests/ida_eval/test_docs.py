@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ida_eval import analysis, execute, generate
+from ida_eval import analysis, decoding, execute, generate
 from ida_eval.isolation import ISOLATION_LEVELS
 from tests.conftest import REPO_ROOT, mbxp_dir
 from tests.ida_eval.support import KNOWN_FAILURES, SMALL_PROBLEMS, capture_parser
@@ -201,8 +201,8 @@ def harness_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
     (one correct, one collapsed), so no model has to be built."""
     import torch
 
-    from ida_eval import ExecutionConfig, describe_checkpoint, evaluate_model, mbxp
-    from ida_eval.generate import Generation
+    from ida_eval import ExecutionConfig, describe_checkpoint, evaluate_model
+    from ida_eval.decoding import Generation
     from mxfp8_codec import write_mxfp8_safetensors
 
     root = tmp_path_factory.mktemp("docs-run")
@@ -220,8 +220,8 @@ def harness_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
             on_batch(gens)
         return gens
 
-    saved = mbxp.generate_completions
-    mbxp.generate_completions = fixed_generations
+    saved = generate.generate_completions
+    generate.generate_completions = fixed_generations
     try:
         summary = evaluate_model(
             torch.nn.Linear(2, 2),  # stands in for the model: only its parameters' dtype/device are read
@@ -233,7 +233,7 @@ def harness_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
             checkpoint_info=describe_checkpoint(ckpt),
         )
     finally:
-        mbxp.generate_completions = saved
+        generate.generate_completions = saved
     read = lambda name: [json.loads(x) for x in (root / "run" / name).read_text().splitlines()]  # noqa: E731
     yield {"summary": summary, "samples": read("samples.jsonl"), "results": read("results.jsonl"), "problems": problems}
 
@@ -284,7 +284,7 @@ def test_results_and_samples_fields(harness_run: dict[str, Any]) -> None:
     assert all(set(s) | {"completion_id"} == sample_fields for s in samples), (
         f"samples.jsonl: {[list(s) for s in samples]}"
     )
-    assert sample_fields == {f.name for f in dataclasses.fields(generate.Generation)}
+    assert sample_fields == {f.name for f in dataclasses.fields(decoding.Generation)}
     passed_through = set(samples[0]) - {"task_id", "completion"}  # the sample's other keys are kept
     result_fields = {first_span(r[0]) for r in table_rows(blocks_or_fail("results-fields"))}
     for rec in harness_run["results"]:
@@ -318,7 +318,7 @@ def test_limits_table_matches_execution_config() -> None:
 def test_stop_strings() -> None:
     (line,) = blocks_or_fail("stop-strings")
     name, _, value = line.partition(" = ")
-    assert name == "STOP_STRINGS" and ast.literal_eval(value) == generate.STOP_STRINGS
+    assert name == "STOP_STRINGS" and ast.literal_eval(value) == decoding.STOP_STRINGS
 
 
 def test_degenerate_thresholds() -> None:

@@ -10,7 +10,7 @@ import torch
 
 from ida_common.checksums import read_sums, write_sums
 from ida_eval import CheckpointLoadError, describe_checkpoint, load_model
-from ida_eval.loader import FUSED_MAX_TOKENS, empty_model
+from ida_eval.loader import FUSED_MAX_TOKENS, empty_model, torch_dtype
 from tests.conftest import flip_bit
 from tests.ida_eval.support import (
     ARCHS,
@@ -385,3 +385,12 @@ def test_mxfp8_resident_weights_equal_decoded_ones(arch, tok, ids, tmp_path):
     tok.save_pretrained(tmp_path / "hf")
     with pytest.warns(UserWarning, match="plain checkpoint has no MXFP8 weights"):
         load_model(tmp_path / "hf", weights="mxfp8")
+
+
+def test_dtype_by_name_or_default() -> None:
+    """``dtype`` of load_model / empty_model / the harness: a torch dtype, its name (what --dtype gives), or None."""
+    assert torch_dtype(None) is torch.bfloat16 and torch_dtype("float32") is torch.float32
+    assert torch_dtype(torch.float16) is torch.float16
+    for bad in ("int8", "bogus", "Tensor", torch.int32):
+        with pytest.raises(ValueError, match="not a floating-point torch dtype"):
+            torch_dtype(bad)

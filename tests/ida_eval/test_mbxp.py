@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ida_eval import ExecutionConfig, compare_runs, evaluate_checkpoint, evaluate_model, mbxp
+from ida_eval import ExecutionConfig, compare_runs, evaluate_checkpoint, evaluate_model, generate, mbxp
 from ida_eval import execute as ex
 from ida_eval.isolation import ISOLATION_LEVELS
 from ida_eval.mbxp import RunDirError, main, read_samples, select_problems
@@ -79,7 +79,7 @@ def test_an_old_run_directory_resumes_and_compares_the_same(tmp_path, monkeypatc
     executes nothing and gives the same summary, and --compare against it shows no change."""
     import torch
 
-    from ida_eval.generate import Generation
+    from ida_eval.decoding import Generation
 
     problems = {p["task_id"]: p for p in SMALL_PROBLEMS[:5]}
     texts = {
@@ -96,7 +96,7 @@ def test_an_old_run_directory_resumes_and_compares_the_same(tmp_path, monkeypatc
             on_batch(gens)
         return gens
 
-    monkeypatch.setattr(mbxp, "generate_completions", fixed)
+    monkeypatch.setattr(generate, "generate_completions", fixed)
     new, old = tmp_path / "new", tmp_path / "old"
     s_new = evaluate_model(torch.nn.Linear(2, 2), None, problems, new, exec_config=EXEC, progress=False)
     assert set(s_new["per_task"].values()) == {"passed", "syntax_error", "runtime_error", "wrong_answer", "degenerate"}
@@ -157,14 +157,14 @@ def test_cli_ctrl_c_and_sandbox_failure_end_in_one_line_and_resume(setup, tmp_pa
     loads = []
     monkeypatch.setattr(mbxp, "describe_checkpoint", lambda d: None)
     monkeypatch.setattr(mbxp, "load_model", lambda *a, **k: loads.append(a) or (model, tok))
-    generate = mbxp.generate_completions
+    plain_generate = generate.generate_completions
 
     def ctrl_c_after_first_batch(*args, on_batch, **kwargs):
         def append_then_interrupt(gens):
             on_batch(gens)
             raise KeyboardInterrupt
 
-        return generate(*args, on_batch=append_then_interrupt, **kwargs)
+        return plain_generate(*args, on_batch=append_then_interrupt, **kwargs)
 
     out = tmp_path / "run"
     (tmp_path / "ckpt").mkdir()  # what the CLI checks before work: a config and tokenizer files
@@ -189,7 +189,7 @@ def test_cli_ctrl_c_and_sandbox_failure_end_in_one_line_and_resume(setup, tmp_pa
         "2",
         "--no-progress",
     ]
-    monkeypatch.setattr(mbxp, "generate_completions", ctrl_c_after_first_batch)
+    monkeypatch.setattr(generate, "generate_completions", ctrl_c_after_first_batch)
     assert main(args) == 130
     err = capsys.readouterr().err  # phase lines (load, generate), then the one interruption line
     assert err.splitlines()[-1] == (
@@ -203,7 +203,7 @@ def test_cli_ctrl_c_and_sandbox_failure_end_in_one_line_and_resume(setup, tmp_pa
         raise SandboxError("no sandbox here")
 
     probe = ex.probe_isolation
-    monkeypatch.setattr(mbxp, "generate_completions", generate)
+    monkeypatch.setattr(generate, "generate_completions", plain_generate)
     monkeypatch.setattr(ex, "probe_isolation", no_sandbox)
     assert main(args) == 3
     err = capsys.readouterr().err

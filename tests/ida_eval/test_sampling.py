@@ -10,10 +10,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ida_eval import DecodingConfig, ExecutionConfig, evaluate_model, generate_completions, mbxp
-from ida_eval.generate import Generation, sample_tokens, sample_uniform
+from ida_eval import DecodingConfig, ExecutionConfig, evaluate_model, generate, generate_completions
+from ida_eval.decoding import Generation
+from ida_eval.generate import sample_tokens, sample_uniform
 from ida_eval.mbxp import RunDirError, main, read_samples
 from ida_eval.stats import mcnemar_exact, mean_pass_at_k
+from tests.conftest import HEAVY_MODULES, run_noting_imports
 from tests.ida_eval.support import SMALL_PROBLEMS, tiny_model, train_tokenizer
 
 EXEC = ExecutionConfig(workers=2, timeout=20)
@@ -270,12 +272,16 @@ def test_compare_three_runs_with_mcnemar_json_and_figure(tmp_path, monkeypatch, 
                 on_batch(gens)
             return gens
 
-        monkeypatch.setattr(mbxp, "generate_completions", fixed)
+        monkeypatch.setattr(generate, "generate_completions", fixed)
         evaluate_model(torch.nn.Linear(2, 2), None, problems, tmp_path / name, exec_config=EXEC, progress=False)
     dirs = [str(tmp_path / n) for n in plans]
     assert main(["--compare", *dirs, "--out", str(tmp_path / "cmp")]) == 0
     printed = capsys.readouterr().out
     assert "McNemar exact" in printed and "95 % interval" in printed
+    # the command compares finished runs without importing torch or transformers: the same table
+    res, imported = run_noting_imports("ida_eval.mbxp", "--compare", *dirs, "--no-progress")
+    assert res.returncode == 0 and res.stdout == printed.split("\n-> ")[0] + "\n", res.stderr[-2000:]
+    assert "ida_eval" in imported and not imported & HEAVY_MODULES, sorted(imported)
     result = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
     better, same = result["languages"]["python"]["comparisons"]
     assert better["paired"]["b_only"] == 4 and better["paired"]["a_only"] == 0
