@@ -39,8 +39,8 @@ it, and what we add so that a pass means the tests really ran:
   comparable; with type declarations installed, ours stay right where mxeval's turn to failures.
 * **Caches and daemons**: ``HOME`` and ``TMPDIR`` are the task's work directory; Go's build cache
   (``GOCACHE``) and ``GOPATH`` live there too, so nothing is written to the user's home or shared
-  between tasks (C++ compiles read a precompiled ``bits/stdc++.h`` that no program can write:
-  :mod:`ida_eval.precompiled` adds ``-I`` of it to the command below). No compile daemon is used
+  between tasks (C++ compiles read a precompiled ``bits/stdc++.h``, the JVM compilers a class-data archive, that
+  no program can write: :mod:`ida_eval.precompiled` adds them to the commands below). No compile daemon is used
   (``kotlinc``/``scalac`` run in-process, Gradle/fsc never start), and anything a compiler leaves
   running is killed with its process group after the compile and with the PID namespace at the end.
 
