@@ -324,11 +324,12 @@ def _intact(target: Path) -> bool:
 
 def _build(kind: _Kind, exe: str, lang: Language, root: Path, target: Path) -> None:
     """Build into a temporary directory, check, record the files' sizes, rename it into place (an older
-    damaged ``target`` is removed first: the caller holds the lock)."""
+    damaged ``target`` is moved aside first, then removed: the caller holds the lock)."""
     root.mkdir(parents=True, exist_ok=True)
     for leftover in root.glob(f".{kind.prefix}-*"):  # of a build that was killed: we hold the lock, none is running
         shutil.rmtree(leftover, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
+    aside = tmp.with_name(f"{tmp.name}.damaged")  # a leftover too, should this process be killed
     try:
         kind.build(exe, lang, tmp)
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
@@ -336,11 +337,12 @@ def _build(kind: _Kind, exe: str, lang: Language, root: Path, target: Path) -> N
         for path in (tmp, *tmp.rglob("*")):
             path.chmod(0o755 if path.is_dir() else 0o644)  # every sandbox uid may read it (mkdtemp made it 0700)
         if target.exists():
-            shutil.rmtree(target)
+            os.rename(target, aside)  # not removed file by file where a compile may be reading it
         os.rename(tmp, target)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        for path in (tmp, aside):
+            if path.exists():
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def _run(
