@@ -8,7 +8,9 @@ strict keys), :mod:`ida_eval.decoding` (the decoding settings and rules, recorde
 :mod:`ida_eval.figures` (pass rates and failure classes as a PNG), :mod:`ida_eval.parallel`
 (data-parallel generation under torchrun),
 :mod:`ida_eval.failures` (the one failure vocabulary: the ``ResultKind`` of every record, failure classes),
-:mod:`ida_eval.execute` (the sandboxed executor) and :mod:`ida_eval.mbxp` (the harness and its CLI
+:mod:`ida_eval.execute` (the sandboxed executor), :mod:`ida_eval.harness` (generate, execute, score:
+``evaluate_model`` / ``evaluate_checkpoint``), :mod:`ida_eval.rundir` (the files of a run directory),
+:mod:`ida_eval.reports` (summaries, figures' data, comparing runs) and :mod:`ida_eval.mbxp` (the CLI
 ``python -m ida_eval.mbxp``).
 
 Example:
@@ -32,7 +34,7 @@ _LAZY = {
     **dict.fromkeys(["generate_completions", "truncate_completion"], "ida_eval.generate"),
     **dict.fromkeys(["ExecutionConfig", "execute_samples", "isolation_in_force", "load_problems"], "ida_eval.execute"),
     **dict.fromkeys(["CheckpointLoadError", "describe_checkpoint", "load_model"], "ida_eval.loader"),
-    **dict.fromkeys(["evaluate_checkpoint", "evaluate_model"], "ida_eval.mbxp"),
+    **dict.fromkeys(["evaluate_checkpoint", "evaluate_model"], "ida_eval.harness"),
     **dict.fromkeys(["mcnemar_exact", "mean_pass_at_k", "pass_at_k", "wilson_interval"], "ida_eval.stats"),
     "find_problems_file": "ida_eval.problems",
 }

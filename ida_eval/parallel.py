@@ -4,7 +4,7 @@
 model on its own device (``cuda:LOCAL_RANK``, or the CPU) and generates every N-th of the samples
 still missing (ordered as :func:`ida_eval.generate.generate_completions` orders them, longest prompt
 first, so the shares are balanced), appending them to its own ``samples.rank<R>.jsonl``. When all
-are done, rank 0 merges the shards into ``samples.jsonl`` (:func:`ida_eval.mbxp.merge_shards`), executes every
+are done, rank 0 merges the shards into ``samples.jsonl`` (:func:`ida_eval.rundir.merge_shards`), executes every
 program with all the machine's cores and writes the summary; the other ranks wait and return the
 same summary. The run directory then holds what a one-process run leaves (greedy samples are the
 same, so are the verdicts: tested with 2 gloo processes on the CPU).

@@ -656,7 +656,7 @@ class Trainer:
     def evaluate(self, step: int, *, checkpoint_dir: Path | None = None) -> dict[str, Any] | None:
         """Score the current weights with ``ida_eval`` and log pass@1 and the degenerate-output count.
 
-        Single process: the live model generates (``ida_eval.mbxp.evaluate_model``). With a pipeline or
+        Single process: the live model generates (``ida_eval.harness.evaluate_model``). With a pipeline or
         FSDP no rank holds the whole model, so every rank writes the step's checkpoint and rank 0 scores it
         through the checkpoint loader (``evaluate_checkpoint``), as it does for the final export.
         """
@@ -666,12 +666,12 @@ class Trainer:
             checkpoint_dir = self.save(step)
         if not self.is_main:
             return None
-        from ida_eval import mbxp
+        from ida_eval import harness
 
         limit = cfg.eval.num_problems or None
         out_dir = self.out / "eval" / (f"step-{step:06d}" + ("-checkpoint" if checkpoint_dir else ""))
         if checkpoint_dir is not None:
-            summary = mbxp.evaluate_checkpoint(
+            summary = harness.evaluate_checkpoint(
                 checkpoint_dir,
                 problems_path=self._problems_path(),
                 out_dir=out_dir,
@@ -685,7 +685,7 @@ class Trainer:
             self.model.eval()
             try:
                 with torch.no_grad():
-                    summary = mbxp.evaluate_model(
+                    summary = harness.evaluate_model(
                         self.model,
                         self.tokenizer,
                         self._problems_path(),

@@ -264,10 +264,10 @@ def test_summary_json_keys_are_the_ones_the_harness_writes(harness_run: dict[str
 def test_model_and_execute_summary_keys(harness_run: dict[str, Any]) -> None:
     import torch
 
-    from ida_eval import mbxp
+    from ida_eval import harness
 
     items = {first_span(i): i for i in list_items(blocks_or_fail("summary-keys"))}
-    info = mbxp._model_info(torch.nn.Linear(2, 2))
+    info = harness._model_info(torch.nn.Linear(2, 2))
     assert brace_set(items["model"]) == set(info)
     assert harness_run["summary"]["model"] == info  # what the run recorded for its stand-in
     exec_summary = execute.summarize(harness_run["results"], harness_run["problems"])

@@ -1,4 +1,4 @@
-"""ida_eval.mbxp: the harness API in-process (files, resume, run pinning, CLI errors)."""
+"""ida_eval.harness and the ida_eval.mbxp CLI in-process (files, resume, run pinning, CLI errors)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,12 @@ import json
 
 import pytest
 
-from ida_eval import ExecutionConfig, compare_runs, evaluate_checkpoint, evaluate_model, generate, mbxp
+from ida_eval import ExecutionConfig, compare_runs, evaluate_checkpoint, evaluate_model, generate, harness
 from ida_eval import execute as ex
+from ida_eval.harness import select_problems
 from ida_eval.isolation import ISOLATION_LEVELS
-from ida_eval.mbxp import RunDirError, main, read_samples, select_problems
+from ida_eval.mbxp import main
+from ida_eval.rundir import RunDirError, read_samples
 from ida_eval.sandbox import SandboxError
 from tests.ida_eval.support import (
     SMALL_PROBLEMS,
@@ -139,7 +141,7 @@ def test_a_different_run_is_refused_before_the_model_is_loaded(setup, tmp_path, 
     kw = dict(problems_path=problems, out_dir=out, limit=1, device="cpu", exec_config=EXEC, progress=False)
     assert evaluate_checkpoint(ckpt, max_new_tokens=10, **kw)["n_tasks"] == 1
     loads = []
-    monkeypatch.setattr(mbxp, "load_model", lambda *a, **k: loads.append(a))
+    monkeypatch.setattr(harness, "load_model", lambda *a, **k: loads.append(a))
     with pytest.raises(RunDirError, match="different decoding"):
         evaluate_checkpoint(ckpt, max_new_tokens=11, **{**kw, "limit": 2})
     assert loads == []
@@ -155,8 +157,8 @@ def test_cli_ctrl_c_and_sandbox_failure_end_in_one_line_and_resume(setup, tmp_pa
     """Like ``python -m ida_eval.execute``: 130 with a resume hint that holds, 3 for a sandbox failure."""
     model, tok, problems = setup
     loads = []
-    monkeypatch.setattr(mbxp, "describe_checkpoint", lambda d: None)
-    monkeypatch.setattr(mbxp, "load_model", lambda *a, **k: loads.append(a) or (model, tok))
+    monkeypatch.setattr(harness, "describe_checkpoint", lambda d: None)
+    monkeypatch.setattr(harness, "load_model", lambda *a, **k: loads.append(a) or (model, tok))
     plain_generate = generate.generate_completions
 
     def ctrl_c_after_first_batch(*args, on_batch, **kwargs):

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ida_eval.mbxp import RunDirError, main, merge_shards, read_samples
+from ida_eval.mbxp import main
+from ida_eval.rundir import RunDirError, merge_shards, read_samples
 from tests.ida_eval.support import SMALL_PROBLEMS, save_mxfp8_checkpoint, tiny_model, train_tokenizer, write_problems
 from tests.torchrun import torchrun_cmd, torchrun_env
 

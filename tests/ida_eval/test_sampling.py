@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from ida_eval import DecodingConfig, ExecutionConfig, evaluate_model, generate, generate_completions
 from ida_eval.decoding import Generation
 from ida_eval.generate import sample_tokens, sample_uniform
-from ida_eval.mbxp import RunDirError, main, read_samples
+from ida_eval.mbxp import main
+from ida_eval.rundir import RunDirError, read_samples
 from ida_eval.stats import mcnemar_exact, mean_pass_at_k
 from tests.conftest import HEAVY_MODULES, run_noting_imports
 from tests.ida_eval.support import SMALL_PROBLEMS, tiny_model, train_tokenizer

@@ -33,7 +33,7 @@ from ida_trainer.checkpoint import (
 )
 from ida_trainer.config import OptimConfig, ParallelConfig, PrecisionConfig
 from ida_trainer.distributed import DistInfo, PipelineEngine, apply_fsdp, init_distributed, split_layers
-from ida_trainer.engine import LOGITS_CHUNK_ENTRIES, LocalEngine, grad_norm_and_clip
+from ida_trainer.engine import LOGITS_CHUNK_ENTRIES, LocalEngine, enable_activation_checkpointing, grad_norm_and_clip
 from ida_trainer.memory import stage_memory
 from ida_trainer.precision import apply_recipe, build_optimizer, export_sources, export_state, load_state
 from ida_trainer.sharded import holds_shards
@@ -68,7 +68,7 @@ def tiny_model(recipe: str, *, checkpointing: bool = False, vocab: int = 256) ->
     torch.manual_seed(0)
     m = NemotronForCausalLM(cfg).train()
     if checkpointing:
-        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(m)
     apply_recipe(m, PrecisionConfig(recipe=recipe))
     return m
 

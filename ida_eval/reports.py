@@ -1,0 +1,182 @@
+"""What finished MBXP runs show: the printed summary and language table, the figures' data, comparisons.
+
+Everything here reads what a run wrote (``summary.json``, ``languages.json``: :mod:`ida_eval.rundir`) and
+needs neither torch nor a model, so ``python -m ida_eval.mbxp --compare A B ...`` answers at once.
+
+* :func:`format_summary` / :func:`format_language_table`: the text the CLI prints after a run.
+* :func:`figure_data` / :func:`languages_figure_data` / :func:`comparison_figure_data`: what
+  :func:`ida_eval.figures.plot_runs` draws, taken from the JSON beside the figure (nothing drawn that is
+  not also there).
+* :func:`compare_dirs` / :func:`format_compare_dirs`: finished run directories (one language each, or
+  ``--language all`` runs) against the first, per language they share
+  (:func:`ida_eval.analysis.compare_runs`: pass rates with intervals, McNemar's exact test, flipped
+  tasks, failure-class shifts).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ida_eval.analysis import compare_runs, format_comparison, load_run
+from ida_eval.rundir import LANGUAGES_FILE, SUMMARY_FILE
+
+__all__ = [
+    "compare_dirs",
+    "comparison_figure_data",
+    "figure_data",
+    "format_compare_dirs",
+    "format_language_table",
+    "format_summary",
+    "languages_figure_data",
+]
+
+
+def format_summary(s: Mapping[str, Any], out: Path) -> str:
+    """The lines ``python -m ida_eval.mbxp`` prints for a finished run: pass@k with their 95 % intervals,
+    the failure classes, the degenerate completions, speed and isolation; ``out``: the run directory."""
+    c = s["counts"]
+    n = s.get("samples_per_task", 1)
+    lo, hi = s["intervals"].get("pass@1", (0.0, 1.0))
+    what = f"{s['passed']}/{s['n_tasks']} tasks" if n == 1 else f"{s['passed']}/{s['n_tasks'] * n} samples"
+    lines = [f"pass@1 = {s['pass@1']:.4f} [95 % {lo:.4f}, {hi:.4f}]  ({what})  -> {out / SUMMARY_FILE}"]
+    for name, value in s["pass@k"].items():
+        if name != "pass@1":
+            lo, hi = s["intervals"][name]
+            lines.append(f"{name} = {value:.4f} [95 % {lo:.4f}, {hi:.4f}]")
+    lines.append("classes: " + ", ".join(f"{k}: {v}" for k, v in c.items()))
+    d = s["degenerate"]
+    lines.append(
+        f"degenerate completions: {d['count']}"
+        + (f" (e.g. {d['examples'][0]['task_id']}: {d['examples'][0]['reason']})" if d["examples"] else "")
+    )
+    t = s["timings"]
+    lines.append(
+        f"generation {t['generation_s']} s ({t['tokens_per_s']} tokens/s), execution {t['execution_s']} s "
+        f"({t['programs_per_s']} programs/s); "
+        f"isolation: {', '.join(s['isolation']) or 'none (nothing ran)'}"
+    )
+    return "\n".join(lines)
+
+
+def figure_data(summary: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """What :func:`ida_eval.figures.plot_runs` draws for one run: per language its pass@1, the 95 %
+    interval and the classes of its samples, all read from ``summary`` (summary.json)."""
+    langs = list(summary.get("languages") or {}) or ["python"]
+    return {
+        "name": name,
+        "languages": {
+            lang: {
+                "rate": summary["pass@1"],
+                "interval": summary["intervals"]["pass@1"],
+                "classes": dict(summary["counts"]),
+            }
+            for lang in langs[:1]  # one language per run directory (stop_strings_for)
+        },
+    }
+
+
+def languages_figure_data(table: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """:func:`figure_data` for a ``--language all`` run, read from ``languages.json``."""
+    return {
+        "name": name,
+        "languages": {
+            lang: {"rate": r["pass@1"], "interval": r["intervals"]["pass@1"], "classes": dict(r["counts"])}
+            for lang, r in table["languages"].items()
+        },
+    }
+
+
+def format_language_table(table: Mapping[str, Mapping[str, Any]], overall: Mapping[str, Any] | None = None) -> str:
+    """One line per language: pass@1 with its 95 % interval, passed/tasks (samples, with several per
+    task), every other pass@k, runnable pass@1 and the toolchain-missing count; then the ``overall``
+    pass@k of ``languages.json`` over all tasks when given."""
+    w = max([len(k) for k in table] + [8])
+    extra = sorted({k for r in table.values() for k in r.get("pass@k", {})} - {"pass@1"}, key=lambda k: int(k[5:]))
+    lines = [
+        f"{'language':<{w}}  pass@1  95 % interval     passed/total  "
+        + "".join(f"{k:>9}" for k in extra)
+        + "  runnable pass@1  toolchain missing"
+    ]
+    for lang, r in table.items():
+        lo, hi = r.get("intervals", {}).get("pass@1", (float("nan"), float("nan")))
+        ks = "".join(f"{r.get('pass@k', {}).get(k, float('nan')):>9.4f}" for k in extra)
+        lines.append(
+            f"{lang:<{w}}  {r['pass@1']:.4f}  [{lo:.4f}, {hi:.4f}]  {r['passed']:>6}/{r['n_tasks'] * r.get('samples_per_task', 1):<6}"
+            f"{ks}  {r['pass@1_runnable']:.4f}           {r['toolchain_missing']}"
+        )
+    if overall and overall.get("pass@k"):
+        lines.append(
+            f"overall over {overall['n_tasks']} tasks of {overall['languages']} languages: "
+            + ", ".join(f"{k} {v:.4f}" for k, v in overall["pass@k"].items())
+        )
+    return "\n".join(lines)
+
+
+def _run_languages(run_dir: Path) -> dict[str, Path]:
+    """language -> run directory: the per-language directories of a ``--language all`` run, or the
+    directory itself (its summary's language)."""
+    table = run_dir / LANGUAGES_FILE
+    if table.is_file():
+        langs = json.loads(table.read_text())["languages"]
+        return {lang: run_dir / lang for lang in langs if (run_dir / lang / SUMMARY_FILE).is_file()}
+    langs = list(load_run(run_dir).get("languages") or {}) or ["python"]
+    return {langs[0]: run_dir}
+
+
+def compare_dirs(dirs: Sequence[Path]) -> dict[str, Any]:
+    """Compare finished runs with the first, per language they all have (:func:`compare_runs` each).
+
+    Returns the JSON written to ``comparison.json``: ``{"baseline", "runs", "languages": {language:
+    {"runs": [pass rates, intervals, class counts of each run], "comparisons": [compare_runs(first,
+    other) for each other run]}}}``.
+
+    Raises:
+        ValueError: a directory that is not a finished run, or runs without a language in common.
+    """
+    per_run = [_run_languages(d) for d in dirs]
+    common = [lang for lang in per_run[0] if all(lang in r for r in per_run[1:])]
+    if not common:
+        raise ValueError(
+            "--compare: the runs have no language in common ("
+            + "; ".join(f"{d}: {', '.join(r) or 'none'}" for d, r in zip(dirs, per_run, strict=True))
+            + ")"
+        )
+    languages: dict[str, Any] = {}
+    for lang in common:
+        comparisons = [compare_runs(per_run[0][lang], r[lang]) for r in per_run[1:]]
+        runs = [comparisons[0]["a"]] + [c["b"] for c in comparisons]
+        languages[lang] = {"runs": runs, "comparisons": comparisons}
+    return {"baseline": str(dirs[0]), "runs": [str(d) for d in dirs], "languages": languages}
+
+
+def format_compare_dirs(result: Mapping[str, Any]) -> str:
+    """The text of :func:`compare_dirs`: per language, each run against the baseline."""
+    blocks = []
+    for lang, entry in result["languages"].items():
+        for cmp in entry["comparisons"]:
+            blocks.append(f"=== {lang}\n{format_comparison(cmp)}")
+    return "\n".join(blocks)
+
+
+def comparison_figure_data(result: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """What the comparison figure draws, read from :func:`compare_dirs`' result (comparison.json)."""
+    names = [Path(d).name or d for d in result["runs"]]
+    if len(set(names)) < len(names):
+        names = list(result["runs"])
+    return [
+        {
+            "name": name,
+            "languages": {
+                lang: {
+                    "rate": e["runs"][i]["pass@1"],
+                    "interval": e["runs"][i]["interval"],
+                    "classes": e["runs"][i]["counts"],
+                }
+                for lang, e in result["languages"].items()
+            },
+        }
+        for i, name in enumerate(names)
+    ]
