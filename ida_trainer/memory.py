@@ -69,15 +69,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.nn as nn
-
 from ida_common.cli import ArgumentParser, Run, run_main
-from ida_trainer.distributed import split_layers
-from ida_trainer.engine import LOGITS_CHUNK_ENTRIES
-from ida_trainer.precision import apply_recipe, nvfp4_modules
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch and the trainer's modules are imported where the counting starts: --help needs neither
+    import torch
+    import torch.nn as nn
+
     from ida_trainer.config import JobConfig, PrecisionConfig
 
 __all__ = [
@@ -209,7 +206,10 @@ PRESET_ARCHITECTURES = {"minitron-4b": "minitron-4b", "qwen3-4b": "qwen3-4b", "q
 
 def build_meta_model(config: Any, precision: PrecisionConfig) -> nn.Module:
     """The causal LM of ``config`` on the meta device (no memory), with the recipe applied."""
+    import torch
     from transformers import AutoModelForCausalLM
+
+    from ida_trainer.precision import apply_recipe
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
@@ -229,6 +229,8 @@ def _stage_of(name: str, bounds: list[range]) -> int:
 
 def _logits_bytes(tokens: int, vocab: int, hidden: int, boundary: int) -> int:
     """Last-stage logits memory: whole micro-batch, or one chunk (+ hidden states) when chunked."""
+    from ida_trainer.engine import LOGITS_CHUNK_ENTRIES
+
     if tokens * vocab <= LOGITS_CHUNK_ENTRIES:
         return tokens * vocab * LOGIT_BYTES
     chunk = max(1, LOGITS_CHUNK_ENTRIES // vocab)
@@ -270,6 +272,9 @@ def stage_memory(
         >>> [s.layers for s in stage_memory(cfg, PrecisionConfig(recipe="nvfp4"), stages=2)]
         [range(0, 1), range(1, 2)]
     """
+    from ida_trainer.distributed import split_layers
+    from ida_trainer.precision import nvfp4_modules
+
     model = build_meta_model(config, precision)
     recipe = precision.recipe
     n_layers = int(config.num_hidden_layers)
