@@ -142,7 +142,11 @@ def single_process_run(
 
 def adamw(m: torch.nn.Module, eps: float | None = None) -> torch.optim.Optimizer:
     """The bf16 recipe's optimizer of ``m``, with AdamW's ``eps`` set to ``eps`` when given."""
-    opt = build_optimizer(m, optim_cfg("bf16"), PrecisionConfig(recipe="bf16"))
+    return with_eps(build_optimizer(m, optim_cfg("bf16"), PrecisionConfig(recipe="bf16")), eps)
+
+
+def with_eps(opt: torch.optim.Optimizer, eps: float | None) -> torch.optim.Optimizer:
+    """``opt`` with AdamW's ``eps`` set to ``eps`` in every group (None: as built)."""
     if eps is not None:
         for group in opt.param_groups:
             group["eps"] = eps
@@ -443,11 +447,12 @@ def test_fsdp_memory_counts_the_shards_a_rank_holds(fsdp_chunked_step: dict[str,
 
 FSDP_VOCAB = 257  # odd: FSDP2 splits the embedding and lm_head rows unevenly (129 + 128)
 # AdamW divides by sqrt(v) + eps. With the default 1e-8, a gradient element that cancels to within float32 rounding
-# of zero takes a full +-lr step whose sign is the sum order's (FSDP reduce-scatters two partial sums), and the next
-# step's gradients follow: on an AVX2 AMD EPYC (2026-12-07) the weights after 2 steps differed by up to 1.5e-3 and
-# the second loss by 1.5e-6 relative. An eps of ~10 % of these gradients (~1e-3: norm clipped to CLIP) bounds that
-# step by lr / eps times the gradient's rounding: there, the same losses and weights within 6e-8.
-FSDP_ADAM_EPS = 1e-4
+# of zero takes a full +-lr step whose sign is the sum order's (FSDP reduce-scatters two partial sums; a tied
+# pipeline adds the two stages' gradients of its one matrix), and the next step's gradients follow: on an AVX2 AMD
+# EPYC (2026-12-07) FSDP's weights after 2 steps differed by up to 1.5e-3 and the second loss by 1.5e-6 relative.
+# An eps of ~10 % of these gradients (~1e-3: norm clipped to CLIP) bounds that step by lr / eps times the gradient's
+# rounding: there, the same losses and weights within 6e-8. Every bf16 test that compares two sum orders uses it.
+ORDER_ADAM_EPS = 1e-4
 
 
 class _FullTensorWatch:
@@ -509,7 +514,7 @@ def fsdp_worker(rank: int, port: int, out: str) -> None:
     try:
         m = tiny_model("bf16", vocab=FSDP_VOCAB)
         apply_fsdp(m, info)
-        opt = adamw(m, FSDP_ADAM_EPS)
+        opt = adamw(m, ORDER_ADAM_EPS)
         engine = LocalEngine(m)
         losses = []
         for s in range(STEPS):
@@ -541,7 +546,7 @@ def fsdp_worker(rank: int, port: int, out: str) -> None:
         saved = copy.deepcopy(full)  # (opt2 takes full's `step` tensors as its own, and steps on below)
         m2 = tiny_model("bf16", vocab=FSDP_VOCAB)
         apply_fsdp(m2, info)
-        opt2 = adamw(m2, FSDP_ADAM_EPS)
+        opt2 = adamw(m2, ORDER_ADAM_EPS)
         load_state(m2, read_model_tensors(Path(out) / "model.safetensors"))
         opt2.load_state_dict(full)
         with streamed_state(m2, opt2, main=rank == 0) as contents:
@@ -633,6 +638,7 @@ def tied_pipeline_worker(rank: int, port: int, recipe: str, out: str, chunk_entr
             m = tiny_tied_model(recipe)
         engine = PipelineEngine(m, parallel, info)
         opt = build_optimizer(engine.stage_module, optim_cfg(recipe), prec)
+        with_eps(opt, ORDER_ADAM_EPS if recipe == "bf16" else None)  # two sum orders: see ORDER_ADAM_EPS
         losses, first_grad, head = [], None, []  # head: stage 0's embedding before each step, the last stage's lm_head
         for s in range(STEPS):
             mbs, gvt = step_data(s)
@@ -711,7 +717,7 @@ def test_a_pipeline_trains_a_tied_lm_head_as_one_matrix(
     monkeypatch.setattr(ida_trainer.engine, "LOGITS_CHUNK_ENTRIES", chunk_entries)
     _fork_two(tied_pipeline_worker, recipe, str(tmp_path), chunk_entries)
     got = torch.load(tmp_path / "tied.pt", weights_only=False)
-    ref_losses, ref_state, ref_opt = single_process_run(recipe, tied=True)
+    ref_losses, ref_state, ref_opt = single_process_run(recipe, tied=True, adam_eps=ORDER_ADAM_EPS)  # (bf16's)
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -759,9 +765,9 @@ def test_a_pipeline_trains_a_tied_lm_head_as_one_matrix(
 def test_fsdp_bf16_equals_single_process(tmp_path: Path) -> None:
     _fork_two(fsdp_worker, str(tmp_path))
     got = torch.load(tmp_path / "fsdp.pt", weights_only=False)
-    ref_losses, ref_state, ref_opt = single_process_run("bf16", vocab=FSDP_VOCAB, adam_eps=FSDP_ADAM_EPS)
+    ref_losses, ref_state, ref_opt = single_process_run("bf16", vocab=FSDP_VOCAB, adam_eps=ORDER_ADAM_EPS)
     # Same computation; only the order of float32 gradient sums differs (two ranks' partial sums are
-    # reduce-scattered instead of accumulated in sequence), so results agree to float32 rounding (FSDP_ADAM_EPS).
+    # reduce-scattered instead of accumulated in sequence), so results agree to float32 rounding (ORDER_ADAM_EPS).
     assert got["losses"] == pytest.approx(ref_losses, rel=1e-6)
     ref = flat_state(ref_state)
     assert got["state"].keys() == ref.keys()
