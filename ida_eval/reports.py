@@ -53,9 +53,10 @@ def format_summary(s: Mapping[str, Any], out: Path) -> str:
         + (f" (e.g. {d['examples'][0]['task_id']}: {d['examples'][0]['reason']})" if d["examples"] else "")
     )
     t = s["timings"]
+    tokens = f"{t['tokens_per_s']} tokens/s" if t["tokens_per_s"] is not None else "nothing generated"
+    programs = f"{t['programs_per_s']} programs/s" if t["programs_per_s"] is not None else "nothing executed"
     lines.append(
-        f"generation {t['generation_s']} s ({t['tokens_per_s']} tokens/s), execution {t['execution_s']} s "
-        f"({t['programs_per_s']} programs/s); "
+        f"generation {t['generation_s']} s ({tokens}), execution {t['execution_s']} s ({programs}); "
         f"isolation: {', '.join(s['isolation']) or 'none (nothing ran)'}"
     )
     return "\n".join(lines)
