@@ -281,7 +281,11 @@ def task_counts(results: Iterable[Mapping[str, Any]]) -> dict[str, tuple[int, in
 
 def score_results(results: Sequence[Mapping[str, Any]], ks: Sequence[int]) -> dict[str, Any]:
     """pass@k for each k (:func:`ida_eval.stats.mean_pass_at_k`, mxeval's numbers) with a 95 % interval:
-    Wilson's for pass@1 with one sample per task, a percentile bootstrap over tasks otherwise.
+    Wilson's for pass@1 with one sample per task, a percentile bootstrap over tasks otherwise -- but where
+    every task scores 0 (or every task 1), Wilson's over the tasks: a bootstrap of identical values is the
+    point [0, 0], which would claim a score of exactly zero is certain (the seeds' all-failing sampled run).
+    A task's pass@k lies in [0, 1], so its variance is at most p (1 - p) and Wilson's interval with one
+    trial per task is a conservative one there.
 
     Example:
         >>> rs = [{"task_id": "a", "passed": True}, {"task_id": "b", "passed": False}]
@@ -295,11 +299,15 @@ def score_results(results: Sequence[Mapping[str, Any]], ks: Sequence[int]) -> di
     for k in ks:
         name = f"pass@{k}"
         out["pass@k"][name] = mean_pass_at_k(counts, k)
+        values = [pass_at_k(n, c, k) for n, c in counts.values()]
         if k == 1 and all(n == 1 for n, _ in counts.values()):
             lo, hi = wilson_interval(sum(c for _, c in counts.values()), len(counts))
             out["interval_method"][name] = "wilson 95 %"
+        elif set(values) in ({0.0}, {1.0}):
+            lo, hi = wilson_interval(round(values[0]) * len(values), len(values))
+            out["interval_method"][name] = "wilson 95 % over tasks (every task scored the same: no spread to resample)"
         else:
-            lo, hi = bootstrap_interval([pass_at_k(n, c, k) for n, c in counts.values()], resamples=BOOTSTRAP_RESAMPLES)
+            lo, hi = bootstrap_interval(values, resamples=BOOTSTRAP_RESAMPLES)
             out["interval_method"][name] = (
                 f"percentile bootstrap over tasks, 95 %, {BOOTSTRAP_RESAMPLES} resamples, seed 0"
             )

@@ -614,8 +614,9 @@ def summarize(results: Sequence[Mapping[str, Any]], problems: Mapping[str, Any] 
 
     Samples whose language has no toolchain here (``toolchain missing``) are no model failure:
     ``toolchain_missing`` counts them, ``pass@1_runnable`` is pass@1 over the other samples'
-    tasks (``pass@1`` stays over all, as mxeval's), and ``languages`` gives pass@1, samples, passed
-    and toolchain-missing counts per language (records without a ``language`` are python's).
+    tasks (None when no sample could run: there is no score to give; ``pass@1`` stays over all, as
+    mxeval's), and ``languages`` gives pass@1, samples, passed and toolchain-missing counts per language
+    (records without a ``language`` are python's).
     """
     tasks = {r["task_id"] for r in results}
     missing = [t for t in problems if t not in tasks] if problems is not None else []
@@ -637,7 +638,7 @@ def summarize(results: Sequence[Mapping[str, Any]], problems: Mapping[str, Any] 
         out["pass@1_all_problems"] = p1 * len(tasks) / len(problems)
     runnable = [r for r in results if record_kind(r) is not ResultKind.TOOLCHAIN_MISSING]
     out["toolchain_missing"] = len(results) - len(runnable)
-    out["pass@1_runnable"] = pass_at_1(runnable)
+    out["pass@1_runnable"] = pass_at_1(runnable) if runnable else None
     out["timed_out_compile"] = sum(record_kind(r) is ResultKind.COMPILE_TIMEOUT for r in results)
     by_lang: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for r in results:
@@ -771,7 +772,11 @@ def _main(run: Run) -> int:
     if summary["toolchain_missing"]:
         print(
             f"toolchain missing for {summary['toolchain_missing']} samples (not run); "
-            f"pass@1 over the runnable ones = {summary['pass@1_runnable']:.4f}"
+            + (
+                f"pass@1 over the runnable ones = {summary['pass@1_runnable']:.4f}"
+                if summary["pass@1_runnable"] is not None
+                else "none could run"
+            )
         )
     if len(summary["languages"]) > 1:
         print(

@@ -38,6 +38,7 @@ from ida_common.cli import check_output_dir
 from ida_eval.analysis import ceiling_report, degenerate_report, failure_counts, score_results, task_classes
 from ida_eval.decoding import DEFAULT_BATCH_SIZE, DEFAULT_MAX_NEW_TOKENS, STOP_STRINGS, DecodingConfig
 from ida_eval.execute import ExecutionConfig, execute_samples, read_results, summarize
+from ida_eval.failures import FailureClass
 from ida_eval.figures import plot_runs
 from ida_eval.languages import LANGUAGES, language_of
 from ida_eval.loader import check_checkpoint_dir, describe_checkpoint, load_model, torch_dtype
@@ -543,8 +544,13 @@ def evaluate_checkpoint_languages(
 
     Each language's run goes to ``out_dir/<language>/`` (a full run directory: samples, results,
     summary, resumable); ``out_dir/languages.json`` (written atomically) holds one row per language:
-    ``pass@1``, ``n_tasks``, ``passed``, ``toolchain_missing``, ``pass@1_runnable`` and the
-    failure-class counts. ``on_language(language, summary)`` is called after each language.
+    ``pass@1``, ``n_tasks``, ``passed``, ``toolchain_missing``, ``pass@1_runnable`` (None where no sample
+    could run), pass@k with intervals and the failure-class counts; and ``overall``: pass@k pooled over
+    every task (``pass@k``, ``n_tasks``, ``languages``; a task whose toolchain is missing counts as failed,
+    as mxeval counts it), the languages none of whose samples could run (``not_run``), and the same pass@k
+    over the tasks that ran (``runnable``: ``pass@k``, ``n_tasks``, ``languages``), the number to compare
+    between machines with different toolchains. ``on_language(language, summary)`` is called after each
+    language.
     """
     check_output_dir(out_dir, "--out")
     settings = dict(
@@ -566,6 +572,7 @@ def evaluate_checkpoint_languages(
     out = Path(out_dir)
     table: dict[str, Any] = {}
     per_task_counts: dict[str, dict[str, tuple[int, int]]] = {}
+    ran: set[tuple[str, str]] = set()  # (language, task) whose samples ran: no toolchain missing
     for lang, path in files.items():
         problems = select_problems(load_problems(path), limit)
         summary = _evaluate_loaded(problems, out / lang, info, model_and_tokenizer, settings)
@@ -582,14 +589,21 @@ def evaluate_checkpoint_languages(
             "counts": summary["counts"],
             "problems_file": str(path),
         }
-        per_task_counts[lang] = {t: (len(cs), cs.count("passed")) for t, cs in _classes(summary).items()}
+        classes = _classes(summary)
+        per_task_counts[lang] = {t: (len(cs), cs.count(FailureClass.PASSED.value)) for t, cs in classes.items()}
+        ran |= {(lang, t) for t, cs in classes.items() if FailureClass.TOOLCHAIN_MISSING.value not in cs}
         if on_language is not None:
             on_language(lang, summary)
     pooled = {(lang, t): c for lang, counts in per_task_counts.items() for t, c in counts.items()}
-    overall = {f"pass@{k}": mean_pass_at_k(pooled, k) for k in ks} if pooled else {}
+    runnable = {key: c for key, c in pooled.items() if key in ran}
     result = {
         "languages": table,
-        "overall": {"pass@k": overall, "n_tasks": len(pooled), "languages": len(table)},
+        "overall": {
+            **_pooled(pooled, ks),
+            "languages": len(table),
+            "not_run": [lang for lang, row in table.items() if row["pass@1_runnable"] is None],
+            "runnable": {**_pooled(runnable, ks), "languages": len({lang for lang, _ in runnable})},
+        },
         "checkpoint": dict(info) if info else None,
     }
     if ranks.is_main:
@@ -600,3 +614,8 @@ def evaluate_checkpoint_languages(
 
 def _classes(summary: Mapping[str, Any]) -> dict[str, list[str]]:
     return {t: task_classes(c) for t, c in summary["per_task"].items()}
+
+
+def _pooled(counts: Mapping[tuple[str, str], tuple[int, int]], ks: Sequence[int]) -> dict[str, Any]:
+    """pass@k over the (language, task) -> (samples, passed) of several languages, and their number."""
+    return {"pass@k": {f"pass@{k}": mean_pass_at_k(counts, k) for k in ks} if counts else {}, "n_tasks": len(counts)}

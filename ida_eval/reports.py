@@ -92,8 +92,9 @@ def languages_figure_data(table: Mapping[str, Any], name: str) -> dict[str, Any]
 
 def format_language_table(table: Mapping[str, Mapping[str, Any]], overall: Mapping[str, Any] | None = None) -> str:
     """One line per language: pass@1 with its 95 % interval, passed/tasks (samples, with several per
-    task), every other pass@k, runnable pass@1 and the toolchain-missing count; then the ``overall``
-    pass@k of ``languages.json`` over all tasks when given."""
+    task), every other pass@k, runnable pass@1 (``n/a`` where nothing could run) and the toolchain-missing
+    count; then the ``overall`` pass@k of ``languages.json`` over all tasks when given, and over the tasks
+    that ran where some could not (their toolchain missing here)."""
     w = max([len(k) for k in table] + [8])
     extra = sorted({k for r in table.values() for k in r.get("pass@k", {})} - {"pass@1"}, key=lambda k: int(k[5:]))
     lines = [
@@ -104,15 +105,24 @@ def format_language_table(table: Mapping[str, Mapping[str, Any]], overall: Mappi
     for lang, r in table.items():
         lo, hi = r.get("intervals", {}).get("pass@1", (float("nan"), float("nan")))
         ks = "".join(f"{r.get('pass@k', {}).get(k, float('nan')):>9.4f}" for k in extra)
+        runnable = "   n/a" if r["pass@1_runnable"] is None else f"{r['pass@1_runnable']:.4f}"
         lines.append(
             f"{lang:<{w}}  {r['pass@1']:.4f}  [{lo:.4f}, {hi:.4f}]  {r['passed']:>6}/{r['n_tasks'] * r.get('samples_per_task', 1):<6}"
-            f"{ks}  {r['pass@1_runnable']:.4f}           {r['toolchain_missing']}"
+            f"{ks}  {runnable}           {r['toolchain_missing']}"
         )
     if overall and overall.get("pass@k"):
         lines.append(
             f"overall over {overall['n_tasks']} tasks of {overall['languages']} languages: "
             + ", ".join(f"{k} {v:.4f}" for k, v in overall["pass@k"].items())
         )
+        ran = overall.get("runnable")  # (absent from languages.json files written before 2026-12-07)
+        if ran and ran["n_tasks"] < overall["n_tasks"]:
+            not_run = f"; not run: {', '.join(overall['not_run'])}" if overall.get("not_run") else ""
+            scores = ", ".join(f"{k} {v:.4f}" for k, v in ran["pass@k"].items()) or "nothing ran"
+            lines.append(
+                f"overall over the {ran['n_tasks']} tasks that ran ({ran['languages']} languages; "
+                f"{overall['n_tasks'] - ran['n_tasks']} tasks' toolchain missing here{not_run}): {scores}"
+            )
     return "\n".join(lines)
 
 

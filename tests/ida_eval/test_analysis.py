@@ -16,8 +16,9 @@ from ida_eval import (
     format_comparison,
     is_degenerate,
 )
-from ida_eval.analysis import WORD_REPEAT_MIN, degenerate_report, load_run
+from ida_eval.analysis import WORD_REPEAT_MIN, degenerate_report, load_run, score_results
 from ida_eval.failures import with_kind
+from ida_eval.stats import bootstrap_interval, pass_at_k, wilson_interval
 from tests.ida_eval.support import read_problems
 
 PROMPT = '\n\ndef f(x):\n  """\n  Doc.\n  """\n'
@@ -229,3 +230,40 @@ def test_unpassable_tasks_fail_with_their_canonical_solutions(mbxp_problems_file
     chosen = {t: problems[t] for t in sorted(UNPASSABLE_TASKS)}
     results = execute_samples(chosen, canonical=True, config=ExecutionConfig(workers=2, timeout=20), progress=False)
     assert [r["task_id"] for r in results if r["passed"]] == []
+
+
+def _records(per_task: list[tuple[int, int]]) -> list[dict[str, object]]:
+    """Result records of tasks T/0, T/1, ... with (samples, passed) each."""
+    return [{"task_id": f"T/{i}", "passed": j < c} for i, (n, c) in enumerate(per_task) for j in range(n)]
+
+
+def test_score_intervals_keep_their_width_where_every_task_scores_the_same():
+    """A bootstrap of identical per-task values is a point: a sampled run where every task failed (the seeds'
+    pass@1 = 0.0) would read [0, 0], a zero claimed as certain. There the interval is Wilson's over the tasks;
+    elsewhere the bootstrap's, and pass@1 of one sample per task stays Wilson's over the samples."""
+    failed = score_results(_records([(4, 0)] * 100), [1, 4])
+    for name in ("pass@1", "pass@4"):
+        assert failed["pass@k"][name] == 0.0 and failed["intervals"][name] == list(wilson_interval(0, 100))
+        assert failed["interval_method"][name].startswith("wilson 95 % over tasks")
+    assert 0.03 < failed["intervals"]["pass@1"][1] < 0.04  # about 3.84 / 103.84, the "rule of three"'s kin
+    passed = score_results(_records([(4, 4)] * 100), [1, 4])
+    assert passed["intervals"]["pass@4"] == list(wilson_interval(100, 100))
+    mixed = score_results(_records([(4, 0)] * 50 + [(4, 1)] * 50), [1])
+    assert mixed["intervals"]["pass@1"] == list(bootstrap_interval([0.0] * 50 + [0.25] * 50))
+    assert mixed["interval_method"]["pass@1"].startswith("percentile bootstrap")
+    greedy = score_results(_records([(1, 0)] * 100), [1])
+    assert greedy["interval_method"]["pass@1"] == "wilson 95 %"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 5), st.integers(0, 5)), min_size=1, max_size=30), st.integers(1, 5))
+def test_every_score_interval_holds_its_score_and_has_a_width(table, k):
+    """Property: each pass@k lies in its interval, which has a width unless every task has the same score
+    strictly between 0 and 1 (a bootstrap of identical values; docs/eval.md says so)."""
+    table = [(n, min(c, n)) for n, c in table]
+    k = min(k, *(n for n, _ in table))
+    s = score_results(_records(table), [k])
+    (lo, hi), value = s["intervals"][f"pass@{k}"], s["pass@k"][f"pass@{k}"]
+    assert lo <= value <= hi
+    scores = {pass_at_k(n, c, k) for n, c in table}
+    assert hi > lo or (len(scores) == 1 and 0 < scores.pop() < 1 and any(n > 1 for n, _ in table))

@@ -247,6 +247,7 @@ def test_toolchain_missing_is_reported_apart() -> None:
     summary = ex.summarize(res, problems)
     assert summary["toolchain_missing"] == 1
     assert summary["pass@1"] == 0.5 and summary["pass@1_runnable"] == 1.0
+    assert ex.summarize(res[:1], {sw["task_id"]: sw})["pass@1_runnable"] is None  # nothing ran: no score, not 0
     assert summary["languages"]["swift"]["toolchain_missing"] == 1
     assert summary["languages"]["javascript"]["pass@1"] == 1.0
 

@@ -329,6 +329,40 @@ def test_language_all_scores_each_language_and_writes_the_table(setup, tmp_path,
     assert TOYS  # the toy problems come from the language tests
 
 
+def test_language_all_scores_a_language_without_its_toolchain_apart(setup, tmp_path, capsys):
+    """A language whose toolchain is missing here is not run: its runnable pass@1 is None ("n/a"), not 0, and
+    the overall line of ``--language all`` says so and gives pass@k over the tasks that ran too (the number
+    two machines with different toolchains can compare), beside mxeval's over every task."""
+    from ida_eval.languages import LANGUAGES, missing_tools
+    from tests.ida_eval.support import save_mxfp8_checkpoint
+
+    if not missing_tools(LANGUAGES["swift"]):
+        pytest.skip("swift is installed here: no language without a toolchain to test with")
+    model, tok, _ = setup
+    ckpt = save_mxfp8_checkpoint(model, tok, tmp_path / "ckpt")
+    data = tmp_path / "data"
+    data.mkdir()
+    write_problems(data / "py.jsonl", SMALL_PROBLEMS[:2])
+    swift = {"prompt": "func add(a: Int, b: Int) -> Int {\n", "test": "\nassert(add(a: 1, b: 2) == 3)\n"}
+    write_problems(data / "sw.jsonl", [{"task_id": "MBSWP/1", "language": "swift", "entry_point": "add", **swift}])
+    (data / "metadata.json").write_text(json.dumps({"python": "py.jsonl", "swift": "sw.jsonl"}))
+    out = tmp_path / "run"
+    args = ["--checkpoint", str(ckpt), "--language", "all", "--data-dir", str(data), "--out", str(out)]
+    assert main([*args, "--max-new-tokens", "8", "--device", "cpu", "--workers", "2", "--no-progress"]) == 0
+    result = json.loads((out / "languages.json").read_text())
+    table, overall = result["languages"], result["overall"]
+    assert table["swift"]["toolchain_missing"] == 1 and table["swift"]["pass@1_runnable"] is None
+    assert table["python"]["pass@1_runnable"] == table["python"]["pass@1"]
+    assert overall["n_tasks"] == 3 and overall["languages"] == 2 and overall["not_run"] == ["swift"]
+    python_passed = table["python"]["passed"]
+    assert overall["pass@k"]["pass@1"] == pytest.approx(python_passed / 3)  # the swift task as failed
+    assert overall["runnable"] == {"pass@k": {"pass@1": python_passed / 2}, "n_tasks": 2, "languages": 1}
+    printed = capsys.readouterr().out.splitlines()
+    assert next(x for x in printed if x.startswith("swift ")).split()[-2:] == ["n/a", "1"]
+    assert printed[-2].startswith("overall over the 2 tasks that ran (1 languages; 1 tasks' toolchain missing here")
+    assert "not run: swift" in printed[-2]
+
+
 @pytest.mark.parametrize("value", ["inf", "1e300", "0"])
 def test_unusable_timeout_is_refused_before_generation(value: str, tmp_path, capsys) -> None:
     """Issue 23 item 4: ``--timeout inf`` failed after a whole generation (rc 70); now one line, rc 2, first."""
