@@ -38,6 +38,7 @@ import re
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -365,7 +366,8 @@ def compare_runs(dir_a: str | Path, dir_b: str | Path) -> dict[str, Any]:
     Returns:
         ``{"a": {...}, "b": {...}, "paired": {...}, "class_shift": {...}, "gained": [...], "lost": [...],
         "changed_class": {...}, "only_in_a": [...], "only_in_b": [...]}`` where *gained* passed in B but
-        not in A (with several samples: its pass@1 rose).
+        not in A (with several samples: its pass@1 rose), and *changed_class* holds the tasks whose classes'
+        shares of their samples differ (:func:`_shares`).
     """
     sa, sb = load_run(dir_a), load_run(dir_b)
     ta = {t: task_classes(c) for t, c in sa["per_task"].items()}
@@ -375,7 +377,7 @@ def compare_runs(dir_a: str | Path, dir_b: str | Path) -> dict[str, Any]:
     rate_b = {t: tb[t].count(FailureClass.PASSED.value) / len(tb[t]) for t in common}
     gained = [t for t in common if rate_b[t] > rate_a[t]]
     lost = [t for t in common if rate_a[t] > rate_b[t]]
-    changed = {t: [sa["per_task"][t], sb["per_task"][t]] for t in common if ta[t] != tb[t]}
+    changed = {t: [sa["per_task"][t], sb["per_task"][t]] for t in common if _shares(ta[t]) != _shares(tb[t])}
     paired: dict[str, Any] = {"n": len(common)}
     if common and all(len(ta[t]) == 1 == len(tb[t]) for t in common):
         pc = paired_comparison({t: rate_a[t] == 1 for t in common}, {t: rate_b[t] == 1 for t in common})
@@ -423,6 +425,13 @@ def compare_runs(dir_a: str | Path, dir_b: str | Path) -> dict[str, Any]:
         "only_in_a": sorted(set(ta) - set(tb), key=_task_key),
         "only_in_b": sorted(set(tb) - set(ta), key=_task_key),
     }
+
+
+def _shares(classes: Sequence[str]) -> dict[str, Fraction]:
+    """Each class's share of a task's samples: what "its class changed" compares. Samples of two runs are not
+    paired one by one (other seeds or another model draw other completions), so the same classes in another
+    order, or four samples of one class against a greedy run's one, are no change."""
+    return {c: Fraction(k, len(classes)) for c, k in Counter(classes).items()}
 
 
 def significance_line(paired: Mapping[str, Any], alpha: float = 0.05) -> str:

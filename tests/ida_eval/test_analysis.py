@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -201,6 +202,27 @@ def test_compare_runs(tmp_path):
     text = format_comparison(cmp)
     assert "pass@1" in text and "0.3333" in text and "0.5000" in text
     assert "(gained) (1): MBPP/2" in text and "(lost) (1): MBPP/1" in text
+
+
+def test_a_class_changes_when_its_share_of_the_samples_does(tmp_path):
+    """Sampled runs' samples are not paired one by one: the same classes in another order, or four samples of
+    one class against a greedy run's one, are no change; other shares are."""
+
+    def run(name: str, per_task: dict[str, list[str] | str]) -> Path:
+        d = tmp_path / name
+        d.mkdir()
+        classes = [c for v in per_task.values() for c in ([v] if isinstance(v, str) else v)]
+        counts = {k: classes.count(k) for k in ("passed", *FAILURE_CLASSES)}
+        summary = {"pass@1": 0.0, "n_tasks": len(per_task), "counts": counts, "per_task": per_task}
+        (d / "summary.json").write_text(json.dumps(summary))
+        return d
+
+    e, s, p = "wrong_answer", "syntax_error", "passed"
+    a = run("a", {"T/1": [s, e, s, s], "T/2": [s, s, s, s], "T/3": [s, s, e, e], "T/4": [e, e, e, p]})
+    b = run("b", {"T/1": [e, s, s, s], "T/2": [s, s, s, s], "T/3": [s, e, e, e], "T/4": [e, e, p, e]})
+    assert compare_runs(a, b)["changed_class"] == {"T/3": [[s, s, e, e], [s, e, e, e]]}
+    greedy = run("g", {"T/1": s, "T/2": s, "T/3": e, "T/4": e})
+    assert list(compare_runs(a, greedy)["changed_class"]) == ["T/1", "T/3", "T/4"]  # T/2: all of one class
 
 
 def test_load_run_errors(tmp_path):
