@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ida_eval.analysis import compare_runs, format_comparison, load_run
+from ida_eval.failures import FailureClass
 from ida_eval.rundir import LANGUAGES_FILE, SUMMARY_FILE
 
 __all__ = [
@@ -36,7 +37,8 @@ __all__ = [
 
 def format_summary(s: Mapping[str, Any], out: Path) -> str:
     """The lines ``python -m ida_eval.mbxp`` prints for a finished run: pass@k with their 95 % intervals,
-    the failure classes, the degenerate completions, speed and isolation; ``out``: the run directory."""
+    the failure classes (and, where a toolchain is missing here, what did not run), the degenerate
+    completions, speed and isolation; ``out``: the run directory."""
     c = s["counts"]
     n = s.get("samples_per_task", 1)
     lo, hi = s["intervals"].get("pass@1", (0.0, 1.0))
@@ -47,6 +49,13 @@ def format_summary(s: Mapping[str, Any], out: Path) -> str:
             lo, hi = s["intervals"][name]
             lines.append(f"{name} = {value:.4f} [95 % {lo:.4f}, {hi:.4f}]")
     lines.append("classes: " + ", ".join(f"{k}: {v}" for k, v in c.items()))
+    missing = c.get(FailureClass.TOOLCHAIN_MISSING.value, 0)
+    if missing:
+        runnable = s["executor"]["pass@1_runnable"]
+        lines.append(
+            f"toolchain missing here: {missing} samples not run, counted as failed (as mxeval counts them); "
+            + ("none could run" if runnable is None else f"pass@1 over the runnable ones = {runnable:.4f}")
+        )
     d = s["degenerate"]
     lines.append(
         f"degenerate completions: {d['count']}"

@@ -358,6 +358,10 @@ def test_language_all_scores_a_language_without_its_toolchain_apart(setup, tmp_p
     assert overall["pass@k"]["pass@1"] == pytest.approx(python_passed / 3)  # the swift task as failed
     assert overall["runnable"] == {"pass@k": {"pass@1": python_passed / 2}, "n_tasks": 2, "languages": 1}
     printed = capsys.readouterr().out.splitlines()
+    assert (
+        "toolchain missing here: 1 samples not run, counted as failed (as mxeval counts them); none could run"
+        in printed
+    )
     assert next(x for x in printed if x.startswith("swift ")).split()[-2:] == ["n/a", "1"]
     assert printed[-2].startswith("overall over the 2 tasks that ran (1 languages; 1 tasks' toolchain missing here")
     assert "not run: swift" in printed[-2]
