@@ -6,14 +6,17 @@ command line that installs the missing languages' Debian 12 packages (``--instal
 line and the languages without a package as JSON), and ``--install --yes`` runs it (as root;
 ``apt-get update`` first). Swift has no Debian package: it stays ``toolchain missing``. Every tool
 is looked up and run on the sandbox's ``PATH`` (:data:`ida_eval.sandbox.SAFE_PATH`), whatever the
-caller's is: what is found here is what a sandboxed program finds. Errors speak the project's CLI
-voice (:mod:`ida_common.cli`). Language rules (packages, commands) live in :mod:`ida_eval.languages`.
+caller's is: what is found here is what a sandboxed program finds, except Python's: its programs run
+under the interpreter that runs ida_eval (``sys.executable``, :mod:`ida_eval.sandbox`), whatever
+``python3`` ``PATH`` holds, so that interpreter and its version are reported. Errors speak the project's
+CLI voice (:mod:`ida_common.cli`). Language rules (packages, commands) live in :mod:`ida_eval.languages`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -68,22 +71,31 @@ def toolchain_report(languages: Sequence[str] | None = None, versions: bool = Tr
     rows = []
     for name in languages or LANGUAGES:
         lang = LANGUAGES[name]
+        if name == "python":  # its programs run under this interpreter, never PATH's python3 (ida_eval.sandbox)
+            version = f"Python {platform.python_version()}" if versions else None
+            rows.append(_row(name, [sys.executable], [], version, lang.packages))
+            continue
         missing = missing_tools(lang)
         if not missing:
             lib = _library_missing(lang)
             if lib:
                 missing.append(lib)
-        rows.append(
-            {
-                "language": name,
-                "commands": list(lang.tools),
-                "missing": missing,
-                "present": not missing,
-                "version": _version(lang) if versions and not missing_tools(lang) else None,
-                "packages": list(lang.packages),
-            }
-        )
+        version = _version(lang) if versions and not missing_tools(lang) else None
+        rows.append(_row(name, list(lang.tools), missing, version, lang.packages))
     return rows
+
+
+def _row(
+    name: str, commands: list[str], missing: list[str], version: str | None, packages: Sequence[str]
+) -> dict[str, Any]:
+    return {
+        "language": name,
+        "commands": commands,
+        "missing": missing,
+        "present": not missing,
+        "version": version,
+        "packages": list(packages),
+    }
 
 
 def apt_command(rows: Sequence[dict[str, Any]], all_languages: bool = False) -> list[str]:

@@ -270,6 +270,7 @@ def test_toolchains_cli_voice(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Ca
     """Issue 23 item 9: tools are found on the sandbox's PATH whatever the caller's (no traceback
     when the caller's PATH lacks perl), ``--install --json`` is JSON, ``--install --yes`` without root
     is one line naming the need for root, exit 2."""
+    import platform
     import subprocess
     import sys
 
@@ -286,6 +287,10 @@ def test_toolchains_cli_voice(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Ca
     }
     assert toolchains.main(["--yes"]) == 2
     assert capsys.readouterr().err.startswith("ida_eval.toolchains: error: --all and --yes go with --install")
+    # Python programs run under this interpreter (ida_eval.sandbox), whatever python3 PATH holds, or none
+    (python,) = toolchains.toolchain_report(["python"])
+    assert python["commands"] == [sys.executable] and python["present"]
+    assert python["version"] == f"Python {platform.python_version()}"
     if os.geteuid() != 0:
         pytest.skip("the non-root case needs root to drop to another user")
     blocked = _not_reachable_by_others(Path(sys.executable), Path(__file__).resolve().parents[2])
