@@ -12,7 +12,8 @@ plus ``kind`` (the :class:`~ida_eval.failures.ResultKind` decided with the verdi
 the text is for mxeval compatibility and is never parsed back), ``completion_id`` (the sample's
 ordinal among its task's samples), ``exit_status``,
 ``exception`` (type name or None), ``time_elapsed`` (ms), ``stderr_tail`` (last bytes of stderr),
-``output_bytes`` and ``isolation``.
+``output_bytes``, ``isolation`` and ``toolchain`` (the version line of what ran it,
+:func:`ida_eval.toolchains.toolchain_version`, e.g. ``"Python 3.11.7"``, ``"javac 17.0.15"``).
 
 Crash safety: each record is appended to ``out_path`` as one JSON line (one ``write``, then
 ``fsync``) the moment its program finishes; rerunning with the same ``out_path`` reads the file
@@ -66,6 +67,7 @@ from ida_eval.sandbox_types import (
     check_seconds,
 )
 from ida_eval.stats import mean_pass_at_k
+from ida_eval.toolchains import toolchain_version
 
 __all__ = [
     "ExecutionConfig",
@@ -409,6 +411,7 @@ def _run_one(
         stderr_tail=res.stderr_tail,
         output_bytes=res.output_bytes,
         isolation=iso.level,
+        toolchain=toolchain_version(lang),
     )
     if job is not None and lang.compiled:
         record.update(compile_status=res.compile_status, compile_time=round(res.compile_s * 1000.0, 1))
@@ -429,7 +432,22 @@ def _not_run(language: str, verdict: Verdict) -> dict[str, Any]:
         "stderr_tail": "",
         "output_bytes": 0,
         "isolation": None,
+        "toolchain": None,
     }
+
+
+def _languages_that_run(samples: Sequence[Mapping[str, Any]], problems: Mapping[str, Any]) -> set[Language]:
+    """The languages of ``samples`` whose toolchain is here (a sample of an unknown language is left to its
+    worker, which records it as bad input)."""
+    out = set()
+    for s in samples:
+        try:
+            lang = LANGUAGES[language_of(s, problems.get(s["task_id"], {}))]
+        except LanguageError:
+            continue
+        if lang.name == "python" or not _missing_tools(lang):
+            out.add(lang)
+    return out
 
 
 @functools.cache
@@ -544,6 +562,8 @@ def execute_samples(
         return [r for r in results if r is not None]
 
     probe_isolation(config.isolation)  # probe (and warn) once, before the workers start
+    for lang in _languages_that_run([items[i] for i in todo], problems):
+        toolchain_version(lang)  # each version command once, before the workers ask (kotlinc's starts a JVM)
     sweep_stale(config.tmp_root)  # work dirs / cgroups of runners that were killed
     slots: queue.SimpleQueue[int] = queue.SimpleQueue()
     for slot in range(config.workers):
@@ -608,6 +628,9 @@ def summarize(results: Sequence[Mapping[str, Any]], problems: Mapping[str, Any] 
 
     ``isolation`` is always a list: the sorted mode names the results ran under (``"unknown"`` for a
     record without one), empty when there are no results (no program ran, so none was isolated).
+    ``toolchains`` likewise lists the toolchain version lines the results ran under (more than one per
+    language: a results file resumed on a machine with other versions), leaving out records without one
+    (not run, or written before 2026-12-08).
     ``missing_tasks_count`` counts the tasks of ``problems`` without any sample and
     ``missing_tasks_first`` lists the first :data:`MAX_LISTED_TASKS` of them in ``problems`` order.
     ``pass@1_all_problems`` counts those tasks as failed.
@@ -631,6 +654,7 @@ def summarize(results: Sequence[Mapping[str, Any]], problems: Mapping[str, Any] 
         "isolation": sorted(
             {str(r.get("isolation", "unknown")) for r in results if r.get("isolation", "") is not None}
         ),
+        "toolchains": sorted({str(r["toolchain"]) for r in results if r.get("toolchain")}),
         "missing_tasks_count": len(missing),
         "missing_tasks_first": missing[:MAX_LISTED_TASKS],
     }

@@ -307,6 +307,7 @@ def evaluate_model(
             "result_classes": exec_summary["result_classes"],
             "timed_out": exec_summary["timed_out"],
             "pass@1_runnable": exec_summary["pass@1_runnable"],
+            "toolchains": exec_summary["toolchains"],
             "timeout_s": config.timeout,
             "workers": config.workers,
         },
@@ -545,12 +546,12 @@ def evaluate_checkpoint_languages(
     Each language's run goes to ``out_dir/<language>/`` (a full run directory: samples, results,
     summary, resumable); ``out_dir/languages.json`` (written atomically) holds one row per language:
     ``pass@1``, ``n_tasks``, ``passed``, ``toolchain_missing``, ``pass@1_runnable`` (None where no sample
-    could run), pass@k with intervals and the failure-class counts; and ``overall``: pass@k pooled over
-    every task (``pass@k``, ``n_tasks``, ``languages``; a task whose toolchain is missing counts as failed,
-    as mxeval counts it), the languages none of whose samples could run (``not_run``), and the same pass@k
-    over the tasks that ran (``runnable``: ``pass@k``, ``n_tasks``, ``languages``), the number to compare
-    between machines with different toolchains. ``on_language(language, summary)`` is called after each
-    language.
+    could run), the ``toolchains`` that ran it, pass@k with intervals and the failure-class counts; and
+    ``overall``: pass@k pooled over every task (``pass@k``, ``n_tasks``, ``languages``; a task whose
+    toolchain is missing counts as failed, as mxeval counts it), the languages none of whose samples could
+    run (``not_run``), and the same pass@k over the tasks that ran (``runnable``: ``pass@k``, ``n_tasks``,
+    ``languages``), the number to compare between machines with different toolchains.
+    ``on_language(language, summary)`` is called after each language.
     """
     check_output_dir(out_dir, "--out")
     settings = dict(
@@ -583,6 +584,7 @@ def evaluate_checkpoint_languages(
             "passed": summary["passed"],
             "toolchain_missing": lang_row.get("toolchain_missing", 0),
             "pass@1_runnable": summary["executor"].get("pass@1_runnable", summary["pass@1"]),
+            "toolchains": summary["executor"].get("toolchains", []),
             "samples_per_task": summary["samples_per_task"],
             "pass@k": summary["pass@k"],
             "intervals": summary["intervals"],

@@ -14,6 +14,7 @@ CLI voice (:mod:`ida_common.cli`). Language rules (packages, commands) live in :
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -27,13 +28,19 @@ from ida_common.cli import ArgumentParser, CannotRunHere, Run, run_main
 from ida_eval.languages import LANGUAGES, Language, environment, missing_tools, tool_env
 from ida_eval.sandbox import SAFE_PATH
 
-__all__ = ["apt_command", "main", "toolchain_report"]
+__all__ = ["apt_command", "main", "toolchain_report", "toolchain_version"]
 
 PROG = "ida_eval.toolchains"
 VERSION_TIMEOUT_S = 60.0  # kotlinc -version starts a JVM: seconds on a busy machine
 
 
-def _version(lang: Language) -> str | None:
+@functools.cache
+def toolchain_version(lang: Language) -> str | None:
+    """The version line of ``lang``'s toolchain (the first line of its version command; kotlinc's last), run on
+    the sandbox's ``PATH`` with the language's tool environment, once per process; for Python, this
+    interpreter's (it runs the programs). What each results record says its verdict came from."""
+    if lang.name == "python":
+        return f"Python {platform.python_version()}"
     env = tool_env(lang)
     try:
         proc = subprocess.run(
@@ -72,15 +79,14 @@ def toolchain_report(languages: Sequence[str] | None = None, versions: bool = Tr
     for name in languages or LANGUAGES:
         lang = LANGUAGES[name]
         if name == "python":  # its programs run under this interpreter, never PATH's python3 (ida_eval.sandbox)
-            version = f"Python {platform.python_version()}" if versions else None
-            rows.append(_row(name, [sys.executable], [], version, lang.packages))
+            rows.append(_row(name, [sys.executable], [], toolchain_version(lang) if versions else None, lang.packages))
             continue
         missing = missing_tools(lang)
         if not missing:
             lib = _library_missing(lang)
             if lib:
                 missing.append(lib)
-        version = _version(lang) if versions and not missing_tools(lang) else None
+        version = toolchain_version(lang) if versions and not missing_tools(lang) else None
         rows.append(_row(name, list(lang.tools), missing, version, lang.packages))
     return rows
 

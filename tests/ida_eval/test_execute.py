@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -182,6 +183,8 @@ def test_execute_samples_verdicts(toy: dict, tmp_path: Path) -> None:
     assert res[5]["result"] == "failed: NameError: name 'undefined_name' is not defined"
     for r in res:
         assert isinstance(r["time_elapsed"], float) and r["isolation"] in ex.ISOLATION_LEVELS
+        assert r["toolchain"] == f"Python {platform.python_version()}"  # this interpreter ran them
+    assert ex.summarize(res)["toolchains"] == [f"Python {platform.python_version()}"]
     assert ex.pass_at_1(res) == pytest.approx((0.5 + 0 + 0) / 3)
     assert [r["kind"] for r in res] == ["passed", "exception", "exception", "timeout", "early_exit", "exception"]
     assert [ex.result_class(r) for r in res] == [

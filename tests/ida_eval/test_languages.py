@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -248,6 +250,12 @@ def test_toolchain_missing_is_reported_apart() -> None:
     assert summary["toolchain_missing"] == 1
     assert summary["pass@1"] == 0.5 and summary["pass@1_runnable"] == 1.0
     assert ex.summarize(res[:1], {sw["task_id"]: sw})["pass@1_runnable"] is None  # nothing ran: no score, not 0
+    from ida_eval.sandbox import SAFE_PATH
+
+    node_exe = shutil.which("node", path=SAFE_PATH)
+    node = subprocess.run([node_exe, "--version"], capture_output=True, text=True, check=True).stdout.strip()
+    assert res[0]["toolchain"] is None and res[1]["toolchain"] == node  # what ran the verdict, as toolchains says
+    assert summary["toolchains"] == [node]
     assert summary["languages"]["swift"]["toolchain_missing"] == 1
     assert summary["languages"]["javascript"]["pass@1"] == 1.0
 

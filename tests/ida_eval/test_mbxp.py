@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import platform
 
 import pytest
 
@@ -353,6 +354,9 @@ def test_language_all_scores_a_language_without_its_toolchain_apart(setup, tmp_p
     table, overall = result["languages"], result["overall"]
     assert table["swift"]["toolchain_missing"] == 1 and table["swift"]["pass@1_runnable"] is None
     assert table["python"]["pass@1_runnable"] == table["python"]["pass@1"]
+    assert (
+        table["python"]["toolchains"] == [f"Python {platform.python_version()}"] and table["swift"]["toolchains"] == []
+    )
     assert overall["n_tasks"] == 3 and overall["languages"] == 2 and overall["not_run"] == ["swift"]
     python_passed = table["python"]["passed"]
     assert overall["pass@k"]["pass@1"] == pytest.approx(python_passed / 3)  # the swift task as failed
