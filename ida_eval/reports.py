@@ -38,7 +38,7 @@ __all__ = [
 def format_summary(s: Mapping[str, Any], out: Path) -> str:
     """The lines ``python -m ida_eval.mbxp`` prints for a finished run: pass@k with their 95 % intervals,
     the failure classes (and, where a toolchain is missing here, what did not run), the degenerate
-    completions, speed and isolation; ``out``: the run directory."""
+    completions, speed, isolation and the toolchain that ran the programs; ``out``: the run directory."""
     c = s["counts"]
     n = s.get("samples_per_task", 1)
     lo, hi = s["intervals"].get("pass@1", (0.0, 1.0))
@@ -64,9 +64,14 @@ def format_summary(s: Mapping[str, Any], out: Path) -> str:
     t = s["timings"]
     tokens = f"{t['tokens_per_s']} tokens/s" if t["tokens_per_s"] is not None else "nothing generated"
     programs = f"{t['programs_per_s']} programs/s" if t["programs_per_s"] is not None else "nothing executed"
+    toolchains = s["executor"].get("toolchains", [])
+    ran_by = ""
+    if toolchains:  # one language per run directory: two versions are results of two machines (or upgrades)
+        mixed = " (more than one: these results came from different toolchains)" if len(toolchains) > 1 else ""
+        ran_by = f"; toolchain: {', '.join(toolchains)}{mixed}"
     lines.append(
         f"generation {t['generation_s']} s ({tokens}), execution {t['execution_s']} s ({programs}); "
-        f"isolation: {', '.join(s['isolation']) or 'none (nothing ran)'}"
+        f"isolation: {', '.join(s['isolation']) or 'none (nothing ran)'}{ran_by}"
     )
     return "\n".join(lines)
 

@@ -222,6 +222,7 @@ def test_cli_ctrl_c_and_sandbox_failure_end_in_one_line_and_resume(setup, tmp_pa
     report = capsys.readouterr().out.splitlines()  # the report says what this call did, in words
     assert report[0].startswith("pass@1 = ") and report[-1].startswith("generation ")
     assert "(nothing generated)" in report[-1] and "programs/s)" in report[-1] and "None" not in report[-1]
+    assert report[-1].endswith(f"; toolchain: Python {platform.python_version()}")
     assert main(args) == 0 and "(nothing executed)" in capsys.readouterr().out.splitlines()[-1]
 
 
