@@ -811,7 +811,10 @@ def _main(run: Run) -> int:
         )
     print("results by class: " + ", ".join(f"{k}: {v}" for k, v in summary["result_classes"].items()))
     isolation = ", ".join(summary["isolation"]) or "none (nothing ran)"
-    print(f"timed out: {summary['timed_out']} (compile: {summary['timed_out_compile']}); isolation: {isolation}")
+    ran_by = f"; toolchains: {', '.join(summary['toolchains'])}" if summary["toolchains"] else ""
+    print(
+        f"timed out: {summary['timed_out']} (compile: {summary['timed_out_compile']}); isolation: {isolation}{ran_by}"
+    )
     if args.summary:
         atomic_write_text(args.summary, json.dumps(summary, indent=2) + "\n")
     return 0

@@ -480,6 +480,7 @@ def test_cli_reports_pass_rate_classes_missing_tasks_and_isolation(
     assert "no sample for 1 of 3 tasks (e.g. T/2)" in stdout
     assert "AssertionError: 1" in stdout and "passed: 1" in stdout
     assert "isolation:" in stderr
+    assert stdout.splitlines()[-1].endswith(f"; toolchains: Python {platform.python_version()}")
     data = json.loads(summary.read_text())
     assert data["passed"] == 1 and data["missing_tasks_count"] == 1 and data["missing_tasks_first"] == ["T/2"]
 
