@@ -409,6 +409,7 @@ def compare_runs(dir_a: str | Path, dir_b: str | Path) -> dict[str, Any]:
             "samples_per_task": s.get("samples_per_task", 1),
             "counts": s.get("counts", {}),
             "degenerate": s.get("degenerate", {}).get("count", 0),
+            "toolchains": s.get("executor", {}).get("toolchains", []),
         }
 
     a, b = side(sa, dir_a), side(sb, dir_b)
@@ -485,6 +486,12 @@ def format_comparison(cmp: Mapping[str, Any], *, max_tasks: int = 40) -> str:
 
     if cmp.get("paired"):
         lines.append(significance_line(cmp["paired"]))
+    ta, tb = a.get("toolchains", []), b.get("toolchains", [])
+    if ta and tb and ta != tb:  # (runs written before 2026-12-08 record none)
+        lines.append(
+            f"the runs' programs ran under other toolchains (A: {', '.join(ta)}; B: {', '.join(tb)}): "
+            "a difference may come from them, not from the models"
+        )
     listing("passed in B only (gained)", cmp["gained"])
     listing("passed in A only (lost)", cmp["lost"])
     moved = [f"{t} {c[0]}->{c[1]}" for t, c in cmp["changed_class"].items()]

@@ -225,6 +225,20 @@ def test_a_class_changes_when_its_share_of_the_samples_does(tmp_path):
     assert list(compare_runs(a, greedy)["changed_class"]) == ["T/1", "T/3", "T/4"]  # T/2: all of one class
 
 
+def test_a_comparison_says_when_the_runs_ran_under_other_toolchains(tmp_path):
+    a = _write_run(tmp_path / "a", {"MBPP/1": "passed", "MBPP/2": "wrong_answer"})
+    b = _write_run(tmp_path / "b", {"MBPP/1": "passed", "MBPP/2": "passed"})
+    assert "toolchains" not in format_comparison(compare_runs(a, b))  # older runs record none: nothing said
+    for d, version in ((a, "Python 3.11.7"), (b, "Python 3.12.1")):
+        summary = json.loads((d / "summary.json").read_text())
+        (d / "summary.json").write_text(json.dumps({**summary, "executor": {"toolchains": [version]}}))
+    cmp = compare_runs(a, b)
+    assert cmp["a"]["toolchains"] == ["Python 3.11.7"] and cmp["b"]["toolchains"] == ["Python 3.12.1"]
+    assert "other toolchains (A: Python 3.11.7; B: Python 3.12.1): a difference may come from them" in (
+        format_comparison(cmp)
+    )
+
+
 def test_load_run_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="no summary.json"):
         load_run(tmp_path)
