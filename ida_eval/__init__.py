@@ -35,7 +35,9 @@ _LAZY = {
     **dict.fromkeys(["ExecutionConfig", "execute_samples", "isolation_in_force", "load_problems"], "ida_eval.execute"),
     **dict.fromkeys(["CheckpointLoadError", "describe_checkpoint", "load_model"], "ida_eval.loader"),
     **dict.fromkeys(["evaluate_checkpoint", "evaluate_model"], "ida_eval.harness"),
-    **dict.fromkeys(["mcnemar_exact", "mean_pass_at_k", "pass_at_k", "wilson_interval"], "ida_eval.stats"),
+    **dict.fromkeys(
+        ["mcnemar_exact", "mean_pass_at_k", "paired_permutation_test", "pass_at_k", "wilson_interval"], "ida_eval.stats"
+    ),
     "find_problems_file": "ida_eval.problems",
 }
 
@@ -69,6 +71,7 @@ __all__ = [
     "load_problems",
     "mcnemar_exact",
     "mean_pass_at_k",
+    "paired_permutation_test",
     "pass_at_k",
     "truncate_completion",
     "wilson_interval",

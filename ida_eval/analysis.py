@@ -49,6 +49,7 @@ from ida_eval.stats import (
     bootstrap_interval,
     mean_pass_at_k,
     paired_comparison,
+    paired_permutation_test,
     pass_at_k,
     wilson_interval,
 )
@@ -360,8 +361,10 @@ def compare_runs(dir_a: str | Path, dir_b: str | Path) -> dict[str, Any]:
     whether it is real, per-class counts and their shifts, and the tasks whose outcome flipped.
 
     With one sample per task in both runs the paired test is McNemar's exact test on the tasks that
-    flipped (:func:`ida_eval.stats.paired_comparison`); with several, the difference of the per-task
-    pass@1 gets a percentile bootstrap interval over tasks (``p_value`` is None).
+    flipped (:func:`ida_eval.stats.paired_comparison`); with several, the paired permutation test of the
+    per-task pass@1 differences (:func:`ida_eval.stats.paired_permutation_test`, McNemar's test generalised
+    to fractions), and the mean difference gets a percentile bootstrap interval over tasks (``interval``:
+    how far it spreads between tasks; with few tasks moved it understates the uncertainty the test weighs).
 
     Returns:
         ``{"a": {...}, "b": {...}, "paired": {...}, "class_shift": {...}, "gained": [...], "lost": [...],
@@ -373,8 +376,8 @@ def compare_runs(dir_a: str | Path, dir_b: str | Path) -> dict[str, Any]:
     ta = {t: task_classes(c) for t, c in sa["per_task"].items()}
     tb = {t: task_classes(c) for t, c in sb["per_task"].items()}
     common = sorted(set(ta) & set(tb), key=_task_key)
-    rate_a = {t: ta[t].count(FailureClass.PASSED.value) / len(ta[t]) for t in common}
-    rate_b = {t: tb[t].count(FailureClass.PASSED.value) / len(tb[t]) for t in common}
+    rate_a = {t: _passed_share(ta[t]) for t in common}
+    rate_b = {t: _passed_share(tb[t]) for t in common}
     gained = [t for t in common if rate_b[t] > rate_a[t]]
     lost = [t for t in common if rate_a[t] > rate_b[t]]
     changed = {t: [sa["per_task"][t], sb["per_task"][t]] for t in common if _shares(ta[t]) != _shares(tb[t])}
@@ -389,13 +392,19 @@ def compare_runs(dir_a: str | Path, dir_b: str | Path) -> dict[str, Any]:
             b_only=pc["b_only"],
         )
     elif common:
-        diffs = [rate_b[t] - rate_a[t] for t in common]
-        lo, hi = bootstrap_interval(diffs, resamples=BOOTSTRAP_RESAMPLES)
+        diffs = [rate_b[t] - rate_a[t] for t in common]  # exact fractions
+        lo, hi = bootstrap_interval([float(d) for d in diffs], resamples=BOOTSTRAP_RESAMPLES)
+        test = paired_permutation_test(diffs)
+        how = "exact" if test.exact else f"Monte Carlo, {test.resamples} sign patterns, seed 0"
+        same_n = len({len(ta[t]) for t in common} | {len(tb[t]) for t in common}) == 1
         paired.update(
-            difference=sum(diffs) / len(diffs),
+            difference=float(sum(diffs) / len(diffs)),
             interval=[lo, hi],
-            p_value=None,
-            test=f"percentile bootstrap over tasks of the pass@1 difference, 95 %, {BOOTSTRAP_RESAMPLES} resamples",
+            interval_method=f"percentile bootstrap over tasks, 95 %, {BOOTSTRAP_RESAMPLES} resamples, seed 0",
+            p_value=test.p_value,
+            test=f"paired permutation test of the per-task pass@1 differences ({how}"
+            + ("" if same_n else "; approximate: other numbers of samples per task")
+            + "), two-sided",
         )
 
     def side(s: Mapping[str, Any], d: str | Path) -> dict[str, Any]:
@@ -426,6 +435,11 @@ def compare_runs(dir_a: str | Path, dir_b: str | Path) -> dict[str, Any]:
         "only_in_a": sorted(set(ta) - set(tb), key=_task_key),
         "only_in_b": sorted(set(tb) - set(ta), key=_task_key),
     }
+
+
+def _passed_share(classes: Sequence[str]) -> Fraction:
+    """The task's pass@1 as an exact fraction of its samples."""
+    return Fraction(classes.count(FailureClass.PASSED.value), len(classes))
 
 
 def _shares(classes: Sequence[str]) -> dict[str, Fraction]:

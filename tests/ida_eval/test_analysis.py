@@ -175,12 +175,14 @@ def test_degenerate_report_counts_and_examples():
 
 
 def _write_run(path, per_task):
+    """A summary.json of per-task classes: one per task, or a list of each task's samples' classes."""
     path.mkdir()
     counts = {k: 0 for k in ("passed", *FAILURE_CLASSES)}
-    for c in per_task.values():
-        counts[c] += 1
+    for v in per_task.values():
+        for c in [v] if isinstance(v, str) else v:
+            counts[c] += 1
     summary = {
-        "pass@1": counts["passed"] / len(per_task),
+        "pass@1": counts["passed"] / sum(counts.values()),
         "n_tasks": len(per_task),
         "counts": counts,
         "per_task": per_task,
@@ -223,6 +225,28 @@ def test_a_class_changes_when_its_share_of_the_samples_does(tmp_path):
     assert compare_runs(a, b)["changed_class"] == {"T/3": [[s, s, e, e], [s, e, e, e]]}
     greedy = run("g", {"T/1": s, "T/2": s, "T/3": e, "T/4": e})
     assert list(compare_runs(a, greedy)["changed_class"]) == ["T/1", "T/3", "T/4"]  # T/2: all of one class
+
+
+def test_a_sampled_comparison_tests_the_tasks_that_moved(tmp_path):
+    """Four samples per task, 60 tasks: where 4 tasks gain a passing sample and none loses one, the paired
+    permutation test gives McNemar's p for 4 flips, 2 / 2^4, although the bootstrap interval of the mean
+    difference excludes 0 (the bootstrap seldom draws none of the four); 8 such tasks are real."""
+    e, p = "wrong_answer", "passed"
+
+    def tasks(gained: int) -> dict[str, list[str]]:
+        return {f"T/{i}": [p if i < gained else e, e, e, e] for i in range(60)}
+
+    a = _write_run(tmp_path / "a", tasks(0))
+    cmp = compare_runs(a, _write_run(tmp_path / "b4", tasks(4)))
+    paired = cmp["paired"]
+    assert paired["p_value"] == 0.125 and paired["interval"][0] > 0
+    assert paired["test"] == "paired permutation test of the per-task pass@1 differences (exact), two-sided"
+    assert "p = 0.125: not distinguishable from chance at the 0.05 level" in format_comparison(cmp)
+    eight = compare_runs(a, _write_run(tmp_path / "b8", tasks(8)))
+    assert eight["paired"]["p_value"] == 2 / 2**8
+    assert "p = 0.00781: a real difference at the 0.05 level" in format_comparison(eight)
+    greedy = compare_runs(_write_run(tmp_path / "g", dict.fromkeys(tasks(0), e)), _write_run(tmp_path / "s", tasks(8)))
+    assert greedy["paired"]["p_value"] == 2 / 2**8 and "approximate" in greedy["paired"]["test"]
 
 
 def test_a_comparison_says_when_the_runs_ran_under_other_toolchains(tmp_path):

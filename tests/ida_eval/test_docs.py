@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ida_eval import analysis, decoding, execute, generate
+from ida_eval import analysis, decoding, execute, generate, stats
 from ida_eval.isolation import ISOLATION_LEVELS
 from tests.conftest import REPO_ROOT, mbxp_dir
 from tests.ida_eval.support import KNOWN_FAILURES, SMALL_PROBLEMS, capture_parser
@@ -327,6 +327,12 @@ def test_degenerate_thresholds() -> None:
         want = getattr(analysis, name, None)
         assert want is not None, f"ida_eval.analysis has no constant {name}"
         assert type(want)(value) == want, f"{name}: doc {value}, code {want}"
+
+
+def test_interval_and_test_settings_are_the_code_s() -> None:
+    text = " ".join(EVAL_MD.read_text().split())
+    assert f"a percentile bootstrap over tasks ({stats.BOOTSTRAP_RESAMPLES} resamples, seed 0)" in text
+    assert f"by Monte Carlo, {stats.PERMUTATION_RESAMPLES:,} seeded sign patterns" in text
 
 
 def test_failure_classes_in_precedence_order() -> None:

@@ -22,6 +22,7 @@ from ida_eval.stats import (
     mcnemar_exact,
     mean_pass_at_k,
     paired_comparison,
+    paired_permutation_test,
     pass_at_k,
     wilson_interval,
 )
@@ -71,6 +72,16 @@ def brute_mcnemar(b: int, c: int) -> Fraction:
     assert sum(pmf) == 1
     tail = sum(p for x, p in enumerate(pmf) if x <= min(b, c))
     return min(Fraction(1), 2 * tail)
+
+
+def brute_sign_flip(diffs: list[Fraction]) -> Fraction:
+    """Enumerate all 2^m sign patterns: the share whose |sum| is at least the observed |sum|."""
+    observed = abs(sum(diffs))
+    far = sum(
+        abs(sum(s * d for s, d in zip(signs, diffs, strict=True))) >= observed
+        for signs in itertools.product((1, -1), repeat=len(diffs))
+    )
+    return Fraction(far, 2 ** len(diffs))
 
 
 def decimal_wilson(s: int, n: int, confidence: float) -> tuple[Decimal, Decimal]:
@@ -271,6 +282,52 @@ def test_paired_comparison_counts_and_flips():
     assert r["difference"] == 1.0 and r["p_value"] == 2 / 1024 and r["b_only_tasks"] == sorted(ten)
 
 
+@st.composite
+def pass_rate_differences(draw, max_tasks: int = 11):
+    """Per-task B - A of pass rates with n_a, n_b samples (the same for every task, as in a run)."""
+    n_a, n_b = draw(st.integers(1, 8)), draw(st.integers(1, 8))
+    tasks = draw(st.integers(1, max_tasks))
+    return [Fraction(draw(st.integers(0, n_b)), n_b) - Fraction(draw(st.integers(0, n_a)), n_a) for _ in range(tasks)]
+
+
+@FAST
+@given(pass_rate_differences())
+def test_permutation_test_matches_enumerating_every_sign_pattern(diffs):
+    got = paired_permutation_test(diffs)
+    assert got.exact and got.p_value == pytest.approx(float(brute_sign_flip(diffs)), rel=1e-12)
+    assert 0.0 < got.p_value <= 1.0
+
+
+@FAST
+@given(st.integers(0, 60), st.integers(0, 60), st.integers(1, 5))
+def test_permutation_test_of_flipped_verdicts_is_mcnemars(b, c, unchanged):
+    diffs = [-1] * b + [1] * c + [0] * unchanged
+    assert paired_permutation_test(diffs).p_value == pytest.approx(mcnemar_exact(b, c), rel=1e-12)
+
+
+def test_permutation_test_where_the_bootstrap_calls_chance_real():
+    """4 of 974 tasks up by a quarter, none down: the bootstrap's interval of the mean difference excludes 0
+    (no resample misses all four often enough), while the sign patterns say p = 2 / 2^4."""
+    diffs = [Fraction(1, 4)] * 4 + [Fraction(0)] * 970
+    assert bootstrap_interval([float(d) for d in diffs])[0] > 0
+    assert paired_permutation_test(diffs) == (0.125, True, 0)
+    assert paired_permutation_test(diffs[:3] + [Fraction(-1, 4)] + diffs[4:]).p_value == 0.625  # 10 of 16 patterns
+    assert paired_permutation_test([0] * 9) == (1.0, True, 0)
+
+
+def test_permutation_test_by_monte_carlo_where_the_exact_one_is_too_large(monkeypatch):
+    moved = [Fraction(k % 7, 100) - Fraction(k % 5, 99) for k in range(300)]  # denominators 9900: big sums
+    diffs = [-d if k % 5 == 0 else d for k, d in enumerate(moved)]
+    exact = paired_permutation_test(diffs)
+    assert exact.exact and 0.1 < exact.p_value < 0.3  # 0.167: a p-value Monte Carlo can miss
+    monkeypatch.setattr(stats, "PERMUTATION_EXACT_WORK", 0)
+    drawn = paired_permutation_test(diffs, resamples=20_000)
+    assert drawn == paired_permutation_test(diffs, resamples=20_000)  # seeded: the same run, the same p
+    assert not drawn.exact and drawn.resamples == 20_000
+    assert drawn.p_value == pytest.approx(exact.p_value, abs=0.02)  # 5 standard errors at most
+    assert paired_permutation_test(diffs, resamples=20_000, seed=1) != drawn
+
+
 # ------------------------------------------------------------------ bad input
 
 
@@ -303,6 +360,11 @@ def test_paired_comparison_counts_and_flips():
         (lambda: mcnemar_exact(-1, 3), "must be >= 0, got b=-1, c=3"),
         (lambda: mcnemar_exact(1, 2.5), "c must be an integer, got 2.5"),
         (lambda: paired_comparison({"a": True}, {"b": True}), "share no task (1 tasks in a, 1 in b)"),
+        (lambda: paired_permutation_test([]), "no differences"),
+        (lambda: paired_permutation_test([0.25]), "difference 0 is 0.25 (float); give exact rationals"),
+        (lambda: paired_permutation_test([1, True]), "difference 1 is True (bool)"),
+        (lambda: paired_permutation_test([Fraction(3, 2)]), "difference 0 is 3/2; a difference of pass rates"),
+        (lambda: paired_permutation_test([1], resamples=0), "resamples >= 1, got resamples=0"),
         (lambda: paired_comparison({"t": True}, {"t": 1}), "run b, task 't': passed must be a bool, got 1"),
     ],
 )
