@@ -450,7 +450,8 @@ def _shares(classes: Sequence[str]) -> dict[str, Fraction]:
 
 
 def significance_line(paired: Mapping[str, Any], alpha: float = 0.05) -> str:
-    """One line that says whether B's difference from A is real, from :func:`compare_runs`' ``paired``.
+    """One line that says whether B's difference from A is real, from :func:`compare_runs`' ``paired``
+    (by its Holm-adjusted p-value where :func:`ida_eval.reports.compare_dirs` tested several together).
 
     Example:
         >>> significance_line({"n": 10, "difference": 0.3, "p_value": 0.03, "test": "McNemar exact, two-sided"})
@@ -460,9 +461,12 @@ def significance_line(paired: Mapping[str, Any], alpha: float = 0.05) -> str:
         return "no task in common: nothing to compare"
     head = f"B - A = {paired['difference']:+.4f} on {paired['n']} tasks, "
     if paired.get("p_value") is not None:
-        p = paired["p_value"]
+        p = paired.get("p_holm", paired["p_value"])
         real = "a real difference" if p < alpha else "not distinguishable from chance"
-        return head + f"{paired['test']} p = {p:.3g}: {real} at the {alpha:g} level"
+        head += f"{paired['test']} p = {paired['p_value']:.3g}"
+        if "p_holm" in paired:
+            head += f" (Holm-adjusted for the {paired['tests_in_family']} tests read together: {p:.3g})"
+        return head + f": {real} at the {alpha:g} level"
     lo, hi = paired["interval"]
     real = "a real difference" if lo > 0 or hi < 0 else "the interval includes 0: not distinguishable from chance"
     return head + f"95 % interval [{lo:+.4f}, {hi:+.4f}]: {real}"

@@ -23,6 +23,7 @@ from typing import Any
 from ida_eval.analysis import compare_runs, format_comparison, load_run
 from ida_eval.failures import FailureClass
 from ida_eval.rundir import LANGUAGES_FILE, SUMMARY_FILE
+from ida_eval.stats import holm_adjust
 
 __all__ = [
     "compare_dirs",
@@ -156,7 +157,8 @@ def compare_dirs(dirs: Sequence[Path]) -> dict[str, Any]:
 
     Returns the JSON written to ``comparison.json``: ``{"baseline", "runs", "languages": {language:
     {"runs": [pass rates, intervals, class counts of each run], "comparisons": [compare_runs(first,
-    other) for each other run]}}}``.
+    other) for each other run]}}}``. Where it holds more than one paired test (languages x other runs),
+    each ``paired`` also holds ``p_holm``, its p-value adjusted for all of them, and ``tests_in_family``.
 
     Raises:
         ValueError: a directory that is not a finished run, or runs without a language in common.
@@ -174,6 +176,12 @@ def compare_dirs(dirs: Sequence[Path]) -> dict[str, Any]:
         comparisons = [compare_runs(per_run[0][lang], r[lang]) for r in per_run[1:]]
         runs = [comparisons[0]["a"]] + [c["b"] for c in comparisons]
         languages[lang] = {"runs": runs, "comparisons": comparisons}
+    tested = [
+        c["paired"] for e in languages.values() for c in e["comparisons"] if c["paired"].get("p_value") is not None
+    ]
+    if len(tested) > 1:  # read together: each verdict from Holm's adjusted p (ida_eval.stats.holm_adjust)
+        for paired, p in zip(tested, holm_adjust([t["p_value"] for t in tested]), strict=True):
+            paired.update(p_holm=p, tests_in_family=len(tested))
     return {"baseline": str(dirs[0]), "runs": [str(d) for d in dirs], "languages": languages}
 
 

@@ -288,6 +288,9 @@ def test_compare_three_runs_with_mcnemar_json_and_figure(tmp_path, monkeypatch, 
     assert better["paired"]["b_only"] == 4 and better["paired"]["a_only"] == 0
     assert better["paired"]["p_value"] == mcnemar_exact(0, 4) == 0.125
     assert same["paired"]["p_value"] == mcnemar_exact(1, 1) == 1.0
+    assert better["paired"]["p_holm"] == 2 * 0.125 and same["paired"]["p_holm"] == 1.0  # two tests read together
+    assert better["paired"]["tests_in_family"] == 2
+    assert "p = 0.125 (Holm-adjusted for the 2 tests read together: 0.25): not distinguishable" in printed
     assert better["gained"] == ["T/2", "T/3", "T/4", "T/5"] and same["lost"] == ["T/1"]
     assert better["class_shift"]["passed"] == 4
     runs = result["languages"]["python"]["runs"]

@@ -19,6 +19,7 @@ from ida_eval import stats
 from ida_eval.stats import (
     bootstrap_interval,
     estimate_pass_at_k,
+    holm_adjust,
     mcnemar_exact,
     mean_pass_at_k,
     paired_comparison,
@@ -328,6 +329,35 @@ def test_permutation_test_by_monte_carlo_where_the_exact_one_is_too_large(monkey
     assert paired_permutation_test(diffs, resamples=20_000, seed=1) != drawn
 
 
+def brute_holm(ps: list[float]) -> list[float]:
+    """Holm's procedure as a closed test of intersections, tested with Bonferroni: a hypothesis' adjusted p is
+    the largest over every subset S that contains it of min(1, |S| * min p over S)."""
+    m = len(ps)
+    out = []
+    for i in range(m):
+        worst = 0.0
+        for size in range(1, m + 1):
+            for subset in itertools.combinations(range(m), size):
+                if i in subset:
+                    worst = max(worst, min(1.0, size * min(ps[j] for j in subset)))
+        out.append(worst)
+    return out
+
+
+@FAST
+@given(st.lists(st.sampled_from([0.0, 0.001, 0.01, 0.02, 0.04, 0.05, 0.125, 0.3, 0.5, 1.0]), max_size=7))
+def test_holm_equals_the_closed_test_of_bonferroni(ps):
+    adjusted = holm_adjust(ps)
+    assert adjusted == pytest.approx(brute_holm(ps), abs=1e-15)
+    assert all(p <= q <= 1.0 for p, q in zip(ps, adjusted, strict=True))
+
+
+def test_holm_known_cases():
+    assert holm_adjust([0.01, 0.04, 0.03]) == [0.03, 0.06, 0.06]
+    assert holm_adjust([0.2]) == [0.2] and holm_adjust([]) == []
+    assert holm_adjust([0.01] * 12) == [0.12] * 12  # 12 languages, each at p = 0.01: 0.12 each
+
+
 # ------------------------------------------------------------------ bad input
 
 
@@ -360,6 +390,8 @@ def test_permutation_test_by_monte_carlo_where_the_exact_one_is_too_large(monkey
         (lambda: mcnemar_exact(-1, 3), "must be >= 0, got b=-1, c=3"),
         (lambda: mcnemar_exact(1, 2.5), "c must be an integer, got 2.5"),
         (lambda: paired_comparison({"a": True}, {"b": True}), "share no task (1 tasks in a, 1 in b)"),
+        (lambda: holm_adjust([0.5, 1.5]), "p-value 1 is 1.5; each must be a number in [0, 1]"),
+        (lambda: holm_adjust([float("nan")]), "p-value 0 is nan"),
         (lambda: paired_permutation_test([]), "no differences"),
         (lambda: paired_permutation_test([0.25]), "difference 0 is 0.25 (float); give exact rationals"),
         (lambda: paired_permutation_test([1, True]), "difference 1 is True (bool)"),
