@@ -381,31 +381,7 @@ def compare_runs(dir_a: str | Path, dir_b: str | Path) -> dict[str, Any]:
     gained = [t for t in common if rate_b[t] > rate_a[t]]
     lost = [t for t in common if rate_a[t] > rate_b[t]]
     changed = {t: [sa["per_task"][t], sb["per_task"][t]] for t in common if _shares(ta[t]) != _shares(tb[t])}
-    paired: dict[str, Any] = {"n": len(common)}
-    if common and all(len(ta[t]) == 1 == len(tb[t]) for t in common):
-        pc = paired_comparison({t: rate_a[t] == 1 for t in common}, {t: rate_b[t] == 1 for t in common})
-        paired.update(
-            difference=pc["difference"],
-            p_value=pc["p_value"],
-            test="McNemar exact, two-sided",
-            a_only=pc["a_only"],
-            b_only=pc["b_only"],
-        )
-    elif common:
-        diffs = [rate_b[t] - rate_a[t] for t in common]  # exact fractions
-        lo, hi = bootstrap_interval([float(d) for d in diffs], resamples=BOOTSTRAP_RESAMPLES)
-        test = paired_permutation_test(diffs)
-        how = "exact" if test.exact else f"Monte Carlo, {test.resamples} sign patterns, seed 0"
-        same_n = len({len(ta[t]) for t in common} | {len(tb[t]) for t in common}) == 1
-        paired.update(
-            difference=float(sum(diffs) / len(diffs)),
-            interval=[lo, hi],
-            interval_method=f"percentile bootstrap over tasks, 95 %, {BOOTSTRAP_RESAMPLES} resamples, seed 0",
-            p_value=test.p_value,
-            test=f"paired permutation test of the per-task pass@1 differences ({how}"
-            + ("" if same_n else "; approximate: other numbers of samples per task")
-            + "), two-sided",
-        )
+    paired = paired_difference({t: ta[t] for t in common}, {t: tb[t] for t in common})
 
     def side(s: Mapping[str, Any], d: str | Path) -> dict[str, Any]:
         return {
@@ -435,6 +411,42 @@ def compare_runs(dir_a: str | Path, dir_b: str | Path) -> dict[str, Any]:
         "only_in_a": sorted(set(ta) - set(tb), key=_task_key),
         "only_in_b": sorted(set(tb) - set(ta), key=_task_key),
     }
+
+
+def paired_difference(ta: Mapping[str, Sequence[str]], tb: Mapping[str, Sequence[str]]) -> dict[str, Any]:
+    """B - A of pass@1 on the same tasks (each task's samples' classes in ``ta`` and ``tb``, the same keys)
+    and its test: McNemar's exact test with one sample per task in both, else the paired permutation test
+    with a bootstrap interval (:func:`compare_runs`). ``{"n": 0}`` for no tasks."""
+    assert ta.keys() == tb.keys(), "paired_difference: the same tasks on both sides"
+    common = list(ta)
+    rate_a = {t: _passed_share(ta[t]) for t in common}
+    rate_b = {t: _passed_share(tb[t]) for t in common}
+    paired: dict[str, Any] = {"n": len(common)}
+    if common and all(len(ta[t]) == 1 == len(tb[t]) for t in common):
+        pc = paired_comparison({t: rate_a[t] == 1 for t in common}, {t: rate_b[t] == 1 for t in common})
+        paired.update(
+            difference=pc["difference"],
+            p_value=pc["p_value"],
+            test="McNemar exact, two-sided",
+            a_only=pc["a_only"],
+            b_only=pc["b_only"],
+        )
+    elif common:
+        diffs = [rate_b[t] - rate_a[t] for t in common]  # exact fractions
+        lo, hi = bootstrap_interval([float(d) for d in diffs], resamples=BOOTSTRAP_RESAMPLES)
+        test = paired_permutation_test(diffs)
+        how = "exact" if test.exact else f"Monte Carlo, {test.resamples} sign patterns, seed 0"
+        same_n = len({len(ta[t]) for t in common} | {len(tb[t]) for t in common}) == 1
+        paired.update(
+            difference=float(sum(diffs) / len(diffs)),
+            interval=[lo, hi],
+            interval_method=f"percentile bootstrap over tasks, 95 %, {BOOTSTRAP_RESAMPLES} resamples, seed 0",
+            p_value=test.p_value,
+            test=f"paired permutation test of the per-task pass@1 differences ({how}"
+            + ("" if same_n else "; approximate: other numbers of samples per task")
+            + "), two-sided",
+        )
+    return paired
 
 
 def _passed_share(classes: Sequence[str]) -> Fraction:

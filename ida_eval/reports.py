@@ -20,10 +20,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ida_eval.analysis import compare_runs, format_comparison, load_run
+from ida_eval.analysis import (
+    compare_runs,
+    format_comparison,
+    load_run,
+    paired_difference,
+    significance_line,
+    task_classes,
+)
 from ida_eval.failures import FailureClass
 from ida_eval.rundir import LANGUAGES_FILE, SUMMARY_FILE
-from ida_eval.stats import holm_adjust
+from ida_eval.stats import holm_adjust, mean_pass_at_k
 
 __all__ = [
     "compare_dirs",
@@ -157,8 +164,10 @@ def compare_dirs(dirs: Sequence[Path]) -> dict[str, Any]:
 
     Returns the JSON written to ``comparison.json``: ``{"baseline", "runs", "languages": {language:
     {"runs": [pass rates, intervals, class counts of each run], "comparisons": [compare_runs(first,
-    other) for each other run]}}}``. Where it holds more than one paired test (languages x other runs),
-    each ``paired`` also holds ``p_holm``, its p-value adjusted for all of them, and ``tests_in_family``.
+    other) for each other run]}}}``; for runs of several languages also ``"overall": [{"a", "b",
+    "languages", "pass@1": [a, b], "paired"} for each other run]``, on all their tasks together. Where it
+    holds more than one paired test, each ``paired`` also holds ``p_holm``, its p-value adjusted for all of
+    them (:func:`ida_eval.stats.holm_adjust`), and ``tests_in_family``.
 
     Raises:
         ValueError: a directory that is not a finished run, or runs without a language in common.
@@ -176,21 +185,58 @@ def compare_dirs(dirs: Sequence[Path]) -> dict[str, Any]:
         comparisons = [compare_runs(per_run[0][lang], r[lang]) for r in per_run[1:]]
         runs = [comparisons[0]["a"]] + [c["b"] for c in comparisons]
         languages[lang] = {"runs": runs, "comparisons": comparisons}
-    tested = [
-        c["paired"] for e in languages.values() for c in e["comparisons"] if c["paired"].get("p_value") is not None
-    ]
+    overall = (
+        _pooled_comparisons(dirs, [{lang: r[lang] for lang in common} for r in per_run]) if len(common) > 1 else []
+    )
+    tested = [c["paired"] for e in languages.values() for c in e["comparisons"]] + [c["paired"] for c in overall]
+    tested = [t for t in tested if t.get("p_value") is not None]
     if len(tested) > 1:  # read together: each verdict from Holm's adjusted p (ida_eval.stats.holm_adjust)
         for paired, p in zip(tested, holm_adjust([t["p_value"] for t in tested]), strict=True):
             paired.update(p_holm=p, tests_in_family=len(tested))
-    return {"baseline": str(dirs[0]), "runs": [str(d) for d in dirs], "languages": languages}
+    result = {"baseline": str(dirs[0]), "runs": [str(d) for d in dirs], "languages": languages}
+    return {**result, "overall": overall} if overall else result
+
+
+def _pooled_comparisons(dirs: Sequence[Path], runs: Sequence[Mapping[str, Path]]) -> list[dict[str, Any]]:
+    """Each run against the first on the tasks of all their common languages together (``runs``: each run's
+    language directories), with pass@1 pooled over those tasks as mxeval pools it."""
+    per_task = [
+        {t: task_classes(c) for d in langs.values() for t, c in load_run(d)["per_task"].items()} for langs in runs
+    ]
+
+    def pooled(tasks: Mapping[str, Sequence[str]]) -> float:
+        return mean_pass_at_k({t: (len(c), c.count(FailureClass.PASSED.value)) for t, c in tasks.items()}, 1)
+
+    out = []
+    for d, tasks in zip(dirs[1:], per_task[1:], strict=True):
+        common = sorted(set(per_task[0]) & set(tasks))
+        a, b = {t: per_task[0][t] for t in common}, {t: tasks[t] for t in common}
+        paired = paired_difference(a, b)
+        out.append(
+            {
+                "a": str(dirs[0]),
+                "b": str(d),
+                "languages": list(runs[0]),
+                "pass@1": [pooled(a), pooled(b)],
+                "paired": paired,
+            }
+        )
+    return out
 
 
 def format_compare_dirs(result: Mapping[str, Any]) -> str:
-    """The text of :func:`compare_dirs`: per language, each run against the baseline."""
+    """The text of :func:`compare_dirs`: per language, each run against the baseline; then, for runs of
+    several languages, each against the baseline on all their tasks together."""
     blocks = []
     for lang, entry in result["languages"].items():
         for cmp in entry["comparisons"]:
             blocks.append(f"=== {lang}\n{format_comparison(cmp)}")
+    for cmp in result.get("overall", []):
+        (a, b), langs = cmp["pass@1"], cmp["languages"]
+        blocks.append(
+            f"=== all {len(langs)} languages together ({', '.join(langs)})\nA = {cmp['a']}\nB = {cmp['b']}\n"
+            f"pass@1 over the {cmp['paired']['n']} tasks: A {a:.4f}, B {b:.4f}\n{significance_line(cmp['paired'])}"
+        )
     return "\n".join(blocks)
 
 

@@ -19,6 +19,7 @@ from ida_eval import (
 )
 from ida_eval.analysis import WORD_REPEAT_MIN, degenerate_report, load_run, score_results
 from ida_eval.failures import with_kind
+from ida_eval.reports import compare_dirs, format_compare_dirs
 from ida_eval.stats import bootstrap_interval, pass_at_k, wilson_interval
 from tests.ida_eval.support import read_problems
 
@@ -247,6 +248,30 @@ def test_a_sampled_comparison_tests_the_tasks_that_moved(tmp_path):
     assert "p = 0.00781: a real difference at the 0.05 level" in format_comparison(eight)
     greedy = compare_runs(_write_run(tmp_path / "g", dict.fromkeys(tasks(0), e)), _write_run(tmp_path / "s", tasks(8)))
     assert greedy["paired"]["p_value"] == 2 / 2**8 and "approximate" in greedy["paired"]["test"]
+
+
+def test_runs_of_several_languages_are_also_compared_on_all_their_tasks(tmp_path):
+    """Two languages, 4 tasks each; B gains 2 tasks in each: McNemar's p is 0.5 per language, 0.125 on the 8
+    tasks together, and the three tests are read together (Holm: 0.375, 1, 1)."""
+    e, p = "wrong_answer", "passed"
+    for name, gained in (("a", 0), ("b", 2)):
+        run = tmp_path / name
+        run.mkdir()
+        for lang, prefix in (("python", "MBPP"), ("javascript", "MBJSP")):
+            _write_run(run / lang, {f"{prefix}/{i}": p if i < gained else e for i in range(4)})
+        (run / "languages.json").write_text(json.dumps({"languages": {"python": {}, "javascript": {}}}))
+    result = compare_dirs([tmp_path / "a", tmp_path / "b"])
+    (overall,) = result["overall"]
+    assert overall["languages"] == ["python", "javascript"] and overall["pass@1"] == [0.0, 0.5]
+    assert overall["paired"]["n"] == 8 and overall["paired"]["b_only"] == 4 and overall["paired"]["p_value"] == 0.125
+    assert overall["paired"]["p_holm"] == 0.375 and overall["paired"]["tests_in_family"] == 3
+    per_language = [e["comparisons"][0]["paired"] for e in result["languages"].values()]
+    assert [(q["p_value"], q["p_holm"]) for q in per_language] == [(0.5, 1.0), (0.5, 1.0)]
+    text = format_compare_dirs(result)
+    assert "=== all 2 languages together (python, javascript)" in text
+    assert "pass@1 over the 8 tasks: A 0.0000, B 0.5000" in text
+    assert "p = 0.125 (Holm-adjusted for the 3 tests read together: 0.375)" in text
+    assert "overall" not in compare_dirs([tmp_path / "a" / "python", tmp_path / "b" / "python"])  # one language
 
 
 def test_a_comparison_says_when_the_runs_ran_under_other_toolchains(tmp_path):

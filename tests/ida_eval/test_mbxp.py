@@ -324,7 +324,8 @@ def test_language_all_scores_each_language_and_writes_the_table(setup, tmp_path,
     printed = capsys.readouterr().out
     assert "javascript" in printed and "languages.json" in printed
     assert main(["--compare", str(out), str(out)]) == 0
-    assert "=== javascript" in capsys.readouterr().out
+    compared = capsys.readouterr().out
+    assert "=== javascript" in compared and "=== all 2 languages together (python, javascript)" in compared
     # a language the metadata does not list is bad input (status 2)
     assert main(args[:2] + ["--language", "cobol", "--data-dir", str(data), "--out", str(out)]) == 2
     assert "--language 'cobol'" in capsys.readouterr().err
