@@ -13,8 +13,9 @@ sample) -> execute in the sandbox -> classify -> ``OUT/summary.json`` and ``summ
 directory holds: :mod:`ida_eval.rundir`). Rerunning the same command resumes: finished samples and
 results are never redone. ``--language all`` scores each language in turn into ``OUT/<language>/`` and
 writes ``OUT/languages.json``. ``--compare`` reads finished runs only (:mod:`ida_eval.reports`: pass rates
-with 95 % intervals, McNemar's exact test for pass@1, flipped tasks, failure-class shifts) and needs
-neither torch nor a model.
+with 95 % intervals, a paired test of each pass@1 difference -- McNemar's exact test, or the permutation test
+with several samples per task, Holm-adjusted where several are read together -- flipped tasks, failure-class
+shifts) and needs neither torch nor a model.
 
 Errors are one line, as in ``python -m ida_eval.execute``: exit status 2 for bad input, 3 when the
 sandbox cannot run here, 130 on Ctrl-C (or a SIGTERM from torchrun when another rank died); rerunning
@@ -150,8 +151,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--compare",
         nargs="+",
         metavar="DIR",
-        help="compare finished runs with the first (pass rates with 95 %% intervals, McNemar's exact test, "
-        "flipped tasks, class shifts); with --out, also comparison.json and comparison.png there",
+        help="compare finished runs with the first (pass rates with 95 %% intervals, a paired test of each "
+        "difference: McNemar's exact test, or a permutation test with several samples per task, Holm-adjusted "
+        "where several are read together; flipped tasks, class shifts); with --out, also comparison.json and "
+        "comparison.png there",
     )
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = ap.parse_args(argv)
