@@ -44,6 +44,7 @@ from typing import Any
 
 # the one vocabulary (ida_eval.failures); FAILURE_CLASSES in precedence order
 from ida_eval.failures import FAILURE_CLASSES, FailureClass, ResultKind, record_kind
+from ida_eval.rundir import pinned_problems
 from ida_eval.stats import (
     BOOTSTRAP_RESAMPLES,
     bootstrap_interval,
@@ -368,9 +369,11 @@ def compare_runs(dir_a: str | Path, dir_b: str | Path) -> dict[str, Any]:
 
     Returns:
         ``{"a": {...}, "b": {...}, "paired": {...}, "class_shift": {...}, "gained": [...], "lost": [...],
-        "changed_class": {...}, "only_in_a": [...], "only_in_b": [...]}`` where *gained* passed in B but
-        not in A (with several samples: its pass@1 rose), and *changed_class* holds the tasks whose classes'
-        shares of their samples differ (:func:`_shares`).
+        "changed_class": {...}, "other_problems": [...], "only_in_a": [...], "only_in_b": [...]}`` where
+        *gained* passed in B but not in A (with several samples: its pass@1 rose), *changed_class* holds the
+        tasks whose classes' shares of their samples differ (:func:`_shares`) and *other_problems* the tasks
+        whose prompt or tests differ between the runs (both ``run.json`` pin them:
+        :func:`ida_eval.rundir.pinned_problems`).
     """
     sa, sb = load_run(dir_a), load_run(dir_b)
     ta = {t: task_classes(c) for t, c in sa["per_task"].items()}
@@ -382,6 +385,8 @@ def compare_runs(dir_a: str | Path, dir_b: str | Path) -> dict[str, Any]:
     lost = [t for t in common if rate_a[t] > rate_b[t]]
     changed = {t: [sa["per_task"][t], sb["per_task"][t]] for t in common if _shares(ta[t]) != _shares(tb[t])}
     paired = paired_difference({t: ta[t] for t in common}, {t: tb[t] for t in common})
+    pa, pb = pinned_problems(Path(dir_a)), pinned_problems(Path(dir_b))
+    other_problems = [t for t in common if t in pa and t in pb and pa[t] != pb[t]]
 
     def side(s: Mapping[str, Any], d: str | Path) -> dict[str, Any]:
         return {
@@ -408,6 +413,7 @@ def compare_runs(dir_a: str | Path, dir_b: str | Path) -> dict[str, Any]:
         "gained": gained,
         "lost": lost,
         "changed_class": changed,
+        "other_problems": other_problems,
         "only_in_a": sorted(set(ta) - set(tb), key=_task_key),
         "only_in_b": sorted(set(tb) - set(ta), key=_task_key),
     }
@@ -521,6 +527,12 @@ def format_comparison(cmp: Mapping[str, Any], *, max_tasks: int = 40) -> str:
         lines.append(
             f"the runs' programs ran under other toolchains (A: {', '.join(ta)}; B: {', '.join(tb)}): "
             "a difference may come from them, not from the models"
+        )
+    if cmp.get("other_problems"):
+        odd = cmp["other_problems"]
+        lines.append(
+            f"{len(odd)} of the {cmp['paired']['n']} tasks had another prompt or other tests in each run (run.json's "
+            f"problems_sha256; e.g. {', '.join(odd[:3])}): their differences may come from the problems, not the models"
         )
     listing("passed in B only (gained)", cmp["gained"])
     listing("passed in A only (lost)", cmp["lost"])

@@ -190,8 +190,7 @@ def evaluate_model(
     )
     ks = pass_at_ks(pass_at, decoding.samples_per_task)
     out = Path(out_dir)
-    run = run_record(decoding, checkpoint_info)
-    unpinned = check_run_file(out, run)
+    to_pin = check_run_file(out, run_record(decoding, checkpoint_info, chosen))
     progress = progress and ranks.is_main  # one set of bars: rank 0's share stands for all
     if ranks.is_main and out.is_dir():
         merge_shards(out)  # what ranks of an interrupted run generated
@@ -211,8 +210,8 @@ def evaluate_model(
         )
     if todo and model is None:
         raise ValueError(f"{out}: {left} completions still need generating but no model was given")
-    if unpinned and ranks.is_main:  # the inputs are valid and work starts: only now is the directory this run's
-        pin_run(out, run)
+    if to_pin and ranks.is_main:  # the inputs are valid and work starts: only now is the directory this run's
+        pin_run(out, to_pin)
     ranks.barrier()
     shard_path = samples_path if ranks.world_size == 1 else out / shard_name(ranks.rank)
     mine = _share(todo, missing, ranks) if ranks.world_size > 1 else {t: missing[t] for t in todo}
@@ -507,7 +506,7 @@ def _evaluate_loaded(
     decoding = DecodingConfig(
         stop_strings=stop_strings_for(problems), **{k: v for k, v in settings.items() if k in _DECODING_FIELDS}
     )
-    check_run_file(out_dir, run_record(decoding, info))  # refuse a different run before a long load
+    check_run_file(out_dir, run_record(decoding, info, problems))  # refuse a different run before a long load
     have = samples_done(out_dir)
     model = tokenizer = None
     if any((t, j) not in have for t in problems for j in range(decoding.samples_per_task)):

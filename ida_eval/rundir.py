@@ -11,10 +11,12 @@ A run directory (``python -m ida_eval.mbxp --out DIR``, :func:`ida_eval.harness.
 * ``results.jsonl``: the executor's mxeval results (:func:`ida_eval.execute.execute_samples`, which resumes
   its own file and never re-executes a finished sample).
 * ``summary.json`` and ``summary.png``: the scores, written atomically (:mod:`ida_eval.harness`).
-* ``run.json``: the decoding settings and checkpoint hashes this directory holds (:func:`run_record`).
-  Resuming with other settings or another checkpoint is refused (:func:`check_run_file`) rather than
-  mixing two runs' samples. It is written (:func:`pin_run`) once the inputs are validated and work
-  starts, so a call that fails before pins nothing.
+* ``run.json``: the decoding settings, checkpoint hashes and problems this directory holds
+  (:func:`run_record`; a problem as the sha256 of what its samples and verdicts depend on,
+  :func:`problem_sha256`). Resuming with other settings, another checkpoint or a problem whose prompt or
+  tests changed is refused (:func:`check_run_file`) rather than mixing two runs' samples; new problems (a
+  larger ``--limit``) join the pins. It is written (:func:`pin_run`) once the inputs are validated and
+  work starts, so a call that fails before pins nothing.
 
 A ``--language all`` run has one such directory per language under ``DIR/<language>/`` and
 ``languages.json`` / ``languages.png`` beside them; ``--compare ... --out DIR`` writes ``comparison.json``
@@ -23,6 +25,7 @@ and ``comparison.png``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -49,12 +52,16 @@ __all__ = [
     "check_run_file",
     "merge_shards",
     "pin_run",
+    "pinned_problems",
+    "problem_sha256",
     "read_samples",
     "run_record",
     "samples_done",
     "write_json_atomic",
 ]
 
+PROBLEM_FIELDS = ("prompt", "test", "entry_point", "language")  # what a sample and its verdict depend on
+PROBLEMS_KEY = "problems_sha256"  # run.json: task_id -> problem_sha256 of every problem the run has taken
 SAMPLES_FILE = "samples.jsonl"
 RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -168,35 +175,79 @@ def samples_done(out_dir: Path) -> set[tuple[str, int]]:
     return done
 
 
-def check_run_file(out_dir: Path, run: dict[str, Any]) -> bool:
-    """Refuse a run directory that holds a different run (decoding settings, checkpoint identity).
+def check_run_file(out_dir: Path, run: dict[str, Any]) -> dict[str, Any] | None:
+    """Refuse a run directory that holds a different run: other decoding settings, another checkpoint, or
+    a problem it holds whose prompt or tests are not the ones given now (its samples and verdicts came
+    from the old ones).
 
-    Writes nothing: returns True when the directory is not pinned yet, and the caller writes ``run``
-    to ``run.json`` with :func:`pin_run` once its inputs are validated and work is about to start,
-    so a call that fails validation leaves a fresh directory free for other settings.
+    Writes nothing. Returns what the caller writes to ``run.json`` with :func:`pin_run` once its inputs are
+    validated and work is about to start (so a call that fails validation leaves a fresh directory free
+    for other settings): ``run`` where the directory is not pinned yet, the pinned record with this run's
+    new problems added where it has some (a larger ``--limit``; a directory written before problems were
+    pinned gets them now), else None.
     """
     path = out_dir / RUN_FILE
-    if path.is_file():
-        old = json.loads(path.read_text())
-        for key in ("decoding", "checkpoint_sha256"):
-            if old.get(key) != run.get(key):
-                raise RunDirError(
-                    f"{out_dir}: holds a run with different {key} ({old.get(key)!r} vs now {run.get(key)!r}); "
-                    "use a fresh --out directory"
-                )
-        return False
-    if (out_dir / SAMPLES_FILE).is_file():
-        raise RunDirError(f"{out_dir}: has {SAMPLES_FILE} but no {RUN_FILE}; use a fresh --out directory")
-    return True
+    if not path.is_file():
+        if (out_dir / SAMPLES_FILE).is_file():
+            raise RunDirError(f"{out_dir}: has {SAMPLES_FILE} but no {RUN_FILE}; use a fresh --out directory")
+        return run
+    old = json.loads(path.read_text())
+    for key in ("decoding", "checkpoint_sha256"):
+        if old.get(key) != run.get(key):
+            raise RunDirError(
+                f"{out_dir}: holds a run with different {key} ({old.get(key)!r} vs now {run.get(key)!r}); "
+                "use a fresh --out directory"
+            )
+    pinned, now = old.get(PROBLEMS_KEY) or {}, run.get(PROBLEMS_KEY) or {}
+    changed = [t for t, h in now.items() if pinned.get(t, h) != h]
+    if changed:
+        t = changed[0]
+        raise RunDirError(
+            f"{out_dir}: holds samples of other problems: {len(changed)} of the {len(now)} given now differ "
+            f"in their prompt or tests ({t}: sha256 {pinned[t][:12]}... there, {now[t][:12]}... now); use a "
+            "fresh --out directory, or the problems file this run started with"
+        )
+    added = {t: h for t, h in now.items() if t not in pinned}
+    return {**old, PROBLEMS_KEY: {**pinned, **added}} if added else None
 
 
-def run_record(decoding: DecodingConfig, checkpoint_info: Mapping[str, Any] | None) -> dict[str, Any]:
+def problem_sha256(problem: Mapping[str, Any]) -> str:
+    """sha256 of what a problem's samples and verdicts depend on: its ``PROBLEM_FIELDS`` as canonical JSON.
+
+    Example:
+        >>> problem_sha256({"prompt": "def f():\n", "test": "assert f() == 1", "entry_point": "f"})[:12]
+        '723d7a93cf78'
+    """
+    fields = {k: problem.get(k) for k in PROBLEM_FIELDS}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def run_record(
+    decoding: DecodingConfig, checkpoint_info: Mapping[str, Any] | None, problems: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
     """What ``run.json`` pins: the decoding settings (but the batch size and the KV cache, which do not
-    change greedy output in float32 and may change between resumes) and the checkpoint's file hashes."""
+    change greedy output in float32 and may change between resumes), the checkpoint's file hashes and each
+    problem's :func:`problem_sha256`."""
     describe = decoding.describe()
     describe.pop("batch_size")
     describe.pop("cache", None)  # like the batch size, the cache may change between resumes
-    return {"decoding": describe, "checkpoint_sha256": _sha_of(checkpoint_info)}
+    return {
+        "decoding": describe,
+        "checkpoint_sha256": _sha_of(checkpoint_info),
+        PROBLEMS_KEY: {t: problem_sha256(p) for t, p in problems.items()},
+    }
+
+
+def pinned_problems(run_dir: Path) -> dict[str, str]:
+    """task_id -> :func:`problem_sha256` as ``run_dir``'s ``run.json`` pins them ({} where it pins none: no
+    ``run.json``, or one written before 2026-12-08)."""
+    path = Path(run_dir) / RUN_FILE
+    if not path.is_file():
+        return {}
+    try:
+        return dict(json.loads(path.read_text()).get(PROBLEMS_KEY) or {})
+    except (json.JSONDecodeError, AttributeError, TypeError, ValueError) as e:
+        raise RunDirError(f"{path}: not a run.json ({e})") from None
 
 
 def pin_run(out_dir: Path, run: dict[str, Any]) -> None:

@@ -288,6 +288,21 @@ def test_a_comparison_says_when_the_runs_ran_under_other_toolchains(tmp_path):
     )
 
 
+def test_a_comparison_says_which_tasks_had_other_problems_in_each_run(tmp_path):
+    a = _write_run(tmp_path / "a", {"MBPP/1": "passed", "MBPP/2": "wrong_answer", "MBPP/3": "passed"})
+    b = _write_run(tmp_path / "b", {"MBPP/1": "passed", "MBPP/2": "passed", "MBPP/3": "passed"})
+    assert compare_runs(a, b)["other_problems"] == []  # no run.json: nothing known, nothing said
+    pins = {"MBPP/1": "1" * 64, "MBPP/2": "2" * 64}
+    (a / "run.json").write_text(json.dumps({"problems_sha256": pins}))
+    (b / "run.json").write_text(json.dumps({"problems_sha256": {**pins, "MBPP/2": "f" * 64, "MBPP/3": "3" * 64}}))
+    cmp = compare_runs(a, b)
+    assert cmp["other_problems"] == ["MBPP/2"]  # MBPP/3: pinned in b only, so not known to differ
+    assert "1 of the 3 tasks had another prompt or other tests in each run" in format_comparison(cmp)
+    (b / "run.json").write_text("[1]")
+    with pytest.raises(ValueError, match="run.json: not a run.json"):
+        compare_runs(a, b)
+
+
 def test_load_run_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="no summary.json"):
         load_run(tmp_path)

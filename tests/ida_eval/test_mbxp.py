@@ -12,7 +12,7 @@ from ida_eval import execute as ex
 from ida_eval.harness import select_problems
 from ida_eval.isolation import ISOLATION_LEVELS
 from ida_eval.mbxp import main
-from ida_eval.rundir import RunDirError, read_samples
+from ida_eval.rundir import RunDirError, problem_sha256, read_samples
 from ida_eval.sandbox import SandboxError
 from tests.ida_eval.support import (
     SMALL_PROBLEMS,
@@ -75,6 +75,46 @@ def test_run_files_resume_and_pinning(setup, tmp_path):
         assert evaluate_model(None, None, problems, out, **kw)["per_task"] == s["per_task"]
     with pytest.raises(ValueError, match="no model was given"):
         evaluate_model(None, None, problems, out, **{**kw, "limit": 5})
+
+
+def test_a_problem_whose_prompt_or_tests_changed_is_not_resumed_into_the_run(setup, tmp_path, capsys):
+    """run.json pins each problem's sha256: a resume whose problems file changed a task the run holds is
+    refused in one line (before the model loads), new tasks join the pins, and a directory written before
+    problems were pinned gets them on its next resume."""
+    model, tok, problems = setup
+    out = tmp_path / "run"
+    kw = dict(batch_size=2, max_new_tokens=6, exec_config=EXEC, progress=False)
+    evaluate_model(model, tok, problems, out, limit=2, **kw)
+    run = json.loads((out / "run.json").read_text())
+    ids = [p["task_id"] for p in SMALL_PROBLEMS]
+    assert list(run["problems_sha256"]) == ids[:2]
+    assert run["problems_sha256"][ids[0]] == problem_sha256(SMALL_PROBLEMS[0])
+
+    edited = [{**SMALL_PROBLEMS[0], "test": SMALL_PROBLEMS[0]["test"] + "\n"}, *SMALL_PROBLEMS[1:]]
+    edited_file = write_problems(tmp_path / "edited.jsonl", edited)
+    with pytest.raises(RunDirError, match=f"1 of the 3 given now differ in their prompt or tests \\({ids[0]}: sha256"):
+        evaluate_model(None, None, edited_file, out, limit=3, **kw)
+    assert list(json.loads((out / "run.json").read_text())["problems_sha256"]) == ids[:2]  # nothing pinned
+    cli = ["--checkpoint", str(save_mxfp8_checkpoint(model, tok, tmp_path / "ckpt")), "--out", str(tmp_path / "cli")]
+    cli += ["--limit", "2", "--max-new-tokens", "6", "--device", "cpu", "--no-progress"]
+    assert main([*cli, "--problems", str(problems)]) == 0
+    capsys.readouterr()
+    assert main([*cli, "--problems", str(edited_file)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "1 of the 2 given now differ in their prompt or tests" in err[0], err
+
+    # only a changed field that a sample or its verdict depends on counts; new tasks join the pins
+    described = [{**SMALL_PROBLEMS[0], "canonical_solution": "  pass"}, *SMALL_PROBLEMS[1:]]
+    evaluate_model(model, tok, write_problems(tmp_path / "described.jsonl", described), out, limit=3, **kw)
+    assert list(json.loads((out / "run.json").read_text())["problems_sha256"]) == ids[:3]
+    with pytest.warns(UserWarning, match="not among the samples"):  # results.jsonl holds three tasks
+        evaluate_model(None, None, problems, out, limit=1, **kw)  # a smaller --limit keeps every pin
+    assert list(json.loads((out / "run.json").read_text())["problems_sha256"]) == ids[:3]
+
+    # run.json of an older ida (no problems pinned): resumed, and pinned from now on
+    (out / "run.json").write_text(json.dumps({k: v for k, v in run.items() if k != "problems_sha256"}))
+    evaluate_model(None, None, problems, out, limit=3, **kw)
+    assert list(json.loads((out / "run.json").read_text())["problems_sha256"]) == ids[:3]
 
 
 def test_an_old_run_directory_resumes_and_compares_the_same(tmp_path, monkeypatch):
