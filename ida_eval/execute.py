@@ -55,7 +55,7 @@ from ida_eval.failures import EXCEPTION_LINE, ResultKind, Verdict, record_kind, 
 from ida_eval.isolation import ISOLATION_LEVELS, isolation_description, probe_isolation
 from ida_eval.languages import LANGUAGES, Language, LanguageError, assemble, environment, language_of, missing_tools
 from ida_eval.precompiled import compile_command
-from ida_eval.problems import ProblemsError, find_problems_file, load_problems
+from ida_eval.problems import ProblemsError, find_problems_file, load_problems, problem_sha256
 from ida_eval.sandbox import close_job_servers, run_program, sweep_stale
 from ida_eval.sandbox_types import (
     DEFAULT_LIMITS,
@@ -355,7 +355,7 @@ def _run_one(
     slots: queue.SimpleQueue[int],
     cancel: threading.Event,
 ) -> dict[str, Any]:
-    record = dict(sample)
+    record = {**sample, "problem_sha256": problem_sha256(problem)}  # what the verdict was made against
     try:
         lang = LANGUAGES[language_of(sample, problem)]
         if not isinstance(problem.get("test"), str):
@@ -537,6 +537,7 @@ def execute_samples(
     path = Path(out_path) if out_path is not None else None
     if path is not None:
         done = read_results(path)
+        digests: dict[str, str] = {}  # task_id -> problem_sha256, as needed
         wanted = {(r["task_id"], r["completion_id"]): i for i, r in enumerate(items)}
         for key, (lineno, rec) in done.items():
             i = wanted.get(key)
@@ -549,6 +550,13 @@ def execute_samples(
                 raise ResultsFileError(
                     f"{path}:{lineno}: {key[0]} sample {key[1]} was executed with a different completion; "
                     "use a fresh results file"
+                )
+            if key[0] not in digests:
+                digests[key[0]] = problem_sha256(problems[key[0]])
+            if rec.get("problem_sha256", digests[key[0]]) != digests[key[0]]:  # (older records carry none)
+                raise ResultsFileError(
+                    f"{path}:{lineno}: {key[0]} sample {key[1]} was executed against another problem (its prompt "
+                    "or tests differ from the ones given now); use a fresh results file"
                 )
             results[i] = rec
     todo = [i for i, r in enumerate(results) if r is None]

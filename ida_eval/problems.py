@@ -17,7 +17,10 @@ PyPI and reads its data from the checkout); else an error that says where to get
 from __future__ import annotations
 
 import gzip
+import hashlib
 import importlib.util
+import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ MBXP_PYTHON_FILE = "mbpp_release_v1.jsonl"  # MBXP Python problems (974 tasks) i
 MXEVAL_URL = "https://github.com/amazon-science/mxeval"  # upstream of the data (CC BY 4.0)
 REQUIRED_KEYS = ("task_id", "prompt", "entry_point")  # what building a program needs (and a test)
 OPTIONAL_STR_KEYS = ("canonical_solution", "language", "description", "test")  # string or null when present
+PROBLEM_FIELDS = ("prompt", "test", "entry_point", "language")  # what a sample and its verdict depend on
 # ``test`` missing or null: loaded, and every sample of that task gets a "bad input" result (the run
 # goes on); ``canonical_solution`` null: samples only (the go, perl, scala and swift MBXP files)
 
@@ -97,6 +101,17 @@ def load_problems(path: str | Path) -> dict[str, dict[str, Any]]:
     if not problems:
         raise ProblemsError(f"{path}: no problems in file")
     return problems
+
+
+def problem_sha256(problem: Mapping[str, Any]) -> str:
+    """sha256 of what a problem's samples and verdicts depend on: its ``PROBLEM_FIELDS`` as canonical JSON.
+
+    Example:
+        >>> problem_sha256({"prompt": "def f():\\n", "test": "assert f() == 1", "entry_point": "f"})[:12]
+        '723d7a93cf78'
+    """
+    fields = {k: problem.get(k) for k in PROBLEM_FIELDS}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
 def find_problems_file(explicit: str | Path | None = None) -> Path:

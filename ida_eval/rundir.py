@@ -13,10 +13,10 @@ A run directory (``python -m ida_eval.mbxp --out DIR``, :func:`ida_eval.harness.
 * ``summary.json`` and ``summary.png``: the scores, written atomically (:mod:`ida_eval.harness`).
 * ``run.json``: the decoding settings, checkpoint hashes and problems this directory holds
   (:func:`run_record`; a problem as the sha256 of what its samples and verdicts depend on,
-  :func:`problem_sha256`). Resuming with other settings, another checkpoint or a problem whose prompt or
-  tests changed is refused (:func:`check_run_file`) rather than mixing two runs' samples; new problems (a
-  larger ``--limit``) join the pins. It is written (:func:`pin_run`) once the inputs are validated and
-  work starts, so a call that fails before pins nothing.
+  :func:`ida_eval.problems.problem_sha256`). Resuming with other settings, another checkpoint or a
+  problem whose prompt or tests changed is refused (:func:`check_run_file`) rather than mixing two runs'
+  samples; new problems (a larger ``--limit``) join the pins. It is written (:func:`pin_run`) once the
+  inputs are validated and work starts, so a call that fails before pins nothing.
 
 A ``--language all`` run has one such directory per language under ``DIR/<language>/`` and
 ``languages.json`` / ``languages.png`` beside them; ``--compare ... --out DIR`` writes ``comparison.json``
@@ -25,7 +25,6 @@ and ``comparison.png``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -36,6 +35,7 @@ from ida_common.files import atomic_write_text
 from ida_common.jsonl import dumps_utf8, iter_jsonl, repair_torn_tail
 from ida_eval.decoding import DecodingConfig, Generation
 from ida_eval.parallel import shard_paths
+from ida_eval.problems import problem_sha256
 
 __all__ = [
     "COMPARISON_FIGURE_FILE",
@@ -53,14 +53,12 @@ __all__ = [
     "merge_shards",
     "pin_run",
     "pinned_problems",
-    "problem_sha256",
     "read_samples",
     "run_record",
     "samples_done",
     "write_json_atomic",
 ]
 
-PROBLEM_FIELDS = ("prompt", "test", "entry_point", "language")  # what a sample and its verdict depend on
 PROBLEMS_KEY = "problems_sha256"  # run.json: task_id -> problem_sha256 of every problem the run has taken
 SAMPLES_FILE = "samples.jsonl"
 RESULTS_FILE = "results.jsonl"
@@ -211,23 +209,12 @@ def check_run_file(out_dir: Path, run: dict[str, Any]) -> dict[str, Any] | None:
     return {**old, PROBLEMS_KEY: {**pinned, **added}} if added else None
 
 
-def problem_sha256(problem: Mapping[str, Any]) -> str:
-    """sha256 of what a problem's samples and verdicts depend on: its ``PROBLEM_FIELDS`` as canonical JSON.
-
-    Example:
-        >>> problem_sha256({"prompt": "def f():\n", "test": "assert f() == 1", "entry_point": "f"})[:12]
-        '723d7a93cf78'
-    """
-    fields = {k: problem.get(k) for k in PROBLEM_FIELDS}
-    return hashlib.sha256(json.dumps(fields, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
-
-
 def run_record(
     decoding: DecodingConfig, checkpoint_info: Mapping[str, Any] | None, problems: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, Any]:
     """What ``run.json`` pins: the decoding settings (but the batch size and the KV cache, which do not
     change greedy output in float32 and may change between resumes), the checkpoint's file hashes and each
-    problem's :func:`problem_sha256`."""
+    problem's :func:`ida_eval.problems.problem_sha256`."""
     describe = decoding.describe()
     describe.pop("batch_size")
     describe.pop("cache", None)  # like the batch size, the cache may change between resumes

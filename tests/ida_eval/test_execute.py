@@ -18,7 +18,7 @@ import pytest
 
 from ida_eval import execute as ex
 from ida_eval.failures import ResultKind, legacy_kind, with_kind
-from ida_eval.problems import ProblemsError, find_problems_file, load_problems
+from ida_eval.problems import ProblemsError, find_problems_file, load_problems, problem_sha256
 from tests.ida_eval.support import KNOWN_FAILURES
 
 FAST = ex.ExecutionConfig(timeout=3.0, workers=2, memory_bytes=1 << 30)
@@ -267,6 +267,20 @@ def test_resume_rejects_different_completion_and_malformed_lines(toy: dict, tmp_
     out.write_text(json.dumps({k: v for k, v in rec.items() if k != "passed"}) + "\n")
     with pytest.raises(ex.ResultsFileError, match=r"r\.jsonl:1: 'passed' missing"):
         ex.execute_samples(toy, [{"task_id": "T/0", "completion": "\treturn 0\n"}], out_path=out, config=FAST)
+
+
+def test_resume_rejects_a_result_made_against_other_tests(toy: dict, tmp_path: Path) -> None:
+    """Each record carries its problem's sha256: a resume whose problems changed a task's tests (same id) is
+    refused, naming the line; a change nothing executed depends on is not."""
+    out = tmp_path / "r.jsonl"
+    samples = [{"task_id": "T/0", "completion": "\treturn a + b\n"}]
+    (first,) = ex.execute_samples(toy, samples, out_path=out, config=FAST, progress=False)
+    assert first["passed"] and first["problem_sha256"] == problem_sha256(toy["T/0"])
+    stricter = {**toy, "T/0": {**toy["T/0"], "test": toy["T/0"]["test"] + "\n    assert candidate(0, 0) == 1\n"}}
+    with pytest.raises(ex.ResultsFileError, match=r"r\.jsonl:1: T/0 sample 0 was executed against another problem"):
+        ex.execute_samples(stricter, samples, out_path=out, config=FAST, progress=False)
+    described = {**toy, "T/0": {**toy["T/0"], "description": "adds", "canonical_solution": None}}
+    assert ex.execute_samples(described, samples, out_path=out, config=FAST, progress=False) == [first]
 
 
 def test_resume_drops_a_torn_last_line(toy: dict, tmp_path: Path) -> None:

@@ -12,7 +12,8 @@ from ida_eval import execute as ex
 from ida_eval.harness import select_problems
 from ida_eval.isolation import ISOLATION_LEVELS
 from ida_eval.mbxp import main
-from ida_eval.rundir import RunDirError, problem_sha256, read_samples
+from ida_eval.problems import problem_sha256
+from ida_eval.rundir import RunDirError, read_samples
 from ida_eval.sandbox import SandboxError
 from tests.ida_eval.support import (
     SMALL_PROBLEMS,
