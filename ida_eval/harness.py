@@ -43,7 +43,7 @@ from ida_eval.figures import plot_runs
 from ida_eval.languages import LANGUAGES, language_of
 from ida_eval.loader import check_checkpoint_dir, describe_checkpoint, load_model, torch_dtype
 from ida_eval.parallel import ONE_PROCESS, Ranks, cuda_device_for, shard_name
-from ida_eval.problems import find_problems_file, load_problems
+from ida_eval.problems import find_problems_file, load_problems, problems_sha256
 from ida_eval.reports import figure_data, languages_figure_data
 from ida_eval.rundir import (
     FIGURE_FILE,
@@ -313,7 +313,12 @@ def evaluate_model(
         "decoding": decoding.describe(),
         "checkpoint": dict(checkpoint_info) if checkpoint_info else None,
         "model": _model_info(model),
-        "problems": {"n_selected": len(chosen), "limit": limit, "first": next(iter(chosen), None)},
+        "problems": {
+            "n_selected": len(chosen),
+            "limit": limit,
+            "first": next(iter(chosen), None),
+            "sha256": problems_sha256(chosen),
+        },
         "per_task": per_task,
     }
     write_json_atomic(out / SUMMARY_FILE, summary)

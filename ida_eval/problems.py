@@ -114,6 +114,13 @@ def problem_sha256(problem: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
+def problems_sha256(problems: Mapping[str, Mapping[str, Any]]) -> str:
+    """sha256 of a selection of problems, in their order: one ``task_id<TAB>problem_sha256`` line each (what a
+    summary records, so two scores can be told apart by the problems they came from)."""
+    lines = "".join(f"{t}\t{problem_sha256(p)}\n" for t, p in problems.items())
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
 def find_problems_file(explicit: str | Path | None = None) -> Path:
     """Locate the MBXP Python problems file.
 

@@ -12,7 +12,7 @@ from ida_eval import execute as ex
 from ida_eval.harness import select_problems
 from ida_eval.isolation import ISOLATION_LEVELS
 from ida_eval.mbxp import main
-from ida_eval.problems import problem_sha256
+from ida_eval.problems import problem_sha256, problems_sha256
 from ida_eval.rundir import RunDirError, read_samples
 from ida_eval.sandbox import SandboxError
 from tests.ida_eval.support import (
@@ -85,7 +85,8 @@ def test_a_problem_whose_prompt_or_tests_changed_is_not_resumed_into_the_run(set
     model, tok, problems = setup
     out = tmp_path / "run"
     kw = dict(batch_size=2, max_new_tokens=6, exec_config=EXEC, progress=False)
-    evaluate_model(model, tok, problems, out, limit=2, **kw)
+    first = evaluate_model(model, tok, problems, out, limit=2, **kw)
+    assert first["problems"]["sha256"] == problems_sha256({p["task_id"]: p for p in SMALL_PROBLEMS[:2]})
     run = json.loads((out / "run.json").read_text())
     ids = [p["task_id"] for p in SMALL_PROBLEMS]
     assert list(run["problems_sha256"]) == ids[:2]
@@ -106,7 +107,9 @@ def test_a_problem_whose_prompt_or_tests_changed_is_not_resumed_into_the_run(set
 
     # only a changed field that a sample or its verdict depends on counts; new tasks join the pins
     described = [{**SMALL_PROBLEMS[0], "canonical_solution": "  pass"}, *SMALL_PROBLEMS[1:]]
-    evaluate_model(model, tok, write_problems(tmp_path / "described.jsonl", described), out, limit=3, **kw)
+    third = evaluate_model(model, tok, write_problems(tmp_path / "described.jsonl", described), out, limit=3, **kw)
+    assert third["problems"]["sha256"] == problems_sha256({p["task_id"]: p for p in SMALL_PROBLEMS[:3]})
+    assert third["problems"]["sha256"] != first["problems"]["sha256"]
     assert list(json.loads((out / "run.json").read_text())["problems_sha256"]) == ids[:3]
     with pytest.warns(UserWarning, match="not among the samples"):  # results.jsonl holds three tasks
         evaluate_model(None, None, problems, out, limit=1, **kw)  # a smaller --limit keeps every pin
