@@ -43,6 +43,7 @@ POINT_IN_TIME = "POINT_IN_TIME"
 INTERVAL_START = "INTERVAL_START"
 INTERVAL_END = "INTERVAL_END"
 STEP_KEYS = ("step", "loss", "grad_norm", "lr", "tokens_per_s", "mem_gib", "step_time_s", "valid_tokens")
+RECIPE_STEP_KEYS = ("master_moved", "master_step_kept")  # the nvfp4 recipe's too (ida_trainer.movement)
 
 
 def peak_memory_gib() -> float:
@@ -152,9 +153,13 @@ def cut_mllog(path: str | Path, step: int) -> None:
 
 def format_step(rec: Mapping[str, Any], total_steps: int) -> str:
     """The fixed-format console line for one step record."""
+    moved = ""
+    if "master_moved" in rec:
+        kept = rec.get("master_step_kept")
+        moved = f" | master moved {rec['master_moved']:.2%}" + (f", {kept:.2f}x the step" if kept is not None else "")
     return (
         f"step {rec['step']:>6}/{total_steps} | loss {rec['loss']:.4f} | grad_norm {rec['grad_norm']:.4f} | "
-        f"lr {rec['lr']:.3e} | tok/s {rec['tokens_per_s']:,.0f} | mem {rec['mem_gib']:.2f} GiB"
+        f"lr {rec['lr']:.3e} | tok/s {rec['tokens_per_s']:,.0f} | mem {rec['mem_gib']:.2f} GiB{moved}"
     )
 
 
@@ -219,7 +224,7 @@ class RunLogger:
         if not self.enabled:
             return
         samples = rec.get("samples", rec["step"])
-        rec = {k: rec[k] for k in STEP_KEYS}
+        rec = {k: rec[k] for k in (*STEP_KEYS, *RECIPE_STEP_KEYS) if k in rec or k in STEP_KEYS}
         line = json.dumps(rec) + "\n"
         with open(self.jsonl, "a", encoding="utf-8") as f:
             f.write(line[: len(line) // 2])

@@ -126,6 +126,7 @@ class Trainer:
         self.resumed_from: Path | None = None
         self.evals: list[dict[str, Any]] = []
         self._pipeline_group: Any = None
+        self._movement: Any = None  # ida_trainer.movement.MasterMovement of the nvfp4 recipe's masters
         self._dp_size = 1
         self._from_checkpoint = False  # --resume: every tensor comes from the checkpoint, the base is not read
         self.num_params = 0
@@ -263,6 +264,8 @@ class Trainer:
             self.untrained = fix_untrained_tokens(self.model, self.tokenizer, used, seed=cfg.train.seed)
         if cfg.model.activation_checkpointing:
             enable_activation_checkpointing(self.model)
+        from ida_trainer.movement import MasterMovement
+        from ida_trainer.nvfp4_linear import nvfp4_modules
         from ida_trainer.precision import (
             apply_recipe,
             build_optimizer,
@@ -286,6 +289,8 @@ class Trainer:
             self.engine = LocalEngine(self.model, device=self.device)
             opt_model = self.model
         self.optimizer = build_optimizer(opt_model, cfg.optim, cfg.precision)
+        masters = [mod for _, mod in nvfp4_modules(opt_model)]
+        self._movement = MasterMovement(masters) if cfg.precision.recipe == "nvfp4" else None
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         self.batcher = build_batcher(
             cfg.data,
@@ -467,10 +472,14 @@ class Trainer:
                 f"gradient norm is {norm} at step {step + 1} (loss {loss:.4f}); the batch held "
                 f"{', '.join(batch.sources[:8])}"
             )
+        if self._movement is not None:
+            self._movement.before()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        moved = self._master_moved(lr)
         dt = time.perf_counter() - t0
         return {
+            **moved,
             "step": step + 1,
             "loss": loss,
             "grad_norm": norm,
@@ -480,6 +489,23 @@ class Trainer:
             "step_time_s": dt,
             "valid_tokens": batch.global_valid_tokens,
             "samples": (step + 1) * cfg.train.global_batch_size,
+        }
+
+    def _master_moved(self, lr: float) -> dict[str, float | None]:
+        """The nvfp4 recipe's ``master_moved`` and ``master_step_kept`` of this step, over every pipeline
+        stage's masters (:mod:`ida_trainer.movement`); nothing for the bf16 recipe."""
+        if self._movement is None:
+            return {}
+        changed, watched, change = self._movement.moved()
+        if self._pipeline_group is not None:
+            import torch.distributed as dist
+
+            counts = torch.tensor([changed, watched, change], dtype=torch.float64, device=self.device)
+            dist.all_reduce(counts, group=self._pipeline_group)
+            changed, watched, change = int(counts[0]), int(counts[1]), float(counts[2])
+        return {
+            "master_moved": changed / watched if watched else 0.0,
+            "master_step_kept": change / (watched * lr) if watched and lr > 0 else None,
         }
 
     def train(self) -> dict[str, Any]:
@@ -563,6 +589,7 @@ class Trainer:
                 "compute_precision": compute_p,
                 "writeback": cfg.precision.writeback,
                 "backend": self._backend(),
+                **_mean_movement(records),
             },
             "data": vars(self.data_stats),
             "untrained_tokens": {"reinitialised": self.untrained.reinitialised, "tokens": self.untrained.tokens},
@@ -723,6 +750,17 @@ class Trainer:
 
             if dist.is_initialized():
                 dist.destroy_process_group()
+
+
+def _mean_movement(records: list[dict[str, Any]]) -> dict[str, float]:
+    """``master_moved`` and ``master_step_kept`` averaged over this process's steps (the nvfp4 recipe; a step
+    without a learning rate has no ``master_step_kept``)."""
+    out = {}
+    for key in ("master_moved", "master_step_kept"):
+        values = [r[key] for r in records if r.get(key) is not None]
+        if values:
+            out[f"mean_{key}"] = sum(values) / len(values)
+    return out
 
 
 def _num_degenerate(summary: dict[str, Any]) -> int | None:

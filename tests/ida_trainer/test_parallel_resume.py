@@ -26,7 +26,7 @@ import torch
 
 from ida_common.checksums import SUMS_FILE, file_sha256
 from ida_trainer.checkpoint import LEGACY_OPTIM_FILE, OPTIM_FILE, latest_checkpoint, load_checkpoint, read_model_tensors
-from ida_trainer.logs import read_mllog
+from ida_trainer.logs import read_mllog, read_train_log
 from ida_trainer.sharded import holds_shards
 from mxfp8_codec import MXFP8Tensor
 from tests.ida_trainer.support import loss_records
@@ -184,6 +184,11 @@ def test_pipelined_and_single_process_checkpoints_resume_each_other_bit_for_bit(
         res = _run(cmd, runs[name], *args)
         assert res.returncode == 0, res.stderr[-3000:]
     assert loss_records(runs["pipeline"]) == loss_records(runs["single"])  # the same computation, bit for bit
+    moved = {  # the same master values watched (keyed by name) and the two stages' counts summed
+        name: [(r["master_moved"], r["master_step_kept"]) for r in read_train_log(d / "train_log.jsonl")]
+        for name, d in runs.items()
+    }
+    assert moved["pipeline"] == moved["single"] and all(m > 0 for m, _ in moved["single"])
     last = Path("checkpoints") / "ckpt-000004" / "model.safetensors"
     for src, cmd in (("pipeline", ONE_PROCESS), ("single", pipeline)):  # each resumed by the other
         out = tmp_path / f"{src}-resumed"
