@@ -233,7 +233,7 @@ def pinned_problems(run_dir: Path) -> dict[str, str]:
         return {}
     try:
         return dict(json.loads(path.read_text()).get(PROBLEMS_KEY) or {})
-    except (json.JSONDecodeError, AttributeError, TypeError, ValueError) as e:
+    except (AttributeError, TypeError, ValueError) as e:  # (json's decode errors are ValueErrors)
         raise RunDirError(f"{path}: not a run.json ({e})") from None
 
 

@@ -224,7 +224,7 @@ class RunLogger:
         if not self.enabled:
             return
         samples = rec.get("samples", rec["step"])
-        rec = {k: rec[k] for k in (*STEP_KEYS, *RECIPE_STEP_KEYS) if k in rec or k in STEP_KEYS}
+        rec = {k: rec[k] for k in STEP_KEYS} | {k: rec[k] for k in RECIPE_STEP_KEYS if k in rec}
         line = json.dumps(rec) + "\n"
         with open(self.jsonl, "a", encoding="utf-8") as f:
             f.write(line[: len(line) // 2])

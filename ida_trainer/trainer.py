@@ -289,8 +289,8 @@ class Trainer:
             self.engine = LocalEngine(self.model, device=self.device)
             opt_model = self.model
         self.optimizer = build_optimizer(opt_model, cfg.optim, cfg.precision)
-        masters = [mod for _, mod in nvfp4_modules(opt_model)]
-        self._movement = MasterMovement(masters) if cfg.precision.recipe == "nvfp4" else None
+        if cfg.precision.recipe == "nvfp4":
+            self._movement = MasterMovement(mod for _, mod in nvfp4_modules(opt_model))
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         self.batcher = build_batcher(
             cfg.data,
