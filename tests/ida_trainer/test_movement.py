@@ -82,6 +82,25 @@ def test_the_share_of_the_step_kept_tells_stochastic_from_round_to_nearest():
     assert kept["rne"][1] < 0.05
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the masters' device path)")
+def test_masters_on_the_gpu_count_what_the_same_masters_on_the_cpu_count():
+    """On CUDA the watched values are gathered and decoded on the device (mxfp8_codec's torch path)."""
+    counts = {}
+    for device in ("cpu", "cuda"):
+        masters = [_master(512, 256, seed=s).to(device) for s in range(2)]
+        after = [_master(512, 256, seed=s) for s in range(2)]
+        for m in after:
+            _lion(m, lr=1e-4, writeback="stochastic")
+        watch = MasterMovement(masters)
+        watch.before()
+        for m, a in zip(masters, after, strict=True):  # the same step's bytes, written on either device
+            m.weight_payload.copy_(a.weight_payload)
+            m.weight_scales.copy_(a.weight_scales)
+        counts[device] = watch.moved()
+    assert counts["cuda"] == counts["cpu"] and counts["cpu"][0] > 0
+
+
 def test_the_trainer_logs_it_for_the_nvfp4_recipe_only(tmp_path, capsys):
     from ida_trainer.__main__ import main
 
