@@ -4,8 +4,9 @@ Every optimizer step produces one JSON record with fixed keys and units (torchti
 ``step`` (1-based), ``loss`` (mean CE per supervised token of the step, nats), ``grad_norm`` (global L2
 norm *before* clipping), ``lr``, ``tokens_per_s`` (non-padding tokens of the global batch / step wall
 time, whole job), ``mem_gib`` (peak device memory on CUDA, peak process RSS on CPU), ``step_time_s``,
-``valid_tokens``. The console prints the same keys every ``train.log_every`` steps, through tqdm so the
-progress bar (with ETA) stays intact.
+``valid_tokens``; with the nvfp4 recipe, on the steps the console prints (:func:`is_console_step`), also
+``master_moved`` and ``master_step_kept`` (:mod:`ida_trainer.movement`). The console prints the same keys
+every ``train.log_every`` steps, through tqdm so the progress bar (with ETA) stays intact.
 
 ``mlperf_log.txt`` follows the MLPerf logging line format, written without the ``mlperf-logging``
 dependency: ``:::MLLOG {"namespace": "", "time_ms": <int>, "event_type": "POINT_IN_TIME" |
@@ -43,7 +44,7 @@ POINT_IN_TIME = "POINT_IN_TIME"
 INTERVAL_START = "INTERVAL_START"
 INTERVAL_END = "INTERVAL_END"
 STEP_KEYS = ("step", "loss", "grad_norm", "lr", "tokens_per_s", "mem_gib", "step_time_s", "valid_tokens")
-RECIPE_STEP_KEYS = ("master_moved", "master_step_kept")  # the nvfp4 recipe's too (ida_trainer.movement)
+RECIPE_STEP_KEYS = ("master_moved", "master_step_kept")  # the nvfp4 recipe's, on console steps (movement.py)
 
 
 def peak_memory_gib() -> float:
@@ -151,6 +152,11 @@ def cut_mllog(path: str | Path, step: int) -> None:
             f.write(b"".join(kept))
 
 
+def is_console_step(step: int, log_every: int, total_steps: int) -> bool:
+    """Whether step ``step`` (1-based) gets a console line: the first, every ``log_every``-th and the last."""
+    return step % log_every == 0 or step == total_steps or step == 1
+
+
 def format_step(rec: Mapping[str, Any], total_steps: int) -> str:
     """The fixed-format console line for one step record."""
     moved = ""
@@ -233,7 +239,7 @@ class RunLogger:
             f.write(line[len(line) // 2 :])
         self.losses.append((rec["step"], rec["loss"]))
         self.mllog.event("train_loss", rec["loss"], {"step_num": rec["step"], "samples_count": samples})
-        if rec["step"] % self.log_every == 0 or rec["step"] == self.total_steps or rec["step"] == 1:
+        if is_console_step(rec["step"], self.log_every, self.total_steps):
             self.print(format_step(rec, self.total_steps))
         if self._bar is not None:
             self._bar.set_postfix(loss=f"{rec['loss']:.3f}", refresh=False)

@@ -6,7 +6,8 @@ smaller than half a spacing is lost to round-to-nearest, so a run can train for 
 never changes while its loss, computed from that master, looks alive (docs/trainer_precision.md, "The
 master update problem"). Stochastic write-back (the default) moves a value by one spacing with
 probability update / spacing, so on average the master moves by the whole step. Lion's step is ``lr``
-per value (its update is a sign; weight decay adds ``lr * wd * |w|``), which gives two numbers per step:
+per value (its update is a sign; weight decay adds ``lr * wd * |w|``), which gives two numbers for each
+step the console prints (``train.log_every``; the first and last steps too):
 
 * ``master_moved``: the share of the master's values that changed (a few % at lr 1e-5);
 * ``master_step_kept``: their mean absolute change over ``lr``, the share of Lion's step that reached the

@@ -54,7 +54,7 @@ from ida_trainer.engine import (
     grad_norm_and_clip,
     lr_at,
 )
-from ida_trainer.logs import RunLogger, peak_memory_gib
+from ida_trainer.logs import RunLogger, is_console_step, peak_memory_gib
 from ida_trainer.rundir import new_run_id, prepare_run_dir
 from ida_trainer.special_tokens import (
     UntrainedReport,
@@ -472,11 +472,12 @@ class Trainer:
                 f"gradient norm is {norm} at step {step + 1} (loss {loss:.4f}); the batch held "
                 f"{', '.join(batch.sources[:8])}"
             )
-        if self._movement is not None:
+        watch = self._movement is not None and is_console_step(step + 1, cfg.train.log_every, cfg.train.steps)
+        if watch:
             self._movement.before()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        moved = self._master_moved(lr)
+        moved = self._master_moved(lr) if watch else {}
         dt = time.perf_counter() - t0
         return {
             **moved,
@@ -493,9 +494,8 @@ class Trainer:
 
     def _master_moved(self, lr: float) -> dict[str, float | None]:
         """The nvfp4 recipe's ``master_moved`` and ``master_step_kept`` of this step, over every pipeline
-        stage's masters (:mod:`ida_trainer.movement`); nothing for the bf16 recipe."""
-        if self._movement is None:
-            return {}
+        stage's masters (:mod:`ida_trainer.movement`), measured on the console's steps only: two gathers per
+        master and a copy to the host, some milliseconds of a GPU step's time (estimated, not measured)."""
         changed, watched, change = self._movement.moved()
         if self._pipeline_group is not None:
             import torch.distributed as dist
@@ -753,8 +753,8 @@ class Trainer:
 
 
 def _mean_movement(records: list[dict[str, Any]]) -> dict[str, float]:
-    """``master_moved`` and ``master_step_kept`` averaged over this process's steps (the nvfp4 recipe; a step
-    without a learning rate has no ``master_step_kept``)."""
+    """``master_moved`` and ``master_step_kept`` averaged over the steps that measured them (the nvfp4
+    recipe's console steps; a step without a learning rate has no ``master_step_kept``)."""
     out = {}
     for key in ("master_moved", "master_step_kept"):
         values = [r[key] for r in records if r.get(key) is not None]
