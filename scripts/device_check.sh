@@ -191,9 +191,11 @@ with open_mxfp8(files["gpu"]) as g, open_mxfp8(files["cpu"]) as c:
         same_tensors += int(np.array_equal(a, b))
         same_bytes += int((a == b).sum())
         total_bytes += a.size
+kept = {k: [r["master_step_kept"] for r in logs[k] if r.get("master_step_kept") is not None] for k in runs}
 summary = {"steps": len(steps), "identical_losses": ident_loss, "max_rel_loss_diff": max(rel),
            "final_loss_gpu": gpu[steps[-1]], "final_loss_cpu": cpu[steps[-1]],
-           "identical_tensors": f"{same_tensors}/{n_tensors}", "identical_bytes": f"{same_bytes}/{total_bytes}"}
+           "identical_tensors": f"{same_tensors}/{n_tensors}", "identical_bytes": f"{same_bytes}/{total_bytes}",
+           "mean_master_step_kept": {k: sum(v) / len(v) if v else None for k, v in kept.items()}}
 (out / "compare_training.json").write_text(json.dumps(summary, indent=2))
 (out / "compare_training.md").write_text("\n".join(lines) + "\n")
 print(json.dumps(summary, indent=2))
