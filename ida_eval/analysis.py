@@ -422,9 +422,13 @@ def compare_runs(dir_a: str | Path, dir_b: str | Path) -> dict[str, Any]:
 def paired_difference(ta: Mapping[str, Sequence[str]], tb: Mapping[str, Sequence[str]]) -> dict[str, Any]:
     """B - A of pass@1 on the same tasks (each task's samples' classes in ``ta`` and ``tb``, the same keys)
     and its test: McNemar's exact test with one sample per task in both, else the paired permutation test
-    with a bootstrap interval (:func:`compare_runs`). ``{"n": 0}`` for no tasks."""
+    with a bootstrap interval (:func:`compare_runs`). ``{"n": 0}`` for no tasks; ``{"n": N, "not_run": N}``
+    (no test) where no sample of either run could run (the language's toolchain missing in both)."""
     assert ta.keys() == tb.keys(), "paired_difference: the same tasks on both sides"
     common = list(ta)
+    missing = FailureClass.TOOLCHAIN_MISSING.value
+    if common and all(set(ta[t]) == {missing} == set(tb[t]) for t in common):
+        return {"n": len(common), "not_run": len(common)}
     rate_a = {t: _passed_share(ta[t]) for t in common}
     rate_b = {t: _passed_share(tb[t]) for t in common}
     paired: dict[str, Any] = {"n": len(common)}
@@ -477,6 +481,8 @@ def significance_line(paired: Mapping[str, Any], alpha: float = 0.05) -> str:
     """
     if not paired.get("n"):
         return "no task in common: nothing to compare"
+    if paired.get("not_run") == paired["n"]:
+        return f"nothing ran on these {paired['n']} tasks in either run (toolchain missing): no difference to test"
     head = f"B - A = {paired['difference']:+.4f} on {paired['n']} tasks, "
     if paired.get("p_value") is not None:
         p = paired.get("p_holm", paired["p_value"])

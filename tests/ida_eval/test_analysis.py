@@ -288,6 +288,16 @@ def test_a_comparison_says_when_the_runs_ran_under_other_toolchains(tmp_path):
     )
 
 
+def test_a_language_that_ran_in_neither_run_is_not_tested(tmp_path):
+    """Swift without its toolchain in both runs: no p-value (so no place in Holm's family), one line saying so."""
+    missing = {f"MBSWP/{i}": ["toolchain_missing"] * 2 for i in range(3)}
+    cmp = compare_runs(_write_run(tmp_path / "a", missing), _write_run(tmp_path / "b", missing))
+    assert cmp["paired"] == {"n": 3, "not_run": 3}
+    assert "nothing ran on these 3 tasks in either run (toolchain missing): no difference to test" in (
+        format_comparison(cmp)
+    )
+
+
 def test_a_comparison_says_which_tasks_had_other_problems_in_each_run(tmp_path):
     a = _write_run(tmp_path / "a", {"MBPP/1": "passed", "MBPP/2": "wrong_answer", "MBPP/3": "passed"})
     b = _write_run(tmp_path / "b", {"MBPP/1": "passed", "MBPP/2": "passed", "MBPP/3": "passed"})
