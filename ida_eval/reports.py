@@ -237,7 +237,50 @@ def format_compare_dirs(result: Mapping[str, Any]) -> str:
             f"=== all {len(langs)} languages together ({', '.join(langs)})\nA = {cmp['a']}\nB = {cmp['b']}\n"
             f"pass@1 over the {cmp['paired']['n']} tasks: A {a:.4f}, B {b:.4f}\n{significance_line(cmp['paired'])}"
         )
+    rows = _summary_rows(result)
+    if len(rows) > 1:  # several tests: the table a reader looks at first, last on the screen
+        blocks.append("=== summary (each run against the first; p from the paired test, adjusted by Holm's method)")
+        blocks.append(_table(rows))
     return "\n".join(blocks)
+
+
+def _summary_rows(result: Mapping[str, Any]) -> list[list[str]]:
+    """One row per paired comparison of :func:`compare_dirs`' result: pass@1 of each run, B - A, p, Holm's p,
+    tasks gained and lost."""
+    several = len(result["runs"]) > 2
+
+    def row(name: str, b_dir: str, a: float, b: float, paired: Mapping[str, Any], moved: str) -> list[str]:
+        if paired.get("not_run") == paired.get("n"):
+            return [name, *([Path(b_dir).name] if several else []), f"{a:.4f}", f"{b:.4f}", "", "not run", "", ""]
+        p, holm = paired.get("p_value"), paired.get("p_holm", paired.get("p_value"))
+        return [
+            name,
+            *([Path(b_dir).name] if several else []),
+            f"{a:.4f}",
+            f"{b:.4f}",
+            f"{paired.get('difference', 0.0):+.4f}",
+            "" if p is None else f"{p:.3g}",
+            "" if holm is None else f"{holm:.3g}",
+            moved,
+        ]
+
+    rows = [["language", *(["run"] if several else []), "A pass@1", "B pass@1", "B - A", "p", "p (Holm)", "+/-"]]
+    for lang, entry in result["languages"].items():
+        for cmp in entry["comparisons"]:
+            moved = f"{len(cmp['gained'])}/{len(cmp['lost'])}"
+            rows.append(row(lang, cmp["b"]["dir"], cmp["a"]["pass@1"], cmp["b"]["pass@1"], cmp["paired"], moved))
+    for cmp in result.get("overall", []):
+        rows.append(row("all", cmp["b"], cmp["pass@1"][0], cmp["pass@1"][1], cmp["paired"], ""))
+    return rows if len(rows) > 2 else []
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    """Rows as left-aligned columns (the first) and right-aligned ones (the rest)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        for r in rows
+    )
 
 
 def comparison_figure_data(result: Mapping[str, Any]) -> list[dict[str, Any]]:

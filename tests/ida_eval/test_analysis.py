@@ -271,6 +271,15 @@ def test_runs_of_several_languages_are_also_compared_on_all_their_tasks(tmp_path
     assert "=== all 2 languages together (python, javascript)" in text
     assert "pass@1 over the 8 tasks: A 0.0000, B 0.5000" in text
     assert "p = 0.125 (Holm-adjusted for the 3 tests read together: 0.375)" in text
+    table = text.split("=== summary (each run against the first; p from the paired test, adjusted by Holm's method)\n")[
+        1
+    ]
+    assert [line.split() for line in table.splitlines()] == [
+        ["language", "A", "pass@1", "B", "pass@1", "B", "-", "A", "p", "p", "(Holm)", "+/-"],
+        ["python", "0.0000", "0.5000", "+0.5000", "0.5", "1", "2/0"],
+        ["javascript", "0.0000", "0.5000", "+0.5000", "0.5", "1", "2/0"],
+        ["all", "0.0000", "0.5000", "+0.5000", "0.125", "0.375"],
+    ]
     assert "overall" not in compare_dirs([tmp_path / "a" / "python", tmp_path / "b" / "python"])  # one language
 
 

@@ -291,6 +291,11 @@ def test_compare_three_runs_with_mcnemar_json_and_figure(tmp_path, monkeypatch, 
     assert better["paired"]["p_holm"] == 2 * 0.125 and same["paired"]["p_holm"] == 1.0  # two tests read together
     assert better["paired"]["tests_in_family"] == 2
     assert "p = 0.125 (Holm-adjusted for the 2 tests read together: 0.25): not distinguishable" in printed
+    table = printed.split("=== summary")[1].splitlines()[1:4]
+    assert [line.split() for line in table][1:] == [
+        ["python", "better", "0.1667", "0.8333", "+0.6667", "0.125", "0.25", "4/0"],
+        ["python", "same", "0.1667", "0.1667", "+0.0000", "1", "1", "1/1"],
+    ]
     assert better["gained"] == ["T/2", "T/3", "T/4", "T/5"] and same["lost"] == ["T/1"]
     assert better["class_shift"]["passed"] == 4
     runs = result["languages"]["python"]["runs"]
