@@ -50,7 +50,7 @@ class MasterMovement:
 
     Example:
         >>> import torch
-        >>> from ida_trainer.nvfp4_linear import NVFP4Linear, tensor_id
+        >>> from ida_trainer.nvfp4_linear import NVFP4Linear
         >>> lin = NVFP4Linear(32, 32)  # a master of 1024 values: watched whole
         >>> watch = MasterMovement([lin])
         >>> _ = lin.weight_scales.fill_(127)  # blocks of scale 2^0
@@ -88,8 +88,8 @@ class MasterMovement:
             codes, scales = parts.setdefault(mod.weight_payload.device, ([], []))
             codes.append(mod.weight_payload.view(-1)[at])
             scales.append(mod.weight_scales.view(-1)[scale_at])
-        decoded = [torch.zeros(0)]  # one value per row: a block of one (no master: nothing watched)
-        for codes, scales in parts.values():
+        decoded = [torch.zeros(0)]  # (no master: nothing watched)
+        for codes, scales in parts.values():  # each value a block of one, with its own block's scale
             one = decode_mxfp8(torch.cat(codes).view(-1, 1), torch.cat(scales).view(-1, 1), dtype=torch.float32)
             decoded.append(one.view(-1).cpu())
         return torch.cat(decoded)
@@ -104,5 +104,5 @@ class MasterMovement:
             raise RuntimeError("MasterMovement.moved() called without before()")
         old, new = self._before, self._values()
         self._before = None
-        change = (new.double() - old.double()).abs()  # exact: two float32 values differ by a double exactly
+        change = (new.double() - old.double()).abs()  # exact in float64 for the nearby values a step writes
         return int((old != new).sum()), int(new.numel()), float(change.sum())  # (-0.0 == 0.0)
